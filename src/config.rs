@@ -1,0 +1,570 @@
+//! Configuration: a raw serde view of the TOML file (unknown keys are errors), validated into
+//! [`Config`], whose every field is already the type the proxy uses.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use http::header::HeaderName;
+use http::{Method, Uri};
+use serde::{Deserialize, Serialize, Serializer};
+
+use crate::path;
+
+/// A configuration that could not be loaded; the message names the offending key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read or parsed, or a key is unknown or of the wrong type.
+    #[error("{0}")]
+    Load(#[from] config::ConfigError),
+    /// A key parsed but its value is not acceptable.
+    #[error("{key}: {message}")]
+    Invalid {
+        /// Dotted key, as written in the file (`fence.equal_token`).
+        key: String,
+        /// What is wrong and what would be accepted.
+        message: String,
+    },
+}
+
+fn invalid(key: &str, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.to_owned(),
+        message: message.into(),
+    }
+}
+
+/// What to do with a token equal to `max_seen`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EqualToken {
+    /// Refuse it: each lock holder's token admits exactly one accepted write (the default).
+    Reject,
+    /// Accept it: the current holder may write many times with the same token.
+    Accept,
+}
+
+/// What to do with a fenced write that carries no token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MissingToken {
+    /// Answer 428 (the default).
+    Reject,
+    /// Forward it unchecked, for a migration period while clients learn to send tokens.
+    Forward,
+}
+
+/// Whether an advance of `max_seen` is fsync'd before the write is forwarded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SyncMode {
+    /// fdatasync before forwarding: survives power loss (the default).
+    Always,
+    /// Leave it to the page cache: survives a process crash only. For benchmarks.
+    Never,
+}
+
+/// The file as written, with defaults filled in. Durations are strings such as `"2s"`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    #[serde(default)]
+    server: RawServer,
+    backend: RawBackend,
+    #[serde(default)]
+    fence: RawFence,
+    #[serde(default)]
+    store: RawStore,
+    #[serde(default)]
+    log: RawLog,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawServer {
+    listen: String,
+    header_read_timeout: String,
+    shutdown_grace: String,
+}
+
+impl Default for RawServer {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:8080".into(),
+            header_read_timeout: "10s".into(),
+            shutdown_grace: "30s".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct RawBackend {
+    url: String,
+    #[serde(default = "default_connect_timeout")]
+    connect_timeout: String,
+    #[serde(default = "default_request_timeout")]
+    request_timeout: String,
+}
+
+fn default_connect_timeout() -> String {
+    "2s".into()
+}
+fn default_request_timeout() -> String {
+    "30s".into()
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawFence {
+    header: String,
+    methods: Vec<String>,
+    equal_token: EqualToken,
+    missing_token: MissingToken,
+    queue_timeout: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    quarantine: Option<String>,
+    scopes: Vec<RawScope>,
+}
+
+impl Default for RawFence {
+    fn default() -> Self {
+        Self {
+            header: "Fencing-Token".into(),
+            methods: ["PUT", "POST", "PATCH", "DELETE"]
+                .map(String::from)
+                .to_vec(),
+            equal_token: EqualToken::Reject,
+            missing_token: MissingToken::Reject,
+            queue_timeout: "10s".into(),
+            quarantine: None,
+            scopes: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct RawScope {
+    prefix: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    segments: Option<usize>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawStore {
+    dir: PathBuf,
+    sync: SyncMode,
+}
+
+impl Default for RawStore {
+    fn default() -> Self {
+        Self {
+            dir: "data".into(),
+            sync: SyncMode::Always,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawLog {
+    level: String,
+}
+
+impl Default for RawLog {
+    fn default() -> Self {
+        Self {
+            level: "info".into(),
+        }
+    }
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone, Serialize)]
+pub struct Config {
+    /// The client-facing listener.
+    pub server: ServerConfig,
+    /// The protected backend.
+    pub backend: BackendConfig,
+    /// The fencing policy.
+    pub fence: FenceConfig,
+    /// Where and how `max_seen` is made durable.
+    pub store: StoreConfig,
+    /// Logging.
+    pub log: LogConfig,
+}
+
+/// `[server]`
+#[derive(Debug, Clone, Serialize)]
+pub struct ServerConfig {
+    /// Address the binary binds (tests bind their own listener and ignore it).
+    pub listen: SocketAddr,
+    /// A client must finish sending request headers within this time (slowloris guard).
+    #[serde(serialize_with = "ser_duration")]
+    pub header_read_timeout: Duration,
+    /// On SIGTERM, in-flight requests get this long to finish.
+    #[serde(serialize_with = "ser_duration")]
+    pub shutdown_grace: Duration,
+}
+
+/// `[backend]`
+#[derive(Debug, Clone, Serialize)]
+pub struct BackendConfig {
+    /// Scheme and authority of the backend; the path of each request is appended.
+    #[serde(serialize_with = "ser_display")]
+    pub url: Uri,
+    /// Bound on establishing a TCP connection to the backend.
+    #[serde(serialize_with = "ser_duration")]
+    pub connect_timeout: Duration,
+    /// Bound on the backend's response head, measured from sending the request.
+    #[serde(serialize_with = "ser_duration")]
+    pub request_timeout: Duration,
+}
+
+/// `[fence]`
+#[derive(Debug, Clone, Serialize)]
+pub struct FenceConfig {
+    /// The request header that carries the token.
+    #[serde(serialize_with = "ser_display_header")]
+    pub header: HeaderName,
+    /// Fenced methods, upper case; a request method matches case-insensitively.
+    #[serde(serialize_with = "ser_methods")]
+    pub methods: Vec<Method>,
+    /// Whether a token equal to `max_seen` is accepted.
+    pub equal_token: EqualToken,
+    /// Whether a tokenless fenced write is refused or forwarded unchecked.
+    pub missing_token: MissingToken,
+    /// How long a write may wait for earlier writes to the same resource before a 503.
+    #[serde(serialize_with = "ser_duration")]
+    pub queue_timeout: Duration,
+    /// How long a resource stays closed after a write whose outcome is unknown.
+    #[serde(serialize_with = "ser_duration")]
+    pub quarantine: Duration,
+    /// Prefix scopes that map many paths onto one fence key; first match wins.
+    pub scopes: Vec<Scope>,
+}
+
+/// One `[[fence.scopes]]` entry.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Scope {
+    /// Canonical path prefix, matched on segment boundaries.
+    pub prefix: String,
+    /// Keep this many leading path segments as the key; `None` makes the whole prefix one key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub segments: Option<usize>,
+}
+
+/// `[store]`
+#[derive(Debug, Clone, Serialize)]
+pub struct StoreConfig {
+    /// Data directory holding the log and its lock file.
+    pub dir: PathBuf,
+    /// fsync policy.
+    pub sync: SyncMode,
+}
+
+/// `[log]`
+#[derive(Debug, Clone, Serialize)]
+pub struct LogConfig {
+    /// `error`, `warn`, `info`, `debug` or `trace`.
+    pub level: String,
+}
+
+impl Config {
+    /// Loads `path`, then applies `FENCEGATE_<SECTION>__<KEY>` overrides from `env`
+    /// (the process environment when `None`), then validates.
+    pub fn load(path: &Path, env: Option<HashMap<String, String>>) -> Result<Self, ConfigError> {
+        let environment = config::Environment::with_prefix("FENCEGATE")
+            .prefix_separator("_")
+            .separator("__")
+            .try_parsing(true)
+            .list_separator(",")
+            .with_list_parse_key("fence.methods")
+            .source(env);
+        let raw: RawConfig = config::Config::builder()
+            .add_source(config::File::from(path).format(config::FileFormat::Toml))
+            .add_source(environment)
+            .build()?
+            .try_deserialize()?;
+        Self::from_raw(raw)
+    }
+
+    /// Parses and validates TOML text, without environment overrides.
+    pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
+        let raw: RawConfig = config::Config::builder()
+            .add_source(config::File::from_str(text, config::FileFormat::Toml))
+            .build()?
+            .try_deserialize()?;
+        Self::from_raw(raw)
+    }
+
+    /// The effective settings, every default filled in, as TOML.
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render settings: {e}\n"))
+    }
+
+    fn from_raw(raw: RawConfig) -> Result<Self, ConfigError> {
+        let server = ServerConfig {
+            listen: raw
+                .server
+                .listen
+                .parse()
+                .map_err(|e| invalid("server.listen", format!("{e}: expected IP:PORT")))?,
+            header_read_timeout: duration(
+                "server.header_read_timeout",
+                &raw.server.header_read_timeout,
+            )?,
+            shutdown_grace: duration("server.shutdown_grace", &raw.server.shutdown_grace)?,
+        };
+        let backend = BackendConfig {
+            url: backend_url(&raw.backend.url)?,
+            connect_timeout: duration("backend.connect_timeout", &raw.backend.connect_timeout)?,
+            request_timeout: duration("backend.request_timeout", &raw.backend.request_timeout)?,
+        };
+        let f = raw.fence;
+        let header = HeaderName::from_bytes(f.header.as_bytes()).map_err(|_| {
+            invalid(
+                "fence.header",
+                format!("{:?} is not a valid header name", f.header),
+            )
+        })?;
+        if f.methods.is_empty() {
+            return Err(invalid("fence.methods", "must name at least one method"));
+        }
+        let methods = f
+            .methods
+            .iter()
+            .map(|m| {
+                Method::from_bytes(m.to_ascii_uppercase().as_bytes())
+                    .map_err(|_| invalid("fence.methods", format!("{m:?} is not an HTTP method")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let quarantine = match &f.quarantine {
+            Some(q) => duration("fence.quarantine", q)?,
+            None => backend.request_timeout,
+        };
+        let scopes = f
+            .scopes
+            .iter()
+            .enumerate()
+            .map(|(i, s)| scope(i, s))
+            .collect::<Result<_, _>>()?;
+        let fence = FenceConfig {
+            header,
+            methods,
+            equal_token: f.equal_token,
+            missing_token: f.missing_token,
+            queue_timeout: duration("fence.queue_timeout", &f.queue_timeout)?,
+            quarantine,
+            scopes,
+        };
+        if raw.store.dir.as_os_str().is_empty() {
+            return Err(invalid("store.dir", "must not be empty"));
+        }
+        let store = StoreConfig {
+            dir: raw.store.dir,
+            sync: raw.store.sync,
+        };
+        let level = raw.log.level.to_ascii_lowercase();
+        if !["error", "warn", "info", "debug", "trace"].contains(&level.as_str()) {
+            return Err(invalid(
+                "log.level",
+                format!("{level:?}: expected error, warn, info, debug or trace"),
+            ));
+        }
+        Ok(Config {
+            server,
+            backend,
+            fence,
+            store,
+            log: LogConfig { level },
+        })
+    }
+}
+
+fn duration(key: &str, text: &str) -> Result<Duration, ConfigError> {
+    let d = humantime::parse_duration(text).map_err(|e| {
+        invalid(
+            key,
+            format!("{text:?}: {e} (write e.g. \"500ms\", \"2s\", \"1m\")"),
+        )
+    })?;
+    if d.is_zero() {
+        return Err(invalid(key, "must be greater than zero"));
+    }
+    Ok(d)
+}
+
+fn backend_url(text: &str) -> Result<Uri, ConfigError> {
+    let key = "backend.url";
+    let uri: Uri = text
+        .parse()
+        .map_err(|e| invalid(key, format!("{text:?}: {e}")))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some(other) => {
+            return Err(invalid(
+                key,
+                format!("scheme {other:?} is not supported; use http://"),
+            ));
+        }
+        None => {
+            return Err(invalid(
+                key,
+                format!("{text:?} needs a scheme, e.g. http://127.0.0.1:9000"),
+            ));
+        }
+    }
+    if uri.authority().is_none() {
+        return Err(invalid(key, format!("{text:?} has no host")));
+    }
+    // The forwarded path must be exactly the fenced path, so no base path can be prepended.
+    if uri
+        .path_and_query()
+        .is_some_and(|pq| pq.as_str() != "/" && !pq.as_str().is_empty())
+    {
+        return Err(invalid(
+            key,
+            format!("{text:?} must not have a path or query"),
+        ));
+    }
+    Ok(uri)
+}
+
+fn scope(index: usize, raw: &RawScope) -> Result<Scope, ConfigError> {
+    let key = format!("fence.scopes[{index}].prefix");
+    let canonical = path::canonicalize(&raw.prefix)
+        .map_err(|e| invalid(&key, format!("{:?}: {e}", raw.prefix)))?;
+    if canonical != raw.prefix {
+        return Err(invalid(
+            &key,
+            format!("{:?} is not canonical; write {canonical:?}", raw.prefix),
+        ));
+    }
+    if let Some(n) = raw.segments {
+        let own = canonical.split('/').filter(|s| !s.is_empty()).count();
+        if n == 0 || n < own {
+            return Err(invalid(
+                &format!("fence.scopes[{index}].segments"),
+                format!(
+                    "{n} must be at least the prefix's own segment count ({own}) and above zero"
+                ),
+            ));
+        }
+    }
+    Ok(Scope {
+        prefix: canonical,
+        segments: raw.segments,
+    })
+}
+
+fn ser_duration<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&humantime::format_duration(*d).to_string())
+}
+
+fn ser_display<S: Serializer, T: std::fmt::Display>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(v)
+}
+
+fn ser_display_header<S: Serializer>(v: &HeaderName, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(v.as_str())
+}
+
+fn ser_methods<S: Serializer>(v: &[Method], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(v.iter().map(Method::as_str))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = "[backend]\nurl = \"http://127.0.0.1:9000\"\n";
+
+    #[test]
+    fn minimal_file_gets_documented_defaults() {
+        let c = Config::from_toml_str(MINIMAL).unwrap();
+        assert_eq!(c.server.listen, "127.0.0.1:8080".parse().unwrap());
+        assert_eq!(c.backend.connect_timeout, Duration::from_secs(2));
+        assert_eq!(c.backend.request_timeout, Duration::from_secs(30));
+        assert_eq!(c.fence.header.as_str(), "fencing-token");
+        assert_eq!(
+            c.fence.methods,
+            vec![Method::PUT, Method::POST, Method::PATCH, Method::DELETE]
+        );
+        assert_eq!(c.fence.equal_token, EqualToken::Reject);
+        assert_eq!(c.fence.missing_token, MissingToken::Reject);
+        assert_eq!(c.fence.quarantine, c.backend.request_timeout);
+        assert_eq!(c.store.dir, PathBuf::from("data"));
+        assert_eq!(c.store.sync, SyncMode::Always);
+    }
+
+    #[test]
+    fn unknown_key_is_named_in_the_error() {
+        let err = Config::from_toml_str(&format!("{MINIMAL}[fence]\nequal_tokens = \"accept\"\n"))
+            .unwrap_err();
+        assert!(err.to_string().contains("equal_tokens"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        for (extra, key) in [
+            ("[fence]\nequal_token = \"maybe\"\n", "maybe"),
+            ("[backend]\nurl = \"ftp://x\"\n", "backend.url"),
+            ("[fence]\nqueue_timeout = \"soon\"\n", "fence.queue_timeout"),
+            (
+                "[[fence.scopes]]\nprefix = \"/a/../b/\"\n",
+                "fence.scopes[0].prefix",
+            ),
+            (
+                "[[fence.scopes]]\nprefix = \"/a/b/\"\nsegments = 1\n",
+                "fence.scopes[0].segments",
+            ),
+            ("[server]\nlisten = \"localhost\"\n", "server.listen"),
+        ] {
+            let text = if extra.starts_with("[backend]") {
+                extra.to_string()
+            } else {
+                format!("{MINIMAL}{extra}")
+            };
+            let err = Config::from_toml_str(&text).unwrap_err();
+            assert!(err.to_string().contains(key), "{extra:?} gave {err}");
+        }
+    }
+
+    #[test]
+    fn environment_overrides_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f.toml");
+        std::fs::write(&file, MINIMAL).unwrap();
+        let env = HashMap::from([
+            (
+                "FENCEGATE_FENCE__EQUAL_TOKEN".to_string(),
+                "accept".to_string(),
+            ),
+            (
+                "FENCEGATE_BACKEND__URL".to_string(),
+                "http://127.0.0.1:9100".to_string(),
+            ),
+            (
+                "FENCEGATE_FENCE__METHODS".to_string(),
+                "PUT,DELETE".to_string(),
+            ),
+        ]);
+        let c = Config::load(&file, Some(env)).unwrap();
+        assert_eq!(c.fence.equal_token, EqualToken::Accept);
+        assert_eq!(c.backend.url.port_u16(), Some(9100));
+        assert_eq!(c.fence.methods, vec![Method::PUT, Method::DELETE]);
+        let typo = HashMap::from([("FENCEGATE_FENCE__EQUAL".to_string(), "accept".to_string())]);
+        assert!(Config::load(&file, Some(typo)).is_err());
+    }
+
+    #[test]
+    fn effective_settings_round_trip() {
+        let c = Config::from_toml_str(MINIMAL).unwrap();
+        let again = Config::from_toml_str(&c.to_toml()).unwrap();
+        assert_eq!(c.to_toml(), again.to_toml());
+    }
+}

@@ -1,0 +1,270 @@
+//! The fence: `max_seen` per resource, and the per-resource turn that serialises writes.
+//!
+//! Two maps keep memory proportional to what is happening: `max_seen` holds one integer for
+//! every resource ever written, while `gates` holds a FIFO mutex only for resources that have a
+//! write waiting, in flight, or quarantined. A gate is dropped from the map by the last task to
+//! leave it, which the map's shard lock makes race-free (see [`Turn`]'s `Drop`).
+//!
+//! A write's life: [`FenceTable::precheck`] (cheap, lock-free, may refuse early) →
+//! [`FenceTable::acquire`] (wait for the resource's turn) → [`Turn::check`] (the authoritative
+//! check, quarantine included) → the store persists → [`Turn::record`] → forward → drop the turn.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dashmap::DashMap;
+use tokio::sync::{Mutex, OwnedMutexGuard};
+
+use crate::config::EqualToken;
+use crate::error::Error;
+
+/// Per-gate state, only ever touched by the holder of the resource's turn.
+#[derive(Debug, Default)]
+struct GateState {
+    quarantined_until: Option<Instant>,
+}
+
+type Gate = Arc<Mutex<GateState>>;
+
+/// `max_seen` for every resource, plus the turns of resources with writes in progress.
+#[derive(Debug)]
+pub struct FenceTable {
+    max_seen: DashMap<Box<str>, u64>,
+    gates: DashMap<Box<str>, Gate>,
+    equal: EqualToken,
+}
+
+impl FenceTable {
+    /// Builds the table from recovered `(key, max_seen)` pairs.
+    pub fn new(recovered: impl IntoIterator<Item = (String, u64)>, equal: EqualToken) -> Self {
+        let max_seen = DashMap::new();
+        for (key, token) in recovered {
+            let mut slot = max_seen.entry(key.into_boxed_str()).or_insert(token);
+            *slot = (*slot).max(token);
+        }
+        FenceTable {
+            max_seen,
+            gates: DashMap::new(),
+            equal,
+        }
+    }
+
+    /// The highest token `key` has accepted, if any.
+    pub fn max_seen(&self, key: &str) -> Option<u64> {
+        self.max_seen.get(key).map(|v| *v)
+    }
+
+    /// Number of resources with a recorded `max_seen`.
+    pub fn len(&self) -> usize {
+        self.max_seen.len()
+    }
+
+    /// Whether no resource has a recorded `max_seen`.
+    pub fn is_empty(&self) -> bool {
+        self.max_seen.is_empty()
+    }
+
+    /// Number of resources that currently hold a gate (writes waiting, in flight or quarantined).
+    pub fn active_gates(&self) -> usize {
+        self.gates.len()
+    }
+
+    /// Whether `token` may be accepted over `max_seen` under the configured policy.
+    pub fn admits(&self, token: u64, max_seen: Option<u64>) -> bool {
+        match (max_seen, self.equal) {
+            (None, _) => true,
+            (Some(m), EqualToken::Reject) => token > m,
+            (Some(m), EqualToken::Accept) => token >= m,
+        }
+    }
+
+    /// Refuses a stale token without waiting for the resource's turn. Never wrong to refuse:
+    /// `max_seen` only climbs, so a token stale now is stale when its turn would come.
+    pub fn precheck(&self, key: &str, token: u64) -> Result<(), Error> {
+        let max_seen = self.max_seen(key);
+        match max_seen {
+            Some(m) if !self.admits(token, max_seen) => Err(stale(key, token, m)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Waits (FIFO, at most `wait`) until no earlier write to `key` is in flight.
+    pub async fn acquire(self: &Arc<Self>, key: &str, wait: Duration) -> Result<Turn, Error> {
+        let gate = self.gates.entry(key.into()).or_default().clone();
+        match tokio::time::timeout(wait, gate.lock_owned()).await {
+            Ok(guard) => Ok(Turn {
+                table: Arc::clone(self),
+                key: key.into(),
+                guard: Some(guard),
+            }),
+            Err(_) => {
+                // Our clone is gone with the future; if we were the last, clean up.
+                self.gates.remove_if(key, |_, g| Arc::strong_count(g) == 1);
+                Err(Error::QueueTimeout {
+                    resource: key.to_owned(),
+                    waited: wait,
+                })
+            }
+        }
+    }
+}
+
+fn stale(key: &str, token: u64, max_seen: u64) -> Error {
+    Error::StaleToken {
+        resource: key.to_owned(),
+        token,
+        max_seen,
+    }
+}
+
+/// Exclusive right to check, advance and forward one write to a resource. Dropping it lets
+/// the next waiting write proceed.
+#[derive(Debug)]
+pub struct Turn {
+    table: Arc<FenceTable>,
+    key: Box<str>,
+    guard: Option<OwnedMutexGuard<GateState>>,
+}
+
+impl Turn {
+    /// The fence key this turn is for.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The authoritative check, made while no other write to the resource can move `max_seen`.
+    pub fn check(&mut self, token: u64) -> Result<(), Error> {
+        if let Some(state) = self.guard.as_mut() {
+            match state.quarantined_until {
+                Some(until) if until > Instant::now() => {
+                    return Err(Error::Quarantined {
+                        resource: self.key.to_string(),
+                        retry_after: until - Instant::now(),
+                    });
+                }
+                Some(_) => state.quarantined_until = None,
+                None => {}
+            }
+        }
+        let max_seen = self.table.max_seen(&self.key);
+        match max_seen {
+            Some(m) if !self.table.admits(token, max_seen) => Err(stale(&self.key, token, m)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Raises `max_seen` to `token` in memory; call only once the store made it durable.
+    pub fn record(&self, token: u64) {
+        let mut slot = self.table.max_seen.entry(self.key.clone()).or_insert(token);
+        *slot = (*slot).max(token);
+    }
+
+    /// Closes the resource to writes for `period`: an earlier write may still be applied late.
+    pub fn quarantine(&mut self, period: Duration) {
+        if let Some(state) = self.guard.as_mut() {
+            state.quarantined_until = Some(Instant::now() + period);
+        }
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        let quarantined = self
+            .guard
+            .as_ref()
+            .is_some_and(|s| s.quarantined_until.is_some());
+        drop(self.guard.take());
+        if !quarantined {
+            // Under the shard lock no one can clone the gate, so a count of one (the map's
+            // own) means no task waits on it and it can go.
+            self.table
+                .gates
+                .remove_if(&*self.key, |_, g| Arc::strong_count(g) == 1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(equal: EqualToken) -> Arc<FenceTable> {
+        Arc::new(FenceTable::new(
+            [("/a".to_string(), 34), ("/a".to_string(), 30)],
+            equal,
+        ))
+    }
+
+    #[test]
+    fn recovery_keeps_the_highest_token_per_key() {
+        assert_eq!(table(EqualToken::Reject).max_seen("/a"), Some(34));
+    }
+
+    #[test]
+    fn equal_tokens_follow_the_policy() {
+        let strict = table(EqualToken::Reject);
+        assert!(matches!(
+            strict.precheck("/a", 34),
+            Err(Error::StaleToken { max_seen: 34, .. })
+        ));
+        assert!(strict.precheck("/a", 35).is_ok());
+        assert!(strict.precheck("/new", 0).is_ok());
+        let lenient = table(EqualToken::Accept);
+        assert!(lenient.precheck("/a", 34).is_ok());
+        assert!(lenient.precheck("/a", 33).is_err());
+    }
+
+    #[tokio::test]
+    async fn a_higher_token_that_took_its_turn_first_makes_a_waiter_stale() {
+        let t = table(EqualToken::Reject);
+        let mut first = t.acquire("/a", Duration::from_secs(1)).await.unwrap();
+        first.check(40).unwrap();
+        let waiter = {
+            let t = Arc::clone(&t);
+            tokio::spawn(async move {
+                let mut turn = t.acquire("/a", Duration::from_secs(5)).await.unwrap();
+                turn.check(35)
+            })
+        };
+        tokio::task::yield_now().await;
+        first.record(40);
+        drop(first);
+        assert!(matches!(
+            waiter.await.unwrap(),
+            Err(Error::StaleToken { max_seen: 40, .. })
+        ));
+        assert_eq!(t.active_gates(), 0, "gates of idle resources are dropped");
+    }
+
+    #[tokio::test]
+    async fn waiting_longer_than_the_bound_is_a_queue_timeout() {
+        let t = table(EqualToken::Reject);
+        let _held = t.acquire("/a", Duration::from_secs(1)).await.unwrap();
+        let err = t
+            .acquire("/a", Duration::from_millis(20))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::QueueTimeout { .. }));
+        let _other = t
+            .acquire("/b", Duration::from_millis(20))
+            .await
+            .expect("other resources never wait");
+    }
+
+    #[tokio::test]
+    async fn quarantine_closes_the_resource_until_it_expires() {
+        let t = table(EqualToken::Reject);
+        let mut turn = t.acquire("/a", Duration::from_secs(1)).await.unwrap();
+        turn.quarantine(Duration::from_millis(50));
+        drop(turn);
+        assert_eq!(t.active_gates(), 1, "a quarantined gate is kept");
+        let mut turn = t.acquire("/a", Duration::from_secs(1)).await.unwrap();
+        assert!(matches!(turn.check(99), Err(Error::Quarantined { .. })));
+        drop(turn);
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        let mut turn = t.acquire("/a", Duration::from_secs(1)).await.unwrap();
+        assert!(turn.check(99).is_ok());
+        drop(turn);
+        assert_eq!(t.active_gates(), 0);
+    }
+}

@@ -1,0 +1,133 @@
+//! One request's path through fencegate:
+//! accept → canonicalise → check and reserve → persist → forward → release.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use http::uri::PathAndQuery;
+use http::{Method, Request, Response};
+use hyper::body::Incoming;
+
+use crate::config::{Config, MissingToken};
+use crate::error::Error;
+use crate::fence::FenceTable;
+use crate::path;
+use crate::proxy::{Forwarder, ProxyBody, full_body};
+use crate::store::Store;
+use crate::token::{self, TokenError};
+
+/// What every connection's requests share.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) config: Config,
+    pub(crate) table: Arc<FenceTable>,
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) forwarder: Forwarder,
+}
+
+/// Handles one request; every failure becomes fencegate's own JSON response.
+pub(crate) async fn handle(
+    shared: Arc<Shared>,
+    req: Request<Incoming>,
+    client: SocketAddr,
+) -> Response<ProxyBody> {
+    let method = req.method().clone();
+    match route(shared, req, client).await {
+        Ok(resp) => resp,
+        Err(err) => {
+            log_refusal(&err, &method, client);
+            err.response().map(full_body)
+        }
+    }
+}
+
+fn is_fenced(config: &Config, method: &Method) -> bool {
+    config
+        .fence
+        .methods
+        .iter()
+        .any(|m| m.as_str().eq_ignore_ascii_case(method.as_str()))
+}
+
+async fn route(
+    shared: Arc<Shared>,
+    req: Request<Incoming>,
+    client: SocketAddr,
+) -> Result<Response<ProxyBody>, Error> {
+    let config = &shared.config;
+    if !is_fenced(config, req.method()) {
+        let target = req
+            .uri()
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/"));
+        return shared.forwarder.forward(req, target, client).await;
+    }
+
+    // Canonicalise: the key and the forwarded path come from the same canonical string.
+    let canonical = path::canonicalize(req.uri().path())?;
+    let key = path::resource_key(&canonical, &config.fence.scopes).to_owned();
+    let target = match req.uri().query() {
+        Some(q) => format!("{canonical}?{q}"),
+        None => canonical,
+    };
+    let target = PathAndQuery::try_from(target)
+        .map_err(|e| Error::InvalidPath(path::PathError::Unparseable(e.to_string())))?;
+
+    let token = match token::from_headers(req.headers(), &config.fence.header) {
+        Ok(token) => token,
+        Err(TokenError::Missing) if config.fence.missing_token == MissingToken::Forward => {
+            return shared.forwarder.forward(req, target, client).await;
+        }
+        Err(TokenError::Missing) => {
+            return Err(Error::MissingToken {
+                header: config.fence.header.to_string(),
+            });
+        }
+        Err(e) => return Err(e.into()),
+    };
+
+    // Check and reserve. Waiting for the turn may be abandoned if the client goes away...
+    shared.table.precheck(&key, token)?;
+    let mut turn = shared
+        .table
+        .acquire(&key, config.fence.queue_timeout)
+        .await?;
+
+    // ...but once the turn is ours, the write runs to completion in its own task. Were it
+    // cancelled mid-forward, the backend could still apply it after the next write was sent.
+    let critical = tokio::spawn(async move {
+        turn.check(token)?;
+        shared.store.advance(turn.key(), token).await?;
+        turn.record(token);
+        let result = shared.forwarder.forward(req, target, client).await;
+        if let Err(Error::BackendTimeout(_) | Error::BackendFailed(_)) = &result {
+            // The backend may have the write and apply it late: keep the next one out.
+            turn.quarantine(shared.config.fence.quarantine);
+        }
+        result
+        // `turn` drops here: the next write to this resource may go.
+    });
+    critical
+        .await
+        .map_err(|e| Error::Io(std::io::Error::other(format!("write task failed: {e}"))))?
+}
+
+fn log_refusal(err: &Error, method: &Method, client: SocketAddr) {
+    match err {
+        Error::StaleToken {
+            resource,
+            token,
+            max_seen,
+        } => {
+            tracing::warn!(%resource, token, max_seen, %client, %method, "refused stale token");
+        }
+        Error::Store(_)
+        | Error::BackendUnreachable(_)
+        | Error::BackendFailed(_)
+        | Error::BackendTimeout(_) => {
+            tracing::error!(error = %err, %client, %method, "request failed");
+        }
+        _ => tracing::info!(code = err.code(), error = %err, %client, %method, "refused request"),
+    }
+}

@@ -1,0 +1,117 @@
+//! The `fencegate` binary: parse the command line, load the config, bind, and hand over to the
+//! library.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use fencegate::Config;
+
+#[derive(Parser)]
+#[command(
+    version,
+    about = "A reverse proxy that fences a dumb HTTP backend against stale lock holders"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the proxy until SIGINT or SIGTERM.
+    Run {
+        /// TOML config file; FENCEGATE_<SECTION>__<KEY> environment variables override it.
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Validate a config file and print the effective settings.
+    Check {
+        /// TOML config file.
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Replay the zombie-lock-holder race against an in-memory backend and show it defeated.
+    Demo,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Check { config } => check(&config),
+        Command::Run { config } => Config::load(&config, None)
+            .with_context(|| format!("invalid config {}", config.display()))
+            .and_then(|c| {
+                init_logging(&c.log.level);
+                runtime()?.block_on(serve(c))
+            }),
+        Command::Demo => {
+            init_logging("error");
+            runtime().and_then(|rt| rt.block_on(demo()))
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("fencegate: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the runtime")
+}
+
+fn init_logging(level: &str) {
+    let level = level.parse().unwrap_or(tracing::Level::INFO);
+    tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn check(path: &std::path::Path) -> anyhow::Result<()> {
+    let config =
+        Config::load(path, None).with_context(|| format!("invalid config {}", path.display()))?;
+    println!("# {}: OK. Effective settings:", path.display());
+    print!("{}", config.to_toml());
+    Ok(())
+}
+
+async fn serve(config: Config) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(config.server.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.server.listen))?;
+    fencegate::run(listener, config, shutdown_signal()).await?;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+    tracing::info!("shutdown signal received");
+}
+
+async fn demo() -> anyhow::Result<()> {
+    let mut out = std::io::stdout();
+    if fencegate::demo::run(&mut out).await? {
+        Ok(())
+    } else {
+        anyhow::bail!("the demo did not behave as expected")
+    }
+}

@@ -1,0 +1,217 @@
+//! A dumb in-memory HTTP object store: the backend of the demo and of the integration tests.
+//!
+//! It does what a naive blob store does (no fencing at all) and records every write in the
+//! order it applied them, so tests can check what fencegate let through and in which order.
+//! A request header `x-memstore-delay-ms: N` makes it wait N ms after reading the body and
+//! before applying the write, to simulate a slow backend. Not for production use.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+/// Request header that delays applying a request, in milliseconds.
+pub const DELAY_HEADER: &str = "x-memstore-delay-ms";
+
+/// One request as the backend received it.
+#[derive(Debug, Clone)]
+pub struct Received {
+    /// Method as sent.
+    pub method: Method,
+    /// Path as sent (what fencegate forwarded).
+    pub path: String,
+    /// Query string, if any.
+    pub query: Option<String>,
+    /// All request headers.
+    pub headers: HeaderMap,
+    /// The body.
+    pub body: Bytes,
+}
+
+impl Received {
+    /// The value of the `fencing-token` header parsed as a number, when there is one.
+    pub fn token(&self) -> Option<u64> {
+        self.headers
+            .get("fencing-token")?
+            .to_str()
+            .ok()?
+            .parse()
+            .ok()
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    objects: HashMap<String, Bytes>,
+    requests: Vec<Received>,
+    applied: Vec<Received>,
+}
+
+/// A running in-memory store on a loopback port; stops when dropped.
+#[derive(Debug)]
+pub struct MemStore {
+    addr: SocketAddr,
+    state: Arc<Mutex<State>>,
+    stop: watch::Sender<bool>,
+}
+
+impl MemStore {
+    /// Binds `127.0.0.1:0` and starts serving.
+    pub async fn start() -> std::io::Result<MemStore> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let state = Arc::new(Mutex::new(State::default()));
+        let (stop, mut stopped) = watch::channel(false);
+        let shared = Arc::clone(&state);
+        tokio::spawn(async move {
+            loop {
+                let (stream, _) = tokio::select! {
+                    _ = stopped.changed() => return,
+                    accepted = listener.accept() => match accepted {
+                        Ok(a) => a,
+                        Err(_) => continue,
+                    },
+                };
+                let state = Arc::clone(&shared);
+                let mut stopped = stopped.clone();
+                tokio::spawn(async move {
+                    let service = service_fn(move |req| serve(Arc::clone(&state), req));
+                    let builder = auto::Builder::new(TokioExecutor::new());
+                    let conn = builder.serve_connection(TokioIo::new(stream), service);
+                    tokio::select! {
+                        _ = conn => {}
+                        _ = stopped.changed() => {}
+                    }
+                });
+            }
+        });
+        Ok(MemStore { addr, state, stop })
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://ADDR`, for a fencegate config.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        lock(&self.state)
+    }
+
+    /// Every request received, reads included, in arrival order.
+    pub fn requests(&self) -> Vec<Received> {
+        self.lock().requests.clone()
+    }
+
+    /// Writes (PUT, POST, PATCH, DELETE) in the order they were applied.
+    pub fn applied(&self) -> Vec<Received> {
+        self.lock().applied.clone()
+    }
+
+    /// The stored object at `path`.
+    pub fn object(&self, path: &str) -> Option<Bytes> {
+        self.lock().objects.get(path).cloned()
+    }
+
+    /// All stored objects, sorted by path.
+    pub fn objects(&self) -> Vec<(String, Bytes)> {
+        let mut all: Vec<_> = self
+            .lock()
+            .objects
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        all.sort();
+        all
+    }
+}
+
+impl Drop for MemStore {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    state
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+async fn serve(
+    state: Arc<Mutex<State>>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let (parts, body) = req.into_parts();
+    let body = match body.collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => return Ok(reply(StatusCode::BAD_REQUEST, "body read failed")),
+    };
+    let delay = parts
+        .headers
+        .get(DELAY_HEADER)
+        .and_then(|v| v.to_str().ok()?.parse().ok());
+    if let Some(ms) = delay {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    let received = Received {
+        method: parts.method.clone(),
+        path: parts.uri.path().to_owned(),
+        query: parts.uri.query().map(str::to_owned),
+        headers: parts.headers,
+        body,
+    };
+    let mut s = lock(&state);
+    s.requests.push(received.clone());
+    let path = received.path.clone();
+    let resp = match received.method {
+        Method::GET | Method::HEAD => match s.objects.get(&path) {
+            Some(obj) => Response::new(Full::new(obj.clone())),
+            None => reply(StatusCode::NOT_FOUND, "not found"),
+        },
+        Method::PUT | Method::POST => {
+            s.objects.insert(path, received.body.clone());
+            s.applied.push(received);
+            reply(StatusCode::OK, "stored")
+        }
+        Method::PATCH => {
+            let mut joined = s.objects.get(&path).map(|b| b.to_vec()).unwrap_or_default();
+            joined.extend_from_slice(&received.body);
+            s.objects.insert(path, joined.into());
+            s.applied.push(received);
+            reply(StatusCode::OK, "appended")
+        }
+        Method::DELETE => {
+            let existed = s.objects.remove(&path).is_some();
+            s.applied.push(received);
+            if existed {
+                reply(StatusCode::NO_CONTENT, "")
+            } else {
+                reply(StatusCode::NOT_FOUND, "not found")
+            }
+        }
+        _ => reply(StatusCode::METHOD_NOT_ALLOWED, "method not allowed"),
+    };
+    Ok(resp)
+}
+
+fn reply(status: StatusCode, text: &'static str) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(Bytes::from_static(text.as_bytes())));
+    *resp.status_mut() = status;
+    resp
+}
