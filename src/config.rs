@@ -16,7 +16,7 @@ use crate::path;
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file could not be read or parsed, or a key is unknown or of the wrong type.
-    #[error("{0}")]
+    #[error(transparent)]
     Load(#[from] config::ConfigError),
     /// A key parsed but its value is not acceptable.
     #[error("{key}: {message}")]
@@ -36,7 +36,7 @@ fn invalid(key: &str, message: impl Into<String>) -> ConfigError {
 }
 
 /// What to do with a token equal to `max_seen`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum EqualToken {
     /// Refuse it: each lock holder's token admits exactly one accepted write (the default).
@@ -46,7 +46,7 @@ pub enum EqualToken {
 }
 
 /// What to do with a fenced write that carries no token.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum MissingToken {
     /// Answer 428 (the default).
@@ -56,7 +56,7 @@ pub enum MissingToken {
 }
 
 /// Whether an advance of `max_seen` is fsync'd before the write is forwarded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SyncMode {
     /// fdatasync before forwarding: survives power loss (the default).
@@ -120,8 +120,8 @@ fn default_request_timeout() -> String {
 struct RawFence {
     header: String,
     methods: Vec<String>,
-    equal_token: EqualToken,
-    missing_token: MissingToken,
+    equal_token: String,
+    missing_token: String,
     queue_timeout: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     quarantine: Option<String>,
@@ -135,8 +135,8 @@ impl Default for RawFence {
             methods: ["PUT", "POST", "PATCH", "DELETE"]
                 .map(String::from)
                 .to_vec(),
-            equal_token: EqualToken::Reject,
-            missing_token: MissingToken::Reject,
+            equal_token: "reject".into(),
+            missing_token: "reject".into(),
             queue_timeout: "10s".into(),
             quarantine: None,
             scopes: Vec::new(),
@@ -156,14 +156,14 @@ struct RawScope {
 #[serde(deny_unknown_fields, default)]
 struct RawStore {
     dir: PathBuf,
-    sync: SyncMode,
+    sync: String,
 }
 
 impl Default for RawStore {
     fn default() -> Self {
         Self {
             dir: "data".into(),
-            sync: SyncMode::Always,
+            sync: "always".into(),
         }
     }
 }
@@ -355,8 +355,22 @@ impl Config {
         let fence = FenceConfig {
             header,
             methods,
-            equal_token: f.equal_token,
-            missing_token: f.missing_token,
+            equal_token: choice(
+                "fence.equal_token",
+                &f.equal_token,
+                [
+                    ("reject", EqualToken::Reject),
+                    ("accept", EqualToken::Accept),
+                ],
+            )?,
+            missing_token: choice(
+                "fence.missing_token",
+                &f.missing_token,
+                [
+                    ("reject", MissingToken::Reject),
+                    ("forward", MissingToken::Forward),
+                ],
+            )?,
             queue_timeout: duration("fence.queue_timeout", &f.queue_timeout)?,
             quarantine,
             scopes,
@@ -364,9 +378,14 @@ impl Config {
         if raw.store.dir.as_os_str().is_empty() {
             return Err(invalid("store.dir", "must not be empty"));
         }
+        let sync = choice(
+            "store.sync",
+            &raw.store.sync,
+            [("always", SyncMode::Always), ("never", SyncMode::Never)],
+        )?;
         let store = StoreConfig {
             dir: raw.store.dir,
-            sync: raw.store.sync,
+            sync,
         };
         let level = raw.log.level.to_ascii_lowercase();
         if !["error", "warn", "info", "debug", "trace"].contains(&level.as_str()) {
@@ -383,6 +402,24 @@ impl Config {
             log: LogConfig { level },
         })
     }
+}
+
+fn choice<T: Copy, const N: usize>(
+    key: &str,
+    text: &str,
+    options: [(&str, T); N],
+) -> Result<T, ConfigError> {
+    options
+        .iter()
+        .find(|(name, _)| name.eq_ignore_ascii_case(text))
+        .map(|(_, v)| *v)
+        .ok_or_else(|| {
+            let names: Vec<String> = options
+                .iter()
+                .map(|(name, _)| format!("{name:?}"))
+                .collect();
+            invalid(key, format!("{text:?}: expected {}", names.join(" or ")))
+        })
 }
 
 fn duration(key: &str, text: &str) -> Result<Duration, ConfigError> {
@@ -511,7 +548,11 @@ mod tests {
     #[test]
     fn bad_values_name_their_key() {
         for (extra, key) in [
-            ("[fence]\nequal_token = \"maybe\"\n", "maybe"),
+            (
+                "[fence]\nequal_token = \"maybe\"\n",
+                "fence.equal_token: \"maybe\": expected \"reject\" or \"accept\"",
+            ),
+            ("[store]\nsync = \"sometimes\"\n", "store.sync"),
             ("[backend]\nurl = \"ftp://x\"\n", "backend.url"),
             ("[fence]\nqueue_timeout = \"soon\"\n", "fence.queue_timeout"),
             (

@@ -31,10 +31,10 @@ pub enum Error {
     },
     /// The token header is present but not exactly one u64 in decimal.
     #[error("invalid fencing token: {0}")]
-    InvalidToken(#[from] TokenError),
+    InvalidToken(TokenError),
     /// The request target cannot be mapped to exactly one resource.
     #[error("invalid path: {0}")]
-    InvalidPath(#[from] PathError),
+    InvalidPath(PathError),
     /// The token is not above the highest one this resource has accepted.
     #[error("token {token} is stale: {resource} has already accepted {max_seen}")]
     StaleToken {
@@ -63,7 +63,7 @@ pub enum Error {
     },
     /// The durable store cannot record an advance; nothing is forwarded without durability.
     #[error("the fence store is unavailable: {0}")]
-    Store(#[from] StoreError),
+    Store(StoreError),
     /// No connection to the backend could be made; the request was not sent.
     #[error("backend unreachable: {0}")]
     BackendUnreachable(String),
@@ -79,6 +79,26 @@ pub enum Error {
     /// An I/O error outside the store, such as binding the listener.
     #[error(transparent)]
     Io(#[from] std::io::Error),
+}
+
+// Written out rather than `#[from]`: the message already includes the cause, and a `source`
+// would make error-chain printers (anyhow's `{:#}`) say it twice.
+impl From<TokenError> for Error {
+    fn from(e: TokenError) -> Self {
+        Error::InvalidToken(e)
+    }
+}
+
+impl From<PathError> for Error {
+    fn from(e: PathError) -> Self {
+        Error::InvalidPath(e)
+    }
+}
+
+impl From<StoreError> for Error {
+    fn from(e: StoreError) -> Self {
+        Error::Store(e)
+    }
 }
 
 impl Error {
@@ -150,7 +170,8 @@ impl Error {
             Error::Quarantined { retry_after, .. } => {
                 Some(retry_after.as_secs_f64().ceil().max(1.0) as u64)
             }
-            Error::QueueTimeout { .. } | Error::Store(_) => Some(1),
+            // Not for Store: a failed store stays failed until restart.
+            Error::QueueTimeout { .. } => Some(1),
             _ => None,
         };
         if let Some(secs) = retry {

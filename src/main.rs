@@ -69,8 +69,11 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 
 fn init_logging(level: &str) {
     let level = level.parse().unwrap_or(tracing::Level::INFO);
+    // Colour codes only for a terminal: logs are also parsed by tools and tests.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     tracing_subscriber::fmt()
         .with_max_level(level)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr)
         .init();
 }

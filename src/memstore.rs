@@ -166,20 +166,29 @@ async fn serve(
         .headers
         .get(DELAY_HEADER)
         .and_then(|v| v.to_str().ok()?.parse().ok());
-    if let Some(ms) = delay {
-        tokio::time::sleep(Duration::from_millis(ms)).await;
-    }
     let received = Received {
-        method: parts.method.clone(),
+        method: parts.method,
         path: parts.uri.path().to_owned(),
         query: parts.uri.query().map(str::to_owned),
         headers: parts.headers,
         body,
     };
-    let mut s = lock(&state);
+    // Like a real server, finish applying a request even if the caller hangs up meanwhile.
+    let applying = tokio::spawn(async move {
+        if let Some(ms) = delay {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+        apply(&mut lock(&state), received)
+    });
+    Ok(applying
+        .await
+        .unwrap_or_else(|_| reply(StatusCode::INTERNAL_SERVER_ERROR, "apply failed")))
+}
+
+fn apply(s: &mut State, received: Received) -> Response<Full<Bytes>> {
     s.requests.push(received.clone());
     let path = received.path.clone();
-    let resp = match received.method {
+    match received.method {
         Method::GET | Method::HEAD => match s.objects.get(&path) {
             Some(obj) => Response::new(Full::new(obj.clone())),
             None => reply(StatusCode::NOT_FOUND, "not found"),
@@ -206,8 +215,7 @@ async fn serve(
             }
         }
         _ => reply(StatusCode::METHOD_NOT_ALLOWED, "method not allowed"),
-    };
-    Ok(resp)
+    }
 }
 
 fn reply(status: StatusCode, text: &'static str) -> Response<Full<Bytes>> {

@@ -65,7 +65,38 @@ pub fn canonicalize(raw: &str) -> Result<String, PathError> {
         .map_err(|_| PathError::AboveRoot)?;
     // Dot-segment removal cannot join two slashes once they are merged, but the key's
     // properties (no `//`, idempotence) must not depend on that argument alone.
-    Ok(merge_slashes(normal.path().as_str()))
+    Ok(decode_literal_safe(&merge_slashes(normal.path().as_str())))
+}
+
+/// Characters RFC 3986 allows literally in a path segment but does not call unreserved.
+const LITERAL_SAFE: &[u8] = b"!$&'()*+,;=:@";
+
+/// Decodes `%XX` escapes of [`LITERAL_SAFE`] characters. RFC 3986 says `/a%21` and `/a!` may
+/// differ, but a backend that decodes paths (nginx does) serves both from one file, so they
+/// must share a key. Escapes that would change the path's structure (`/`, `?`, `#`, `%`)
+/// or are not allowed literally stay encoded.
+fn decode_literal_safe(path: &str) -> String {
+    let b = path.as_bytes();
+    let mut out = String::with_capacity(path.len());
+    let mut i = 0;
+    while i < b.len() {
+        let decoded = (b[i] == b'%')
+            .then(|| b.get(i + 1..i + 3))
+            .flatten()
+            .and_then(|hex| u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok())
+            .filter(|c| LITERAL_SAFE.contains(c));
+        match decoded {
+            Some(c) => {
+                out.push(char::from(c));
+                i += 3;
+            }
+            None => {
+                out.push(char::from(b[i]));
+                i += 1;
+            }
+        }
+    }
+    out
 }
 
 fn refuse_ambiguous(bytes: &[u8]) -> Result<(), PathError> {
@@ -167,8 +198,23 @@ mod tests {
     }
 
     #[test]
-    fn hex_is_upper_cased_and_reserved_escapes_kept() {
-        assert_eq!(canonicalize("/a%3ab%7e").as_deref(), Ok("/a%3Ab~"));
+    fn escapes_of_characters_safe_as_literals_are_decoded() {
+        assert_eq!(canonicalize("/a%21").as_deref(), Ok("/a!"));
+        assert_eq!(canonicalize("/a%3ab%40c%3B").as_deref(), Ok("/a:b@c;"));
+        assert_eq!(canonicalize("/a!").as_deref(), Ok("/a!"));
+    }
+
+    #[test]
+    fn hex_is_upper_cased_and_structural_escapes_kept() {
+        assert_eq!(
+            canonicalize("/a%3fb%7e%23%25%20%c3%a9").as_deref(),
+            Ok("/a%3Fb~%23%25%20%C3%A9")
+        );
+        assert_eq!(
+            canonicalize("/a%2541").as_deref(),
+            Ok("/a%2541"),
+            "decoded once, like a backend"
+        );
         assert_eq!(canonicalize("/a/").as_deref(), Ok("/a/"));
         assert_eq!(canonicalize("/A").as_deref(), Ok("/A"));
     }
@@ -226,6 +272,7 @@ mod tests {
             Just("%2E%2e".to_string()),
             Just("".to_string()),
             "%[0-9a-fA-F]{2}",
+            "[!$&'()*+,;=:@]{1,2}",
         ]
     }
 

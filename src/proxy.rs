@@ -98,7 +98,7 @@ impl Forwarder {
             .authority(self.authority.clone())
             .path_and_query(path)
             .build()
-            .map_err(|e| Error::BackendFailed(format!("cannot build backend URI: {e}")))?;
+            .map_err(|e| Error::InvalidPath(crate::path::PathError::Unparseable(e.to_string())))?;
         // An HTTP/2 client names the host in :authority; HTTP/1 backends want it in Host.
         if !req.headers().contains_key(header::HOST)
             && let Some(host) = original

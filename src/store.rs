@@ -200,7 +200,7 @@ fn encode(buf: &mut Vec<u8>, key: &str, token: u64) {
 enum Bad {
     Truncated,
     Length(usize),
-    Crc { end: usize },
+    Crc,
     Utf8,
 }
 
@@ -220,7 +220,7 @@ fn decode(b: &[u8]) -> Result<(&str, u64, usize), Bad> {
     let payload = b.get(8..8 + len).ok_or(Bad::Truncated)?;
     let expect = crc32c::crc32c_append(crc32c::crc32c(&(len as u32).to_le_bytes()), payload);
     if expect != crc {
-        return Err(Bad::Crc { end: 8 + len });
+        return Err(Bad::Crc);
     }
     let (token, key) = payload.split_at(8);
     let token = u64::from_le_bytes(token.try_into().map_err(|_| Bad::Truncated)?);
@@ -257,19 +257,19 @@ fn recover(path: &Path) -> Result<HashMap<String, u64>, StoreError> {
             }
             Err(bad) => {
                 // A crash mid-append leaves a prefix of the batch, or zeros where the file grew
-                // before its data landed. Anything else is damage we must not paper over.
-                let torn = match bad {
-                    Bad::Truncated => true,
-                    Bad::Crc { end } => end == rest.len(),
-                    Bad::Length(_) | Bad::Utf8 => false,
-                } || rest.iter().all(|&b| b == 0);
-                if !torn {
-                    let reason = match bad {
+                // before its data landed: either way nothing valid follows. A valid record
+                // after the bad one means damage we must not paper over.
+                if let Some(next) = (pos + 1..data.len()).find(|&p| decode(&data[p..]).is_ok()) {
+                    let what = match bad {
                         Bad::Length(n) => format!("record length {n} is out of range"),
-                        Bad::Crc { .. } => "checksum mismatch with valid data after it".into(),
-                        _ => "key is not UTF-8".into(),
+                        Bad::Crc => "checksum mismatch".into(),
+                        Bad::Utf8 => "key is not UTF-8".into(),
+                        Bad::Truncated => "record cut short".into(),
                     };
-                    return Err(corrupt(pos, reason));
+                    return Err(corrupt(
+                        pos,
+                        format!("{what}, with a valid record at byte {next} after it"),
+                    ));
                 }
                 truncate_torn_tail(path, &data, pos)?;
                 break;
@@ -406,6 +406,19 @@ mod tests {
             .open(dir.path().join(LOG_FILE))
             .unwrap();
         f.write_all(&[0; 100]).unwrap();
+        assert_eq!(open(dir.path()).1, HashMap::from([("/a".into(), 5)]));
+    }
+
+    #[tokio::test]
+    async fn a_half_written_record_followed_by_zeros_is_a_torn_write() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), &[("/a", 5), ("/b", 7)]).await;
+        let path = dir.path().join(LOG_FILE);
+        let mut data = fs::read(&path).unwrap();
+        let n = data.len();
+        data[n - 4..].fill(0); // the last record's key bytes never landed
+        data.extend_from_slice(&[0; 64]);
+        fs::write(&path, &data).unwrap();
         assert_eq!(open(dir.path()).1, HashMap::from([("/a".into(), 5)]));
     }
 

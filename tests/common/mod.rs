@@ -1,0 +1,287 @@
+//! Shared harness: a real in-memory backend, fencegate in front of it on port 0, and clients
+//! that speak real HTTP over loopback.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use fencegate::Config;
+use fencegate::memstore::MemStore;
+use fencegate::server::Proxy;
+use http::{HeaderMap, Method, Request};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+pub use fencegate::memstore::DELAY_HEADER;
+
+/// A response, fully read.
+#[derive(Debug, Clone)]
+pub struct Resp {
+    pub status: u16,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Resp {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", self.body))
+    }
+
+    /// The `fencegate-error` header: present only on responses fencegate made itself.
+    pub fn fencegate_error(&self) -> Option<&str> {
+        self.headers
+            .get("fencegate-error")
+            .map(|v| v.to_str().unwrap())
+    }
+
+    /// Asserts a response fencegate made itself: status, JSON `error` code and header agree.
+    pub fn assert_refused(&self, status: u16, code: &str) {
+        assert_eq!(self.status, status, "body: {:?}", self.body);
+        assert_eq!(
+            self.fencegate_error(),
+            Some(code),
+            "header of {:?}",
+            self.body
+        );
+        assert_eq!(self.json()["error"], code);
+    }
+}
+
+/// The minimal config for a proxy in front of `backend_url` with data in `dir`.
+pub fn config_for(backend_url: &str, dir: &std::path::Path) -> Config {
+    Config::from_toml_str(&format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n[backend]\nurl = \"{backend_url}\"\n[store]\ndir = {:?}\n",
+        dir.display().to_string()
+    ))
+    .expect("harness config is valid")
+}
+
+pub struct Harness {
+    pub backend: MemStore,
+    pub addr: SocketAddr,
+    pub proxy: Proxy,
+    pub dir: tempfile::TempDir,
+    pub config: Config,
+    client: Client<HttpConnector, Full<Bytes>>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<Result<(), fencegate::Error>>>,
+}
+
+impl Harness {
+    /// Backend plus proxy with the default configuration.
+    pub async fn start() -> Harness {
+        Harness::start_with(|_| {}).await
+    }
+
+    /// Backend plus proxy, with `tweak` applied to the configuration first.
+    pub async fn start_with(tweak: impl FnOnce(&mut Config)) -> Harness {
+        let backend = MemStore::start().await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = config_for(&backend.url(), dir.path());
+        tweak(&mut config);
+        let mut h = Harness {
+            backend,
+            addr: "127.0.0.1:0".parse().unwrap(),
+            proxy: Proxy::open(config.clone()).await.unwrap(),
+            dir,
+            config,
+            client: Client::builder(TokioExecutor::new()).build_http(),
+            stop: None,
+            task: None,
+        };
+        h.serve().await;
+        h
+    }
+
+    async fn serve(&mut self) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        self.addr = listener.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        self.stop = Some(stop);
+        self.task = Some(tokio::spawn(self.proxy.clone().serve(listener, async {
+            let _ = stopped.await;
+        })));
+    }
+
+    /// Stops the proxy (graceful), then opens a new one on the same data dir and backend.
+    pub async fn restart(&mut self) {
+        self.shutdown().await;
+        self.proxy = Proxy::open(self.config.clone()).await.unwrap();
+        self.serve().await;
+    }
+
+    /// Graceful shutdown; returns once the store is closed.
+    pub async fn shutdown(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.await.unwrap().unwrap();
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// Sends a request through the proxy with the given headers.
+    pub async fn send(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: impl Into<Bytes>,
+    ) -> Resp {
+        let mut req = Request::builder()
+            .method(Method::from_bytes(method.as_bytes()).unwrap())
+            .uri(self.url(path));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        send_with(&self.client, req.body(Full::new(body.into())).unwrap()).await
+    }
+
+    /// A fenced PUT with `token` in the default header.
+    pub async fn put(&self, path: &str, token: u64, body: &str) -> Resp {
+        self.send(
+            "PUT",
+            path,
+            &[("fencing-token", &token.to_string())],
+            body.to_owned(),
+        )
+        .await
+    }
+
+    /// A fenced PUT that the backend holds for `delay_ms` before applying.
+    pub async fn slow_put(&self, path: &str, token: u64, delay_ms: u64) -> Resp {
+        let token = token.to_string();
+        let delay = delay_ms.to_string();
+        self.send(
+            "PUT",
+            path,
+            &[("fencing-token", &token), (DELAY_HEADER, &delay)],
+            token.clone(),
+        )
+        .await
+    }
+
+    pub async fn get(&self, path: &str) -> Resp {
+        self.send("GET", path, &[], Bytes::new()).await
+    }
+
+    /// Writes `head` (request line and headers, without the blank line) plus `body` on a fresh
+    /// connection, exactly as given, and reads the whole response.
+    pub async fn raw(&self, head: &str, body: &str) -> Resp {
+        raw_request(self.addr, head, body).await
+    }
+
+    /// Tokens the backend applied to `path`, in the order it applied them.
+    pub fn applied_tokens(&self, path: &str) -> Vec<u64> {
+        self.backend
+            .applied()
+            .iter()
+            .filter(|r| r.path == path)
+            .filter_map(|r| r.token())
+            .collect()
+    }
+}
+
+pub async fn send_with(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    req: Request<Full<Bytes>>,
+) -> Resp {
+    let resp = tokio::time::timeout(Duration::from_secs(30), client.request(req))
+        .await
+        .expect("response within 30 s")
+        .expect("HTTP exchange");
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    Resp {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// Raw HTTP/1.1 over TCP, for request targets and header layouts a client library would fix.
+pub async fn raw_request(addr: SocketAddr, head: &str, body: &str) -> Resp {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let request = format!(
+        "{head}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), stream.read_to_end(&mut raw))
+        .await
+        .unwrap()
+        .unwrap();
+    parse_response(&raw)
+}
+
+fn parse_response(raw: &[u8]) -> Resp {
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a complete response head");
+    let head = std::str::from_utf8(&raw[..split]).unwrap();
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mut headers = HeaderMap::new();
+    for line in lines {
+        let (k, v) = line.split_once(':').unwrap();
+        headers.append(
+            http::HeaderName::from_bytes(k.trim().as_bytes()).unwrap(),
+            v.trim().parse().unwrap(),
+        );
+    }
+    let mut body = raw[split + 4..].to_vec();
+    if headers
+        .get("transfer-encoding")
+        .is_some_and(|v| v == "chunked")
+    {
+        body = dechunk(&body);
+    }
+    Resp {
+        status,
+        headers,
+        body: body.into(),
+    }
+}
+
+fn dechunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let line_end = b.windows(2).position(|w| w == b"\r\n").unwrap();
+        let size =
+            usize::from_str_radix(std::str::from_utf8(&b[..line_end]).unwrap().trim(), 16).unwrap();
+        if size == 0 {
+            return out;
+        }
+        out.extend_from_slice(&b[line_end + 2..line_end + 2 + size]);
+        b = &b[line_end + 2 + size + 2..];
+    }
+}
+
+/// An address on which nothing listens (bound, then released).
+pub async fn dead_address() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    l.local_addr().unwrap()
+}

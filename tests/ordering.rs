@@ -1,0 +1,187 @@
+//! Ordering: one resource's accepted writes reach the backend one at a time, in increasing
+//! token order; different resources never wait for each other.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::Harness;
+
+fn strictly_increasing(tokens: &[u64]) -> bool {
+    tokens.windows(2).all(|w| w[0] < w[1])
+}
+
+#[tokio::test]
+async fn a_slow_first_write_is_applied_before_a_higher_one_that_arrives_meanwhile() {
+    let h = Arc::new(Harness::start().await);
+    let slow = tokio::spawn({
+        let h = Arc::clone(&h);
+        async move { h.slow_put("/doc", 10, 400).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let fast = h.put("/doc", 11, "eleven").await;
+    assert_eq!(fast.status, 200);
+    assert_eq!(slow.await.unwrap().status, 200);
+    assert_eq!(
+        h.applied_tokens("/doc"),
+        [10, 11],
+        "the backend applied them in token order"
+    );
+    assert_eq!(h.backend.object("/doc").unwrap(), "eleven");
+}
+
+#[tokio::test]
+async fn a_higher_token_that_takes_its_turn_first_makes_a_waiting_lower_one_stale() {
+    let h = Arc::new(Harness::start().await);
+    let spawn_put = |token: u64, delay: u64| {
+        let h = Arc::clone(&h);
+        tokio::spawn(async move { h.slow_put("/doc", token, delay).await })
+    };
+    let first = spawn_put(10, 500);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let high = spawn_put(12, 0); // queues behind 10
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let low = spawn_put(11, 0); // queues behind 12, passed the early check (11 > 10)
+    assert_eq!(first.await.unwrap().status, 200);
+    assert_eq!(high.await.unwrap().status, 200);
+    let r = low.await.unwrap();
+    r.assert_refused(409, "stale_token");
+    assert_eq!(r.json()["max_seen"], 12);
+    assert_eq!(h.applied_tokens("/doc"), [10, 12]);
+}
+
+#[tokio::test]
+async fn twenty_four_writers_racing_one_resource_are_applied_in_strictly_increasing_order() {
+    let h = Arc::new(Harness::start().await);
+    // Distinct tokens in a scrambled order, sent all at once; the backend is slow enough
+    // (5 ms a write) that they genuinely overlap.
+    let tokens: Vec<u64> = (1..=24u64).map(|i| (i * 7) % 25).collect();
+    let tasks: Vec<_> = tokens
+        .iter()
+        .map(|&t| {
+            let h = Arc::clone(&h);
+            tokio::spawn(async move { (t, h.slow_put("/hot", t, 5).await) })
+        })
+        .collect();
+    let mut accepted = Vec::new();
+    for task in tasks {
+        let (token, r) = task.await.unwrap();
+        match r.status {
+            200 => accepted.push(token),
+            409 => r.assert_refused(409, "stale_token"),
+            other => panic!("token {token}: unexpected {other} {:?}", r.body),
+        }
+    }
+    let applied = h.applied_tokens("/hot");
+    assert!(
+        strictly_increasing(&applied),
+        "applied out of order: {applied:?}"
+    );
+    accepted.sort_unstable();
+    assert_eq!(accepted, applied, "accepted set equals applied set");
+    assert_eq!(
+        applied.last(),
+        Some(&24),
+        "the highest token can never be stale"
+    );
+    assert_eq!(h.proxy.max_seen("/hot"), Some(24));
+}
+
+#[tokio::test]
+async fn writes_to_different_resources_never_wait_for_each_other() {
+    let h = Arc::new(Harness::start().await);
+    let slow = tokio::spawn({
+        let h = Arc::clone(&h);
+        async move { h.slow_put("/a", 1, 3000).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(h.put("/b", 1, "b").await.status, 200);
+    assert!(
+        !slow.is_finished(),
+        "/b completed while /a's write was still in flight"
+    );
+    assert_eq!(h.applied_tokens("/b"), [1]);
+    assert!(h.applied_tokens("/a").is_empty());
+    assert_eq!(slow.await.unwrap().status, 200);
+}
+
+#[tokio::test]
+async fn a_write_that_waits_longer_than_the_queue_bound_gets_503() {
+    let h =
+        Arc::new(Harness::start_with(|c| c.fence.queue_timeout = Duration::from_millis(150)).await);
+    let slow = tokio::spawn({
+        let h = Arc::clone(&h);
+        async move { h.slow_put("/doc", 1, 1000).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let r = h.put("/doc", 2, "two").await;
+    r.assert_refused(503, "queue_timeout");
+    assert!(r.headers.contains_key("retry-after"));
+    assert_eq!(slow.await.unwrap().status, 200);
+    assert_eq!(
+        h.applied_tokens("/doc"),
+        [1],
+        "the timed-out write was never forwarded"
+    );
+    assert_eq!(
+        h.proxy.max_seen("/doc"),
+        Some(1),
+        "and never advanced max_seen"
+    );
+}
+
+#[tokio::test]
+async fn a_backend_timeout_is_504_and_quarantines_the_resource() {
+    let h = Harness::start_with(|c| {
+        c.backend.request_timeout = Duration::from_millis(200);
+        c.fence.quarantine = Duration::from_millis(1500);
+    })
+    .await;
+    // The backend applies this one late, after fencegate gave up on it.
+    h.slow_put("/doc", 5, 600)
+        .await
+        .assert_refused(504, "backend_timeout");
+    assert_eq!(
+        h.proxy.max_seen("/doc"),
+        Some(5),
+        "max_seen advanced before forwarding"
+    );
+    let r = h.put("/doc", 6, "six").await;
+    r.assert_refused(503, "resource_quarantined");
+    assert!(r.headers.contains_key("retry-after"));
+    assert_eq!(
+        h.put("/other", 1, "x").await.status,
+        200,
+        "only the timed-out resource is closed"
+    );
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    assert_eq!(
+        h.put("/doc", 6, "six").await.status,
+        200,
+        "reopens after the quarantine"
+    );
+    assert_eq!(
+        h.applied_tokens("/doc"),
+        [5, 6],
+        "the late write landed before the next one was sent"
+    );
+}
+
+#[tokio::test]
+async fn a_write_abandoned_by_its_client_keeps_the_resource_until_the_backend_answers() {
+    let h = Arc::new(Harness::start().await);
+    let abandoned = tokio::spawn({
+        let h = Arc::clone(&h);
+        async move { h.slow_put("/doc", 1, 600).await }
+    });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    abandoned.abort(); // the client hangs up mid-request
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(h.put("/doc", 2, "two").await.status, 200);
+    assert_eq!(
+        h.applied_tokens("/doc"),
+        [1, 2],
+        "2 was sent only after the backend answered 1"
+    );
+}
