@@ -15,28 +15,16 @@ use fencegate::path;
 use fencegate::store::{FileStore, Store};
 
 fn parsing(c: &mut Criterion) {
-    c.bench_function("token_parse", |b| {
-        b.iter(|| fencegate::token::parse(black_box(b"18446744073709551615")))
-    });
+    c.bench_function("token_parse", |b| b.iter(|| fencegate::token::parse(black_box(b"18446744073709551615"))));
     let mut g = c.benchmark_group("canonicalize");
-    for p in [
-        "/accounts/42",
-        "/buckets/b1/objects/2024/11/30/report.csv",
-        "//a/./b/%2e%2e/c/%7Euser",
-    ] {
-        g.bench_with_input(BenchmarkId::from_parameter(p), p, |b, p| {
-            b.iter(|| path::canonicalize(black_box(p)))
-        });
+    for p in ["/accounts/42", "/buckets/b1/objects/2024/11/30/report.csv", "//a/./b/%2e%2e/c/%7Euser"] {
+        g.bench_with_input(BenchmarkId::from_parameter(p), p, |b, p| b.iter(|| path::canonicalize(black_box(p))));
     }
     g.finish();
 }
 
 fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
 }
 
 /// One full in-memory fenced write: precheck, turn, check, record, release.
@@ -62,11 +50,7 @@ fn check_and_reserve(c: &mut Criterion) {
     });
     for tasks in [2u64, 8, 64] {
         for shared_key in [true, false] {
-            let name = if shared_key {
-                "one_key"
-            } else {
-                "distinct_keys"
-            };
+            let name = if shared_key { "one_key" } else { "distinct_keys" };
             g.bench_function(BenchmarkId::new(name, tasks), |b| {
                 b.iter_custom(|iters| {
                     let table = Arc::new(FenceTable::new([], EqualToken::Accept));
@@ -76,11 +60,7 @@ fn check_and_reserve(c: &mut Criterion) {
                         let handles: Vec<_> = (0..tasks)
                             .map(|t| {
                                 let table = Arc::clone(&table);
-                                let key = if shared_key {
-                                    "/hot".to_string()
-                                } else {
-                                    format!("/k{t}")
-                                };
+                                let key = if shared_key { "/hot".to_string() } else { format!("/k{t}") };
                                 tokio::spawn(async move {
                                     for i in 0..per_task {
                                         // Equal tokens are accepted here so contention is real work.
@@ -131,9 +111,7 @@ fn durable_advance(c: &mut Criterion) {
                     }
                 });
                 // Normalise to the requested iteration count so figures are per advance.
-                start
-                    .elapsed()
-                    .mul_f64(iters as f64 / (per_writer * writers) as f64)
+                start.elapsed().mul_f64(iters as f64 / (per_writer * writers) as f64)
             })
         });
     }

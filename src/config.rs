@@ -29,10 +29,7 @@ pub enum ConfigError {
 }
 
 fn invalid(key: &str, message: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid {
-        key: key.to_owned(),
-        message: message.into(),
-    }
+    ConfigError::Invalid { key: key.to_owned(), message: message.into() }
 }
 
 /// What to do with a token equal to `max_seen`.
@@ -90,11 +87,7 @@ struct RawServer {
 
 impl Default for RawServer {
     fn default() -> Self {
-        Self {
-            listen: "127.0.0.1:8080".into(),
-            header_read_timeout: "10s".into(),
-            shutdown_grace: "30s".into(),
-        }
+        Self { listen: "127.0.0.1:8080".into(), header_read_timeout: "10s".into(), shutdown_grace: "30s".into() }
     }
 }
 
@@ -132,9 +125,7 @@ impl Default for RawFence {
     fn default() -> Self {
         Self {
             header: "Fencing-Token".into(),
-            methods: ["PUT", "POST", "PATCH", "DELETE"]
-                .map(String::from)
-                .to_vec(),
+            methods: ["PUT", "POST", "PATCH", "DELETE"].map(String::from).to_vec(),
             equal_token: "reject".into(),
             missing_token: "reject".into(),
             queue_timeout: "10s".into(),
@@ -161,10 +152,7 @@ struct RawStore {
 
 impl Default for RawStore {
     fn default() -> Self {
-        Self {
-            dir: "data".into(),
-            sync: "always".into(),
-        }
+        Self { dir: "data".into(), sync: "always".into() }
     }
 }
 
@@ -176,9 +164,7 @@ struct RawLog {
 
 impl Default for RawLog {
     fn default() -> Self {
-        Self {
-            level: "info".into(),
-        }
+        Self { level: "info".into() }
     }
 }
 
@@ -313,10 +299,7 @@ impl Config {
                 .listen
                 .parse()
                 .map_err(|e| invalid("server.listen", format!("{e}: expected IP:PORT")))?,
-            header_read_timeout: duration(
-                "server.header_read_timeout",
-                &raw.server.header_read_timeout,
-            )?,
+            header_read_timeout: duration("server.header_read_timeout", &raw.server.header_read_timeout)?,
             shutdown_grace: duration("server.shutdown_grace", &raw.server.shutdown_grace)?,
         };
         let backend = BackendConfig {
@@ -325,12 +308,8 @@ impl Config {
             request_timeout: duration("backend.request_timeout", &raw.backend.request_timeout)?,
         };
         let f = raw.fence;
-        let header = HeaderName::from_bytes(f.header.as_bytes()).map_err(|_| {
-            invalid(
-                "fence.header",
-                format!("{:?} is not a valid header name", f.header),
-            )
-        })?;
+        let header = HeaderName::from_bytes(f.header.as_bytes())
+            .map_err(|_| invalid("fence.header", format!("{:?} is not a valid header name", f.header)))?;
         if f.methods.is_empty() {
             return Err(invalid("fence.methods", "must name at least one method"));
         }
@@ -346,30 +325,19 @@ impl Config {
             Some(q) => duration("fence.quarantine", q)?,
             None => backend.request_timeout,
         };
-        let scopes = f
-            .scopes
-            .iter()
-            .enumerate()
-            .map(|(i, s)| scope(i, s))
-            .collect::<Result<_, _>>()?;
+        let scopes = f.scopes.iter().enumerate().map(|(i, s)| scope(i, s)).collect::<Result<_, _>>()?;
         let fence = FenceConfig {
             header,
             methods,
             equal_token: choice(
                 "fence.equal_token",
                 &f.equal_token,
-                [
-                    ("reject", EqualToken::Reject),
-                    ("accept", EqualToken::Accept),
-                ],
+                [("reject", EqualToken::Reject), ("accept", EqualToken::Accept)],
             )?,
             missing_token: choice(
                 "fence.missing_token",
                 &f.missing_token,
-                [
-                    ("reject", MissingToken::Reject),
-                    ("forward", MissingToken::Forward),
-                ],
+                [("reject", MissingToken::Reject), ("forward", MissingToken::Forward)],
             )?,
             queue_timeout: duration("fence.queue_timeout", &f.queue_timeout)?,
             quarantine,
@@ -378,57 +346,26 @@ impl Config {
         if raw.store.dir.as_os_str().is_empty() {
             return Err(invalid("store.dir", "must not be empty"));
         }
-        let sync = choice(
-            "store.sync",
-            &raw.store.sync,
-            [("always", SyncMode::Always), ("never", SyncMode::Never)],
-        )?;
-        let store = StoreConfig {
-            dir: raw.store.dir,
-            sync,
-        };
+        let sync = choice("store.sync", &raw.store.sync, [("always", SyncMode::Always), ("never", SyncMode::Never)])?;
+        let store = StoreConfig { dir: raw.store.dir, sync };
         let level = raw.log.level.to_ascii_lowercase();
         if !["error", "warn", "info", "debug", "trace"].contains(&level.as_str()) {
-            return Err(invalid(
-                "log.level",
-                format!("{level:?}: expected error, warn, info, debug or trace"),
-            ));
+            return Err(invalid("log.level", format!("{level:?}: expected error, warn, info, debug or trace")));
         }
-        Ok(Config {
-            server,
-            backend,
-            fence,
-            store,
-            log: LogConfig { level },
-        })
+        Ok(Config { server, backend, fence, store, log: LogConfig { level } })
     }
 }
 
-fn choice<T: Copy, const N: usize>(
-    key: &str,
-    text: &str,
-    options: [(&str, T); N],
-) -> Result<T, ConfigError> {
-    options
-        .iter()
-        .find(|(name, _)| name.eq_ignore_ascii_case(text))
-        .map(|(_, v)| *v)
-        .ok_or_else(|| {
-            let names: Vec<String> = options
-                .iter()
-                .map(|(name, _)| format!("{name:?}"))
-                .collect();
-            invalid(key, format!("{text:?}: expected {}", names.join(" or ")))
-        })
+fn choice<T: Copy, const N: usize>(key: &str, text: &str, options: [(&str, T); N]) -> Result<T, ConfigError> {
+    options.iter().find(|(name, _)| name.eq_ignore_ascii_case(text)).map(|(_, v)| *v).ok_or_else(|| {
+        let names: Vec<String> = options.iter().map(|(name, _)| format!("{name:?}")).collect();
+        invalid(key, format!("{text:?}: expected {}", names.join(" or ")))
+    })
 }
 
 fn duration(key: &str, text: &str) -> Result<Duration, ConfigError> {
-    let d = humantime::parse_duration(text).map_err(|e| {
-        invalid(
-            key,
-            format!("{text:?}: {e} (write e.g. \"500ms\", \"2s\", \"1m\")"),
-        )
-    })?;
+    let d = humantime::parse_duration(text)
+        .map_err(|e| invalid(key, format!("{text:?}: {e} (write e.g. \"500ms\", \"2s\", \"1m\")")))?;
     if d.is_zero() {
         return Err(invalid(key, "must be greater than zero"));
     }
@@ -437,65 +374,42 @@ fn duration(key: &str, text: &str) -> Result<Duration, ConfigError> {
 
 fn backend_url(text: &str) -> Result<Uri, ConfigError> {
     let key = "backend.url";
-    let uri: Uri = text
-        .parse()
-        .map_err(|e| invalid(key, format!("{text:?}: {e}")))?;
+    let uri: Uri = text.parse().map_err(|e| invalid(key, format!("{text:?}: {e}")))?;
     match uri.scheme_str() {
         Some("http") => {}
         Some(other) => {
-            return Err(invalid(
-                key,
-                format!("scheme {other:?} is not supported; use http://"),
-            ));
+            return Err(invalid(key, format!("scheme {other:?} is not supported; use http://")));
         }
         None => {
-            return Err(invalid(
-                key,
-                format!("{text:?} needs a scheme, e.g. http://127.0.0.1:9000"),
-            ));
+            return Err(invalid(key, format!("{text:?} needs a scheme, e.g. http://127.0.0.1:9000")));
         }
     }
     if uri.authority().is_none() {
         return Err(invalid(key, format!("{text:?} has no host")));
     }
     // The forwarded path must be exactly the fenced path, so no base path can be prepended.
-    if uri
-        .path_and_query()
-        .is_some_and(|pq| pq.as_str() != "/" && !pq.as_str().is_empty())
-    {
-        return Err(invalid(
-            key,
-            format!("{text:?} must not have a path or query"),
-        ));
+    if uri.path_and_query().is_some_and(|pq| pq.as_str() != "/" && !pq.as_str().is_empty()) {
+        return Err(invalid(key, format!("{text:?} must not have a path or query")));
     }
     Ok(uri)
 }
 
 fn scope(index: usize, raw: &RawScope) -> Result<Scope, ConfigError> {
     let key = format!("fence.scopes[{index}].prefix");
-    let canonical = path::canonicalize(&raw.prefix)
-        .map_err(|e| invalid(&key, format!("{:?}: {e}", raw.prefix)))?;
+    let canonical = path::canonicalize(&raw.prefix).map_err(|e| invalid(&key, format!("{:?}: {e}", raw.prefix)))?;
     if canonical != raw.prefix {
-        return Err(invalid(
-            &key,
-            format!("{:?} is not canonical; write {canonical:?}", raw.prefix),
-        ));
+        return Err(invalid(&key, format!("{:?} is not canonical; write {canonical:?}", raw.prefix)));
     }
     if let Some(n) = raw.segments {
         let own = canonical.split('/').filter(|s| !s.is_empty()).count();
         if n == 0 || n < own {
             return Err(invalid(
                 &format!("fence.scopes[{index}].segments"),
-                format!(
-                    "{n} must be at least the prefix's own segment count ({own}) and above zero"
-                ),
+                format!("{n} must be at least the prefix's own segment count ({own}) and above zero"),
             ));
         }
     }
-    Ok(Scope {
-        prefix: canonical,
-        segments: raw.segments,
-    })
+    Ok(Scope { prefix: canonical, segments: raw.segments })
 }
 
 fn ser_duration<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
@@ -527,10 +441,7 @@ mod tests {
         assert_eq!(c.backend.connect_timeout, Duration::from_secs(2));
         assert_eq!(c.backend.request_timeout, Duration::from_secs(30));
         assert_eq!(c.fence.header.as_str(), "fencing-token");
-        assert_eq!(
-            c.fence.methods,
-            vec![Method::PUT, Method::POST, Method::PATCH, Method::DELETE]
-        );
+        assert_eq!(c.fence.methods, vec![Method::PUT, Method::POST, Method::PATCH, Method::DELETE]);
         assert_eq!(c.fence.equal_token, EqualToken::Reject);
         assert_eq!(c.fence.missing_token, MissingToken::Reject);
         assert_eq!(c.fence.quarantine, c.backend.request_timeout);
@@ -540,36 +451,22 @@ mod tests {
 
     #[test]
     fn unknown_key_is_named_in_the_error() {
-        let err = Config::from_toml_str(&format!("{MINIMAL}[fence]\nequal_tokens = \"accept\"\n"))
-            .unwrap_err();
+        let err = Config::from_toml_str(&format!("{MINIMAL}[fence]\nequal_tokens = \"accept\"\n")).unwrap_err();
         assert!(err.to_string().contains("equal_tokens"), "{err}");
     }
 
     #[test]
     fn bad_values_name_their_key() {
         for (extra, key) in [
-            (
-                "[fence]\nequal_token = \"maybe\"\n",
-                "fence.equal_token: \"maybe\": expected \"reject\" or \"accept\"",
-            ),
+            ("[fence]\nequal_token = \"maybe\"\n", "fence.equal_token: \"maybe\": expected \"reject\" or \"accept\""),
             ("[store]\nsync = \"sometimes\"\n", "store.sync"),
             ("[backend]\nurl = \"ftp://x\"\n", "backend.url"),
             ("[fence]\nqueue_timeout = \"soon\"\n", "fence.queue_timeout"),
-            (
-                "[[fence.scopes]]\nprefix = \"/a/../b/\"\n",
-                "fence.scopes[0].prefix",
-            ),
-            (
-                "[[fence.scopes]]\nprefix = \"/a/b/\"\nsegments = 1\n",
-                "fence.scopes[0].segments",
-            ),
+            ("[[fence.scopes]]\nprefix = \"/a/../b/\"\n", "fence.scopes[0].prefix"),
+            ("[[fence.scopes]]\nprefix = \"/a/b/\"\nsegments = 1\n", "fence.scopes[0].segments"),
             ("[server]\nlisten = \"localhost\"\n", "server.listen"),
         ] {
-            let text = if extra.starts_with("[backend]") {
-                extra.to_string()
-            } else {
-                format!("{MINIMAL}{extra}")
-            };
+            let text = if extra.starts_with("[backend]") { extra.to_string() } else { format!("{MINIMAL}{extra}") };
             let err = Config::from_toml_str(&text).unwrap_err();
             assert!(err.to_string().contains(key), "{extra:?} gave {err}");
         }
@@ -581,18 +478,9 @@ mod tests {
         let file = dir.path().join("f.toml");
         std::fs::write(&file, MINIMAL).unwrap();
         let env = HashMap::from([
-            (
-                "FENCEGATE_FENCE__EQUAL_TOKEN".to_string(),
-                "accept".to_string(),
-            ),
-            (
-                "FENCEGATE_BACKEND__URL".to_string(),
-                "http://127.0.0.1:9100".to_string(),
-            ),
-            (
-                "FENCEGATE_FENCE__METHODS".to_string(),
-                "PUT,DELETE".to_string(),
-            ),
+            ("FENCEGATE_FENCE__EQUAL_TOKEN".to_string(), "accept".to_string()),
+            ("FENCEGATE_BACKEND__URL".to_string(), "http://127.0.0.1:9100".to_string()),
+            ("FENCEGATE_FENCE__METHODS".to_string(), "PUT,DELETE".to_string()),
         ]);
         let c = Config::load(&file, Some(env)).unwrap();
         assert_eq!(c.fence.equal_token, EqualToken::Accept);

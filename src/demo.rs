@@ -39,48 +39,28 @@ async fn start(config: &Config) -> Result<Running, Error> {
     let task = tokio::spawn(proxy.clone().serve(listener, async {
         let _ = stopped.await;
     }));
-    Ok(Running {
-        proxy,
-        url,
-        stop,
-        task,
-    })
+    Ok(Running { proxy, url, stop, task })
 }
 
 impl Running {
     async fn stop(self) -> Result<(), Error> {
         let _ = self.stop.send(());
-        self.task
-            .await
-            .map_err(|e| Error::Io(std::io::Error::other(e)))?
+        self.task.await.map_err(|e| Error::Io(std::io::Error::other(e)))?
     }
 }
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
-async fn put(
-    client: &HttpClient,
-    base: &str,
-    token: u64,
-    body: &str,
-) -> Result<(StatusCode, String), Error> {
+async fn put(client: &HttpClient, base: &str, token: u64, body: &str) -> Result<(StatusCode, String), Error> {
     let req = Request::builder()
         .method(Method::PUT)
         .uri(format!("{base}{RESOURCE}"))
         .header("fencing-token", token)
         .body(Full::new(Bytes::from(body.to_owned())))
         .map_err(|e| Error::Io(std::io::Error::other(e)))?;
-    let resp = client
-        .request(req)
-        .await
-        .map_err(|e| Error::BackendFailed(e.to_string()))?;
+    let resp = client.request(req).await.map_err(|e| Error::BackendFailed(e.to_string()))?;
     let status = resp.status();
-    let code = resp
-        .headers()
-        .get("fencegate-error")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_owned();
+    let code = resp.headers().get("fencegate-error").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
     let _ = resp.into_body().collect().await;
     Ok((status, code))
 }
@@ -109,21 +89,13 @@ impl<W: Write> Checker<'_, W> {
     ) -> std::io::Result<()> {
         let ok = got.0 == want;
         self.all_ok &= ok;
-        let status = format!(
-            "{} {}",
-            got.0.as_u16(),
-            got.0.canonical_reason().unwrap_or("")
-        );
+        let status = format!("{} {}", got.0.as_u16(), got.0.canonical_reason().unwrap_or(""));
         let max = max_seen.map_or("none".into(), |m| m.to_string());
         let mark = if ok { "" } else { "   <-- UNEXPECTED" };
         writeln!(
             self.out,
             "{t:<4}{who} PUT {RESOURCE} token={token:<3} -> {status:<14} max_seen = {max:<4} {verdict}{}{mark}",
-            if got.1.is_empty() {
-                String::new()
-            } else {
-                format!(" [{}]", got.1)
-            }
+            if got.1.is_empty() { String::new() } else { format!(" [{}]", got.1) }
         )
     }
 }
@@ -142,15 +114,8 @@ pub async fn run(out: &mut impl Write) -> Result<bool, Error> {
     let mut c = Checker { out, all_ok: true };
 
     c.line("fencegate demo: a zombie lock holder against a fenced backend, over real HTTP\n")?;
-    c.line(&format!(
-        "  backend  {}  an in-memory object store that knows nothing of tokens",
-        backend.url()
-    ))?;
-    c.line(&format!(
-        "  proxy    {}  fencegate, data dir {}\n",
-        proxy.url,
-        dir.path().display()
-    ))?;
+    c.line(&format!("  backend  {}  an in-memory object store that knows nothing of tokens", backend.url()))?;
+    c.line(&format!("  proxy    {}  fencegate, data dir {}\n", proxy.url, dir.path().display()))?;
 
     // The lock service: every acquire returns a strictly larger token.
     let mut next_token = 33u64;
@@ -159,9 +124,7 @@ pub async fn run(out: &mut impl Write) -> Result<bool, Error> {
         next_token - 1
     };
     let t1 = acquire();
-    c.line(&format!(
-        "t0  Client1 acquires the lock -> token {t1}   (max_seen = none)"
-    ))?;
+    c.line(&format!("t0  Client1 acquires the lock -> token {t1}   (max_seen = none)"))?;
     c.line("t1  Client1 pauses: a stop-the-world GC outlives its lease")?;
     let wake = Arc::new(Notify::new());
     let zombie = {
@@ -171,68 +134,36 @@ pub async fn run(out: &mut impl Write) -> Result<bool, Error> {
             put(&client, &url, t1, "balance=0   (client1, stale)").await
         })
     };
-    c.line(&format!(
-        "t2  lease({t1}) expires; the lock service moves on"
-    ))?;
+    c.line(&format!("t2  lease({t1}) expires; the lock service moves on"))?;
     let t2 = acquire();
     c.line(&format!("t3  Client2 acquires the lock -> token {t2}"))?;
     let got = put(&client, &proxy.url, t2, "balance=200 (client2)").await?;
-    c.write_step(
-        "t4",
-        "Client2",
-        t2,
-        got,
-        StatusCode::OK,
-        proxy.proxy.max_seen(RESOURCE),
-        "ACCEPT",
-    )?;
+    c.write_step("t4", "Client2", t2, got, StatusCode::OK, proxy.proxy.max_seen(RESOURCE), "ACCEPT")?;
     c.line("t5  Client1 wakes up, still believing it holds the lock")?;
     wake.notify_one();
-    let got = zombie
-        .await
-        .map_err(|e| Error::Io(std::io::Error::other(e)))??;
+    let got = zombie.await.map_err(|e| Error::Io(std::io::Error::other(e)))??;
     let max = proxy.proxy.max_seen(RESOURCE);
-    c.write_step(
-        "t6",
-        "Client1",
-        t1,
-        got,
-        StatusCode::CONFLICT,
-        max,
-        &format!("REJECT ({t1} <= {t2})"),
-    )?;
+    c.write_step("t6", "Client1", t1, got, StatusCode::CONFLICT, max, &format!("REJECT ({t1} <= {t2})"))?;
 
     c.line("\nbackend contents:")?;
     for (path, body) in backend.objects() {
         c.line(&format!("  {path} = {:?}", String::from_utf8_lossy(&body)))?;
     }
     let applied: Vec<_> = backend.applied().iter().filter_map(|r| r.token()).collect();
-    c.line(&format!(
-        "  writes the backend applied, by token: {applied:?}"
-    ))?;
-    let contents_ok = backend
-        .object(RESOURCE)
-        .is_some_and(|b| b.starts_with(b"balance=200"))
-        && applied == [t2];
+    c.line(&format!("  writes the backend applied, by token: {applied:?}"))?;
+    let contents_ok = backend.object(RESOURCE).is_some_and(|b| b.starts_with(b"balance=200")) && applied == [t2];
     c.all_ok &= contents_ok;
     if !contents_ok {
         c.line("  <-- UNEXPECTED: the backend should hold only Client2's write")?;
     }
 
     proxy.stop().await?;
-    c.line(&format!(
-        "\nrestart: the proxy stops; a new one recovers max_seen from {}",
-        dir.path().display()
-    ))?;
+    c.line(&format!("\nrestart: the proxy stops; a new one recovers max_seen from {}", dir.path().display()))?;
     let proxy = start(&config).await?;
     for (who, token) in [("Client1", t1), ("Client2", t2)] {
         let got = put(&client, &proxy.url, token, "replayed after restart").await?;
         let max = proxy.proxy.max_seen(RESOURCE);
-        let verdict = if token == t2 {
-            "REJECT (equal is not above)"
-        } else {
-            "REJECT"
-        };
+        let verdict = if token == t2 { "REJECT (equal is not above)" } else { "REJECT" };
         c.write_step("", who, token, got, StatusCode::CONFLICT, max, verdict)?;
     }
     let survived = proxy.proxy.max_seen(RESOURCE) == Some(t2) && backend.applied().len() == 1;

@@ -108,9 +108,7 @@ impl Error {
             Error::MissingToken { .. } => StatusCode::PRECONDITION_REQUIRED,
             Error::InvalidToken(_) | Error::InvalidPath(_) => StatusCode::BAD_REQUEST,
             Error::StaleToken { .. } => StatusCode::CONFLICT,
-            Error::QueueTimeout { .. } | Error::Quarantined { .. } | Error::Store(_) => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Error::QueueTimeout { .. } | Error::Quarantined { .. } | Error::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
             Error::BackendUnreachable(_) | Error::BackendFailed(_) => StatusCode::BAD_GATEWAY,
             Error::BackendTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             Error::Config(_) | Error::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -137,18 +135,11 @@ impl Error {
     fn body(&self) -> Value {
         let mut body = json!({ "error": self.code(), "message": self.to_string() });
         let extra = match self {
-            Error::StaleToken {
-                resource,
-                token,
-                max_seen,
-            } => {
+            Error::StaleToken { resource, token, max_seen } => {
                 json!({ "resource": resource, "token": token, "max_seen": max_seen })
             }
             Error::QueueTimeout { resource, .. } => json!({ "resource": resource }),
-            Error::Quarantined {
-                resource,
-                retry_after,
-            } => {
+            Error::Quarantined { resource, retry_after } => {
                 json!({ "resource": resource, "retry_after_ms": retry_after.as_millis() as u64 })
             }
             _ => return body,
@@ -167,9 +158,7 @@ impl Error {
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         headers.insert(ERROR_HEADER, HeaderValue::from_static(self.code()));
         let retry = match self {
-            Error::Quarantined { retry_after, .. } => {
-                Some(retry_after.as_secs_f64().ceil().max(1.0) as u64)
-            }
+            Error::Quarantined { retry_after, .. } => Some(retry_after.as_secs_f64().ceil().max(1.0) as u64),
             // Not for Store: a failed store stays failed until restart.
             Error::QueueTimeout { .. } => Some(1),
             _ => None,
@@ -189,58 +178,14 @@ mod tests {
     fn examples() -> Vec<(Error, u16, &'static str)> {
         let d = Duration::from_secs(3);
         vec![
-            (
-                Error::MissingToken {
-                    header: "fencing-token".into(),
-                },
-                428,
-                "missing_token",
-            ),
-            (
-                Error::InvalidToken(TokenError::NotDecimal),
-                400,
-                "invalid_token",
-            ),
-            (
-                Error::InvalidPath(PathError::EscapedSlash),
-                400,
-                "invalid_path",
-            ),
-            (
-                Error::StaleToken {
-                    resource: "/a".into(),
-                    token: 33,
-                    max_seen: 34,
-                },
-                409,
-                "stale_token",
-            ),
-            (
-                Error::QueueTimeout {
-                    resource: "/a".into(),
-                    waited: d,
-                },
-                503,
-                "queue_timeout",
-            ),
-            (
-                Error::Quarantined {
-                    resource: "/a".into(),
-                    retry_after: d,
-                },
-                503,
-                "resource_quarantined",
-            ),
-            (
-                Error::Store(StoreError::Failed("fsync: EIO".into())),
-                503,
-                "store_unavailable",
-            ),
-            (
-                Error::BackendUnreachable("refused".into()),
-                502,
-                "backend_unreachable",
-            ),
+            (Error::MissingToken { header: "fencing-token".into() }, 428, "missing_token"),
+            (Error::InvalidToken(TokenError::NotDecimal), 400, "invalid_token"),
+            (Error::InvalidPath(PathError::EscapedSlash), 400, "invalid_path"),
+            (Error::StaleToken { resource: "/a".into(), token: 33, max_seen: 34 }, 409, "stale_token"),
+            (Error::QueueTimeout { resource: "/a".into(), waited: d }, 503, "queue_timeout"),
+            (Error::Quarantined { resource: "/a".into(), retry_after: d }, 503, "resource_quarantined"),
+            (Error::Store(StoreError::Failed("fsync: EIO".into())), 503, "store_unavailable"),
+            (Error::BackendUnreachable("refused".into()), 502, "backend_unreachable"),
             (Error::BackendFailed("reset".into()), 502, "backend_error"),
             (Error::BackendTimeout(d), 504, "backend_timeout"),
             (Error::Io(std::io::Error::other("x")), 500, "internal"),
@@ -263,18 +208,8 @@ mod tests {
 
     #[tokio::test]
     async fn stale_body_names_resource_token_and_max_seen() {
-        let err = Error::StaleToken {
-            resource: "/accounts/42".into(),
-            token: 33,
-            max_seen: 34,
-        };
-        let body = err
-            .response()
-            .into_body()
-            .collect()
-            .await
-            .unwrap()
-            .to_bytes();
+        let err = Error::StaleToken { resource: "/accounts/42".into(), token: 33, max_seen: 34 };
+        let body = err.response().into_body().collect().await.unwrap().to_bytes();
         let v: Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(v["resource"], "/accounts/42");
         assert_eq!(v["token"], 33);

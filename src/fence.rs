@@ -42,11 +42,7 @@ impl FenceTable {
             let mut slot = max_seen.entry(key.into_boxed_str()).or_insert(token);
             *slot = (*slot).max(token);
         }
-        FenceTable {
-            max_seen,
-            gates: DashMap::new(),
-            equal,
-        }
+        FenceTable { max_seen, gates: DashMap::new(), equal }
     }
 
     /// The highest token `key` has accepted, if any.
@@ -92,29 +88,18 @@ impl FenceTable {
     pub async fn acquire(self: &Arc<Self>, key: &str, wait: Duration) -> Result<Turn, Error> {
         let gate = self.gates.entry(key.into()).or_default().clone();
         match tokio::time::timeout(wait, gate.lock_owned()).await {
-            Ok(guard) => Ok(Turn {
-                table: Arc::clone(self),
-                key: key.into(),
-                guard: Some(guard),
-            }),
+            Ok(guard) => Ok(Turn { table: Arc::clone(self), key: key.into(), guard: Some(guard) }),
             Err(_) => {
                 // Our clone is gone with the future; if we were the last, clean up.
                 self.gates.remove_if(key, |_, g| Arc::strong_count(g) == 1);
-                Err(Error::QueueTimeout {
-                    resource: key.to_owned(),
-                    waited: wait,
-                })
+                Err(Error::QueueTimeout { resource: key.to_owned(), waited: wait })
             }
         }
     }
 }
 
 fn stale(key: &str, token: u64, max_seen: u64) -> Error {
-    Error::StaleToken {
-        resource: key.to_owned(),
-        token,
-        max_seen,
-    }
+    Error::StaleToken { resource: key.to_owned(), token, max_seen }
 }
 
 /// Exclusive right to check, advance and forward one write to a resource. Dropping it lets
@@ -169,17 +154,12 @@ impl Turn {
 
 impl Drop for Turn {
     fn drop(&mut self) {
-        let quarantined = self
-            .guard
-            .as_ref()
-            .is_some_and(|s| s.quarantined_until.is_some());
+        let quarantined = self.guard.as_ref().is_some_and(|s| s.quarantined_until.is_some());
         drop(self.guard.take());
         if !quarantined {
             // Under the shard lock no one can clone the gate, so a count of one (the map's
             // own) means no task waits on it and it can go.
-            self.table
-                .gates
-                .remove_if(&*self.key, |_, g| Arc::strong_count(g) == 1);
+            self.table.gates.remove_if(&*self.key, |_, g| Arc::strong_count(g) == 1);
         }
     }
 }
@@ -189,10 +169,7 @@ mod tests {
     use super::*;
 
     fn table(equal: EqualToken) -> Arc<FenceTable> {
-        Arc::new(FenceTable::new(
-            [("/a".to_string(), 34), ("/a".to_string(), 30)],
-            equal,
-        ))
+        Arc::new(FenceTable::new([("/a".to_string(), 34), ("/a".to_string(), 30)], equal))
     }
 
     #[test]
@@ -203,10 +180,7 @@ mod tests {
     #[test]
     fn equal_tokens_follow_the_policy() {
         let strict = table(EqualToken::Reject);
-        assert!(matches!(
-            strict.precheck("/a", 34),
-            Err(Error::StaleToken { max_seen: 34, .. })
-        ));
+        assert!(matches!(strict.precheck("/a", 34), Err(Error::StaleToken { max_seen: 34, .. })));
         assert!(strict.precheck("/a", 35).is_ok());
         assert!(strict.precheck("/new", 0).is_ok());
         let lenient = table(EqualToken::Accept);
@@ -229,10 +203,7 @@ mod tests {
         tokio::task::yield_now().await;
         first.record(40);
         drop(first);
-        assert!(matches!(
-            waiter.await.unwrap(),
-            Err(Error::StaleToken { max_seen: 40, .. })
-        ));
+        assert!(matches!(waiter.await.unwrap(), Err(Error::StaleToken { max_seen: 40, .. })));
         assert_eq!(t.active_gates(), 0, "gates of idle resources are dropped");
     }
 
@@ -240,15 +211,9 @@ mod tests {
     async fn waiting_longer_than_the_bound_is_a_queue_timeout() {
         let t = table(EqualToken::Reject);
         let _held = t.acquire("/a", Duration::from_secs(1)).await.unwrap();
-        let err = t
-            .acquire("/a", Duration::from_millis(20))
-            .await
-            .unwrap_err();
+        let err = t.acquire("/a", Duration::from_millis(20)).await.unwrap_err();
         assert!(matches!(err, Error::QueueTimeout { .. }));
-        let _other = t
-            .acquire("/b", Duration::from_millis(20))
-            .await
-            .expect("other resources never wait");
+        let _other = t.acquire("/b", Duration::from_millis(20)).await.expect("other resources never wait");
     }
 
     #[tokio::test]

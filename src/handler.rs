@@ -26,11 +26,7 @@ pub(crate) struct Shared {
 }
 
 /// Handles one request; every failure becomes fencegate's own JSON response.
-pub(crate) async fn handle(
-    shared: Arc<Shared>,
-    req: Request<Incoming>,
-    client: SocketAddr,
-) -> Response<ProxyBody> {
+pub(crate) async fn handle(shared: Arc<Shared>, req: Request<Incoming>, client: SocketAddr) -> Response<ProxyBody> {
     let method = req.method().clone();
     match route(shared, req, client).await {
         Ok(resp) => resp,
@@ -42,25 +38,13 @@ pub(crate) async fn handle(
 }
 
 fn is_fenced(config: &Config, method: &Method) -> bool {
-    config
-        .fence
-        .methods
-        .iter()
-        .any(|m| m.as_str().eq_ignore_ascii_case(method.as_str()))
+    config.fence.methods.iter().any(|m| m.as_str().eq_ignore_ascii_case(method.as_str()))
 }
 
-async fn route(
-    shared: Arc<Shared>,
-    req: Request<Incoming>,
-    client: SocketAddr,
-) -> Result<Response<ProxyBody>, Error> {
+async fn route(shared: Arc<Shared>, req: Request<Incoming>, client: SocketAddr) -> Result<Response<ProxyBody>, Error> {
     let config = &shared.config;
     if !is_fenced(config, req.method()) {
-        let target = req
-            .uri()
-            .path_and_query()
-            .cloned()
-            .unwrap_or_else(|| PathAndQuery::from_static("/"));
+        let target = req.uri().path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
         return shared.forwarder.forward(req, target, client).await;
     }
 
@@ -71,8 +55,8 @@ async fn route(
         Some(q) => format!("{canonical}?{q}"),
         None => canonical,
     };
-    let target = PathAndQuery::try_from(target)
-        .map_err(|e| Error::InvalidPath(path::PathError::Unparseable(e.to_string())))?;
+    let target =
+        PathAndQuery::try_from(target).map_err(|e| Error::InvalidPath(path::PathError::Unparseable(e.to_string())))?;
 
     let token = match token::from_headers(req.headers(), &config.fence.header) {
         Ok(token) => token,
@@ -80,19 +64,14 @@ async fn route(
             return shared.forwarder.forward(req, target, client).await;
         }
         Err(TokenError::Missing) => {
-            return Err(Error::MissingToken {
-                header: config.fence.header.to_string(),
-            });
+            return Err(Error::MissingToken { header: config.fence.header.to_string() });
         }
         Err(e) => return Err(e.into()),
     };
 
     // Check and reserve. Waiting for the turn may be abandoned if the client goes away...
     shared.table.precheck(&key, token)?;
-    let mut turn = shared
-        .table
-        .acquire(&key, config.fence.queue_timeout)
-        .await?;
+    let mut turn = shared.table.acquire(&key, config.fence.queue_timeout).await?;
 
     // ...but once the turn is ours, the write runs to completion in its own task. Were it
     // cancelled mid-forward, the backend could still apply it after the next write was sent.
@@ -108,24 +87,15 @@ async fn route(
         result
         // `turn` drops here: the next write to this resource may go.
     });
-    critical
-        .await
-        .map_err(|e| Error::Io(std::io::Error::other(format!("write task failed: {e}"))))?
+    critical.await.map_err(|e| Error::Io(std::io::Error::other(format!("write task failed: {e}"))))?
 }
 
 fn log_refusal(err: &Error, method: &Method, client: SocketAddr) {
     match err {
-        Error::StaleToken {
-            resource,
-            token,
-            max_seen,
-        } => {
+        Error::StaleToken { resource, token, max_seen } => {
             tracing::warn!(%resource, token, max_seen, %client, %method, "refused stale token");
         }
-        Error::Store(_)
-        | Error::BackendUnreachable(_)
-        | Error::BackendFailed(_)
-        | Error::BackendTimeout(_) => {
+        Error::Store(_) | Error::BackendUnreachable(_) | Error::BackendFailed(_) | Error::BackendTimeout(_) => {
             tracing::error!(error = %err, %client, %method, "request failed");
         }
         _ => tracing::info!(code = err.code(), error = %err, %client, %method, "refused request"),

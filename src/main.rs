@@ -9,10 +9,7 @@ use clap::{Parser, Subcommand};
 use fencegate::Config;
 
 #[derive(Parser)]
-#[command(
-    version,
-    about = "A reverse proxy that fences a dumb HTTP backend against stale lock holders"
-)]
+#[command(version, about = "A reverse proxy that fences a dumb HTTP backend against stale lock holders")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -40,12 +37,12 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Check { config } => check(&config),
-        Command::Run { config } => Config::load(&config, None)
-            .with_context(|| format!("invalid config {}", config.display()))
-            .and_then(|c| {
+        Command::Run { config } => {
+            Config::load(&config, None).with_context(|| format!("invalid config {}", config.display())).and_then(|c| {
                 init_logging(&c.log.level);
                 runtime()?.block_on(serve(c))
-            }),
+            })
+        }
         Command::Demo => {
             init_logging("error");
             runtime().and_then(|rt| rt.block_on(demo()))
@@ -61,26 +58,18 @@ fn main() -> ExitCode {
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the runtime")
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the runtime")
 }
 
 fn init_logging(level: &str) {
     let level = level.parse().unwrap_or(tracing::Level::INFO);
     // Colour codes only for a terminal: logs are also parsed by tools and tests.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    tracing_subscriber::fmt()
-        .with_max_level(level)
-        .with_ansi(ansi)
-        .with_writer(std::io::stderr)
-        .init();
+    tracing_subscriber::fmt().with_max_level(level).with_ansi(ansi).with_writer(std::io::stderr).init();
 }
 
 fn check(path: &std::path::Path) -> anyhow::Result<()> {
-    let config =
-        Config::load(path, None).with_context(|| format!("invalid config {}", path.display()))?;
+    let config = Config::load(path, None).with_context(|| format!("invalid config {}", path.display()))?;
     println!("# {}: OK. Effective settings:", path.display());
     print!("{}", config.to_toml());
     Ok(())
@@ -112,9 +101,5 @@ async fn shutdown_signal() {
 
 async fn demo() -> anyhow::Result<()> {
     let mut out = std::io::stdout();
-    if fencegate::demo::run(&mut out).await? {
-        Ok(())
-    } else {
-        anyhow::bail!("the demo did not behave as expected")
-    }
+    if fencegate::demo::run(&mut out).await? { Ok(()) } else { anyhow::bail!("the demo did not behave as expected") }
 }

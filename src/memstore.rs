@@ -42,12 +42,7 @@ pub struct Received {
 impl Received {
     /// The value of the `fencing-token` header parsed as a number, when there is one.
     pub fn token(&self) -> Option<u64> {
-        self.headers
-            .get("fencing-token")?
-            .to_str()
-            .ok()?
-            .parse()
-            .ok()
+        self.headers.get("fencing-token")?.to_str().ok()?.parse().ok()
     }
 }
 
@@ -113,7 +108,8 @@ impl MemStore {
         lock(&self.state)
     }
 
-    /// Every request received, reads included, in arrival order.
+    /// Every request received, reads included, in arrival order (recorded on arrival, before
+    /// any delay).
     pub fn requests(&self) -> Vec<Received> {
         self.lock().requests.clone()
     }
@@ -130,12 +126,7 @@ impl MemStore {
 
     /// All stored objects, sorted by path.
     pub fn objects(&self) -> Vec<(String, Bytes)> {
-        let mut all: Vec<_> = self
-            .lock()
-            .objects
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        let mut all: Vec<_> = self.lock().objects.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         all.sort();
         all
     }
@@ -148,24 +139,16 @@ impl Drop for MemStore {
 }
 
 fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
-    state
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+    state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-async fn serve(
-    state: Arc<Mutex<State>>,
-    req: Request<Incoming>,
-) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn serve(state: Arc<Mutex<State>>, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
     let (parts, body) = req.into_parts();
     let body = match body.collect().await {
         Ok(b) => b.to_bytes(),
         Err(_) => return Ok(reply(StatusCode::BAD_REQUEST, "body read failed")),
     };
-    let delay = parts
-        .headers
-        .get(DELAY_HEADER)
-        .and_then(|v| v.to_str().ok()?.parse().ok());
+    let delay = parts.headers.get(DELAY_HEADER).and_then(|v| v.to_str().ok()?.parse().ok());
     let received = Received {
         method: parts.method,
         path: parts.uri.path().to_owned(),
@@ -173,6 +156,7 @@ async fn serve(
         headers: parts.headers,
         body,
     };
+    lock(&state).requests.push(received.clone());
     // Like a real server, finish applying a request even if the caller hangs up meanwhile.
     let applying = tokio::spawn(async move {
         if let Some(ms) = delay {
@@ -180,13 +164,10 @@ async fn serve(
         }
         apply(&mut lock(&state), received)
     });
-    Ok(applying
-        .await
-        .unwrap_or_else(|_| reply(StatusCode::INTERNAL_SERVER_ERROR, "apply failed")))
+    Ok(applying.await.unwrap_or_else(|_| reply(StatusCode::INTERNAL_SERVER_ERROR, "apply failed")))
 }
 
 fn apply(s: &mut State, received: Received) -> Response<Full<Bytes>> {
-    s.requests.push(received.clone());
     let path = received.path.clone();
     match received.method {
         Method::GET | Method::HEAD => match s.objects.get(&path) {
@@ -208,11 +189,7 @@ fn apply(s: &mut State, received: Received) -> Response<Full<Bytes>> {
         Method::DELETE => {
             let existed = s.objects.remove(&path).is_some();
             s.applied.push(received);
-            if existed {
-                reply(StatusCode::NO_CONTENT, "")
-            } else {
-                reply(StatusCode::NOT_FOUND, "not found")
-            }
+            if existed { reply(StatusCode::NO_CONTENT, "") } else { reply(StatusCode::NOT_FOUND, "not found") }
         }
         _ => reply(StatusCode::METHOD_NOT_ALLOWED, "method not allowed"),
     }

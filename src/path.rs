@@ -59,10 +59,7 @@ pub fn canonicalize(raw: &str) -> Result<String, PathError> {
     let merged = merge_slashes(raw);
     let uri = Uri::parse(format!("http://fencegate.invalid{merged}"))
         .map_err(|(e, _)| PathError::Unparseable(e.to_string()))?;
-    let normal = Normalizer::new()
-        .allow_path_underflow(false)
-        .normalize(&uri)
-        .map_err(|_| PathError::AboveRoot)?;
+    let normal = Normalizer::new().allow_path_underflow(false).normalize(&uri).map_err(|_| PathError::AboveRoot)?;
     // Dot-segment removal cannot join two slashes once they are merged, but the key's
     // properties (no `//`, idempotence) must not depend on that argument alone.
     Ok(decode_literal_safe(&merge_slashes(normal.path().as_str())))
@@ -104,9 +101,7 @@ fn refuse_ambiguous(bytes: &[u8]) -> Result<(), PathError> {
     while i < bytes.len() {
         match bytes[i] {
             b'%' => {
-                let hex = bytes
-                    .get(i + 1..i + 3)
-                    .ok_or(PathError::BadPercentEncoding)?;
+                let hex = bytes.get(i + 1..i + 3).ok_or(PathError::BadPercentEncoding)?;
                 let decoded = std::str::from_utf8(hex)
                     .ok()
                     .and_then(|h| u8::from_str_radix(h, 16).ok())
@@ -149,24 +144,15 @@ pub fn resource_key<'a>(path: &'a str, scopes: &'a [Scope]) -> &'a str {
     };
     match scope.segments {
         // The (n+1)-th slash starts the first segment past the key.
-        Some(n) => path
-            .match_indices('/')
-            .nth(n)
-            .map_or(path, |(i, _)| &path[..i]),
-        None => scope
-            .prefix
-            .strip_suffix('/')
-            .filter(|p| !p.is_empty())
-            .unwrap_or(&scope.prefix),
+        Some(n) => path.match_indices('/').nth(n).map_or(path, |(i, _)| &path[..i]),
+        None => scope.prefix.strip_suffix('/').filter(|p| !p.is_empty()).unwrap_or(&scope.prefix),
     }
 }
 
 /// Prefix match on segment boundaries, so `/db` covers `/db/x` but not `/dbx`.
 fn in_scope(path: &str, prefix: &str) -> bool {
     path.starts_with(prefix)
-        && (prefix.ends_with('/')
-            || path.len() == prefix.len()
-            || path.as_bytes()[prefix.len()] == b'/')
+        && (prefix.ends_with('/') || path.len() == prefix.len() || path.as_bytes()[prefix.len()] == b'/')
 }
 
 #[cfg(test)]
@@ -189,11 +175,7 @@ mod tests {
             "/%61ccounts/%34%32",
             "/accounts/x//..//42",
         ] {
-            assert_eq!(
-                canonicalize(alias).as_deref(),
-                Ok("/accounts/42"),
-                "{alias}"
-            );
+            assert_eq!(canonicalize(alias).as_deref(), Ok("/accounts/42"), "{alias}");
         }
     }
 
@@ -206,15 +188,8 @@ mod tests {
 
     #[test]
     fn hex_is_upper_cased_and_structural_escapes_kept() {
-        assert_eq!(
-            canonicalize("/a%3fb%7e%23%25%20%c3%a9").as_deref(),
-            Ok("/a%3Fb~%23%25%20%C3%A9")
-        );
-        assert_eq!(
-            canonicalize("/a%2541").as_deref(),
-            Ok("/a%2541"),
-            "decoded once, like a backend"
-        );
+        assert_eq!(canonicalize("/a%3fb%7e%23%25%20%c3%a9").as_deref(), Ok("/a%3Fb~%23%25%20%C3%A9"));
+        assert_eq!(canonicalize("/a%2541").as_deref(), Ok("/a%2541"), "decoded once, like a backend");
         assert_eq!(canonicalize("/a/").as_deref(), Ok("/a/"));
         assert_eq!(canonicalize("/A").as_deref(), Ok("/A"));
     }
@@ -245,14 +220,8 @@ mod tests {
     #[test]
     fn scopes_map_paths_to_keys_on_segment_boundaries() {
         let scopes = vec![
-            Scope {
-                prefix: "/buckets/".into(),
-                segments: Some(2),
-            },
-            Scope {
-                prefix: "/db".into(),
-                segments: None,
-            },
+            Scope { prefix: "/buckets/".into(), segments: Some(2) },
+            Scope { prefix: "/db".into(), segments: None },
         ];
         assert_eq!(resource_key("/buckets/b1/obj/x", &scopes), "/buckets/b1");
         assert_eq!(resource_key("/buckets/b1", &scopes), "/buckets/b1");

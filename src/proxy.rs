@@ -77,9 +77,7 @@ impl Forwarder {
         Forwarder {
             client,
             scheme: parts.scheme.unwrap_or(Scheme::HTTP),
-            authority: parts
-                .authority
-                .unwrap_or_else(|| Authority::from_static("127.0.0.1")),
+            authority: parts.authority.unwrap_or_else(|| Authority::from_static("127.0.0.1")),
             timeout: backend.request_timeout,
         }
     }
@@ -101,9 +99,7 @@ impl Forwarder {
             .map_err(|e| Error::InvalidPath(crate::path::PathError::Unparseable(e.to_string())))?;
         // An HTTP/2 client names the host in :authority; HTTP/1 backends want it in Host.
         if !req.headers().contains_key(header::HOST)
-            && let Some(host) = original
-                .authority()
-                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+            && let Some(host) = original.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok())
         {
             req.headers_mut().insert(header::HOST, host);
         }

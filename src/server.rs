@@ -31,15 +31,8 @@ impl Proxy {
         let table = Arc::new(FenceTable::new(recovered, config.fence.equal_token));
         tracing::info!(dir = %config.store.dir.display(), resources = table.len(), "fence store recovered");
         let forwarder = Forwarder::new(&config.backend);
-        let shared = Shared {
-            config,
-            table,
-            store: Arc::new(store),
-            forwarder,
-        };
-        Ok(Proxy {
-            shared: Arc::new(shared),
-        })
+        let shared = Shared { config, table, store: Arc::new(store), forwarder };
+        Ok(Proxy { shared: Arc::new(shared) })
     }
 
     /// The highest token the resource `key` has accepted (keys are canonical paths).
@@ -54,17 +47,10 @@ impl Proxy {
 
     /// Serves `listener` until `shutdown` resolves, then stops accepting, lets in-flight
     /// requests finish within `server.shutdown_grace`, and closes the store.
-    pub async fn serve(
-        self,
-        listener: TcpListener,
-        shutdown: impl Future<Output = ()>,
-    ) -> Result<(), Error> {
+    pub async fn serve(self, listener: TcpListener, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
         let config = &self.shared.config;
         let mut builder = auto::Builder::new(TokioExecutor::new());
-        builder
-            .http1()
-            .timer(TokioTimer::new())
-            .header_read_timeout(config.server.header_read_timeout);
+        builder.http1().timer(TokioTimer::new()).header_read_timeout(config.server.header_read_timeout);
         builder.http2().timer(TokioTimer::new());
         let graceful = GracefulShutdown::new();
         if let Ok(addr) = listener.local_addr() {
@@ -101,10 +87,7 @@ impl Proxy {
         }
         drop(listener);
         tracing::info!(grace = ?config.server.shutdown_grace, "shutting down: draining connections");
-        if tokio::time::timeout(config.server.shutdown_grace, graceful.shutdown())
-            .await
-            .is_err()
-        {
+        if tokio::time::timeout(config.server.shutdown_grace, graceful.shutdown()).await.is_err() {
             tracing::warn!("shutdown grace elapsed with requests still in flight");
         }
         self.shared.store.close().await?;
@@ -114,10 +97,6 @@ impl Proxy {
 }
 
 /// Opens the proxy for `config` and serves `listener` until `shutdown` resolves.
-pub async fn run(
-    listener: TcpListener,
-    config: Config,
-    shutdown: impl Future<Output = ()>,
-) -> Result<(), Error> {
+pub async fn run(listener: TcpListener, config: Config, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
     Proxy::open(config).await?.serve(listener, shutdown).await
 }

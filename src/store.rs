@@ -77,18 +77,11 @@ const MAX_KEY_LEN: usize = 64 * 1024;
 const MAX_BATCH: usize = 4096;
 
 fn io_err(path: &Path, e: io::Error) -> StoreError {
-    StoreError::Io {
-        path: path.to_owned(),
-        message: e.to_string(),
-    }
+    StoreError::Io { path: path.to_owned(), message: e.to_string() }
 }
 
 enum Msg {
-    Advance {
-        key: String,
-        token: u64,
-        done: oneshot::Sender<Result<(), StoreError>>,
-    },
+    Advance { key: String, token: u64, done: oneshot::Sender<Result<(), StoreError>> },
     Close(oneshot::Sender<Result<(), StoreError>>),
 }
 
@@ -101,41 +94,23 @@ pub struct FileStore {
 
 impl FileStore {
     /// Locks `dir`, replays the log (truncating a torn tail) and returns the recovered table.
-    pub fn open(
-        dir: &Path,
-        sync: SyncMode,
-    ) -> Result<(FileStore, HashMap<String, u64>), StoreError> {
+    pub fn open(dir: &Path, sync: SyncMode) -> Result<(FileStore, HashMap<String, u64>), StoreError> {
         fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
         let lock_path = dir.join(LOCK_FILE);
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path);
+        let lock = OpenOptions::new().create(true).truncate(false).write(true).open(&lock_path);
         let lock = lock.map_err(|e| io_err(&lock_path, e))?;
         match lock.try_lock() {
             Ok(()) => {}
             Err(fs::TryLockError::WouldBlock) => {
-                return Err(StoreError::Locked {
-                    dir: dir.to_owned(),
-                });
+                return Err(StoreError::Locked { dir: dir.to_owned() });
             }
             Err(fs::TryLockError::Error(e)) => return Err(io_err(&lock_path, e)),
         }
         let path = dir.join(LOG_FILE);
-        let table = if path.exists() {
-            recover(&path)?
-        } else {
-            create(dir, &path)?
-        };
-        let file = OpenOptions::new()
-            .append(true)
-            .open(&path)
-            .map_err(|e| io_err(&path, e))?;
+        let table = if path.exists() { recover(&path)? } else { create(dir, &path)? };
+        let file = OpenOptions::new().append(true).open(&path).map_err(|e| io_err(&path, e))?;
         if sync == SyncMode::Never {
-            tracing::warn!(
-                "store.sync = \"never\": advances are not fsync'd; a power loss can lower max_seen"
-            );
+            tracing::warn!("store.sync = \"never\": advances are not fsync'd; a power loss can lower max_seen");
         }
         let (tx, rx) = mpsc::channel();
         std::thread::Builder::new()
@@ -149,11 +124,7 @@ impl FileStore {
 impl Store for FileStore {
     fn advance(&self, key: &str, token: u64) -> StoreFuture<'_> {
         let (done, rx) = oneshot::channel();
-        let sent = self.tx.send(Msg::Advance {
-            key: key.to_owned(),
-            token,
-            done,
-        });
+        let sent = self.tx.send(Msg::Advance { key: key.to_owned(), token, done });
         Box::pin(async move {
             sent.map_err(|_| StoreError::Closed)?;
             rx.await.map_err(|_| StoreError::Closed)?
@@ -206,10 +177,7 @@ enum Bad {
 
 /// Decodes the record at the start of `b`: `(key, token, bytes used)`.
 fn decode(b: &[u8]) -> Result<(&str, u64, usize), Bad> {
-    let word = |at: usize| {
-        b.get(at..at + 4)
-            .map(|s| u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
-    };
+    let word = |at: usize| b.get(at..at + 4).map(|s| u32::from_le_bytes([s[0], s[1], s[2], s[3]]));
     let (Some(len), Some(crc)) = (word(0), word(4)) else {
         return Err(Bad::Truncated);
     };
@@ -230,20 +198,14 @@ fn decode(b: &[u8]) -> Result<(&str, u64, usize), Bad> {
 
 fn recover(path: &Path) -> Result<HashMap<String, u64>, StoreError> {
     let data = fs::read(path).map_err(|e| io_err(path, e))?;
-    let corrupt = |offset: usize, reason: String| StoreError::Corrupt {
-        path: path.to_owned(),
-        offset: offset as u64,
-        reason,
-    };
+    let corrupt =
+        |offset: usize, reason: String| StoreError::Corrupt { path: path.to_owned(), offset: offset as u64, reason };
     if data.len() < HEADER_LEN || &data[..8] != MAGIC {
         return Err(corrupt(0, "not a fencegate log (bad header)".into()));
     }
     let version = u32::from_le_bytes([data[8], data[9], data[10], data[11]]);
     if version != VERSION {
-        return Err(corrupt(
-            8,
-            format!("log version {version} is not supported (expected {VERSION})"),
-        ));
+        return Err(corrupt(8, format!("log version {version} is not supported (expected {VERSION})")));
     }
     let mut table = HashMap::new();
     let mut pos = HEADER_LEN;
@@ -266,10 +228,7 @@ fn recover(path: &Path) -> Result<HashMap<String, u64>, StoreError> {
                         Bad::Utf8 => "key is not UTF-8".into(),
                         Bad::Truncated => "record cut short".into(),
                     };
-                    return Err(corrupt(
-                        pos,
-                        format!("{what}, with a valid record at byte {next} after it"),
-                    ));
+                    return Err(corrupt(pos, format!("{what}, with a valid record at byte {next} after it")));
                 }
                 truncate_torn_tail(path, &data, pos)?;
                 break;
@@ -326,9 +285,7 @@ fn writer(mut file: File, path: PathBuf, sync: SyncMode, rx: mpsc::Receiver<Msg>
             }
         }
         buf.clear();
-        let outcome = failed
-            .clone()
-            .map_or(Ok(()), |f| Err(StoreError::Failed(f)));
+        let outcome = failed.clone().map_or(Ok(()), |f| Err(StoreError::Failed(f)));
         for done in waiters.drain(..) {
             let _ = done.send(outcome.clone());
         }
@@ -377,34 +334,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         write(dir.path(), &[("/a", 5), ("/b", 7)]).await;
         let full = log_len(dir.path());
-        let f = OpenOptions::new()
-            .write(true)
-            .open(dir.path().join(LOG_FILE))
-            .unwrap();
+        let f = OpenOptions::new().write(true).open(dir.path().join(LOG_FILE)).unwrap();
         f.set_len(full - 3).unwrap();
         let table = open(dir.path()).1;
         assert_eq!(table, HashMap::from([("/a".into(), 5)]));
-        assert!(
-            log_len(dir.path()) < full - 3,
-            "tail truncated to the last whole record"
-        );
-        assert!(
-            fs::read_dir(dir.path()).unwrap().any(|e| e
-                .unwrap()
-                .file_name()
-                .to_string_lossy()
-                .contains("torn"))
-        );
+        assert!(log_len(dir.path()) < full - 3, "tail truncated to the last whole record");
+        assert!(fs::read_dir(dir.path()).unwrap().any(|e| e.unwrap().file_name().to_string_lossy().contains("torn")));
     }
 
     #[tokio::test]
     async fn zero_filled_tail_is_a_torn_write() {
         let dir = tempfile::tempdir().unwrap();
         write(dir.path(), &[("/a", 5)]).await;
-        let mut f = OpenOptions::new()
-            .append(true)
-            .open(dir.path().join(LOG_FILE))
-            .unwrap();
+        let mut f = OpenOptions::new().append(true).open(dir.path().join(LOG_FILE)).unwrap();
         f.write_all(&[0; 100]).unwrap();
         assert_eq!(open(dir.path()).1, HashMap::from([("/a".into(), 5)]));
     }
@@ -431,10 +373,7 @@ mod tests {
         data[HEADER_LEN + 12] ^= 0xff; // inside the first record's token
         fs::write(&path, &data).unwrap();
         let err = FileStore::open(dir.path(), SyncMode::Always).unwrap_err();
-        assert!(
-            matches!(err, StoreError::Corrupt { offset, .. } if offset == HEADER_LEN as u64),
-            "{err}"
-        );
+        assert!(matches!(err, StoreError::Corrupt { offset, .. } if offset == HEADER_LEN as u64), "{err}");
         assert!(err.to_string().contains("fence.log"));
     }
 
@@ -461,10 +400,7 @@ mod tests {
             t.await.unwrap().unwrap();
         }
         store.close().await.unwrap();
-        assert!(
-            store.advance("/x", 1).await.is_err(),
-            "closed stores refuse advances"
-        );
+        assert!(store.advance("/x", 1).await.is_err(), "closed stores refuse advances");
         drop(store);
         let table = open(dir.path()).1;
         assert_eq!(table.len(), 8);

@@ -47,9 +47,7 @@ pub fn parse(value: &[u8]) -> Result<u64, TokenError> {
         return Err(TokenError::NotDecimal);
     }
     value.iter().try_fold(0u64, |acc, &d| {
-        acc.checked_mul(10)
-            .and_then(|v| v.checked_add(u64::from(d - b'0')))
-            .ok_or(TokenError::Overflow)
+        acc.checked_mul(10).and_then(|v| v.checked_add(u64::from(d - b'0'))).ok_or(TokenError::Overflow)
     })
 }
 
@@ -72,14 +70,8 @@ mod tests {
         assert_eq!(parse(b""), Err(TokenError::Empty));
         assert_eq!(parse(b"18446744073709551616"), Err(TokenError::Overflow));
         assert_eq!(parse(b"99999999999999999999999"), Err(TokenError::Overflow));
-        for bad in [
-            "+34", "-1", "0x22", "3 4", " 34", "34,35", "3.4", "34a", "\u{661}",
-        ] {
-            assert_eq!(
-                parse(bad.as_bytes()),
-                Err(TokenError::NotDecimal),
-                "{bad:?}"
-            );
+        for bad in ["+34", "-1", "0x22", "3 4", " 34", "34,35", "3.4", "34a", "\u{661}"] {
+            assert_eq!(parse(bad.as_bytes()), Err(TokenError::NotDecimal), "{bad:?}");
         }
     }
 

@@ -11,11 +11,7 @@ async fn canonical_race_zombie_write_is_refused_and_never_reaches_the_backend() 
     // t0: Client1 gets 33 and pauses; t3: Client2 gets 34 and writes.
     let r = h.put("/accounts/42", 34, "client2").await;
     assert_eq!(r.status, 200);
-    assert_eq!(
-        r.fencegate_error(),
-        None,
-        "a relayed backend answer carries no fencegate-error"
-    );
+    assert_eq!(r.fencegate_error(), None, "a relayed backend answer carries no fencegate-error");
     assert_eq!(h.proxy.max_seen("/accounts/42"), Some(34));
     // t6: Client1 wakes and writes with 33.
     let r = h.put("/accounts/42", 33, "client1").await;
@@ -37,11 +33,7 @@ async fn reads_pass_through_without_a_token() {
     assert_eq!(r.status, 200);
     assert_eq!(r.body, "hello");
     let r = h.get("/missing").await;
-    assert_eq!(
-        (r.status, r.fencegate_error()),
-        (404, None),
-        "the backend's own 404 is relayed"
-    );
+    assert_eq!((r.status, r.fencegate_error()), (404, None), "the backend's own 404 is relayed");
 }
 
 #[tokio::test]
@@ -50,9 +42,7 @@ async fn unfenced_methods_are_never_checked_even_with_a_stale_token() {
     h.put("/doc", 10, "v10").await;
     let r = h.send("GET", "/doc", &[("fencing-token", "1")], "").await;
     assert_eq!(r.status, 200);
-    let r = h
-        .send("OPTIONS", "/doc", &[("fencing-token", "garbage")], "")
-        .await;
+    let r = h.send("OPTIONS", "/doc", &[("fencing-token", "garbage")], "").await;
     assert_eq!((r.status, r.fencegate_error()), (405, None));
 }
 
@@ -63,10 +53,7 @@ async fn missing_token_is_428_and_not_forwarded() {
         let r = h.send(method, "/doc", &[], "x").await;
         r.assert_refused(428, "missing_token");
     }
-    assert!(
-        h.backend.requests().is_empty(),
-        "nothing reached the backend"
-    );
+    assert!(h.backend.requests().is_empty(), "nothing reached the backend");
 }
 
 #[tokio::test]
@@ -75,79 +62,33 @@ async fn missing_token_forward_mode_passes_tokenless_writes_unchecked() {
     h.put("/doc", 10, "v10").await;
     let r = h.send("PUT", "/doc/./", &[], "no token").await;
     assert_eq!(r.status, 200);
-    assert_eq!(
-        h.backend.applied().last().unwrap().path,
-        "/doc/",
-        "still forwarded by canonical path"
-    );
-    assert_eq!(
-        h.proxy.max_seen("/doc"),
-        Some(10),
-        "an unchecked write does not move max_seen"
-    );
-    h.put("/doc", 9, "stale")
-        .await
-        .assert_refused(409, "stale_token");
+    assert_eq!(h.backend.applied().last().unwrap().path, "/doc/", "still forwarded by canonical path");
+    assert_eq!(h.proxy.max_seen("/doc"), Some(10), "an unchecked write does not move max_seen");
+    h.put("/doc", 9, "stale").await.assert_refused(409, "stale_token");
 }
 
 #[tokio::test]
 async fn each_kind_of_malformed_token_is_400_and_not_forwarded() {
     let h = Harness::start().await;
-    for bad in [
-        "",
-        "+34",
-        "-1",
-        "0x22",
-        "3 4",
-        "34,35",
-        "3.4",
-        "34a",
-        "18446744073709551616",
-    ] {
+    for bad in ["", "+34", "-1", "0x22", "3 4", "34,35", "3.4", "34a", "18446744073709551616"] {
         let r = h.send("PUT", "/doc", &[("fencing-token", bad)], "x").await;
         r.assert_refused(400, "invalid_token");
-        assert!(
-            r.json()["message"].as_str().unwrap().contains("token"),
-            "{bad:?}"
-        );
+        assert!(r.json()["message"].as_str().unwrap().contains("token"), "{bad:?}");
     }
     // Two header lines, even with equal values, are ambiguous.
-    let r = h
-        .send(
-            "PUT",
-            "/doc",
-            &[("fencing-token", "5"), ("fencing-token", "5")],
-            "x",
-        )
-        .await;
+    let r = h.send("PUT", "/doc", &[("fencing-token", "5"), ("fencing-token", "5")], "x").await;
     r.assert_refused(400, "invalid_token");
     // The same through a raw request, so no client library merges anything.
-    let r = h
-        .raw(
-            "PUT /doc HTTP/1.1\r\nHost: x\r\nFencing-Token: 5\r\nFencing-Token: 6",
-            "x",
-        )
-        .await;
+    let r = h.raw("PUT /doc HTTP/1.1\r\nHost: x\r\nFencing-Token: 5\r\nFencing-Token: 6", "x").await;
     r.assert_refused(400, "invalid_token");
     assert!(h.backend.requests().is_empty());
-    assert_eq!(
-        h.proxy.max_seen("/doc"),
-        None,
-        "bad input never changes state"
-    );
+    assert_eq!(h.proxy.max_seen("/doc"), None, "bad input never changes state");
 }
 
 #[tokio::test]
 async fn the_largest_u64_is_a_valid_token() {
     let h = Harness::start().await;
-    let r = h
-        .send(
-            "PUT",
-            "/doc",
-            &[("fencing-token", "18446744073709551615")],
-            "x",
-        )
-        .await;
+    let r = h.send("PUT", "/doc", &[("fencing-token", "18446744073709551615")], "x").await;
     assert_eq!(r.status, 200);
     assert_eq!(h.proxy.max_seen("/doc"), Some(u64::MAX));
 }
@@ -156,9 +97,7 @@ async fn the_largest_u64_is_a_valid_token() {
 async fn equal_token_is_refused_by_default() {
     let h = Harness::start().await;
     assert_eq!(h.put("/doc", 7, "first").await.status, 200);
-    h.put("/doc", 7, "again")
-        .await
-        .assert_refused(409, "stale_token");
+    h.put("/doc", 7, "again").await.assert_refused(409, "stale_token");
     assert_eq!(h.applied_tokens("/doc"), [7]);
 }
 
@@ -167,9 +106,7 @@ async fn equal_token_is_accepted_when_configured() {
     let h = Harness::start_with(|c| c.fence.equal_token = EqualToken::Accept).await;
     assert_eq!(h.put("/doc", 7, "first").await.status, 200);
     assert_eq!(h.put("/doc", 7, "second").await.status, 200);
-    h.put("/doc", 6, "stale")
-        .await
-        .assert_refused(409, "stale_token");
+    h.put("/doc", 6, "stale").await.assert_refused(409, "stale_token");
     assert_eq!(h.applied_tokens("/doc"), [7, 7]);
 }
 
@@ -177,36 +114,20 @@ async fn equal_token_is_accepted_when_configured() {
 async fn independent_resources_keep_independent_max_seen() {
     let h = Harness::start().await;
     assert_eq!(h.put("/a", 100, "a").await.status, 200);
-    assert_eq!(
-        h.put("/b", 5, "b").await.status,
-        200,
-        "a high token on /a does not fence /b"
-    );
-    h.put("/a", 99, "a-stale")
-        .await
-        .assert_refused(409, "stale_token");
+    assert_eq!(h.put("/b", 5, "b").await.status, 200, "a high token on /a does not fence /b");
+    h.put("/a", 99, "a-stale").await.assert_refused(409, "stale_token");
     assert_eq!(h.put("/b", 6, "b2").await.status, 200);
-    assert_eq!(
-        (h.proxy.max_seen("/a"), h.proxy.max_seen("/b")),
-        (Some(100), Some(6))
-    );
+    assert_eq!((h.proxy.max_seen("/a"), h.proxy.max_seen("/b")), (Some(100), Some(6)));
 }
 
 #[tokio::test]
 async fn max_seen_stays_advanced_whatever_the_backend_answers() {
     // MKCOL is fenced here but the dumb backend answers 405 to it.
-    let h = Harness::start_with(|c| {
-        c.fence
-            .methods
-            .push(http::Method::from_bytes(b"MKCOL").unwrap())
-    })
-    .await;
+    let h = Harness::start_with(|c| c.fence.methods.push(http::Method::from_bytes(b"MKCOL").unwrap())).await;
     let r = h.send("MKCOL", "/dir", &[("fencing-token", "5")], "").await;
     assert_eq!((r.status, r.fencegate_error()), (405, None));
     assert_eq!(h.proxy.max_seen("/dir"), Some(5));
-    h.put("/dir", 5, "same token")
-        .await
-        .assert_refused(409, "stale_token");
+    h.put("/dir", 5, "same token").await.assert_refused(409, "stale_token");
 }
 
 #[tokio::test]
@@ -218,11 +139,8 @@ async fn the_token_header_is_forwarded_so_the_backend_may_check_it_too() {
 
 #[tokio::test]
 async fn a_custom_token_header_is_honoured() {
-    let h = Harness::start_with(|c| c.fence.header = http::HeaderName::from_static("x-lock-epoch"))
-        .await;
-    h.put("/doc", 41, "x")
-        .await
-        .assert_refused(428, "missing_token");
+    let h = Harness::start_with(|c| c.fence.header = http::HeaderName::from_static("x-lock-epoch")).await;
+    h.put("/doc", 41, "x").await.assert_refused(428, "missing_token");
     let r = h.send("PUT", "/doc", &[("x-lock-epoch", "41")], "x").await;
     assert_eq!(r.status, 200);
 }

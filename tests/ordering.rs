@@ -23,11 +23,7 @@ async fn a_slow_first_write_is_applied_before_a_higher_one_that_arrives_meanwhil
     let fast = h.put("/doc", 11, "eleven").await;
     assert_eq!(fast.status, 200);
     assert_eq!(slow.await.unwrap().status, 200);
-    assert_eq!(
-        h.applied_tokens("/doc"),
-        [10, 11],
-        "the backend applied them in token order"
-    );
+    assert_eq!(h.applied_tokens("/doc"), [10, 11], "the backend applied them in token order");
     assert_eq!(h.backend.object("/doc").unwrap(), "eleven");
 }
 
@@ -74,17 +70,10 @@ async fn twenty_four_writers_racing_one_resource_are_applied_in_strictly_increas
         }
     }
     let applied = h.applied_tokens("/hot");
-    assert!(
-        strictly_increasing(&applied),
-        "applied out of order: {applied:?}"
-    );
+    assert!(strictly_increasing(&applied), "applied out of order: {applied:?}");
     accepted.sort_unstable();
     assert_eq!(accepted, applied, "accepted set equals applied set");
-    assert_eq!(
-        applied.last(),
-        Some(&24),
-        "the highest token can never be stale"
-    );
+    assert_eq!(applied.last(), Some(&24), "the highest token can never be stale");
     assert_eq!(h.proxy.max_seen("/hot"), Some(24));
 }
 
@@ -97,10 +86,7 @@ async fn writes_to_different_resources_never_wait_for_each_other() {
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(h.put("/b", 1, "b").await.status, 200);
-    assert!(
-        !slow.is_finished(),
-        "/b completed while /a's write was still in flight"
-    );
+    assert!(!slow.is_finished(), "/b completed while /a's write was still in flight");
     assert_eq!(h.applied_tokens("/b"), [1]);
     assert!(h.applied_tokens("/a").is_empty());
     assert_eq!(slow.await.unwrap().status, 200);
@@ -108,27 +94,20 @@ async fn writes_to_different_resources_never_wait_for_each_other() {
 
 #[tokio::test]
 async fn a_write_that_waits_longer_than_the_queue_bound_gets_503() {
-    let h =
-        Arc::new(Harness::start_with(|c| c.fence.queue_timeout = Duration::from_millis(150)).await);
+    let h = Arc::new(Harness::start_with(|c| c.fence.queue_timeout = Duration::from_millis(150)).await);
     let slow = tokio::spawn({
         let h = Arc::clone(&h);
         async move { h.slow_put("/doc", 1, 1000).await }
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
+    // A token already stale is refused at once, without queueing behind the busy resource.
+    h.put("/doc", 1, "stale").await.assert_refused(409, "stale_token");
     let r = h.put("/doc", 2, "two").await;
     r.assert_refused(503, "queue_timeout");
     assert!(r.headers.contains_key("retry-after"));
     assert_eq!(slow.await.unwrap().status, 200);
-    assert_eq!(
-        h.applied_tokens("/doc"),
-        [1],
-        "the timed-out write was never forwarded"
-    );
-    assert_eq!(
-        h.proxy.max_seen("/doc"),
-        Some(1),
-        "and never advanced max_seen"
-    );
+    assert_eq!(h.applied_tokens("/doc"), [1], "the timed-out write was never forwarded");
+    assert_eq!(h.proxy.max_seen("/doc"), Some(1), "and never advanced max_seen");
 }
 
 #[tokio::test]
@@ -139,33 +118,15 @@ async fn a_backend_timeout_is_504_and_quarantines_the_resource() {
     })
     .await;
     // The backend applies this one late, after fencegate gave up on it.
-    h.slow_put("/doc", 5, 600)
-        .await
-        .assert_refused(504, "backend_timeout");
-    assert_eq!(
-        h.proxy.max_seen("/doc"),
-        Some(5),
-        "max_seen advanced before forwarding"
-    );
+    h.slow_put("/doc", 5, 600).await.assert_refused(504, "backend_timeout");
+    assert_eq!(h.proxy.max_seen("/doc"), Some(5), "max_seen advanced before forwarding");
     let r = h.put("/doc", 6, "six").await;
     r.assert_refused(503, "resource_quarantined");
     assert!(r.headers.contains_key("retry-after"));
-    assert_eq!(
-        h.put("/other", 1, "x").await.status,
-        200,
-        "only the timed-out resource is closed"
-    );
+    assert_eq!(h.put("/other", 1, "x").await.status, 200, "only the timed-out resource is closed");
     tokio::time::sleep(Duration::from_millis(1600)).await;
-    assert_eq!(
-        h.put("/doc", 6, "six").await.status,
-        200,
-        "reopens after the quarantine"
-    );
-    assert_eq!(
-        h.applied_tokens("/doc"),
-        [5, 6],
-        "the late write landed before the next one was sent"
-    );
+    assert_eq!(h.put("/doc", 6, "six").await.status, 200, "reopens after the quarantine");
+    assert_eq!(h.applied_tokens("/doc"), [5, 6], "the late write landed before the next one was sent");
 }
 
 #[tokio::test]
@@ -179,9 +140,5 @@ async fn a_write_abandoned_by_its_client_keeps_the_resource_until_the_backend_an
     abandoned.abort(); // the client hangs up mid-request
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(h.put("/doc", 2, "two").await.status, 200);
-    assert_eq!(
-        h.applied_tokens("/doc"),
-        [1, 2],
-        "2 was sent only after the backend answered 1"
-    );
+    assert_eq!(h.applied_tokens("/doc"), [1, 2], "2 was sent only after the backend answered 1");
 }

@@ -12,19 +12,11 @@ use hyper_util::rt::TokioExecutor;
 #[tokio::test]
 async fn a_ten_mib_body_streams_intact_both_ways() {
     let h = Harness::start().await;
-    let body: Vec<u8> = (0..10 * 1024 * 1024u32)
-        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
-        .collect();
+    let body: Vec<u8> = (0..10 * 1024 * 1024u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8).collect();
     let body = Bytes::from(body);
-    let r = h
-        .send("PUT", "/blob", &[("fencing-token", "1")], body.clone())
-        .await;
+    let r = h.send("PUT", "/blob", &[("fencing-token", "1")], body.clone()).await;
     assert_eq!(r.status, 200);
-    assert_eq!(
-        h.backend.object("/blob").unwrap(),
-        body,
-        "the backend stored every byte"
-    );
+    assert_eq!(h.backend.object("/blob").unwrap(), body, "the backend stored every byte");
     let r = h.get("/blob").await;
     assert_eq!(r.body.len(), body.len());
     assert!(r.body == body, "the read came back intact");
@@ -33,14 +25,9 @@ async fn a_ten_mib_body_streams_intact_both_ways() {
 #[tokio::test]
 async fn backend_down_is_502_json_for_reads_and_writes() {
     let dead = common::dead_address().await;
-    let h =
-        Harness::start_with(|c| c.backend.url = format!("http://{dead}").parse().unwrap()).await;
-    h.get("/doc")
-        .await
-        .assert_refused(502, "backend_unreachable");
-    h.put("/doc", 1, "x")
-        .await
-        .assert_refused(502, "backend_unreachable");
+    let h = Harness::start_with(|c| c.backend.url = format!("http://{dead}").parse().unwrap()).await;
+    h.get("/doc").await.assert_refused(502, "backend_unreachable");
+    h.put("/doc", 1, "x").await.assert_refused(502, "backend_unreachable");
 }
 
 #[tokio::test]
@@ -56,10 +43,7 @@ async fn hop_by_hop_headers_are_removed_and_end_to_end_headers_pass() {
         .await;
     assert_eq!(r.status, 200);
     let got = &h.backend.applied()[0].headers;
-    assert_eq!(
-        got["host"], "app.example",
-        "the client's Host passes through"
-    );
+    assert_eq!(got["host"], "app.example", "the client's Host passes through");
     assert_eq!(got["x-end"], "kept");
     assert_eq!(got["content-type"], "text/plain");
     assert_eq!(got["fencing-token"], "3");
@@ -69,49 +53,25 @@ async fn hop_by_hop_headers_are_removed_and_end_to_end_headers_pass() {
     }
 }
 
-async fn h2(
-    h: &Harness,
-    method: Method,
-    path: &str,
-    token: Option<&str>,
-    body: &'static str,
-) -> Resp {
-    let client = Client::builder(TokioExecutor::new())
-        .http2_only(true)
-        .build_http();
+async fn h2(h: &Harness, method: Method, path: &str, token: Option<&str>, body: &'static str) -> Resp {
+    let client = Client::builder(TokioExecutor::new()).http2_only(true).build_http();
     let mut req = Request::builder().method(method).uri(h.url(path));
     if let Some(t) = token {
         req = req.header("fencing-token", t);
     }
-    send_with(
-        &client,
-        req.body(Full::new(Bytes::from_static(body.as_bytes())))
-            .unwrap(),
-    )
-    .await
+    send_with(&client, req.body(Full::new(Bytes::from_static(body.as_bytes()))).unwrap()).await
 }
 
 #[tokio::test]
 async fn http2_clients_are_fenced_and_relayed_to_an_http1_backend() {
     let h = Harness::start().await;
-    assert_eq!(
-        h2(&h, Method::PUT, "/doc", Some("8"), "over h2")
-            .await
-            .status,
-        200
-    );
+    assert_eq!(h2(&h, Method::PUT, "/doc", Some("8"), "over h2").await.status, 200);
     let r = h2(&h, Method::PUT, "/doc", Some("7"), "zombie").await;
     r.assert_refused(409, "stale_token");
-    h2(&h, Method::PUT, "/doc", None, "x")
-        .await
-        .assert_refused(428, "missing_token");
+    h2(&h, Method::PUT, "/doc", None, "x").await.assert_refused(428, "missing_token");
     let r = h2(&h, Method::GET, "/doc", None, "").await;
     assert_eq!((r.status, r.body), (200, Bytes::from_static(b"over h2")));
     let applied = h.backend.applied();
     assert_eq!(applied.len(), 1);
-    assert_eq!(
-        applied[0].headers["host"],
-        h.addr.to_string(),
-        "the :authority becomes Host"
-    );
+    assert_eq!(applied[0].headers["host"], h.addr.to_string(), "the :authority becomes Host");
 }

@@ -32,26 +32,18 @@ pub struct Resp {
 
 impl Resp {
     pub fn json(&self) -> Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", self.body))
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", self.body))
     }
 
     /// The `fencegate-error` header: present only on responses fencegate made itself.
     pub fn fencegate_error(&self) -> Option<&str> {
-        self.headers
-            .get("fencegate-error")
-            .map(|v| v.to_str().unwrap())
+        self.headers.get("fencegate-error").map(|v| v.to_str().unwrap())
     }
 
     /// Asserts a response fencegate made itself: status, JSON `error` code and header agree.
     pub fn assert_refused(&self, status: u16, code: &str) {
         assert_eq!(self.status, status, "body: {:?}", self.body);
-        assert_eq!(
-            self.fencegate_error(),
-            Some(code),
-            "header of {:?}",
-            self.body
-        );
+        assert_eq!(self.fencegate_error(), Some(code), "header of {:?}", self.body);
         assert_eq!(self.json()["error"], code);
     }
 }
@@ -134,16 +126,8 @@ impl Harness {
     }
 
     /// Sends a request through the proxy with the given headers.
-    pub async fn send(
-        &self,
-        method: &str,
-        path: &str,
-        headers: &[(&str, &str)],
-        body: impl Into<Bytes>,
-    ) -> Resp {
-        let mut req = Request::builder()
-            .method(Method::from_bytes(method.as_bytes()).unwrap())
-            .uri(self.url(path));
+    pub async fn send(&self, method: &str, path: &str, headers: &[(&str, &str)], body: impl Into<Bytes>) -> Resp {
+        let mut req = Request::builder().method(Method::from_bytes(method.as_bytes()).unwrap()).uri(self.url(path));
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
@@ -152,26 +136,14 @@ impl Harness {
 
     /// A fenced PUT with `token` in the default header.
     pub async fn put(&self, path: &str, token: u64, body: &str) -> Resp {
-        self.send(
-            "PUT",
-            path,
-            &[("fencing-token", &token.to_string())],
-            body.to_owned(),
-        )
-        .await
+        self.send("PUT", path, &[("fencing-token", &token.to_string())], body.to_owned()).await
     }
 
     /// A fenced PUT that the backend holds for `delay_ms` before applying.
     pub async fn slow_put(&self, path: &str, token: u64, delay_ms: u64) -> Resp {
         let token = token.to_string();
         let delay = delay_ms.to_string();
-        self.send(
-            "PUT",
-            path,
-            &[("fencing-token", &token), (DELAY_HEADER, &delay)],
-            token.clone(),
-        )
-        .await
+        self.send("PUT", path, &[("fencing-token", &token), (DELAY_HEADER, &delay)], token.clone()).await
     }
 
     pub async fn get(&self, path: &str) -> Resp {
@@ -186,19 +158,11 @@ impl Harness {
 
     /// Tokens the backend applied to `path`, in the order it applied them.
     pub fn applied_tokens(&self, path: &str) -> Vec<u64> {
-        self.backend
-            .applied()
-            .iter()
-            .filter(|r| r.path == path)
-            .filter_map(|r| r.token())
-            .collect()
+        self.backend.applied().iter().filter(|r| r.path == path).filter_map(|r| r.token()).collect()
     }
 }
 
-pub async fn send_with(
-    client: &Client<HttpConnector, Full<Bytes>>,
-    req: Request<Full<Bytes>>,
-) -> Resp {
+pub async fn send_with(client: &Client<HttpConnector, Full<Bytes>>, req: Request<Full<Bytes>>) -> Resp {
     let resp = tokio::time::timeout(Duration::from_secs(30), client.request(req))
         .await
         .expect("response within 30 s")
@@ -206,77 +170,52 @@ pub async fn send_with(
     let status = resp.status().as_u16();
     let headers = resp.headers().clone();
     let body = resp.into_body().collect().await.unwrap().to_bytes();
-    Resp {
-        status,
-        headers,
-        body,
-    }
+    Resp { status, headers, body }
 }
 
 /// Raw HTTP/1.1 over TCP, for request targets and header layouts a client library would fix.
 pub async fn raw_request(addr: SocketAddr, head: &str, body: &str) -> Resp {
-    let mut stream = TcpStream::connect(addr).await.unwrap();
-    let request = format!(
-        "{head}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(request.as_bytes()).await.unwrap();
+    try_raw_request(addr, head, body).await.expect("a complete response")
+}
+
+/// Like [`raw_request`], but `None` when the connection fails or ends without a response
+/// (the proxy was killed).
+pub async fn try_raw_request(addr: SocketAddr, head: &str, body: &str) -> Option<Resp> {
+    let mut stream = TcpStream::connect(addr).await.ok()?;
+    let request = format!("{head}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+    stream.write_all(request.as_bytes()).await.ok()?;
     let mut raw = Vec::new();
-    tokio::time::timeout(Duration::from_secs(30), stream.read_to_end(&mut raw))
-        .await
-        .unwrap()
-        .unwrap();
+    tokio::time::timeout(Duration::from_secs(30), stream.read_to_end(&mut raw)).await.ok()?.ok()?;
     parse_response(&raw)
 }
 
-fn parse_response(raw: &[u8]) -> Resp {
-    let split = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .expect("a complete response head");
+fn parse_response(raw: &[u8]) -> Option<Resp> {
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
     let head = std::str::from_utf8(&raw[..split]).unwrap();
     let mut lines = head.split("\r\n");
-    let status = lines
-        .next()
-        .unwrap()
-        .split(' ')
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap();
+    let status = lines.next().unwrap().split(' ').nth(1).unwrap().parse().unwrap();
     let mut headers = HeaderMap::new();
     for line in lines {
         let (k, v) = line.split_once(':').unwrap();
-        headers.append(
-            http::HeaderName::from_bytes(k.trim().as_bytes()).unwrap(),
-            v.trim().parse().unwrap(),
-        );
+        headers.append(http::HeaderName::from_bytes(k.trim().as_bytes()).unwrap(), v.trim().parse().unwrap());
     }
     let mut body = raw[split + 4..].to_vec();
-    if headers
-        .get("transfer-encoding")
-        .is_some_and(|v| v == "chunked")
-    {
-        body = dechunk(&body);
+    if headers.get("transfer-encoding").is_some_and(|v| v == "chunked") {
+        body = dechunk(&body)?;
     }
-    Resp {
-        status,
-        headers,
-        body: body.into(),
-    }
+    Some(Resp { status, headers, body: body.into() })
 }
 
-fn dechunk(mut b: &[u8]) -> Vec<u8> {
+fn dechunk(mut b: &[u8]) -> Option<Vec<u8>> {
     let mut out = Vec::new();
     loop {
-        let line_end = b.windows(2).position(|w| w == b"\r\n").unwrap();
-        let size =
-            usize::from_str_radix(std::str::from_utf8(&b[..line_end]).unwrap().trim(), 16).unwrap();
+        let line_end = b.windows(2).position(|w| w == b"\r\n")?;
+        let size = usize::from_str_radix(std::str::from_utf8(&b[..line_end]).ok()?.trim(), 16).ok()?;
         if size == 0 {
-            return out;
+            return Some(out);
         }
-        out.extend_from_slice(&b[line_end + 2..line_end + 2 + size]);
-        b = &b[line_end + 2 + size + 2..];
+        out.extend_from_slice(b.get(line_end + 2..line_end + 2 + size)?);
+        b = b.get(line_end + 2 + size + 2..)?;
     }
 }
 
