@@ -1,18 +1,18 @@
-//! Micro benchmarks of the fence path: token parse, canonicalisation, in-memory
-//! check-and-reserve (uncontended and with N tasks), and the store's durable advance with N
-//! concurrent writers (group commit).
+//! Micro benchmarks of the fence path: token parse, canonicalisation, and in-memory
+//! check-and-reserve (precheck, wait for the resource's turn, check, release), uncontended and
+//! with N tasks on one key or on distinct keys. The store has its own bench (`benches/store.rs`).
 //!
-//! Run: `cargo bench --bench fence` (add `-- store` etc. to filter).
+//! Run: `cargo bench --bench fence`.
 
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use fencegate::config::{EqualToken, SyncMode};
+use fencegate::config::EqualToken;
 use fencegate::fence::FenceTable;
 use fencegate::path;
-use fencegate::store::{FileStore, Store};
+use fencegate::store::Table;
 
 fn parsing(c: &mut Criterion) {
     c.bench_function("token_parse", |b| b.iter(|| fencegate::token::parse(black_box(b"18446744073709551615"))));
@@ -27,13 +27,15 @@ fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
 }
 
-/// One full in-memory fenced write: precheck, turn, check, record, release.
+/// The in-memory part of a fenced write: precheck, wait for the turn, check, release.
 async fn reserve(table: &Arc<FenceTable>, key: &str, token: u64) {
     table.precheck(key, token).unwrap();
     let mut turn = table.acquire(key, Duration::from_secs(10)).await.unwrap();
-    if turn.check(token).is_ok() {
-        turn.record(token);
-    }
+    black_box(turn.check(token)).unwrap();
+}
+
+fn fence_table(equal: EqualToken) -> Arc<FenceTable> {
+    Arc::new(FenceTable::new(Arc::new(Table::new()), equal))
 }
 
 fn check_and_reserve(c: &mut Criterion) {
@@ -41,7 +43,7 @@ fn check_and_reserve(c: &mut Criterion) {
     let mut g = c.benchmark_group("check_and_reserve");
     g.throughput(Throughput::Elements(1));
     g.bench_function("uncontended", |b| {
-        let table = Arc::new(FenceTable::new([], EqualToken::Reject));
+        let table = fence_table(EqualToken::Reject);
         let mut token = 0;
         b.iter(|| {
             token += 1;
@@ -53,7 +55,7 @@ fn check_and_reserve(c: &mut Criterion) {
             let name = if shared_key { "one_key" } else { "distinct_keys" };
             g.bench_function(BenchmarkId::new(name, tasks), |b| {
                 b.iter_custom(|iters| {
-                    let table = Arc::new(FenceTable::new([], EqualToken::Accept));
+                    let table = fence_table(EqualToken::Accept);
                     let per_task = iters.div_ceil(tasks);
                     let start = Instant::now();
                     rt.block_on(async {
@@ -63,7 +65,6 @@ fn check_and_reserve(c: &mut Criterion) {
                                 let key = if shared_key { "/hot".to_string() } else { format!("/k{t}") };
                                 tokio::spawn(async move {
                                     for i in 0..per_task {
-                                        // Equal tokens are accepted here so contention is real work.
                                         reserve(&table, &key, i / tasks).await;
                                     }
                                 })
@@ -81,42 +82,5 @@ fn check_and_reserve(c: &mut Criterion) {
     g.finish();
 }
 
-fn durable_advance(c: &mut Criterion) {
-    let rt = rt();
-    let mut g = c.benchmark_group("store_advance_fsync");
-    g.sample_size(10).measurement_time(Duration::from_secs(5));
-    g.throughput(Throughput::Elements(1));
-    for writers in [1u64, 16, 64, 256] {
-        g.bench_function(BenchmarkId::from_parameter(writers), |b| {
-            let dir = tempfile::tempdir().unwrap();
-            let (store, _) = FileStore::open(dir.path(), SyncMode::Always).unwrap();
-            let store = Arc::new(store);
-            b.iter_custom(|iters| {
-                let per_writer = iters.div_ceil(writers);
-                let start = Instant::now();
-                rt.block_on(async {
-                    let handles: Vec<_> = (0..writers)
-                        .map(|w| {
-                            let store = Arc::clone(&store);
-                            tokio::spawn(async move {
-                                let key = format!("/resource/{w:08}");
-                                for t in 0..per_writer {
-                                    store.advance(&key, t).await.unwrap();
-                                }
-                            })
-                        })
-                        .collect();
-                    for h in handles {
-                        h.await.unwrap();
-                    }
-                });
-                // Normalise to the requested iteration count so figures are per advance.
-                start.elapsed().mul_f64(iters as f64 / (per_writer * writers) as f64)
-            })
-        });
-    }
-    g.finish();
-}
-
-criterion_group!(benches, parsing, check_and_reserve, durable_advance);
+criterion_group!(benches, parsing, check_and_reserve);
 criterion_main!(benches);

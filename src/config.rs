@@ -148,11 +148,13 @@ struct RawScope {
 struct RawStore {
     dir: PathBuf,
     sync: String,
+    segment_bytes: u64,
+    max_resources: usize,
 }
 
 impl Default for RawStore {
     fn default() -> Self {
-        Self { dir: "data".into(), sync: "always".into() }
+        Self { dir: "data".into(), sync: "always".into(), segment_bytes: 64 << 20, max_resources: 10_000_000 }
     }
 }
 
@@ -250,6 +252,10 @@ pub struct StoreConfig {
     pub dir: PathBuf,
     /// fsync policy.
     pub sync: SyncMode,
+    /// Segment size that triggers rotation and a snapshot.
+    pub segment_bytes: u64,
+    /// Most resources the table holds; writes to new ones are refused beyond it.
+    pub max_resources: usize,
 }
 
 /// `[log]`
@@ -347,7 +353,18 @@ impl Config {
             return Err(invalid("store.dir", "must not be empty"));
         }
         let sync = choice("store.sync", &raw.store.sync, [("always", SyncMode::Always), ("never", SyncMode::Never)])?;
-        let store = StoreConfig { dir: raw.store.dir, sync };
+        if raw.store.segment_bytes < 4096 {
+            return Err(invalid("store.segment_bytes", "must be at least 4096"));
+        }
+        if raw.store.max_resources == 0 {
+            return Err(invalid("store.max_resources", "must be at least 1"));
+        }
+        let store = StoreConfig {
+            dir: raw.store.dir,
+            sync,
+            segment_bytes: raw.store.segment_bytes,
+            max_resources: raw.store.max_resources,
+        };
         let level = raw.log.level.to_ascii_lowercase();
         if !["error", "warn", "info", "debug", "trace"].contains(&level.as_str()) {
             return Err(invalid("log.level", format!("{level:?}: expected error, warn, info, debug or trace")));

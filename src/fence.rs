@@ -1,13 +1,13 @@
 //! The fence: `max_seen` per resource, and the per-resource turn that serialises writes.
 //!
-//! Two maps keep memory proportional to what is happening: `max_seen` holds one integer for
-//! every resource ever written, while `gates` holds a FIFO mutex only for resources that have a
-//! write waiting, in flight, or quarantined. A gate is dropped from the map by the last task to
+//! Two maps keep memory proportional to what is happening: the store's [`Table`] holds one
+//! integer for every resource ever written, while `gates` holds a FIFO mutex only for resources
+//! that have a write waiting, in flight, or quarantined. A gate is dropped from the map by the last task to
 //! leave it, which the map's shard lock makes race-free (see [`Turn`]'s `Drop`).
 //!
 //! A write's life: [`FenceTable::precheck`] (cheap, lock-free, may refuse early) →
 //! [`FenceTable::acquire`] (wait for the resource's turn) → [`Turn::check`] (the authoritative
-//! check, quarantine included) → the store persists → [`Turn::record`] → forward → drop the turn.
+//! check, quarantine included) → the store persists and raises the table → forward → drop the turn.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,6 +17,7 @@ use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use crate::config::EqualToken;
 use crate::error::Error;
+use crate::store::Table;
 
 /// Per-gate state, only ever touched by the holder of the resource's turn.
 #[derive(Debug, Default)]
@@ -29,25 +30,20 @@ type Gate = Arc<Mutex<GateState>>;
 /// `max_seen` for every resource, plus the turns of resources with writes in progress.
 #[derive(Debug)]
 pub struct FenceTable {
-    max_seen: DashMap<Box<str>, u64>,
+    max_seen: Arc<Table>,
     gates: DashMap<Box<str>, Gate>,
     equal: EqualToken,
 }
 
 impl FenceTable {
-    /// Builds the table from recovered `(key, max_seen)` pairs.
-    pub fn new(recovered: impl IntoIterator<Item = (String, u64)>, equal: EqualToken) -> Self {
-        let max_seen = DashMap::new();
-        for (key, token) in recovered {
-            let mut slot = max_seen.entry(key.into_boxed_str()).or_insert(token);
-            *slot = (*slot).max(token);
-        }
+    /// Fences against `max_seen`, the table a store keeps current.
+    pub fn new(max_seen: Arc<Table>, equal: EqualToken) -> Self {
         FenceTable { max_seen, gates: DashMap::new(), equal }
     }
 
     /// The highest token `key` has accepted, if any.
     pub fn max_seen(&self, key: &str) -> Option<u64> {
-        self.max_seen.get(key).map(|v| *v)
+        self.max_seen.get(key)
     }
 
     /// Number of resources with a recorded `max_seen`.
@@ -138,12 +134,6 @@ impl Turn {
         }
     }
 
-    /// Raises `max_seen` to `token` in memory; call only once the store made it durable.
-    pub fn record(&self, token: u64) {
-        let mut slot = self.table.max_seen.entry(self.key.clone()).or_insert(token);
-        *slot = (*slot).max(token);
-    }
-
     /// Closes the resource to writes for `period`: an earlier write may still be applied late.
     pub fn quarantine(&mut self, period: Duration) {
         if let Some(state) = self.guard.as_mut() {
@@ -169,12 +159,9 @@ mod tests {
     use super::*;
 
     fn table(equal: EqualToken) -> Arc<FenceTable> {
-        Arc::new(FenceTable::new([("/a".to_string(), 34), ("/a".to_string(), 30)], equal))
-    }
-
-    #[test]
-    fn recovery_keeps_the_highest_token_per_key() {
-        assert_eq!(table(EqualToken::Reject).max_seen("/a"), Some(34));
+        let max_seen = Arc::new(Table::new());
+        max_seen.raise("/a", 34);
+        Arc::new(FenceTable::new(max_seen, equal))
     }
 
     #[test]
@@ -201,7 +188,7 @@ mod tests {
             })
         };
         tokio::task::yield_now().await;
-        first.record(40);
+        t.max_seen.raise("/a", 40); // what the store does once the advance is durable
         drop(first);
         assert!(matches!(waiter.await.unwrap(), Err(Error::StaleToken { max_seen: 40, .. })));
         assert_eq!(t.active_gates(), 0, "gates of idle resources are dropped");

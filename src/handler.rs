@@ -13,7 +13,7 @@ use crate::error::Error;
 use crate::fence::FenceTable;
 use crate::path;
 use crate::proxy::{Forwarder, ProxyBody, full_body};
-use crate::store::Store;
+use crate::store::{Store, StoreError};
 use crate::token::{self, TokenError};
 
 /// What every connection's requests share.
@@ -77,8 +77,8 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>, client: SocketAddr) 
     // cancelled mid-forward, the backend could still apply it after the next write was sent.
     let critical = tokio::spawn(async move {
         turn.check(token)?;
+        // Persist: durable, and the table raised, before a byte goes to the backend.
         shared.store.advance(turn.key(), token).await?;
-        turn.record(token);
         let result = shared.forwarder.forward(req, target, client).await;
         if let Err(Error::BackendTimeout(_) | Error::BackendFailed(_)) = &result {
             // The backend may have the write and apply it late: keep the next one out.
@@ -94,6 +94,9 @@ fn log_refusal(err: &Error, method: &Method, client: SocketAddr) {
     match err {
         Error::StaleToken { resource, token, max_seen } => {
             tracing::warn!(%resource, token, max_seen, %client, %method, "refused stale token");
+        }
+        Error::Store(StoreError::Full(_)) => {
+            tracing::warn!(error = %err, %client, %method, "refused a write to a new resource");
         }
         Error::Store(_) | Error::BackendUnreachable(_) | Error::BackendFailed(_) | Error::BackendTimeout(_) => {
             tracing::error!(error = %err, %client, %method, "request failed");

@@ -31,6 +31,18 @@ enum Command {
     },
     /// Replay the zombie-lock-holder race against an in-memory backend and show it defeated.
     Demo,
+    /// Read a data directory without starting a proxy: max_seen of one key, or a summary.
+    /// Refuses while a running fencegate holds the directory.
+    Inspect {
+        /// The data directory (`store.dir`).
+        #[arg(long, short)]
+        dir: PathBuf,
+        /// A fence key (a canonical path such as /accounts/42); omit it for a summary.
+        key: Option<String>,
+        /// How many of the highest entries the summary lists.
+        #[arg(long, default_value_t = 10)]
+        top: usize,
+    },
 }
 
 fn main() -> ExitCode {
@@ -43,6 +55,7 @@ fn main() -> ExitCode {
                 runtime()?.block_on(serve(c))
             })
         }
+        Command::Inspect { dir, key, top } => inspect(&dir, key.as_deref(), top),
         Command::Demo => {
             init_logging("error");
             runtime().and_then(|rt| rt.block_on(demo()))
@@ -72,6 +85,40 @@ fn check(path: &std::path::Path) -> anyhow::Result<()> {
     let config = Config::load(path, None).with_context(|| format!("invalid config {}", path.display()))?;
     println!("# {}: OK. Effective settings:", path.display());
     print!("{}", config.to_toml());
+    Ok(())
+}
+
+fn inspect(dir: &std::path::Path, key: Option<&str>, top: usize) -> anyhow::Result<()> {
+    let found = fencegate::store::inspect(dir).with_context(|| format!("cannot inspect {}", dir.display()))?;
+    if let Some(key) = key {
+        match found.table.get(key) {
+            Some(max) => println!("{key} max_seen={max}"),
+            None if !key.starts_with('/') => anyhow::bail!("{key}: never written (fence keys start with '/')"),
+            None => anyhow::bail!("{key}: never written"),
+        }
+        return Ok(());
+    }
+    println!("data dir   {}", dir.display());
+    println!("resources  {}", found.table.len());
+    match found.snapshot {
+        Some(seq) => println!("snapshot   covers every segment before {seq}"),
+        None => println!("snapshot   none"),
+    }
+    let segments = match (found.segments.first(), found.segments.last()) {
+        (Some(a), Some(b)) => format!("{a}..={b}"),
+        _ => "none".into(),
+    };
+    println!("segments   {segments} ({} records replayed)", found.records);
+    if let Some((seq, at)) = found.torn {
+        println!("torn tail  segment {seq} at byte {at}: a proxy would set it aside and truncate it on start");
+    }
+    println!("disk       {} bytes", found.bytes);
+    if top > 0 && !found.table.is_empty() {
+        println!("top {top} by max_seen:");
+        for (key, max) in found.table.top(top) {
+            println!("  {max:>20}  {key}");
+        }
+    }
     Ok(())
 }
 

@@ -16,7 +16,7 @@ use crate::error::Error;
 use crate::fence::FenceTable;
 use crate::handler::{self, Shared};
 use crate::proxy::Forwarder;
-use crate::store::FileStore;
+use crate::store::{FileStore, StoreOptions};
 
 /// An opened proxy: store recovered and locked, ready to serve.
 #[derive(Debug, Clone)]
@@ -27,9 +27,13 @@ pub struct Proxy {
 impl Proxy {
     /// Locks the data directory, recovers `max_seen` from disk and prepares the backend client.
     pub async fn open(config: Config) -> Result<Self, Error> {
-        let (store, recovered) = FileStore::open(&config.store.dir, config.store.sync)?;
-        let table = Arc::new(FenceTable::new(recovered, config.fence.equal_token));
-        tracing::info!(dir = %config.store.dir.display(), resources = table.len(), "fence store recovered");
+        let options = StoreOptions {
+            sync: config.store.sync,
+            segment_bytes: config.store.segment_bytes,
+            max_resources: config.store.max_resources,
+        };
+        let store = FileStore::open(&config.store.dir, options)?;
+        let table = Arc::new(FenceTable::new(Arc::clone(store.table()), config.fence.equal_token));
         let forwarder = Forwarder::new(&config.backend);
         let shared = Shared { config, table, store: Arc::new(store), forwarder };
         Ok(Proxy { shared: Arc::new(shared) })

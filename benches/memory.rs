@@ -1,0 +1,72 @@
+//! Memory of the fence table: RSS of a process that has recovered 1,000,000 resources with
+//! 30-byte keys, as the proxy does at start-up.
+//!
+//! Run: `cargo bench --bench memory`. The parent writes the data directory, then runs itself
+//! again to measure a fresh process that only recovers it.
+
+use std::sync::Arc;
+
+use fencegate::config::{EqualToken, SyncMode};
+use fencegate::fence::FenceTable;
+use fencegate::store::{FileStore, Store, StoreOptions};
+
+const RESOURCES: u64 = 1_000_000;
+
+fn status(field: &str) -> u64 {
+    let text = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    text.lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kb| kb.parse().ok())
+        .unwrap_or(0)
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+fn measure(dir: &std::path::Path) {
+    let before = status("VmRSS:");
+    let rt = rt();
+    let store = FileStore::open(dir, StoreOptions::default()).unwrap();
+    let fence = FenceTable::new(Arc::clone(store.table()), EqualToken::Reject);
+    let rss = status("VmRSS:");
+    let peak = status("VmHWM:");
+    println!("resources          {}", fence.len());
+    println!("RSS before         {:>8.1} MB", before as f64 / 1024.0);
+    println!("RSS after recovery {:>8.1} MB   (target: under 150 MB)", rss as f64 / 1024.0);
+    println!("peak RSS           {:>8.1} MB", peak as f64 / 1024.0);
+    println!("per resource       {:>8.0} bytes", (rss - before) as f64 * 1024.0 / fence.len() as f64);
+    rt.block_on(store.close()).unwrap();
+}
+
+fn main() {
+    if let Some(dir) = std::env::args().skip_while(|a| a != "--measure").nth(1) {
+        measure(std::path::Path::new(&dir));
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let rt = rt();
+    rt.block_on(async {
+        let options = StoreOptions { sync: SyncMode::Never, ..StoreOptions::default() };
+        let store = Arc::new(FileStore::open(dir.path(), options).unwrap());
+        let tasks: Vec<_> = (0..64u64)
+            .map(|w| {
+                let store = Arc::clone(&store);
+                tokio::spawn(async move {
+                    for i in (w..RESOURCES).step_by(64) {
+                        let key = format!("/bucket-{:02}/object-{:012}", i % 100, i);
+                        store.advance(&key, i + 1).await.unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        store.close().await.unwrap();
+    });
+    let exe = std::env::current_exe().unwrap();
+    let status = std::process::Command::new(exe).arg("--measure").arg(dir.path()).status().unwrap();
+    assert!(status.success());
+}

@@ -1,0 +1,178 @@
+//! The synchronous core of the file store: appending to the current segment, committing
+//! (one write, one `fdatasync`), rotating to a new segment, and writing snapshots. No threads
+//! here, so the model-based tests can drive every step, and crash between any two.
+//!
+//! Every file is created the same way: write a temp file, fsync it, rename it into place,
+//! fsync the directory. A name that exists therefore always has a complete header.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use super::Table;
+use super::format::{self, Kind};
+use super::recovery::{Recovered, file_seq, segment_name, snapshot_name};
+use crate::config::SyncMode;
+
+/// The current segment, open for appending.
+#[derive(Debug)]
+pub(crate) struct Log {
+    dir: PathBuf,
+    sync: SyncMode,
+    seq: u64,
+    file: File,
+    len: u64,
+    seed: u32,
+    pending: Vec<u8>,
+}
+
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// Creates `dir/name` atomically with content from `fill`, durable once this returns.
+fn create_durably(dir: &Path, name: &str, fill: impl FnOnce(&mut BufWriter<File>) -> io::Result<()>) -> io::Result<()> {
+    let tmp = dir.join(format!("{name}.tmp"));
+    let mut w = BufWriter::with_capacity(1 << 20, File::create(&tmp)?);
+    fill(&mut w)?;
+    let file = w.into_inner().map_err(|e| e.into_error())?;
+    file.sync_all()?;
+    drop(file);
+    fs::rename(&tmp, dir.join(name))?;
+    sync_dir(dir)
+}
+
+impl Log {
+    /// Continues the last recovered segment, or starts the first one.
+    pub(crate) fn open(dir: &Path, sync: SyncMode, recovered: &Recovered) -> io::Result<Log> {
+        let seq = match recovered.segments.last() {
+            Some(&seq) => seq,
+            None => {
+                let first = recovered.snapshot.unwrap_or(1);
+                create_durably(dir, &segment_name(first), |w| w.write_all(&format::header(Kind::Segment, first)))?;
+                first
+            }
+        };
+        let file = OpenOptions::new().append(true).open(dir.join(segment_name(seq)))?;
+        let len = file.metadata()?.len();
+        Ok(Log {
+            dir: dir.to_owned(),
+            sync,
+            seq,
+            file,
+            len,
+            seed: format::seed(Kind::Segment, seq),
+            pending: Vec::with_capacity(64 * 1024),
+        })
+    }
+
+    /// The current segment's sequence number.
+    #[cfg(test)]
+    pub(crate) fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// Bytes in the current segment, committed or written.
+    pub(crate) fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Path of the current segment.
+    pub(crate) fn path(&self) -> PathBuf {
+        self.dir.join(segment_name(self.seq))
+    }
+
+    /// Buffers one record for the next commit.
+    pub(crate) fn append(&mut self, key: &str, token: u64) {
+        format::encode(&mut self.pending, self.seed, key, token);
+    }
+
+    /// Writes the buffered records without syncing them (a crash may lose them).
+    pub(crate) fn write(&mut self) -> io::Result<()> {
+        let result = self.file.write_all(&self.pending);
+        // Count what may have reached the file even on error: it is never reused.
+        self.len += self.pending.len() as u64;
+        self.pending.clear();
+        result
+    }
+
+    /// Makes everything written durable (unless `sync = "never"`).
+    pub(crate) fn sync(&mut self) -> io::Result<()> {
+        match self.sync {
+            SyncMode::Always => self.file.sync_data(),
+            SyncMode::Never => Ok(()),
+        }
+    }
+
+    /// Writes and syncs the buffered records: once this returns they survive a crash.
+    pub(crate) fn commit(&mut self) -> io::Result<()> {
+        self.write()?;
+        self.sync()
+    }
+
+    /// Flushes to disk whatever the sync mode; used on close.
+    pub(crate) fn flush(&mut self) -> io::Result<()> {
+        self.write()?;
+        self.file.sync_all()
+    }
+
+    /// Starts the next segment; the current one is complete. Returns the new sequence number,
+    /// which is also the sequence of the snapshot that may now cover everything before it.
+    pub(crate) fn rotate(&mut self) -> io::Result<u64> {
+        self.commit()?;
+        let next = self.seq + 1;
+        create_durably(&self.dir, &segment_name(next), |w| w.write_all(&format::header(Kind::Segment, next)))?;
+        self.file = OpenOptions::new().append(true).open(self.dir.join(segment_name(next)))?;
+        self.seq = next;
+        self.seed = format::seed(Kind::Segment, next);
+        self.len = format::HEADER_LEN as u64;
+        Ok(next)
+    }
+}
+
+/// Writes the snapshot that replaces every segment below `seq`, from `table`. Returns its size.
+///
+/// `table` may already hold advances from segment `seq` onwards; replay takes the maximum,
+/// so those are harmless. It must hold every record of the segments below `seq`, which the
+/// store guarantees by raising the table before it acknowledges or rotates.
+pub(crate) fn write_snapshot(dir: &Path, seq: u64, table: &Table) -> io::Result<u64> {
+    let seed = format::seed(Kind::Snapshot, seq);
+    let mut size = 0u64;
+    create_durably(dir, &snapshot_name(seq), |w| {
+        w.write_all(&format::header(Kind::Snapshot, seq))?;
+        let mut buf = Vec::with_capacity(64 * 1024);
+        let mut count = 0u64;
+        let mut result = Ok(());
+        table.for_each(|key, token| {
+            format::encode(&mut buf, seed, key, token);
+            count += 1;
+            if buf.len() >= 60 * 1024 && result.is_ok() {
+                result = w.write_all(&buf);
+                buf.clear();
+            }
+        });
+        result?;
+        w.write_all(&buf)?;
+        format::encode_trailer(w, seed, count)?;
+        size = w.get_ref().metadata()?.len() + w.buffer().len() as u64;
+        Ok(())
+    })?;
+    Ok(size)
+}
+
+/// Deletes the segments and snapshots that the snapshot `seq` made obsolete.
+pub(crate) fn remove_covered(dir: &Path, seq: u64) -> io::Result<usize> {
+    let mut removed = 0;
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if file_seq(&name).is_some_and(|s| s < seq) {
+            fs::remove_file(entry.path())?;
+            removed += 1;
+        }
+    }
+    if removed > 0 {
+        sync_dir(dir)?;
+    }
+    Ok(removed)
+}

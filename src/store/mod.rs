@@ -1,0 +1,160 @@
+//! Durable `max_seen`: the [`Store`] trait, the in-memory [`Table`] it keeps current, and
+//! [`FileStore`], a log-structured store in the tradition of etcd's WAL.
+//!
+//! The proxy calls [`Store::advance`] and waits for it before forwarding. An implementation
+//! must resolve only once the advance would survive a crash, and must have raised the
+//! [`Table`] by then. Because the store itself raises the table, and only after the advance is
+//! durable, the table is always an image of durable state: a snapshot taken from it can never
+//! miss a record of the segments it replaces. A store shared through etcd can be added behind
+//! the same trait.
+
+mod file;
+mod format;
+mod log;
+mod recovery;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+
+use dashmap::DashMap;
+
+pub use file::{FileStore, StoreOptions};
+pub use recovery::{Inspection, inspect};
+
+/// A boxed future returned by [`Store`] methods.
+pub type StoreFuture<'a> = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
+
+/// Durable memory of `max_seen`.
+pub trait Store: Send + Sync + std::fmt::Debug {
+    /// Records that `key` accepted `token`; resolves once a crash can no longer lose it, with
+    /// the store's [`Table`] already raised.
+    fn advance(&self, key: &str, token: u64) -> StoreFuture<'_>;
+    /// Flushes everything and stops; later advances fail with [`StoreError::Closed`].
+    fn close(&self) -> StoreFuture<'_>;
+    /// Whether the store still accepts advances (false after a write or sync failure).
+    fn healthy(&self) -> bool;
+}
+
+/// Store failures. All of them keep fenced writes from being forwarded.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    /// Another process holds the data directory's lock.
+    #[error("data dir {} is in use by another fencegate (lock held on {})", .dir.display(), .dir.join(file::LOCK_FILE).display())]
+    Locked {
+        /// The data directory.
+        dir: PathBuf,
+    },
+    /// An I/O error while opening, recovering or compacting.
+    #[error("{}: {message}", .path.display())]
+    Io {
+        /// The file involved.
+        path: PathBuf,
+        /// The OS error.
+        message: String,
+    },
+    /// Damage that is not a torn tail: starting would risk lowering `max_seen`.
+    #[error("{}: corrupt at byte {offset}: {reason}; refusing to start (a dropped record could lower max_seen)", .path.display())]
+    Corrupt {
+        /// The damaged file.
+        path: PathBuf,
+        /// Byte offset of the damage.
+        offset: u64,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A write or sync failed; the store accepts no more advances until restarted.
+    #[error("store failed and refuses further advances until restart: {0}")]
+    Failed(String),
+    /// The table holds `store.max_resources` resources; new ones are refused.
+    #[error("the fence table is full ({0} resources, store.max_resources); only known resources accept writes")]
+    Full(usize),
+    /// The key is longer than a record can hold.
+    #[error("resource key of {0} bytes is too long")]
+    KeyTooLong(usize),
+    /// The store was closed.
+    #[error("store is closed")]
+    Closed,
+}
+
+/// The in-memory image of every resource's durable `max_seen`.
+#[derive(Debug, Default)]
+pub struct Table {
+    map: DashMap<Box<str>, u64>,
+}
+
+impl Table {
+    /// An empty table.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The highest durable token of `key`.
+    pub fn get(&self, key: &str) -> Option<u64> {
+        self.map.get(key).map(|v| *v)
+    }
+
+    /// Number of resources.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether no resource has been seen.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// Raises `key` to `token` (never lowers it). Only stores call this, once it is durable.
+    pub(crate) fn raise(&self, key: &str, token: u64) {
+        // Look up before inserting so a known key costs no allocation.
+        if let Some(mut v) = self.map.get_mut(key) {
+            *v = (*v).max(token);
+            return;
+        }
+        let mut v = self.map.entry(key.into()).or_insert(token);
+        *v = (*v).max(token);
+    }
+
+    /// Visits every entry (in no particular order).
+    pub fn for_each(&self, mut f: impl FnMut(&str, u64)) {
+        for e in self.map.iter() {
+            f(e.key(), *e.value());
+        }
+    }
+
+    /// The `n` entries with the highest tokens, highest first.
+    pub fn top(&self, n: usize) -> Vec<(String, u64)> {
+        let mut heap = std::collections::BinaryHeap::new();
+        self.for_each(|k, t| {
+            heap.push(std::cmp::Reverse((t, k.to_owned())));
+            if heap.len() > n {
+                heap.pop();
+            }
+        });
+        let mut top: Vec<_> = heap.into_iter().map(|std::cmp::Reverse((t, k))| (k, t)).collect();
+        top.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        top
+    }
+}
+
+#[cfg(test)]
+mod model_tests;
+#[cfg(test)]
+mod tests;
+
+#[cfg(test)]
+mod table_tests {
+    use super::*;
+
+    #[test]
+    fn table_only_climbs_and_ranks_its_top_entries() {
+        let t = Table::new();
+        t.raise("/a", 5);
+        t.raise("/a", 3);
+        t.raise("/b", 9);
+        t.raise("/c", 7);
+        assert_eq!(t.get("/a"), Some(5));
+        assert_eq!(t.top(2), vec![("/b".to_string(), 9), ("/c".to_string(), 7)]);
+        assert_eq!(t.len(), 3);
+    }
+}

@@ -1,0 +1,239 @@
+//! One test per recovery case, plus the store's behaviour under load and at its limits.
+
+use std::collections::HashMap;
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::recovery::{segment_name, snapshot_name};
+use super::*;
+use crate::config::SyncMode;
+
+fn options(segment_bytes: u64) -> StoreOptions {
+    StoreOptions { sync: SyncMode::Always, segment_bytes, max_resources: 1_000 }
+}
+
+fn open(dir: &Path) -> FileStore {
+    FileStore::open(dir, options(64 << 20)).unwrap()
+}
+
+fn contents(store: &FileStore) -> HashMap<String, u64> {
+    let mut all = HashMap::new();
+    store.table().for_each(|k, t| {
+        all.insert(k.to_owned(), t);
+    });
+    all
+}
+
+async fn write(store: &FileStore, entries: &[(&str, u64)]) {
+    for (k, t) in entries {
+        store.advance(k, *t).await.unwrap();
+    }
+}
+
+async fn write_and_close(dir: &Path, entries: &[(&str, u64)]) {
+    let store = open(dir);
+    write(&store, entries).await;
+    store.close().await.unwrap();
+}
+
+fn segment(dir: &Path, seq: u64) -> PathBuf {
+    dir.join(segment_name(seq))
+}
+
+fn map(entries: &[(&str, u64)]) -> HashMap<String, u64> {
+    entries.iter().map(|(k, t)| (k.to_string(), *t)).collect()
+}
+
+#[tokio::test]
+async fn empty_dir_starts_empty_with_a_first_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    assert!(store.table().is_empty());
+    assert!(segment(dir.path(), 1).exists());
+}
+
+#[tokio::test]
+async fn clean_shutdown_recovers_the_maximum_per_key() {
+    let dir = tempfile::tempdir().unwrap();
+    write_and_close(dir.path(), &[("/a", 5), ("/b", 7), ("/a", 9), ("/a", 6)]).await;
+    assert_eq!(contents(&open(dir.path())), map(&[("/a", 9), ("/b", 7)]));
+}
+
+#[tokio::test]
+async fn torn_tail_is_set_aside_truncated_and_the_log_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    write_and_close(dir.path(), &[("/a", 5), ("/b", 7)]).await;
+    let path = segment(dir.path(), 1);
+    let full = fs::metadata(&path).unwrap().len();
+    OpenOptions::new().write(true).open(&path).unwrap().set_len(full - 3).unwrap();
+    let store = open(dir.path());
+    assert_eq!(contents(&store), map(&[("/a", 5)]));
+    assert!(dir.path().join(format!("{}.torn-at-{}", segment_name(1), full - 24)).exists(), "copy kept aside");
+    write(&store, &[("/b", 8)]).await;
+    store.close().await.unwrap();
+    drop(store);
+    assert_eq!(contents(&open(dir.path())), map(&[("/a", 5), ("/b", 8)]));
+}
+
+#[tokio::test]
+async fn a_half_written_record_followed_by_zeros_is_a_torn_write() {
+    let dir = tempfile::tempdir().unwrap();
+    write_and_close(dir.path(), &[("/a", 5), ("/b", 7)]).await;
+    let path = segment(dir.path(), 1);
+    let mut data = fs::read(&path).unwrap();
+    let n = data.len();
+    data[n - 8..].fill(0); // the last record's key never landed
+    data.extend_from_slice(&[0; 4096]); // the file grew before its data did
+    fs::write(&path, &data).unwrap();
+    assert_eq!(contents(&open(dir.path())), map(&[("/a", 5)]));
+}
+
+#[tokio::test]
+async fn corruption_with_valid_records_after_it_refuses_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    write_and_close(dir.path(), &[("/a", 5), ("/b", 7)]).await;
+    let path = segment(dir.path(), 1);
+    let mut data = fs::read(&path).unwrap();
+    data[format::HEADER_LEN + 9] ^= 0xff; // inside the first record's token
+    fs::write(&path, &data).unwrap();
+    let err = FileStore::open(dir.path(), options(64 << 20)).unwrap_err();
+    assert!(matches!(&err, StoreError::Corrupt { offset: 32, .. }), "{err}");
+    assert!(err.to_string().contains(&segment_name(1)) && err.to_string().contains("valid record"), "{err}");
+}
+
+#[tokio::test]
+async fn a_missing_segment_refuses_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    // Three segments and no snapshot, as after rotations whose compaction never ran.
+    let table = Table::new();
+    let mut log = log::Log::open(
+        dir.path(),
+        SyncMode::Always,
+        &recovery::recover(dir.path(), &table, recovery::Mode::Repair).unwrap(),
+    )
+    .unwrap();
+    for t in 0..3 {
+        log.append("/a", t);
+        log.rotate().unwrap();
+    }
+    drop(log);
+    assert!(segment(dir.path(), 4).exists());
+    fs::remove_file(segment(dir.path(), 2)).unwrap();
+    let err = FileStore::open(dir.path(), options(4096)).unwrap_err();
+    assert!(err.to_string().contains(&segment_name(2)) && err.to_string().contains("missing"), "{err}");
+}
+
+#[tokio::test]
+async fn snapshot_plus_tail_recovers_and_compaction_keeps_disk_proportional_to_resources() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = FileStore::open(dir.path(), options(4096)).unwrap();
+    let mut expect = HashMap::new();
+    for t in 0..3000u64 {
+        let key = format!("/resource/{}", t % 10);
+        store.advance(&key, t).await.unwrap();
+        expect.insert(key, t);
+    }
+    // Let the compactor finish its last snapshot.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    store.close().await.unwrap();
+    drop(store);
+    let files: Vec<String> =
+        fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    assert!(files.iter().any(|f| f.ends_with(".snap")), "{files:?}");
+    let bytes: u64 = fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
+    assert!(bytes < 64 * 1024, "3000 advances over 10 resources left {bytes} bytes: {files:?}");
+    let store = FileStore::open(dir.path(), options(4096)).unwrap();
+    assert_eq!(contents(&store), expect);
+}
+
+#[tokio::test]
+async fn a_damaged_snapshot_refuses_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = Table::new();
+    table.raise("/a", 5);
+    log::write_snapshot(dir.path(), 3, &table).unwrap();
+    fs::write(segment(dir.path(), 3), format::header(format::Kind::Segment, 3)).unwrap();
+    let snap = dir.path().join(snapshot_name(3));
+    let mut data = fs::read(&snap).unwrap();
+    data.truncate(data.len() - 16); // lose the trailer
+    fs::write(&snap, &data).unwrap();
+    let err = FileStore::open(dir.path(), options(4096)).unwrap_err();
+    assert!(err.to_string().contains("trailer"), "{err}");
+}
+
+#[tokio::test]
+async fn leftovers_of_an_interrupted_compaction_are_cleaned_up() {
+    let dir = tempfile::tempdir().unwrap();
+    write_and_close(dir.path(), &[("/a", 5)]).await;
+    fs::write(dir.path().join(format!("{}.tmp", snapshot_name(2))), b"half a snapshot").unwrap();
+    let store = open(dir.path());
+    assert_eq!(contents(&store), map(&[("/a", 5)]));
+    assert!(!dir.path().join(format!("{}.tmp", snapshot_name(2))).exists());
+}
+
+#[tokio::test]
+async fn a_second_store_on_the_same_dir_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let _first = open(dir.path());
+    let err = FileStore::open(dir.path(), options(4096)).unwrap_err();
+    assert!(matches!(err, StoreError::Locked { .. }), "{err}");
+    assert!(matches!(inspect(dir.path()), Err(StoreError::Locked { .. })), "inspect refuses too");
+}
+
+#[tokio::test]
+async fn inspect_reads_without_changing_anything() {
+    let dir = tempfile::tempdir().unwrap();
+    write_and_close(dir.path(), &[("/a", 5), ("/b", 7)]).await;
+    let path = segment(dir.path(), 1);
+    let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+    f.write_all(&[1, 2, 3]).unwrap();
+    let before = fs::read(&path).unwrap();
+    let found = inspect(dir.path()).unwrap();
+    assert_eq!(found.table.get("/b"), Some(7));
+    assert!(found.torn.is_some());
+    assert_eq!(fs::read(&path).unwrap(), before, "inspect truncated nothing");
+}
+
+#[tokio::test]
+async fn concurrent_advances_share_syncs_and_are_all_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(open(dir.path()));
+    let tasks: Vec<_> = (0..64u64)
+        .map(|i| {
+            let s = Arc::clone(&store);
+            tokio::spawn(async move { s.advance(&format!("/r{}", i % 8), i).await })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    assert_eq!(store.table().get("/r7"), Some(63), "the table is raised before advance returns");
+    store.close().await.unwrap();
+    assert!(matches!(store.advance("/x", 1).await, Err(StoreError::Closed)));
+    drop(store);
+    let store = open(dir.path());
+    assert_eq!(store.table().len(), 8);
+    assert_eq!(store.table().get("/r7"), Some(63));
+}
+
+#[tokio::test]
+async fn past_max_resources_new_keys_are_refused_and_known_ones_still_advance() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = FileStore::open(dir.path(), StoreOptions { max_resources: 2, ..options(4096) }).unwrap();
+    write(&store, &[("/a", 1), ("/b", 1)]).await;
+    assert!(matches!(store.advance("/c", 1).await, Err(StoreError::Full(2))));
+    store.advance("/a", 2).await.unwrap();
+    assert!(store.healthy(), "a full table is not a failed store");
+    assert_eq!(store.table().get("/c"), None);
+}
+
+#[tokio::test]
+async fn keys_a_record_cannot_hold_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let long = "/".repeat(format::MAX_KEY_LEN + 1);
+    assert!(matches!(store.advance(&long, 1).await, Err(StoreError::KeyTooLong(_))));
+}
