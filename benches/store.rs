@@ -63,7 +63,7 @@ fn durable_advance(c: &mut Criterion) {
 /// Writes `n` resources through the store (unsynced, for speed) and closes it.
 pub fn populate(dir: &std::path::Path, n: u64, segment_bytes: u64) {
     let rt = rt();
-    let options = StoreOptions { sync: SyncMode::Never, segment_bytes, max_resources: 10_000_000 };
+    let options = StoreOptions { sync: SyncMode::Never, segment_bytes, ..StoreOptions::default() };
     let store = Arc::new(FileStore::open(dir, options).unwrap());
     rt.block_on(async {
         let tasks: Vec<_> = (0..64u64)

@@ -380,11 +380,17 @@ fn choice<T: Copy, const N: usize>(key: &str, text: &str, options: [(&str, T); N
     })
 }
 
+const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
 fn duration(key: &str, text: &str) -> Result<Duration, ConfigError> {
     let d = humantime::parse_duration(text)
         .map_err(|e| invalid(key, format!("{text:?}: {e} (write e.g. \"500ms\", \"2s\", \"1m\")")))?;
     if d.is_zero() {
         return Err(invalid(key, "must be greater than zero"));
+    }
+    // Deadlines are `now + d`: an absurd duration must fail here, not overflow at run time.
+    if d > MAX_DURATION {
+        return Err(invalid(key, format!("{text:?} is more than the maximum of 365 days")));
     }
     Ok(d)
 }
@@ -482,6 +488,8 @@ mod tests {
             ("[[fence.scopes]]\nprefix = \"/a/../b/\"\n", "fence.scopes[0].prefix"),
             ("[[fence.scopes]]\nprefix = \"/a/b/\"\nsegments = 1\n", "fence.scopes[0].segments"),
             ("[server]\nlisten = \"localhost\"\n", "server.listen"),
+            ("[fence]\nquarantine = \"400000000000years\"\n", "fence.quarantine"),
+            ("[server]\nheader_read_timeout = \"366days\"\n", "365 days"),
         ] {
             let text = if extra.starts_with("[backend]") { extra.to_string() } else { format!("{MINIMAL}{extra}") };
             let err = Config::from_toml_str(&text).unwrap_err();

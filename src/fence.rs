@@ -80,6 +80,24 @@ impl FenceTable {
         }
     }
 
+    /// Closes `key` to writes for `period` from now, without taking its turn: for writes that
+    /// were in flight when the previous process stopped.
+    pub fn quarantine(&self, key: &str, period: Duration) {
+        let now = Instant::now();
+        let until = now.checked_add(period).unwrap_or(now + Duration::from_secs(86_400));
+        let state = GateState { quarantined_until: Some(until) };
+        self.gates.insert(key.into(), Arc::new(Mutex::new(state)));
+    }
+
+    /// Drops `key`'s gate if nobody waits on it, holds it, or needs its quarantine. Under the
+    /// shard lock no one can clone the gate, so a count of one (the map's own) means no task
+    /// waits on it, and `try_lock` sees the state the last holder left.
+    fn release_gate(&self, key: &str) {
+        self.gates.remove_if(key, |_, g| {
+            Arc::strong_count(g) == 1 && g.try_lock().is_ok_and(|s| s.quarantined_until.is_none())
+        });
+    }
+
     /// Waits (FIFO, at most `wait`) until no earlier write to `key` is in flight.
     pub async fn acquire(self: &Arc<Self>, key: &str, wait: Duration) -> Result<Turn, Error> {
         let gate = self.gates.entry(key.into()).or_default().clone();
@@ -87,7 +105,7 @@ impl FenceTable {
             Ok(guard) => Ok(Turn { table: Arc::clone(self), key: key.into(), guard: Some(guard) }),
             Err(_) => {
                 // Our clone is gone with the future; if we were the last, clean up.
-                self.gates.remove_if(key, |_, g| Arc::strong_count(g) == 1);
+                self.release_gate(key);
                 Err(Error::QueueTimeout { resource: key.to_owned(), waited: wait })
             }
         }
@@ -137,20 +155,16 @@ impl Turn {
     /// Closes the resource to writes for `period`: an earlier write may still be applied late.
     pub fn quarantine(&mut self, period: Duration) {
         if let Some(state) = self.guard.as_mut() {
-            state.quarantined_until = Some(Instant::now() + period);
+            let now = Instant::now();
+            state.quarantined_until = Some(now.checked_add(period).unwrap_or(now + Duration::from_secs(86_400)));
         }
     }
 }
 
 impl Drop for Turn {
     fn drop(&mut self) {
-        let quarantined = self.guard.as_ref().is_some_and(|s| s.quarantined_until.is_some());
         drop(self.guard.take());
-        if !quarantined {
-            // Under the shard lock no one can clone the gate, so a count of one (the map's
-            // own) means no task waits on it and it can go.
-            self.table.gates.remove_if(&*self.key, |_, g| Arc::strong_count(g) == 1);
-        }
+        self.table.release_gate(&self.key);
     }
 }
 

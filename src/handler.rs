@@ -80,9 +80,11 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>, client: SocketAddr) 
         // Persist: durable, and the table raised, before a byte goes to the backend.
         shared.store.advance(turn.key(), token).await?;
         let result = shared.forwarder.forward(req, target, client).await;
-        if let Err(Error::BackendTimeout(_) | Error::BackendFailed(_)) = &result {
-            // The backend may have the write and apply it late: keep the next one out.
-            turn.quarantine(shared.config.fence.quarantine);
+        match &result {
+            // The backend may have the write and apply it late: keep the next one out. It
+            // stays in flight in the log too, so a restart quarantines the resource again.
+            Err(Error::BackendTimeout(_) | Error::BackendFailed(_)) => turn.quarantine(shared.config.fence.quarantine),
+            _ => shared.store.done(turn.key(), token),
         }
         result
         // `turn` drops here: the next write to this resource may go.

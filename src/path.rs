@@ -136,6 +136,23 @@ fn merge_slashes(path: &str) -> String {
     out
 }
 
+/// Version of the canonicalisation rules: bump it whenever any path's canonical form changes.
+pub const CANONICAL_VERSION: u32 = 1;
+
+/// A description of every rule that maps paths to fence keys. A data directory remembers the
+/// one it was written with: if it changes, existing `max_seen` values would sit under keys no
+/// request maps to any more, and stale writes would pass.
+pub fn keying(scopes: &[Scope]) -> String {
+    let mut text = format!("canonical paths v{CANONICAL_VERSION}\n");
+    for s in scopes {
+        match s.segments {
+            Some(n) => text.push_str(&format!("scope {} segments {n}\n", s.prefix)),
+            None => text.push_str(&format!("scope {}\n", s.prefix)),
+        }
+    }
+    text
+}
+
 /// The fence key of a canonical path: the path itself, or the part of it that the first
 /// matching scope names.
 pub fn resource_key<'a>(path: &'a str, scopes: &'a [Scope]) -> &'a str {

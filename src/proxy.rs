@@ -16,7 +16,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use crate::config::BackendConfig;
-use crate::error::Error;
+use crate::error::{ERROR_HEADER, Error};
 
 /// The body type of every response fencegate sends: relayed or made here.
 pub type ProxyBody = BoxBody<Bytes, hyper::Error>;
@@ -97,10 +97,9 @@ impl Forwarder {
             .path_and_query(path)
             .build()
             .map_err(|e| Error::InvalidPath(crate::path::PathError::Unparseable(e.to_string())))?;
-        // An HTTP/2 client names the host in :authority; HTTP/1 backends want it in Host.
-        if !req.headers().contains_key(header::HOST)
-            && let Some(host) = original.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-        {
+        // A target with an authority (HTTP/2's :authority, or HTTP/1's absolute form) names
+        // the host, and RFC 9112 says it wins over Host; HTTP/1 backends read Host.
+        if let Some(host) = original.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()) {
             req.headers_mut().insert(header::HOST, host);
         }
         *req.version_mut() = Version::HTTP_11;
@@ -116,6 +115,8 @@ impl Forwarder {
         };
         let (mut parts, body) = resp.into_parts();
         strip_hop_by_hop(&mut parts.headers);
+        // Only fencegate may say a response is fencegate's own.
+        parts.headers.remove(ERROR_HEADER);
         Ok(Response::from_parts(parts, body.boxed()))
     }
 }

@@ -11,10 +11,11 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 
-use crate::config::Config;
+use crate::config::{Config, MissingToken};
 use crate::error::Error;
 use crate::fence::FenceTable;
 use crate::handler::{self, Shared};
+use crate::path;
 use crate::proxy::Forwarder;
 use crate::store::{FileStore, StoreOptions};
 
@@ -31,9 +32,22 @@ impl Proxy {
             sync: config.store.sync,
             segment_bytes: config.store.segment_bytes,
             max_resources: config.store.max_resources,
+            keying: path::keying(&config.fence.scopes),
         };
+        if config.fence.missing_token == MissingToken::Forward {
+            tracing::warn!(
+                "fence.missing_token = \"forward\": writes without a token pass unchecked, so a zombie \
+                that omits the header is not fenced; use this only while clients migrate"
+            );
+        }
         let store = FileStore::open(&config.store.dir, options)?;
         let table = Arc::new(FenceTable::new(Arc::clone(store.table()), config.fence.equal_token));
+        // The backend may still apply writes the previous process had in flight.
+        for (key, token) in store.in_flight_at_start() {
+            tracing::warn!(resource = %key, token, quarantine = ?config.fence.quarantine,
+                "a write was in flight when fencegate stopped: resource quarantined");
+            table.quarantine(key, config.fence.quarantine);
+        }
         let forwarder = Forwarder::new(&config.backend);
         let shared = Shared { config, table, store: Arc::new(store), forwarder };
         Ok(Proxy { shared: Arc::new(shared) })

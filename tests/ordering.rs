@@ -19,7 +19,7 @@ async fn a_slow_first_write_is_applied_before_a_higher_one_that_arrives_meanwhil
         let h = Arc::clone(&h);
         async move { h.slow_put("/doc", 10, 400).await }
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    h.wait_received("/doc", 10).await;
     let fast = h.put("/doc", 11, "eleven").await;
     assert_eq!(fast.status, 200);
     assert_eq!(slow.await.unwrap().status, 200);
@@ -35,7 +35,7 @@ async fn a_higher_token_that_takes_its_turn_first_makes_a_waiting_lower_one_stal
         tokio::spawn(async move { h.slow_put("/doc", token, delay).await })
     };
     let first = spawn_put(10, 500);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    h.wait_received("/doc", 10).await;
     let high = spawn_put(12, 0); // queues behind 10
     tokio::time::sleep(Duration::from_millis(100)).await;
     let low = spawn_put(11, 0); // queues behind 12, passed the early check (11 > 10)
@@ -84,7 +84,7 @@ async fn writes_to_different_resources_never_wait_for_each_other() {
         let h = Arc::clone(&h);
         async move { h.slow_put("/a", 1, 3000).await }
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    h.wait_received("/a", 1).await;
     assert_eq!(h.put("/b", 1, "b").await.status, 200);
     assert!(!slow.is_finished(), "/b completed while /a's write was still in flight");
     assert_eq!(h.applied_tokens("/b"), [1]);
@@ -99,7 +99,7 @@ async fn a_write_that_waits_longer_than_the_queue_bound_gets_503() {
         let h = Arc::clone(&h);
         async move { h.slow_put("/doc", 1, 1000).await }
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    h.wait_received("/doc", 1).await;
     // A token already stale is refused at once, without queueing behind the busy resource.
     h.put("/doc", 1, "stale").await.assert_refused(409, "stale_token");
     let r = h.put("/doc", 2, "two").await;
@@ -113,12 +113,12 @@ async fn a_write_that_waits_longer_than_the_queue_bound_gets_503() {
 #[tokio::test]
 async fn a_backend_timeout_is_504_and_quarantines_the_resource() {
     let h = Harness::start_with(|c| {
-        c.backend.request_timeout = Duration::from_millis(200);
+        c.backend.request_timeout = Duration::from_millis(400);
         c.fence.quarantine = Duration::from_millis(1500);
     })
     .await;
     // The backend applies this one late, after fencegate gave up on it.
-    h.slow_put("/doc", 5, 600).await.assert_refused(504, "backend_timeout");
+    h.slow_put("/doc", 5, 900).await.assert_refused(504, "backend_timeout");
     assert_eq!(h.proxy.max_seen("/doc"), Some(5), "max_seen advanced before forwarding");
     let r = h.put("/doc", 6, "six").await;
     r.assert_refused(503, "resource_quarantined");
@@ -136,7 +136,7 @@ async fn a_write_abandoned_by_its_client_keeps_the_resource_until_the_backend_an
         let h = Arc::clone(&h);
         async move { h.slow_put("/doc", 1, 600).await }
     });
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    h.wait_received("/doc", 1).await;
     abandoned.abort(); // the client hangs up mid-request
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(h.put("/doc", 2, "two").await.status, 200);

@@ -9,15 +9,17 @@
 //! dirty pages, so a later sync that "succeeds" proves nothing (PostgreSQL's fsync lesson).
 //! Every later advance fails until the process restarts and recovers from what is on disk.
 
+use std::collections::HashMap;
 use std::fs::{File, OpenOptions, TryLockError};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, mpsc};
+use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use super::format::MAX_KEY_LEN;
+use super::format::{Kind, MAX_KEY_LEN};
 use super::log::{self, Log};
 use super::recovery::{self, Mode, io_err};
 use super::{Store, StoreError, StoreFuture, Table};
@@ -27,6 +29,8 @@ use crate::config::SyncMode;
 pub(crate) const LOCK_FILE: &str = "LOCK";
 /// Most advances committed by one write and one sync.
 const MAX_BATCH: usize = 4096;
+/// Longest a batch waits for writers expected back, a fraction of one fsync.
+const COMMIT_DELAY: Duration = Duration::from_micros(100);
 
 /// How a [`FileStore`] behaves.
 #[derive(Debug, Clone)]
@@ -38,11 +42,48 @@ pub struct StoreOptions {
     pub segment_bytes: u64,
     /// New resources beyond this many are refused.
     pub max_resources: usize,
+    /// The rules that map requests to keys ([`crate::path::keying`]); a directory written
+    /// under other rules refuses to open.
+    pub keying: String,
 }
 
 impl Default for StoreOptions {
     fn default() -> Self {
-        StoreOptions { sync: SyncMode::Always, segment_bytes: 64 << 20, max_resources: 10_000_000 }
+        StoreOptions {
+            sync: SyncMode::Always,
+            segment_bytes: 64 << 20,
+            max_resources: 10_000_000,
+            keying: crate::path::keying(&[]),
+        }
+    }
+}
+
+/// Creates `dir` if missing and makes its directory entry durable, so a power loss right
+/// after the first start cannot take the whole data directory with it.
+fn create_dir_durably(dir: &Path) -> Result<(), StoreError> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
+    let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    File::open(parent).and_then(|p| p.sync_all()).map_err(|e| io_err(parent, e))
+}
+
+const KEYING_FILE: &str = "KEYING";
+
+/// Refuses a directory whose keys were made under other rules; records the rules in a new one.
+fn check_keying(dir: &Path, configured: &str) -> Result<(), StoreError> {
+    let path = dir.join(KEYING_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(recorded) if recorded == configured => Ok(()),
+        Ok(recorded) => {
+            Err(StoreError::KeyingChanged { dir: dir.to_owned(), recorded, configured: configured.to_owned() })
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            log::create_durably(dir, KEYING_FILE, |w| std::io::Write::write_all(w, configured.as_bytes()))
+                .map_err(|e| io_err(&path, e))
+        }
+        Err(e) => Err(io_err(&path, e)),
     }
 }
 
@@ -60,8 +101,12 @@ pub(crate) fn lock(dir: &Path, create: bool) -> Result<File, StoreError> {
 
 enum Msg {
     Advance { key: String, token: u64, done: oneshot::Sender<Result<(), StoreError>> },
+    Done { key: String, token: u64 },
     Close(oneshot::Sender<Result<(), StoreError>>),
 }
+
+/// Writes in flight: advanced and forwarded, not yet answered by the backend.
+type InFlight = Arc<Mutex<HashMap<Box<str>, u64>>>;
 
 /// The local, log-structured store of one data directory.
 #[derive(Debug)]
@@ -69,6 +114,7 @@ pub struct FileStore {
     tx: mpsc::Sender<Msg>,
     table: Arc<Table>,
     healthy: Arc<AtomicBool>,
+    in_flight_at_start: Vec<(String, u64)>,
     _lock: File,
 }
 
@@ -76,8 +122,9 @@ impl FileStore {
     /// Locks `dir`, recovers it (truncating a torn tail, removing obsolete files) and starts
     /// the writer and compaction threads.
     pub fn open(dir: &Path, options: StoreOptions) -> Result<FileStore, StoreError> {
-        std::fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
+        create_dir_durably(dir)?;
         let lock = lock(dir, true)?;
+        check_keying(dir, &options.keying)?;
         let table = Arc::new(Table::new());
         let started = std::time::Instant::now();
         let recovered = recovery::recover(dir, &table, Mode::Repair)?;
@@ -89,26 +136,43 @@ impl FileStore {
             tracing::warn!("store.sync = \"never\": advances are not fsync'd; a power loss can lower max_seen");
         }
         let healthy = Arc::new(AtomicBool::new(true));
+        let in_flight_at_start: Vec<(String, u64)> = recovered.in_flight.into_iter().collect();
+        if !in_flight_at_start.is_empty() {
+            tracing::warn!(
+                writes = in_flight_at_start.len(),
+                "writes were in flight when fencegate last stopped; their resources start quarantined"
+            );
+        }
+        let in_flight = in_flight_at_start.iter().map(|(k, t)| (k.as_str().into(), *t)).collect();
         let (tx, rx) = mpsc::channel();
         let writer = Writer {
             log,
             table: Arc::clone(&table),
+            in_flight: Arc::new(Mutex::new(in_flight)),
             healthy: Arc::clone(&healthy),
             options,
             failed: None,
             snapshot_bytes: Arc::new(AtomicU64::new(0)),
+            batch: Vec::with_capacity(MAX_BATCH),
             new_in_batch: 0,
+            last_advances: 0,
         };
         std::thread::Builder::new()
             .name("fencegate-log".into())
             .spawn(move || writer.run(rx))
             .map_err(|e| io_err(dir, e))?;
-        Ok(FileStore { tx, table, healthy, _lock: lock })
+        Ok(FileStore { tx, table, healthy, in_flight_at_start, _lock: lock })
     }
 
     /// The table this store keeps current.
     pub fn table(&self) -> &Arc<Table> {
         &self.table
+    }
+
+    /// Writes that were on their way to the backend when the last process stopped, as
+    /// `(key, token)`: the backend may still apply them, so their resources need quarantine.
+    pub fn in_flight_at_start(&self) -> &[(String, u64)] {
+        &self.in_flight_at_start
     }
 
     fn send(&self, make: impl FnOnce(oneshot::Sender<Result<(), StoreError>>) -> Msg) -> StoreFuture<'_> {
@@ -129,6 +193,10 @@ impl Store for FileStore {
         self.send(|done| Msg::Advance { key: key.to_owned(), token, done })
     }
 
+    fn done(&self, key: &str, token: u64) {
+        let _ = self.tx.send(Msg::Done { key: key.to_owned(), token });
+    }
+
     fn close(&self) -> StoreFuture<'_> {
         self.send(Msg::Close)
     }
@@ -141,34 +209,49 @@ impl Store for FileStore {
 struct Writer {
     log: Log,
     table: Arc<Table>,
+    in_flight: InFlight,
     healthy: Arc<AtomicBool>,
     options: StoreOptions,
     failed: Option<String>,
     snapshot_bytes: Arc<AtomicU64>,
+    /// Advances and dones of the batch being built, in arrival order.
+    batch: Vec<Op>,
+    /// New keys among the batch's advances, for the `max_resources` bound.
     new_in_batch: usize,
+    /// Advances in the previous batch: how many writers are likely to be back soon.
+    last_advances: usize,
 }
 
-type Pending = (String, u64, oneshot::Sender<Result<(), StoreError>>);
+enum Op {
+    Advance { key: String, token: u64, done: oneshot::Sender<Result<(), StoreError>> },
+    Done { key: String, token: u64 },
+}
 
 impl Writer {
     fn run(mut self, rx: mpsc::Receiver<Msg>) {
         let (compact_tx, compact_rx) = mpsc::sync_channel::<u64>(1);
         let compactor = self.spawn_compactor(compact_rx);
-        let mut batch: Vec<Pending> = Vec::with_capacity(MAX_BATCH);
         let mut closing = None;
         while closing.is_none() {
             let Ok(first) = rx.recv() else { break };
-            let mut next = Some(first);
-            while let Some(msg) = next.take() {
-                match msg {
-                    Msg::Advance { key, token, done } => self.admit(key, token, done, &mut batch),
-                    Msg::Close(done) => closing = Some(done),
-                }
-                if closing.is_none() && batch.len() < MAX_BATCH {
-                    next = rx.try_recv().ok();
+            closing = self.take(first);
+            while closing.is_none() && self.batch.len() < MAX_BATCH {
+                match rx.try_recv() {
+                    Ok(msg) => closing = self.take(msg),
+                    Err(_) => break,
                 }
             }
-            self.commit(&mut batch);
+            // Commit delay, as PostgreSQL's commit_delay with commit_siblings: when the last
+            // batch had more writers than this one holds so far, they are probably about to
+            // resubmit; a short wait lets one sync serve them all instead of two half-batches.
+            let deadline = Instant::now() + COMMIT_DELAY;
+            while closing.is_none() && self.batch.len() < MAX_BATCH && self.advances() < self.last_advances {
+                match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                    Ok(msg) => closing = self.take(msg),
+                    Err(_) => break,
+                }
+            }
+            self.commit();
             self.maybe_rotate(&compact_tx);
         }
         drop(compact_tx);
@@ -184,14 +267,27 @@ impl Writer {
         }
     }
 
+    fn advances(&self) -> usize {
+        self.batch.iter().filter(|op| matches!(op, Op::Advance { .. })).count()
+    }
+
+    /// Adds one message to the batch; returns the reply channel if it asks to close.
+    fn take(&mut self, msg: Msg) -> Option<oneshot::Sender<Result<(), StoreError>>> {
+        match msg {
+            Msg::Advance { key, token, done } => self.admit(key, token, done),
+            Msg::Done { key, token } => {
+                if self.failed.is_none() {
+                    self.log.append(Kind::Done, &key, token);
+                    self.batch.push(Op::Done { key, token });
+                }
+            }
+            Msg::Close(done) => return Some(done),
+        }
+        None
+    }
+
     /// Queues one advance for this batch, or refuses it at once.
-    fn admit(
-        &mut self,
-        key: String,
-        token: u64,
-        done: oneshot::Sender<Result<(), StoreError>>,
-        batch: &mut Vec<Pending>,
-    ) {
+    fn admit(&mut self, key: String, token: u64, done: oneshot::Sender<Result<(), StoreError>>) {
         if let Some(f) = &self.failed {
             let _ = done.send(Err(StoreError::Failed(f.clone())));
             return;
@@ -206,22 +302,21 @@ impl Writer {
             }
             self.new_in_batch += 1;
         }
-        self.log.append(&key, token);
-        batch.push((key, token, done));
+        self.log.append(Kind::Advance, &key, token);
+        self.batch.push(Op::Advance { key, token, done });
     }
 
-    fn commit(&mut self, batch: &mut Vec<Pending>) {
+    /// Writes the batch; syncs it if it holds an advance (a lost done only costs a quarantine).
+    fn commit(&mut self) {
         self.new_in_batch = 0;
-        if batch.is_empty() {
+        if self.batch.is_empty() {
             return;
         }
-        let outcome = match self.log.commit() {
-            Ok(()) => {
-                for (key, token, _) in batch.iter() {
-                    self.table.raise(key, *token);
-                }
-                Ok(())
-            }
+        let advances = self.advances();
+        self.last_advances = advances;
+        let written = if advances > 0 { self.log.commit() } else { self.log.write() };
+        let outcome = match written {
+            Ok(()) => Ok(()),
             Err(e) => {
                 let reason = format!("{}: {e}", self.log.path().display());
                 tracing::error!(error = %reason,
@@ -231,8 +326,23 @@ impl Writer {
                 Err(StoreError::Failed(reason))
             }
         };
-        for (_, _, done) in batch.drain(..) {
-            let _ = done.send(outcome.clone());
+        let mut in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        for op in self.batch.drain(..) {
+            match op {
+                Op::Advance { key, token, done } => {
+                    if outcome.is_ok() {
+                        // Durable now: raise the table before anyone hears back.
+                        self.table.raise(&key, token);
+                        in_flight.insert(key.into_boxed_str(), token);
+                    }
+                    let _ = done.send(outcome.clone());
+                }
+                Op::Done { key, token } => {
+                    if in_flight.get(key.as_str()) == Some(&token) {
+                        in_flight.remove(key.as_str());
+                    }
+                }
+            }
         }
     }
 
@@ -253,12 +363,15 @@ impl Writer {
 
     fn spawn_compactor(&self, rx: mpsc::Receiver<u64>) -> Option<JoinHandle<()>> {
         let table = Arc::clone(&self.table);
+        let in_flight = Arc::clone(&self.in_flight);
         let size = Arc::clone(&self.snapshot_bytes);
         let dir: PathBuf = self.log.path().parent().map(Path::to_owned).unwrap_or_default();
         let spawned = std::thread::Builder::new().name("fencegate-compact".into()).spawn(move || {
             while let Ok(seq) = rx.recv() {
-                let started = std::time::Instant::now();
-                let written = log::write_snapshot(&dir, seq, &table).and_then(|bytes| {
+                let started = Instant::now();
+                // Read after the rotation to `seq`, as the snapshot's contract requires.
+                let flying = in_flight.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                let written = log::write_snapshot(&dir, seq, &table, &flying).and_then(|bytes| {
                     size.store(bytes, Ordering::Relaxed);
                     log::remove_covered(&dir, seq).map(|removed| (bytes, removed))
                 });

@@ -1,15 +1,16 @@
 //! The on-disk encoding shared by log segments and snapshots (see `docs/store.md`).
 //!
-//! Every file starts with a 32-byte header naming its kind, format version and sequence
-//! number, protected by its own CRC32C. Records are `len u32 | crc u32 | token u64 | key`,
-//! zero-padded to a multiple of 8 bytes so a length field never straddles a sector. Each file
-//! seeds its record checksums with its own identity, so bytes left over from another file can
-//! never validate here.
+//! Every file starts with a 40-byte header: kind, format version, sequence number and a random
+//! salt, protected by its own CRC32C. Records are `len u32 | crc u32 | token u64 | kind u8 |
+//! key`, zero-padded to a multiple of 8 bytes so a length field never straddles a sector. Record
+//! checksums are seeded with the file's identity and salt: bytes from another file, or a record
+//! a client forged inside its own key, never validate.
 
+use std::hash::BuildHasher;
 use std::io::{self, Write};
 
 /// Size of every file header.
-pub const HEADER_LEN: usize = 32;
+pub const HEADER_LEN: usize = 40;
 /// Longest key a record may hold.
 pub const MAX_KEY_LEN: usize = 64 * 1024;
 /// Current format version of both file kinds.
@@ -17,91 +18,149 @@ pub const VERSION: u32 = 1;
 
 /// The two kinds of file in a data directory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// A log segment: records appended as advances happen.
+pub enum FileKind {
+    /// A log segment: batches of records, each closed by a commit marker.
     Segment,
-    /// A snapshot: the whole table as of a segment boundary, plus a trailer.
+    /// A snapshot: the whole table as of a segment boundary, then a trailer.
     Snapshot,
 }
 
-impl Kind {
+impl FileKind {
     fn magic(self) -> &'static [u8; 8] {
         match self {
-            Kind::Segment => b"FGATESEG",
-            Kind::Snapshot => b"FGATESNP",
+            FileKind::Segment => b"FGATESEG",
+            FileKind::Snapshot => b"FGATESNP",
         }
     }
 }
 
-/// Checksum seed of the records in file `seq` of `kind`.
-pub fn seed(kind: Kind, seq: u64) -> u32 {
-    crc32c::crc32c_append(crc32c::crc32c(kind.magic()), &seq.to_le_bytes())
+/// What a record says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `max_seen[key] >= token` (snapshots).
+    State = 1,
+    /// `max_seen[key] >= token`, and a write with this token is on its way to the backend.
+    Advance = 2,
+    /// The write with this token has been answered by the backend: no longer in flight.
+    Done = 3,
+    /// Closes a batch; the token field holds the batch's start offset.
+    Commit = 4,
+    /// Ends a snapshot; the token field holds its record count.
+    Trailer = 5,
 }
 
-/// Encodes a file header.
-pub fn header(kind: Kind, seq: u64) -> [u8; HEADER_LEN] {
-    let mut h = [0u8; HEADER_LEN];
-    h[..8].copy_from_slice(kind.magic());
-    h[8..12].copy_from_slice(&VERSION.to_le_bytes());
-    h[16..24].copy_from_slice(&seq.to_le_bytes());
-    let crc = crc32c::crc32c(&h[..24]);
-    h[24..28].copy_from_slice(&crc.to_le_bytes());
-    h
+impl Kind {
+    fn from_u8(b: u8) -> Option<Kind> {
+        Some(match b {
+            1 => Kind::State,
+            2 => Kind::Advance,
+            3 => Kind::Done,
+            4 => Kind::Commit,
+            5 => Kind::Trailer,
+            _ => return None,
+        })
+    }
+
+    fn has_key(self) -> bool {
+        matches!(self, Kind::State | Kind::Advance | Kind::Done)
+    }
 }
 
-/// Checks a file header; returns its sequence number or what is wrong with it.
-pub fn parse_header(kind: Kind, h: &[u8]) -> Result<u64, String> {
-    let h = h.get(..HEADER_LEN).ok_or("file is shorter than its header")?;
-    if &h[..8] != kind.magic() {
-        return Err("not a fencegate file of this kind (bad magic)".into());
+/// A file's identity as written in its header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// Sequence number (segment number; for a snapshot, the first segment after it).
+    pub seq: u64,
+    /// Random per-file salt.
+    pub salt: u64,
+}
+
+impl Header {
+    /// A header for a new file, with a fresh random salt.
+    pub fn new(seq: u64) -> Header {
+        // RandomState is keyed from the OS's randomness; no extra dependency needed.
+        let salt = std::collections::hash_map::RandomState::new().hash_one(seq);
+        Header { seq, salt }
     }
-    if crc32c::crc32c(&h[..24]).to_le_bytes() != h[24..28] {
-        return Err("header checksum mismatch".into());
+
+    /// Checksum seed of the records in this file.
+    pub fn seed(&self, kind: FileKind) -> u32 {
+        let crc = crc32c::crc32c_append(crc32c::crc32c(kind.magic()), &self.seq.to_le_bytes());
+        crc32c::crc32c_append(crc, &self.salt.to_le_bytes())
     }
-    let version = u32::from_le_bytes([h[8], h[9], h[10], h[11]]);
-    if version != VERSION {
-        return Err(format!("format version {version} is not supported (this build reads {VERSION})"));
+
+    /// Encodes the header.
+    pub fn encode(&self, kind: FileKind) -> [u8; HEADER_LEN] {
+        let mut h = [0u8; HEADER_LEN];
+        h[..8].copy_from_slice(kind.magic());
+        h[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        h[16..24].copy_from_slice(&self.seq.to_le_bytes());
+        h[24..32].copy_from_slice(&self.salt.to_le_bytes());
+        let crc = crc32c::crc32c(&h[..32]);
+        h[32..36].copy_from_slice(&crc.to_le_bytes());
+        h
     }
-    let mut seq = [0u8; 8];
-    seq.copy_from_slice(&h[16..24]);
-    Ok(u64::from_le_bytes(seq))
+
+    /// Checks a header; returns it or what is wrong with it.
+    pub fn parse(kind: FileKind, h: &[u8]) -> Result<Header, String> {
+        let h = h.get(..HEADER_LEN).ok_or("file is shorter than its header")?;
+        if &h[..8] != kind.magic() {
+            return Err("not a fencegate file of this kind (bad magic)".into());
+        }
+        if crc32c::crc32c(&h[..32]).to_le_bytes() != h[32..36] {
+            return Err("header checksum mismatch".into());
+        }
+        let version = u32::from_le_bytes([h[8], h[9], h[10], h[11]]);
+        if version != VERSION {
+            return Err(format!("format version {version} is not supported (this build reads {VERSION})"));
+        }
+        let u64_at = |at: usize| h[at..at + 8].iter().rev().fold(0u64, |acc, b| acc << 8 | u64::from(*b));
+        Ok(Header { seq: u64_at(16), salt: u64_at(24) })
+    }
 }
 
 /// Bytes a record with a key of `key_len` bytes occupies, padding included.
 pub fn record_len(key_len: usize) -> usize {
-    (16 + key_len).next_multiple_of(8)
+    (17 + key_len).next_multiple_of(8)
 }
 
-/// Appends one record to `buf`.
-pub fn encode(buf: &mut Vec<u8>, seed: u32, key: &str, token: u64) {
-    debug_assert!(!key.is_empty() && key.len() <= MAX_KEY_LEN);
-    let len = (8 + key.len()) as u32;
+fn checksum(seed: u32, len: u32, token: u64, kind: u8, key: &[u8]) -> u32 {
     let crc = crc32c::crc32c_append(seed, &len.to_le_bytes());
     let crc = crc32c::crc32c_append(crc, &token.to_le_bytes());
-    let crc = crc32c::crc32c_append(crc, key.as_bytes());
+    crc32c::crc32c_append(crc32c::crc32c_append(crc, &[kind]), key)
+}
+
+/// Appends one record to `buf`. `key` must be empty exactly for `Commit` and `Trailer`.
+pub fn encode(buf: &mut Vec<u8>, seed: u32, kind: Kind, key: &str, token: u64) {
+    debug_assert!(key.len() <= MAX_KEY_LEN && kind.has_key() != key.is_empty());
+    let len = (9 + key.len()) as u32;
     let start = buf.len();
     buf.extend_from_slice(&len.to_le_bytes());
-    buf.extend_from_slice(&crc.to_le_bytes());
+    buf.extend_from_slice(&checksum(seed, len, token, kind as u8, key.as_bytes()).to_le_bytes());
     buf.extend_from_slice(&token.to_le_bytes());
+    buf.push(kind as u8);
     buf.extend_from_slice(key.as_bytes());
     buf.resize(start + record_len(key.len()), 0);
 }
 
-/// Appends a snapshot trailer: a record with length 0 whose token field holds the count.
-pub fn encode_trailer(w: &mut impl Write, seed: u32, count: u64) -> io::Result<()> {
-    let crc = crc32c::crc32c_append(crc32c::crc32c_append(seed, &0u32.to_le_bytes()), &count.to_le_bytes());
-    w.write_all(&0u32.to_le_bytes())?;
-    w.write_all(&crc.to_le_bytes())?;
-    w.write_all(&count.to_le_bytes())
+/// Writes a snapshot trailer holding the record count.
+pub fn write_trailer(w: &mut impl Write, seed: u32, count: u64) -> io::Result<()> {
+    let mut buf = Vec::with_capacity(24);
+    encode(&mut buf, seed, Kind::Trailer, "", count);
+    w.write_all(&buf)
 }
 
-/// What [`decode`] found at an offset.
+/// A valid record.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Decoded<'a> {
-    /// A valid record and the bytes it occupies.
-    Record { key: &'a str, token: u64, used: usize },
-    /// A valid snapshot trailer.
-    Trailer { count: u64 },
+pub struct Record<'a> {
+    /// What it says.
+    pub kind: Kind,
+    /// The key (empty for commit markers and trailers).
+    pub key: &'a str,
+    /// The token (batch start for commit markers, count for trailers).
+    pub token: u64,
+    /// Bytes it occupies.
+    pub used: usize,
 }
 
 /// Why the bytes at an offset are not a valid record.
@@ -113,8 +172,8 @@ pub enum Bad {
     Length(u32),
     /// The checksum does not match.
     Checksum,
-    /// The key is not UTF-8.
-    Utf8,
+    /// The checksum matches but the content is impossible.
+    Malformed,
 }
 
 impl std::fmt::Display for Bad {
@@ -123,36 +182,29 @@ impl std::fmt::Display for Bad {
             Bad::Truncated => write!(f, "record cut short"),
             Bad::Length(n) => write!(f, "record length {n} is out of range"),
             Bad::Checksum => write!(f, "checksum mismatch"),
-            Bad::Utf8 => write!(f, "key is not UTF-8"),
+            Bad::Malformed => write!(f, "record kind or key is invalid"),
         }
     }
 }
 
-fn word(b: &[u8], at: usize) -> Option<u32> {
-    let s = b.get(at..at + 4)?;
-    Some(u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
-}
-
-/// Decodes the record (or trailer) at the start of `b`.
-pub fn decode(b: &[u8], seed: u32) -> Result<Decoded<'_>, Bad> {
-    let (Some(len), Some(crc)) = (word(b, 0), word(b, 4)) else { return Err(Bad::Truncated) };
-    let token_bytes: [u8; 8] = b.get(8..16).ok_or(Bad::Truncated)?.try_into().map_err(|_| Bad::Truncated)?;
-    let token = u64::from_le_bytes(token_bytes);
-    let head = crc32c::crc32c_append(crc32c::crc32c_append(seed, &len.to_le_bytes()), &token_bytes);
-    if len == 0 {
-        return if head == crc { Ok(Decoded::Trailer { count: token }) } else { Err(Bad::Checksum) };
-    }
-    let key_len = (len as usize).checked_sub(8).filter(|k| (1..=MAX_KEY_LEN).contains(k)).ok_or(Bad::Length(len))?;
+/// Decodes the record at the start of `b`.
+pub fn decode(b: &[u8], seed: u32) -> Result<Record<'_>, Bad> {
+    let fixed: &[u8; 17] = b.get(..17).and_then(|f| f.try_into().ok()).ok_or(Bad::Truncated)?;
+    let len = u32::from_le_bytes([fixed[0], fixed[1], fixed[2], fixed[3]]);
+    let crc = u32::from_le_bytes([fixed[4], fixed[5], fixed[6], fixed[7]]);
+    let token = fixed[8..16].iter().rev().fold(0u64, |acc, b| acc << 8 | u64::from(*b));
+    let key_len = (len as usize).checked_sub(9).filter(|k| *k <= MAX_KEY_LEN).ok_or(Bad::Length(len))?;
     let used = record_len(key_len);
-    let key = b.get(16..16 + key_len).ok_or(Bad::Truncated)?;
     if b.len() < used {
         return Err(Bad::Truncated);
     }
-    if crc32c::crc32c_append(head, key) != crc {
+    let key = &b[17..17 + key_len];
+    if checksum(seed, len, token, fixed[16], key) != crc {
         return Err(Bad::Checksum);
     }
-    let key = std::str::from_utf8(key).map_err(|_| Bad::Utf8)?;
-    Ok(Decoded::Record { key, token, used })
+    let kind = Kind::from_u8(fixed[16]).filter(|k| k.has_key() != key.is_empty()).ok_or(Bad::Malformed)?;
+    let key = std::str::from_utf8(key).map_err(|_| Bad::Malformed)?;
+    Ok(Record { kind, key, token, used })
 }
 
 #[cfg(test)]
@@ -162,40 +214,47 @@ mod tests {
     #[test]
     fn records_round_trip_and_are_eight_byte_aligned() {
         let mut buf = Vec::new();
-        encode(&mut buf, 7, "/a", 5);
-        encode(&mut buf, 7, "/accounts/42", u64::MAX);
+        encode(&mut buf, 7, Kind::Advance, "/a", 5);
+        encode(&mut buf, 7, Kind::Done, "/accounts/42", u64::MAX);
+        encode(&mut buf, 7, Kind::Commit, "", 40);
         assert_eq!(buf.len() % 8, 0);
-        let Ok(Decoded::Record { key, token, used }) = decode(&buf, 7) else { panic!() };
-        assert_eq!((key, token), ("/a", 5));
-        assert_eq!(decode(&buf[used..], 7), Ok(Decoded::Record { key: "/accounts/42", token: u64::MAX, used: 32 }));
+        let r = decode(&buf, 7).unwrap();
+        assert_eq!((r.kind, r.key, r.token, r.used), (Kind::Advance, "/a", 5, 24));
+        let r = decode(&buf[24..], 7).unwrap();
+        assert_eq!((r.kind, r.key, r.token, r.used), (Kind::Done, "/accounts/42", u64::MAX, 32));
+        assert_eq!(decode(&buf[56..], 7).unwrap().kind, Kind::Commit);
     }
 
     #[test]
     fn another_files_seed_never_validates() {
+        let (one, two) = (Header::new(1), Header::new(1));
+        assert_ne!(one.salt, two.salt, "each file gets its own salt");
         let mut buf = Vec::new();
-        encode(&mut buf, seed(Kind::Segment, 1), "/a", 5);
-        assert_eq!(decode(&buf, seed(Kind::Segment, 2)), Err(Bad::Checksum));
+        encode(&mut buf, one.seed(FileKind::Segment), Kind::Advance, "/a", 5);
+        assert_eq!(decode(&buf, two.seed(FileKind::Segment)), Err(Bad::Checksum));
     }
 
     #[test]
     fn damage_is_classified() {
         let mut buf = Vec::new();
-        encode(&mut buf, 1, "/a", 5);
+        encode(&mut buf, 1, Kind::Advance, "/a", 5);
         assert_eq!(decode(&buf[..10], 1), Err(Bad::Truncated));
+        assert_eq!(decode(&buf[..20], 1), Err(Bad::Truncated));
         let mut flipped = buf.clone();
         flipped[17] ^= 1;
         assert_eq!(decode(&flipped, 1), Err(Bad::Checksum));
         assert_eq!(decode(&[0xff; 24], 1), Err(Bad::Length(u32::MAX)));
-        assert_eq!(decode(&[0; 24], 1), Err(Bad::Checksum), "zeros are never a trailer");
+        assert_eq!(decode(&[0; 24], 1), Err(Bad::Length(0)), "zeros are never a record");
     }
 
     #[test]
-    fn headers_name_their_kind_and_version() {
-        let h = header(Kind::Snapshot, 9);
-        assert_eq!(parse_header(Kind::Snapshot, &h), Ok(9));
-        assert!(parse_header(Kind::Segment, &h).is_err());
-        let mut bad = h;
+    fn headers_name_their_kind_version_and_salt() {
+        let h = Header::new(9);
+        let bytes = h.encode(FileKind::Snapshot);
+        assert_eq!(Header::parse(FileKind::Snapshot, &bytes), Ok(h));
+        assert!(Header::parse(FileKind::Segment, &bytes).is_err());
+        let mut bad = bytes;
         bad[8] = 2;
-        assert!(parse_header(Kind::Snapshot, &bad).unwrap_err().contains("checksum"));
+        assert!(Header::parse(FileKind::Snapshot, &bad).unwrap_err().contains("checksum"));
     }
 }

@@ -9,8 +9,11 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
+use std::collections::HashMap;
+use std::io::Read;
+
 use super::Table;
-use super::format::{self, Kind};
+use super::format::{self, FileKind, Header, Kind};
 use super::recovery::{Recovered, file_seq, segment_name, snapshot_name};
 use crate::config::SyncMode;
 
@@ -31,7 +34,11 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
 }
 
 /// Creates `dir/name` atomically with content from `fill`, durable once this returns.
-fn create_durably(dir: &Path, name: &str, fill: impl FnOnce(&mut BufWriter<File>) -> io::Result<()>) -> io::Result<()> {
+pub(crate) fn create_durably(
+    dir: &Path,
+    name: &str,
+    fill: impl FnOnce(&mut BufWriter<File>) -> io::Result<()>,
+) -> io::Result<()> {
     let tmp = dir.join(format!("{name}.tmp"));
     let mut w = BufWriter::with_capacity(1 << 20, File::create(&tmp)?);
     fill(&mut w)?;
@@ -45,23 +52,23 @@ fn create_durably(dir: &Path, name: &str, fill: impl FnOnce(&mut BufWriter<File>
 impl Log {
     /// Continues the last recovered segment, or starts the first one.
     pub(crate) fn open(dir: &Path, sync: SyncMode, recovered: &Recovered) -> io::Result<Log> {
-        let seq = match recovered.segments.last() {
-            Some(&seq) => seq,
-            None => {
-                let first = recovered.snapshot.unwrap_or(1);
-                create_durably(dir, &segment_name(first), |w| w.write_all(&format::header(Kind::Segment, first)))?;
-                first
+        let header = match recovered.segments.last() {
+            Some(&seq) => {
+                let mut bytes = Vec::with_capacity(format::HEADER_LEN);
+                File::open(dir.join(segment_name(seq)))?.take(format::HEADER_LEN as u64).read_to_end(&mut bytes)?;
+                Header::parse(FileKind::Segment, &bytes).map_err(io::Error::other)?
             }
+            None => create_segment(dir, recovered.snapshot.unwrap_or(1))?,
         };
-        let file = OpenOptions::new().append(true).open(dir.join(segment_name(seq)))?;
+        let file = OpenOptions::new().append(true).open(dir.join(segment_name(header.seq)))?;
         let len = file.metadata()?.len();
         Ok(Log {
             dir: dir.to_owned(),
             sync,
-            seq,
+            seq: header.seq,
             file,
             len,
-            seed: format::seed(Kind::Segment, seq),
+            seed: header.seed(FileKind::Segment),
             pending: Vec::with_capacity(64 * 1024),
         })
     }
@@ -82,13 +89,18 @@ impl Log {
         self.dir.join(segment_name(self.seq))
     }
 
-    /// Buffers one record for the next commit.
-    pub(crate) fn append(&mut self, key: &str, token: u64) {
-        format::encode(&mut self.pending, self.seed, key, token);
+    /// Buffers one record (an advance or a done) for the next write.
+    pub(crate) fn append(&mut self, kind: Kind, key: &str, token: u64) {
+        format::encode(&mut self.pending, self.seed, kind, key, token);
     }
 
-    /// Writes the buffered records without syncing them (a crash may lose them).
+    /// Writes the buffered records as one batch, closed by a commit marker naming where the
+    /// batch starts, without syncing them (a crash may lose them).
     pub(crate) fn write(&mut self) -> io::Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        format::encode(&mut self.pending, self.seed, Kind::Commit, "", self.len);
         let result = self.file.write_all(&self.pending);
         // Count what may have reached the file even on error: it is never reused.
         self.len += self.pending.len() as u64;
@@ -120,40 +132,57 @@ impl Log {
     /// which is also the sequence of the snapshot that may now cover everything before it.
     pub(crate) fn rotate(&mut self) -> io::Result<u64> {
         self.commit()?;
-        let next = self.seq + 1;
-        create_durably(&self.dir, &segment_name(next), |w| w.write_all(&format::header(Kind::Segment, next)))?;
-        self.file = OpenOptions::new().append(true).open(self.dir.join(segment_name(next)))?;
-        self.seq = next;
-        self.seed = format::seed(Kind::Segment, next);
+        let header = create_segment(&self.dir, self.seq + 1)?;
+        self.file = OpenOptions::new().append(true).open(self.dir.join(segment_name(header.seq)))?;
+        self.seq = header.seq;
+        self.seed = header.seed(FileKind::Segment);
         self.len = format::HEADER_LEN as u64;
-        Ok(next)
+        Ok(header.seq)
     }
 }
 
-/// Writes the snapshot that replaces every segment below `seq`, from `table`. Returns its size.
+fn create_segment(dir: &Path, seq: u64) -> io::Result<Header> {
+    let header = Header::new(seq);
+    create_durably(dir, &segment_name(seq), |w| w.write_all(&header.encode(FileKind::Segment)))?;
+    Ok(header)
+}
+
+/// Writes the snapshot that replaces every segment below `seq`, from `table` and the writes
+/// still `in_flight`. Returns its size.
 ///
 /// `table` may already hold advances from segment `seq` onwards; replay takes the maximum,
 /// so those are harmless. It must hold every record of the segments below `seq`, which the
-/// store guarantees by raising the table before it acknowledges or rotates.
-pub(crate) fn write_snapshot(dir: &Path, seq: u64, table: &Table) -> io::Result<u64> {
-    let seed = format::seed(Kind::Snapshot, seq);
+/// store guarantees by raising the table before it acknowledges or rotates. Likewise
+/// `in_flight` must be read after the rotation to `seq`.
+pub(crate) fn write_snapshot(
+    dir: &Path,
+    seq: u64,
+    table: &Table,
+    in_flight: &HashMap<Box<str>, u64>,
+) -> io::Result<u64> {
+    let header = Header::new(seq);
+    let seed = header.seed(FileKind::Snapshot);
     let mut size = 0u64;
     create_durably(dir, &snapshot_name(seq), |w| {
-        w.write_all(&format::header(Kind::Snapshot, seq))?;
+        w.write_all(&header.encode(FileKind::Snapshot))?;
         let mut buf = Vec::with_capacity(64 * 1024);
         let mut count = 0u64;
         let mut result = Ok(());
-        table.for_each(|key, token| {
-            format::encode(&mut buf, seed, key, token);
+        let mut put = |kind: Kind, key: &str, token: u64| {
+            format::encode(&mut buf, seed, kind, key, token);
             count += 1;
             if buf.len() >= 60 * 1024 && result.is_ok() {
                 result = w.write_all(&buf);
                 buf.clear();
             }
-        });
+        };
+        table.for_each(|key, token| put(Kind::State, key, token));
+        for (key, token) in in_flight {
+            put(Kind::Advance, key, *token);
+        }
         result?;
         w.write_all(&buf)?;
-        format::encode_trailer(w, seed, count)?;
+        format::write_trailer(w, seed, count)?;
         size = w.get_ref().metadata()?.len() + w.buffer().len() as u64;
         Ok(())
     })?;

@@ -30,6 +30,10 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Records that `key` accepted `token`; resolves once a crash can no longer lose it, with
     /// the store's [`Table`] already raised.
     fn advance(&self, key: &str, token: u64) -> StoreFuture<'_>;
+    /// Notes that the write that advanced `key` to `token` has been answered by the backend,
+    /// so it is no longer in flight. Need not be durable: if lost, a restart quarantines the
+    /// resource once more than needed.
+    fn done(&self, key: &str, token: u64);
     /// Flushes everything and stops; later advances fail with [`StoreError::Closed`].
     fn close(&self) -> StoreFuture<'_>;
     /// Whether the store still accepts advances (false after a write or sync failure).
@@ -69,6 +73,18 @@ pub enum StoreError {
     /// The table holds `store.max_resources` resources; new ones are refused.
     #[error("the fence table is full ({0} resources, store.max_resources); only known resources accept writes")]
     Full(usize),
+    /// The data directory's keys were made under other key rules (scopes, canonicalisation).
+    #[error("{}: its fence keys were made under other key rules (recorded: {recorded:?}; configured: {configured:?}); \
+        resources would get new keys without their max_seen and stale writes would pass. Restore the previous \
+        [[fence.scopes]], or, once every lock holder has taken a new token, start with an empty data dir", .dir.display())]
+    KeyingChanged {
+        /// The data directory.
+        dir: PathBuf,
+        /// Rules recorded in the directory.
+        recorded: String,
+        /// Rules in the configuration.
+        configured: String,
+    },
     /// The key is longer than a record can hold.
     #[error("resource key of {0} bytes is too long")]
     KeyTooLong(usize),

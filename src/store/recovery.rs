@@ -7,11 +7,12 @@
 //! bad record with valid data after it) refuses to start: dropping a record silently could
 //! lower `max_seen` and let a stale write through.
 
+use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
-use super::format::{self, Bad, Decoded, HEADER_LEN, Kind};
+use super::format::{self, Bad, FileKind, HEADER_LEN, Header, Kind, Record};
 use super::{StoreError, Table};
 
 const SEGMENT_PREFIX: &str = "segment-";
@@ -67,6 +68,9 @@ pub(crate) struct Recovered {
     pub records: u64,
     /// A torn tail found at (segment, offset).
     pub torn: Option<(u64, u64)>,
+    /// Writes that were on their way to the backend when the process stopped: advanced, but
+    /// never recorded as answered. The backend may still apply them.
+    pub in_flight: HashMap<String, u64>,
     /// Files no longer needed: covered segments, older snapshots, unfinished temp files.
     pub obsolete: Vec<PathBuf>,
 }
@@ -92,7 +96,7 @@ pub(crate) fn recover(dir: &Path, table: &Table, mode: Mode) -> Result<Recovered
     snapshots.sort_unstable();
 
     if let Some(&snap) = snapshots.last() {
-        load_snapshot(&dir.join(snapshot_name(snap)), snap, table)?;
+        load_snapshot(&dir.join(snapshot_name(snap)), snap, table, &mut found.in_flight)?;
         found.snapshot = Some(snap);
         found.obsolete.extend(snapshots[..snapshots.len() - 1].iter().map(|s| dir.join(snapshot_name(*s))));
         found.obsolete.extend(segments.iter().filter(|s| **s < snap).map(|s| dir.join(segment_name(*s))));
@@ -119,7 +123,7 @@ pub(crate) fn recover(dir: &Path, table: &Table, mode: Mode) -> Result<Recovered
     for (i, &seq) in segments.iter().enumerate() {
         let path = dir.join(segment_name(seq));
         let last = i + 1 == segments.len();
-        let (len, records, torn) = replay_segment(&path, seq, table, last, mode)?;
+        let (len, records, torn) = replay_segment(&path, seq, table, &mut found.in_flight, last, mode)?;
         found.records += records;
         if last {
             found.last_len = len;
@@ -139,31 +143,28 @@ pub(crate) fn recover(dir: &Path, table: &Table, mode: Mode) -> Result<Recovered
 }
 
 /// Reads a file record by record in fixed-size chunks, so recovery's memory does not grow
-/// with file size. Calls `on` for each valid record; stops at the first trailer or bad record.
-struct Scan {
-    /// Offset just past the last valid record.
-    end: u64,
-    /// What stopped the scan before the end of the file, and where.
-    stop: Option<(u64, Result<u64, Bad>)>,
-}
-
-fn scan(path: &Path, seed: u32, mut on: impl FnMut(&str, u64)) -> Result<(Scan, u64), StoreError> {
+/// with file size. Calls `on` with each valid record and its offset until `on` says stop;
+/// returns where reading stopped and why, if not at the end of the file.
+fn scan(
+    path: &Path,
+    seed: u32,
+    mut on: impl FnMut(&Record, u64) -> Result<bool, StoreError>,
+) -> Result<Option<(u64, Bad)>, StoreError> {
     let mut file = File::open(path).map_err(|e| io_err(path, e))?;
-    let size = file.metadata().map_err(|e| io_err(path, e))?.len();
-    let mut buf = vec![0u8; HEADER_LEN];
-    file.read_exact(&mut buf).map_err(|e| io_err(path, e))?;
+    io::Seek::seek(&mut file, io::SeekFrom::Start(HEADER_LEN as u64)).map_err(|e| io_err(path, e))?;
     let mut offset = HEADER_LEN as u64;
-    buf.clear();
+    let mut buf = Vec::new();
     let mut pos = 0;
     let mut eof = false;
     loop {
         match format::decode(&buf[pos..], seed) {
-            Ok(Decoded::Record { key, token, used }) => {
-                on(key, token);
-                pos += used;
-                offset += used as u64;
+            Ok(record) => {
+                if !on(&record, offset)? {
+                    return Ok(None);
+                }
+                pos += record.used;
+                offset += record.used as u64;
             }
-            Ok(Decoded::Trailer { count }) => return Ok((Scan { end: offset, stop: Some((offset, Ok(count))) }, size)),
             Err(Bad::Truncated) if !eof => {
                 buf.drain(..pos);
                 pos = 0;
@@ -171,87 +172,140 @@ fn scan(path: &Path, seed: u32, mut on: impl FnMut(&str, u64)) -> Result<(Scan, 
                 let n = (&mut file).take(CHUNK as u64).read_to_end(&mut buf).map_err(|e| io_err(path, e))?;
                 eof = n == 0;
             }
-            Err(_) if pos == buf.len() => return Ok((Scan { end: offset, stop: None }, size)),
-            Err(bad) => return Ok((Scan { end: offset, stop: Some((offset, Err(bad))) }, size)),
+            Err(_) if pos == buf.len() => return Ok(None),
+            Err(bad) => return Ok(Some((offset, bad))),
         }
     }
 }
 
-fn read_full(file: &mut File, buf: &mut [u8]) -> io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match file.read(&mut buf[n..])? {
-            0 => break,
-            k => n += k,
+fn check_header(path: &Path, kind: FileKind, seq: u64) -> Result<Header, StoreError> {
+    let mut h = Vec::with_capacity(HEADER_LEN);
+    let f = File::open(path).map_err(|e| io_err(path, e))?;
+    f.take(HEADER_LEN as u64).read_to_end(&mut h).map_err(|e| io_err(path, e))?;
+    let header = Header::parse(kind, &h).map_err(|reason| corrupt(path, 0, reason))?;
+    if header.seq != seq {
+        return Err(corrupt(path, 16, format!("header says sequence {}, the file name says {seq}", header.seq)));
+    }
+    Ok(header)
+}
+
+fn file_len(path: &Path) -> Result<u64, StoreError> {
+    fs::metadata(path).map(|m| m.len()).map_err(|e| io_err(path, e))
+}
+
+/// Applies one state-bearing record to the table and the in-flight set.
+fn apply(table: &Table, in_flight: &mut HashMap<String, u64>, kind: Kind, key: &str, token: u64) {
+    match kind {
+        Kind::State => table.raise(key, token),
+        Kind::Advance => {
+            table.raise(key, token);
+            in_flight.insert(key.to_owned(), token);
         }
+        Kind::Done => {
+            if in_flight.get(key) == Some(&token) {
+                in_flight.remove(key);
+            }
+        }
+        Kind::Commit | Kind::Trailer => {}
     }
-    Ok(n)
 }
 
-fn check_header(path: &Path, kind: Kind, seq: u64) -> Result<(), StoreError> {
-    let mut h = [0u8; HEADER_LEN];
-    let mut f = File::open(path).map_err(|e| io_err(path, e))?;
-    let n = read_full(&mut f, &mut h).map_err(|e| io_err(path, e))?;
-    let found = format::parse_header(kind, &h[..n]).map_err(|reason| corrupt(path, 0, reason))?;
-    if found != seq {
-        return Err(corrupt(path, 16, format!("header says sequence {found}, the file name says {seq}")));
-    }
-    Ok(())
-}
-
-fn load_snapshot(path: &Path, seq: u64, table: &Table) -> Result<(), StoreError> {
-    check_header(path, Kind::Snapshot, seq)?;
+fn load_snapshot(path: &Path, seq: u64, table: &Table, in_flight: &mut HashMap<String, u64>) -> Result<(), StoreError> {
+    let seed = check_header(path, FileKind::Snapshot, seq)?.seed(FileKind::Snapshot);
     let mut loaded = 0u64;
-    let (scan, size) = scan(path, format::seed(Kind::Snapshot, seq), |k, t| {
-        table.raise(k, t);
-        loaded += 1;
+    let mut trailer = None;
+    let stop = scan(path, seed, |r, at| match r.kind {
+        Kind::State | Kind::Advance => {
+            apply(table, in_flight, r.kind, r.key, r.token);
+            loaded += 1;
+            Ok(true)
+        }
+        Kind::Trailer => {
+            trailer = Some((at, r.token));
+            Ok(false)
+        }
+        _ => Err(corrupt(path, at, "a log record inside a snapshot")),
     })?;
     // A snapshot is synced before it is renamed into place, so it must be whole.
-    match scan.stop {
-        Some((at, Ok(count))) if count == loaded && at + 16 == size => Ok(()),
-        Some((at, Ok(count))) if count != loaded => {
+    if let Some((at, bad)) = stop {
+        return Err(corrupt(path, at, bad.to_string()));
+    }
+    match trailer {
+        Some((at, count)) if count != loaded => {
             Err(corrupt(path, at, format!("trailer counts {count} records, the file holds {loaded}")))
         }
-        Some((at, Ok(_))) => Err(corrupt(path, at + 16, "data after the trailer")),
-        Some((at, Err(bad))) => Err(corrupt(path, at, bad.to_string())),
-        None => Err(corrupt(path, scan.end, "snapshot ends without its trailer")),
+        Some((at, _)) if at + 24 != file_len(path)? => Err(corrupt(path, at + 24, "data after the trailer")),
+        Some(_) => Ok(()),
+        None => Err(corrupt(path, HEADER_LEN as u64, "snapshot ends without its trailer")),
     }
 }
 
-/// Replays one segment; returns its valid length, records replayed and a torn-tail offset.
+/// Replays one segment batch by batch: a batch's records count only once its commit marker is
+/// read. Returns the valid length, records applied and where a torn tail was cut off.
 fn replay_segment(
     path: &Path,
     seq: u64,
     table: &Table,
+    in_flight: &mut HashMap<String, u64>,
     last: bool,
     mode: Mode,
 ) -> Result<(u64, u64, Option<u64>), StoreError> {
-    check_header(path, Kind::Segment, seq)?;
-    let seed = format::seed(Kind::Segment, seq);
+    let seed = check_header(path, FileKind::Segment, seq)?.seed(FileKind::Segment);
+    let mut batch_start = HEADER_LEN as u64;
+    let mut pending: Vec<(Kind, String, u64)> = Vec::new();
     let mut records = 0u64;
-    let (scan, size) = scan(path, seed, |k, t| {
-        table.raise(k, t);
-        records += 1;
+    let stop = scan(path, seed, |r, at| {
+        match r.kind {
+            Kind::Advance | Kind::Done => pending.push((r.kind, r.key.to_owned(), r.token)),
+            Kind::Commit if r.token == batch_start => {
+                records += pending.len() as u64;
+                for (kind, key, token) in pending.drain(..) {
+                    apply(table, in_flight, kind, &key, token);
+                }
+                batch_start = at + r.used as u64;
+            }
+            Kind::Commit => return Err(corrupt(path, at, format!("commit marker for a batch at {}", r.token))),
+            Kind::State | Kind::Trailer => return Err(corrupt(path, at, "a snapshot record inside a log segment")),
+        }
+        Ok(true)
     })?;
-    let Some((at, why)) = scan.stop else { return Ok((scan.end, records, None)) };
-    let what = match why {
-        Ok(_) => "a snapshot trailer inside a log segment".to_string(),
-        Err(bad) => bad.to_string(),
+    let len = file_len(path)?;
+    let what = match stop {
+        None if batch_start == len => return Ok((len, records, None)),
+        None => "a batch without its commit marker".to_string(),
+        Some((at, bad)) => {
+            // Pages of an unsynced batch can land in any order, so valid records may follow
+            // the damage. Only a commit marker for a later batch, or valid data after this
+            // batch's own marker, proves this batch was synced, and so is real damage.
+            let tail = read_tail(path, at)?;
+            let marker = (8..tail.len())
+                .step_by(8)
+                .find_map(|p| format::decode(&tail[p..], seed).ok().filter(|r| r.kind == Kind::Commit).map(|r| (p, r)));
+            if let Some((p, r)) = marker {
+                let after = p + r.used;
+                let more = (after..tail.len()).step_by(8).any(|q| format::decode(&tail[q..], seed).is_ok());
+                if r.token != batch_start || more {
+                    let at_marker = at + p as u64;
+                    return Err(corrupt(
+                        path,
+                        at,
+                        format!("{bad}, with a committed batch at byte {at_marker} after it"),
+                    ));
+                }
+            }
+            bad.to_string()
+        }
     };
-    let tail = read_tail(path, at)?;
-    // Records are 8-byte aligned, so only aligned offsets can start one.
-    let valid_after = (8..tail.len()).step_by(8).find(|&p| format::decode(&tail[p..], seed).is_ok());
-    if let Some(p) = valid_after {
-        return Err(corrupt(path, at, format!("{what}, with a valid record at byte {} after it", at + p as u64)));
-    }
     if !last {
-        return Err(corrupt(path, at, format!("{what} at the end of a segment that is not the last")));
+        return Err(corrupt(path, batch_start, format!("{what} at the end of a segment that is not the last")));
     }
+    tracing::warn!(file = %path.display(), offset = batch_start, bytes = len - batch_start, reason = %what,
+        "torn write at the end of the log (a crash mid-append): dropping the unfinished batch");
     if mode == Mode::Repair {
-        set_aside_and_truncate(path, &tail, at)?;
+        let tail = read_tail(path, batch_start)?;
+        set_aside_and_truncate(path, &tail, batch_start)?;
     }
-    tracing::warn!(file = %path.display(), offset = at, bytes = size - at, "torn write at the end of the log (a crash mid-append)");
-    Ok((at, records, Some(at)))
+    Ok((batch_start, records, Some(batch_start)))
 }
 
 fn read_tail(path: &Path, from: u64) -> Result<Vec<u8>, StoreError> {
@@ -289,6 +343,8 @@ pub struct Inspection {
     pub records: u64,
     /// A torn tail that a proxy would truncate on start, as (segment, offset).
     pub torn: Option<(u64, u64)>,
+    /// Writes in flight when the last proxy stopped, which it will quarantine on start.
+    pub in_flight: Vec<(String, u64)>,
     /// Bytes used by the data directory's files.
     pub bytes: u64,
 }
@@ -309,6 +365,7 @@ pub fn inspect(dir: &Path) -> Result<Inspection, StoreError> {
         segments: found.segments,
         records: found.records,
         torn: found.torn,
+        in_flight: found.in_flight.into_iter().collect(),
         bytes,
     })
 }

@@ -7,12 +7,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::format::{FileKind, Header, Kind};
 use super::recovery::{segment_name, snapshot_name};
 use super::*;
 use crate::config::SyncMode;
 
 fn options(segment_bytes: u64) -> StoreOptions {
-    StoreOptions { sync: SyncMode::Always, segment_bytes, max_resources: 1_000 }
+    StoreOptions { segment_bytes, max_resources: 1_000, ..StoreOptions::default() }
 }
 
 fn open(dir: &Path) -> FileStore {
@@ -70,8 +71,13 @@ async fn torn_tail_is_set_aside_truncated_and_the_log_goes_on() {
     let full = fs::metadata(&path).unwrap().len();
     OpenOptions::new().write(true).open(&path).unwrap().set_len(full - 3).unwrap();
     let store = open(dir.path());
-    assert_eq!(contents(&store), map(&[("/a", 5)]));
-    assert!(dir.path().join(format!("{}.torn-at-{}", segment_name(1), full - 24)).exists(), "copy kept aside");
+    assert_eq!(contents(&store), map(&[("/a", 5)]), "the unfinished batch is dropped whole");
+    let aside = fs::read_dir(dir.path())
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().contains(".torn-at-"))
+        .count();
+    assert_eq!(aside, 1, "copy kept aside");
+    assert!(fs::metadata(&path).unwrap().len() < full - 3);
     write(&store, &[("/b", 8)]).await;
     store.close().await.unwrap();
     drop(store);
@@ -100,8 +106,8 @@ async fn corruption_with_valid_records_after_it_refuses_to_start() {
     data[format::HEADER_LEN + 9] ^= 0xff; // inside the first record's token
     fs::write(&path, &data).unwrap();
     let err = FileStore::open(dir.path(), options(64 << 20)).unwrap_err();
-    assert!(matches!(&err, StoreError::Corrupt { offset: 32, .. }), "{err}");
-    assert!(err.to_string().contains(&segment_name(1)) && err.to_string().contains("valid record"), "{err}");
+    assert!(matches!(&err, StoreError::Corrupt { offset: 40, .. }), "{err}");
+    assert!(err.to_string().contains(&segment_name(1)) && err.to_string().contains("committed batch"), "{err}");
 }
 
 #[tokio::test]
@@ -116,7 +122,7 @@ async fn a_missing_segment_refuses_to_start() {
     )
     .unwrap();
     for t in 0..3 {
-        log.append("/a", t);
+        log.append(Kind::Advance, "/a", t);
         log.rotate().unwrap();
     }
     drop(log);
@@ -154,11 +160,11 @@ async fn a_damaged_snapshot_refuses_to_start() {
     let dir = tempfile::tempdir().unwrap();
     let table = Table::new();
     table.raise("/a", 5);
-    log::write_snapshot(dir.path(), 3, &table).unwrap();
-    fs::write(segment(dir.path(), 3), format::header(format::Kind::Segment, 3)).unwrap();
+    log::write_snapshot(dir.path(), 3, &table, &HashMap::new()).unwrap();
+    fs::write(segment(dir.path(), 3), Header::new(3).encode(FileKind::Segment)).unwrap();
     let snap = dir.path().join(snapshot_name(3));
     let mut data = fs::read(&snap).unwrap();
-    data.truncate(data.len() - 16); // lose the trailer
+    data.truncate(data.len() - 24); // lose the trailer
     fs::write(&snap, &data).unwrap();
     let err = FileStore::open(dir.path(), options(4096)).unwrap_err();
     assert!(err.to_string().contains("trailer"), "{err}");
@@ -236,4 +242,30 @@ async fn keys_a_record_cannot_hold_are_refused() {
     let store = open(dir.path());
     let long = "/".repeat(format::MAX_KEY_LEN + 1);
     assert!(matches!(store.advance(&long, 1).await, Err(StoreError::KeyTooLong(_))));
+}
+
+#[tokio::test]
+async fn writes_in_flight_at_a_crash_are_reported_and_answered_ones_are_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    write(&store, &[("/answered", 1), ("/pending", 2), ("/old", 3)]).await;
+    store.done("/answered", 1);
+    store.done("/old", 2); // an answer for an earlier token does not clear a later write
+    store.close().await.unwrap();
+    drop(store);
+    let store = open(dir.path());
+    let mut flying = store.in_flight_at_start().to_vec();
+    flying.sort();
+    assert_eq!(flying, [("/old".to_string(), 3), ("/pending".to_string(), 2)]);
+}
+
+#[tokio::test]
+async fn a_directory_written_under_other_key_rules_refuses_to_open() {
+    let dir = tempfile::tempdir().unwrap();
+    write_and_close(dir.path(), &[("/buckets/b1/obj", 50)]).await;
+    let scoped = crate::path::keying(&[crate::config::Scope { prefix: "/buckets/".into(), segments: Some(2) }]);
+    let err = FileStore::open(dir.path(), StoreOptions { keying: scoped, ..options(4096) }).unwrap_err();
+    assert!(matches!(err, StoreError::KeyingChanged { .. }), "{err}");
+    assert!(err.to_string().contains("scope /buckets/ segments 2"), "{err}");
+    assert_eq!(contents(&open(dir.path())), map(&[("/buckets/b1/obj", 50)]), "the old rules still open it");
 }

@@ -22,6 +22,8 @@ use tokio::task::JoinHandle;
 
 pub use fencegate::memstore::DELAY_HEADER;
 
+pub mod process;
+
 /// A response, fully read.
 #[derive(Debug, Clone)]
 pub struct Resp {
@@ -154,6 +156,18 @@ impl Harness {
     /// connection, exactly as given, and reads the whole response.
     pub async fn raw(&self, head: &str, body: &str) -> Resp {
         raw_request(self.addr, head, body).await
+    }
+
+    /// Waits until the backend has received the write of `token` to `path`. Its advance was
+    /// durable before it was forwarded, so `max_seen` already counts it.
+    pub async fn wait_received(&self, path: &str, token: u64) {
+        for _ in 0..3000 {
+            if self.backend.requests().iter().any(|r| r.path == path && r.token() == Some(token)) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!("the backend never received {path} with token {token}");
     }
 
     /// Tokens the backend applied to `path`, in the order it applied them.
