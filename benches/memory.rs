@@ -57,6 +57,7 @@ fn main() {
                     for i in (w..RESOURCES).step_by(64) {
                         let key = format!("/bucket-{:02}/object-{:012}", i % 100, i);
                         store.advance(&key, i + 1).await.unwrap();
+                        store.done(&key, i + 1);
                     }
                 })
             })

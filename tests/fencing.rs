@@ -144,3 +144,15 @@ async fn a_custom_token_header_is_honoured() {
     let r = h.send("PUT", "/doc", &[("x-lock-epoch", "41")], "x").await;
     assert_eq!(r.status, 200);
 }
+
+#[tokio::test]
+async fn past_max_resources_new_resources_get_503_and_known_ones_keep_working() {
+    let h = Harness::start_with(|c| c.store.max_resources = 2).await;
+    assert_eq!(h.put("/a", 1, "a").await.status, 200);
+    assert_eq!(h.put("/b", 1, "b").await.status, 200);
+    h.put("/c", 1, "c").await.assert_refused(503, "resource_limit");
+    assert_eq!(h.put("/a", 2, "a2").await.status, 200, "known resources keep working");
+    let r = h.get("/c").await;
+    assert_eq!((r.status, r.fencegate_error()), (404, None), "reads are not limited");
+    assert!(h.backend.applied().iter().all(|r| r.path != "/c"));
+}
