@@ -113,7 +113,10 @@ fn inspect(dir: &std::path::Path, key: Option<&str>, top: usize) -> anyhow::Resu
         println!("torn tail  segment {seq} at byte {at}: a proxy would set it aside and truncate it on start");
     }
     if !found.in_flight.is_empty() {
-        println!("in flight  {} writes unanswered when the proxy stopped (quarantined on start):", found.in_flight.len());
+        println!(
+            "in flight  {} writes unanswered when the proxy stopped (quarantined on start):",
+            found.in_flight.len()
+        );
         for (key, token) in found.in_flight.iter().take(top) {
             println!("  {token:>20}  {key}");
         }

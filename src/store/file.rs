@@ -9,11 +9,10 @@
 //! dirty pages, so a later sync that "succeeds" proves nothing (PostgreSQL's fsync lesson).
 //! Every later advance fails until the process restarts and recovers from what is on disk.
 
-use std::collections::HashMap;
 use std::fs::{File, OpenOptions, TryLockError};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -105,9 +104,6 @@ enum Msg {
     Close(oneshot::Sender<Result<(), StoreError>>),
 }
 
-/// Writes in flight: advanced and forwarded, not yet answered by the backend.
-type InFlight = Arc<Mutex<HashMap<Box<str>, u64>>>;
-
 /// The local, log-structured store of one data directory.
 #[derive(Debug)]
 pub struct FileStore {
@@ -136,19 +132,17 @@ impl FileStore {
             tracing::warn!("store.sync = \"never\": advances are not fsync'd; a power loss can lower max_seen");
         }
         let healthy = Arc::new(AtomicBool::new(true));
-        let in_flight_at_start: Vec<(String, u64)> = recovered.in_flight.into_iter().collect();
+        let in_flight_at_start = recovered.in_flight;
         if !in_flight_at_start.is_empty() {
             tracing::warn!(
                 writes = in_flight_at_start.len(),
                 "writes were in flight when fencegate last stopped; their resources start quarantined"
             );
         }
-        let in_flight = in_flight_at_start.iter().map(|(k, t)| (k.as_str().into(), *t)).collect();
         let (tx, rx) = mpsc::channel();
         let writer = Writer {
             log,
             table: Arc::clone(&table),
-            in_flight: Arc::new(Mutex::new(in_flight)),
             healthy: Arc::clone(&healthy),
             options,
             failed: None,
@@ -209,7 +203,6 @@ impl Store for FileStore {
 struct Writer {
     log: Log,
     table: Arc<Table>,
-    in_flight: InFlight,
     healthy: Arc<AtomicBool>,
     options: StoreOptions,
     failed: Option<String>,
@@ -326,22 +319,16 @@ impl Writer {
                 Err(StoreError::Failed(reason))
             }
         };
-        let mut in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
         for op in self.batch.drain(..) {
             match op {
                 Op::Advance { key, token, done } => {
                     if outcome.is_ok() {
                         // Durable now: raise the table before anyone hears back.
-                        self.table.raise(&key, token);
-                        in_flight.insert(key.into_boxed_str(), token);
+                        self.table.advance(&key, token);
                     }
                     let _ = done.send(outcome.clone());
                 }
-                Op::Done { key, token } => {
-                    if in_flight.get(key.as_str()) == Some(&token) {
-                        in_flight.remove(key.as_str());
-                    }
-                }
+                Op::Done { key, token } => self.table.answer(&key, token),
             }
         }
     }
@@ -363,15 +350,12 @@ impl Writer {
 
     fn spawn_compactor(&self, rx: mpsc::Receiver<u64>) -> Option<JoinHandle<()>> {
         let table = Arc::clone(&self.table);
-        let in_flight = Arc::clone(&self.in_flight);
         let size = Arc::clone(&self.snapshot_bytes);
         let dir: PathBuf = self.log.path().parent().map(Path::to_owned).unwrap_or_default();
         let spawned = std::thread::Builder::new().name("fencegate-compact".into()).spawn(move || {
             while let Ok(seq) = rx.recv() {
                 let started = Instant::now();
-                // Read after the rotation to `seq`, as the snapshot's contract requires.
-                let flying = in_flight.lock().unwrap_or_else(|p| p.into_inner()).clone();
-                let written = log::write_snapshot(&dir, seq, &table, &flying).and_then(|bytes| {
+                let written = log::write_snapshot(&dir, seq, &table).and_then(|bytes| {
                     size.store(bytes, Ordering::Relaxed);
                     log::remove_covered(&dir, seq).map(|removed| (bytes, removed))
                 });

@@ -9,7 +9,6 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use std::collections::HashMap;
 use std::io::Read;
 
 use super::Table;
@@ -147,19 +146,12 @@ fn create_segment(dir: &Path, seq: u64) -> io::Result<Header> {
     Ok(header)
 }
 
-/// Writes the snapshot that replaces every segment below `seq`, from `table` and the writes
-/// still `in_flight`. Returns its size.
+/// Writes the snapshot that replaces every segment below `seq`, from `table`. Returns its size.
 ///
 /// `table` may already hold advances from segment `seq` onwards; replay takes the maximum,
 /// so those are harmless. It must hold every record of the segments below `seq`, which the
-/// store guarantees by raising the table before it acknowledges or rotates. Likewise
-/// `in_flight` must be read after the rotation to `seq`.
-pub(crate) fn write_snapshot(
-    dir: &Path,
-    seq: u64,
-    table: &Table,
-    in_flight: &HashMap<Box<str>, u64>,
-) -> io::Result<u64> {
+/// store guarantees by raising the table before it acknowledges or rotates.
+pub(crate) fn write_snapshot(dir: &Path, seq: u64, table: &Table) -> io::Result<u64> {
     let header = Header::new(seq);
     let seed = header.seed(FileKind::Snapshot);
     let mut size = 0u64;
@@ -176,10 +168,8 @@ pub(crate) fn write_snapshot(
                 buf.clear();
             }
         };
-        table.for_each(|key, token| put(Kind::State, key, token));
-        for (key, token) in in_flight {
-            put(Kind::Advance, key, *token);
-        }
+        // An unanswered write must stay in flight across the compaction.
+        table.for_each(|key, token, in_flight| put(if in_flight { Kind::Advance } else { Kind::State }, key, token));
         result?;
         w.write_all(&buf)?;
         format::write_trailer(w, seed, count)?;

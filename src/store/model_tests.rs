@@ -78,8 +78,6 @@ struct World<'a> {
     dir: &'a Path,
     log: Log,
     table: Table,
-    /// What the writer thread keeps: acknowledged advances not yet answered.
-    in_flight: HashMap<Box<str>, u64>,
     /// Length of the current segment that a crash cannot lose.
     durable: u64,
     found: Recovered,
@@ -91,8 +89,7 @@ impl<'a> World<'a> {
         let found = recovery::recover(dir, &table, Mode::Repair).expect("recovery after a crash");
         let log = Log::open(dir, SyncMode::Never, &found).unwrap();
         let durable = log.len();
-        let in_flight = found.in_flight.iter().map(|(k, t)| (k.as_str().into(), *t)).collect();
-        World { dir, log, table, in_flight, durable, found }
+        World { dir, log, table, durable, found }
     }
 
     fn check(&self, m: &Model) -> Result<(), TestCaseError> {
@@ -109,7 +106,7 @@ impl<'a> World<'a> {
             if let Some(&(token, answered)) = m.last_acked.get(key)
                 && !answered
             {
-                let flying = self.found.in_flight.get(key).copied();
+                let flying = self.found.in_flight.iter().find(|(k, _)| k == key).map(|(_, t)| *t);
                 prop_assert!(
                     flying.is_some_and(|f| f >= token),
                     "{key}: write {token} unanswered, in flight {flying:?}"
@@ -125,8 +122,7 @@ impl<'a> World<'a> {
             let v = m.acked.entry(k).or_insert(t);
             *v = (*v).max(t);
             m.last_acked.insert(k, (t, m.answered.contains(&(k, t))));
-            self.table.raise(k, t);
-            self.in_flight.insert(k.into(), t);
+            self.table.advance(k, t);
         }
     }
 }
@@ -150,9 +146,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     w.log.append(Kind::Done, k, t);
                     m.answered.insert((k, t));
                     m.last_acked.insert(k, (t, true));
-                    if w.in_flight.get(k) == Some(&t) {
-                        w.in_flight.remove(k);
-                    }
+                    w.table.answer(k, t);
                 }
             }
             Op::Write => w.log.write().unwrap(),
@@ -185,13 +179,13 @@ fn compact(w: &World, stage: u8, cut: u16) {
     if stage == 0 {
         // The crash hit while the temp file was being written.
         let elsewhere = tempfile::tempdir().unwrap();
-        log::write_snapshot(elsewhere.path(), seq, &w.table, &w.in_flight).unwrap();
+        log::write_snapshot(elsewhere.path(), seq, &w.table).unwrap();
         let full = fs::read(elsewhere.path().join(snapshot_name(seq))).unwrap();
         let tmp = w.dir.join(format!("{}.tmp", snapshot_name(seq)));
         fs::write(tmp, &full[..usize::from(cut) % full.len()]).unwrap();
         return;
     }
-    log::write_snapshot(w.dir, seq, &w.table, &w.in_flight).unwrap();
+    log::write_snapshot(w.dir, seq, &w.table).unwrap();
     if stage == 2 {
         log::remove_covered(w.dir, seq).unwrap();
     }

@@ -7,7 +7,6 @@
 //! bad record with valid data after it) refuses to start: dropping a record silently could
 //! lower `max_seen` and let a stale write through.
 
-use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
@@ -70,7 +69,7 @@ pub(crate) struct Recovered {
     pub torn: Option<(u64, u64)>,
     /// Writes that were on their way to the backend when the process stopped: advanced, but
     /// never recorded as answered. The backend may still apply them.
-    pub in_flight: HashMap<String, u64>,
+    pub in_flight: Vec<(String, u64)>,
     /// Files no longer needed: covered segments, older snapshots, unfinished temp files.
     pub obsolete: Vec<PathBuf>,
 }
@@ -96,7 +95,7 @@ pub(crate) fn recover(dir: &Path, table: &Table, mode: Mode) -> Result<Recovered
     snapshots.sort_unstable();
 
     if let Some(&snap) = snapshots.last() {
-        load_snapshot(&dir.join(snapshot_name(snap)), snap, table, &mut found.in_flight)?;
+        load_snapshot(&dir.join(snapshot_name(snap)), snap, table)?;
         found.snapshot = Some(snap);
         found.obsolete.extend(snapshots[..snapshots.len() - 1].iter().map(|s| dir.join(snapshot_name(*s))));
         found.obsolete.extend(segments.iter().filter(|s| **s < snap).map(|s| dir.join(segment_name(*s))));
@@ -123,7 +122,7 @@ pub(crate) fn recover(dir: &Path, table: &Table, mode: Mode) -> Result<Recovered
     for (i, &seq) in segments.iter().enumerate() {
         let path = dir.join(segment_name(seq));
         let last = i + 1 == segments.len();
-        let (len, records, torn) = replay_segment(&path, seq, table, &mut found.in_flight, last, mode)?;
+        let (len, records, torn) = replay_segment(&path, seq, table, last, mode)?;
         found.records += records;
         if last {
             found.last_len = len;
@@ -131,6 +130,7 @@ pub(crate) fn recover(dir: &Path, table: &Table, mode: Mode) -> Result<Recovered
         }
     }
     found.segments = segments;
+    found.in_flight = table.in_flight();
     if mode == Mode::Repair {
         for path in &found.obsolete {
             fs::remove_file(path).map_err(|e| io_err(path, e))?;
@@ -193,30 +193,23 @@ fn file_len(path: &Path) -> Result<u64, StoreError> {
     fs::metadata(path).map(|m| m.len()).map_err(|e| io_err(path, e))
 }
 
-/// Applies one state-bearing record to the table and the in-flight set.
-fn apply(table: &Table, in_flight: &mut HashMap<String, u64>, kind: Kind, key: &str, token: u64) {
+/// Applies one state-bearing record to the table.
+fn apply(table: &Table, kind: Kind, key: &str, token: u64) {
     match kind {
         Kind::State => table.raise(key, token),
-        Kind::Advance => {
-            table.raise(key, token);
-            in_flight.insert(key.to_owned(), token);
-        }
-        Kind::Done => {
-            if in_flight.get(key) == Some(&token) {
-                in_flight.remove(key);
-            }
-        }
+        Kind::Advance => table.advance(key, token),
+        Kind::Done => table.answer(key, token),
         Kind::Commit | Kind::Trailer => {}
     }
 }
 
-fn load_snapshot(path: &Path, seq: u64, table: &Table, in_flight: &mut HashMap<String, u64>) -> Result<(), StoreError> {
+fn load_snapshot(path: &Path, seq: u64, table: &Table) -> Result<(), StoreError> {
     let seed = check_header(path, FileKind::Snapshot, seq)?.seed(FileKind::Snapshot);
     let mut loaded = 0u64;
     let mut trailer = None;
     let stop = scan(path, seed, |r, at| match r.kind {
         Kind::State | Kind::Advance => {
-            apply(table, in_flight, r.kind, r.key, r.token);
+            apply(table, r.kind, r.key, r.token);
             loaded += 1;
             Ok(true)
         }
@@ -246,22 +239,30 @@ fn replay_segment(
     path: &Path,
     seq: u64,
     table: &Table,
-    in_flight: &mut HashMap<String, u64>,
     last: bool,
     mode: Mode,
 ) -> Result<(u64, u64, Option<u64>), StoreError> {
     let seed = check_header(path, FileKind::Segment, seq)?.seed(FileKind::Segment);
     let mut batch_start = HEADER_LEN as u64;
-    let mut pending: Vec<(Kind, String, u64)> = Vec::new();
+    // The batch being read: its records, with their keys in one reused arena (no allocation
+    // per record: recovery of a million resources must stay well under a second).
+    let mut pending: Vec<(Kind, u64, usize, usize)> = Vec::new();
+    let mut keys: Vec<u8> = Vec::new();
     let mut records = 0u64;
     let stop = scan(path, seed, |r, at| {
         match r.kind {
-            Kind::Advance | Kind::Done => pending.push((r.kind, r.key.to_owned(), r.token)),
+            Kind::Advance | Kind::Done => {
+                pending.push((r.kind, r.token, keys.len(), r.key.len()));
+                keys.extend_from_slice(r.key.as_bytes());
+            }
             Kind::Commit if r.token == batch_start => {
                 records += pending.len() as u64;
-                for (kind, key, token) in pending.drain(..) {
-                    apply(table, in_flight, kind, &key, token);
+                for (kind, token, from, len) in pending.drain(..) {
+                    if let Ok(key) = std::str::from_utf8(&keys[from..from + len]) {
+                        apply(table, kind, key, token);
+                    }
                 }
+                keys.clear();
                 batch_start = at + r.used as u64;
             }
             Kind::Commit => return Err(corrupt(path, at, format!("commit marker for a batch at {}", r.token))),
@@ -365,7 +366,7 @@ pub fn inspect(dir: &Path) -> Result<Inspection, StoreError> {
         segments: found.segments,
         records: found.records,
         torn: found.torn,
-        in_flight: found.in_flight.into_iter().collect(),
+        in_flight: found.in_flight,
         bytes,
     })
 }

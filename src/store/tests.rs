@@ -22,7 +22,7 @@ fn open(dir: &Path) -> FileStore {
 
 fn contents(store: &FileStore) -> HashMap<String, u64> {
     let mut all = HashMap::new();
-    store.table().for_each(|k, t| {
+    store.table().for_each(|k, t, _| {
         all.insert(k.to_owned(), t);
     });
     all
@@ -160,7 +160,7 @@ async fn a_damaged_snapshot_refuses_to_start() {
     let dir = tempfile::tempdir().unwrap();
     let table = Table::new();
     table.raise("/a", 5);
-    log::write_snapshot(dir.path(), 3, &table, &HashMap::new()).unwrap();
+    log::write_snapshot(dir.path(), 3, &table).unwrap();
     fs::write(segment(dir.path(), 3), Header::new(3).encode(FileKind::Segment)).unwrap();
     let snap = dir.path().join(snapshot_name(3));
     let mut data = fs::read(&snap).unwrap();
