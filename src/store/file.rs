@@ -121,7 +121,7 @@ impl FileStore {
         create_dir_durably(dir)?;
         let lock = lock(dir, true)?;
         check_keying(dir, &options.keying)?;
-        let table = Arc::new(Table::new());
+        let table = Arc::new(Table::with_capacity(recovery::size_hint(dir).min(options.max_resources)));
         let started = std::time::Instant::now();
         let recovered = recovery::recover(dir, &table, Mode::Repair)?;
         tracing::info!(dir = %dir.display(), resources = table.len(), snapshot = ?recovered.snapshot,
