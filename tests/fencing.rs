@@ -156,3 +156,14 @@ async fn past_max_resources_new_resources_get_503_and_known_ones_keep_working() 
     assert_eq!((r.status, r.fencegate_error()), (404, None), "reads are not limited");
     assert!(h.backend.applied().iter().all(|r| r.path != "/c"));
 }
+
+#[tokio::test]
+async fn max_seen_survives_a_graceful_restart_and_answered_writes_leave_nothing_quarantined() {
+    let mut h = Harness::start().await;
+    assert_eq!(h.put("/doc", 5, "five").await.status, 200);
+    h.restart().await;
+    h.put("/doc", 5, "again").await.assert_refused(409, "stale_token");
+    // The write was answered before the restart, so nothing is in flight and no quarantine
+    // (30 s by default) holds the next holder back.
+    assert_eq!(h.put("/doc", 6, "six").await.status, 200);
+}
