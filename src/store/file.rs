@@ -111,7 +111,8 @@ pub struct FileStore {
     table: Arc<Table>,
     healthy: Arc<AtomicBool>,
     in_flight_at_start: Vec<(String, u64)>,
-    _lock: File,
+    /// Held until the store is closed; the OS releases it if the process dies first.
+    lock: std::sync::Mutex<Option<File>>,
 }
 
 impl FileStore {
@@ -155,7 +156,7 @@ impl FileStore {
             .name("fencegate-log".into())
             .spawn(move || writer.run(rx))
             .map_err(|e| io_err(dir, e))?;
-        Ok(FileStore { tx, table, healthy, in_flight_at_start, _lock: lock })
+        Ok(FileStore { tx, table, healthy, in_flight_at_start, lock: std::sync::Mutex::new(Some(lock)) })
     }
 
     /// The table this store keeps current.
@@ -192,7 +193,13 @@ impl Store for FileStore {
     }
 
     fn close(&self) -> StoreFuture<'_> {
-        self.send(Msg::Close)
+        let closed = self.send(Msg::Close);
+        Box::pin(async move {
+            let result = closed.await;
+            // The writer has flushed and exited: the directory may belong to someone else now.
+            self.lock.lock().unwrap_or_else(|p| p.into_inner()).take();
+            result
+        })
     }
 
     fn healthy(&self) -> bool {
