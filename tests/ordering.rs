@@ -6,7 +6,14 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::Harness;
+use common::{Harness, Resp};
+use tokio::task::JoinHandle;
+
+/// A PUT the backend holds for `delay_ms`, sent in the background.
+fn spawn_slow_put(h: &Arc<Harness>, path: &'static str, token: u64, delay_ms: u64) -> JoinHandle<Resp> {
+    let h = Arc::clone(h);
+    tokio::spawn(async move { h.slow_put(path, token, delay_ms).await })
+}
 
 fn strictly_increasing(tokens: &[u64]) -> bool {
     tokens.windows(2).all(|w| w[0] < w[1])
@@ -15,10 +22,7 @@ fn strictly_increasing(tokens: &[u64]) -> bool {
 #[tokio::test]
 async fn a_slow_first_write_is_applied_before_a_higher_one_that_arrives_meanwhile() {
     let h = Arc::new(Harness::start().await);
-    let slow = tokio::spawn({
-        let h = Arc::clone(&h);
-        async move { h.slow_put("/doc", 10, 400).await }
-    });
+    let slow = spawn_slow_put(&h, "/doc", 10, 400);
     h.wait_received("/doc", 10).await;
     let fast = h.put("/doc", 11, "eleven").await;
     assert_eq!(fast.status, 200);
@@ -30,15 +34,11 @@ async fn a_slow_first_write_is_applied_before_a_higher_one_that_arrives_meanwhil
 #[tokio::test]
 async fn a_higher_token_that_takes_its_turn_first_makes_a_waiting_lower_one_stale() {
     let h = Arc::new(Harness::start().await);
-    let spawn_put = |token: u64, delay: u64| {
-        let h = Arc::clone(&h);
-        tokio::spawn(async move { h.slow_put("/doc", token, delay).await })
-    };
-    let first = spawn_put(10, 500);
+    let first = spawn_slow_put(&h, "/doc", 10, 500);
     h.wait_received("/doc", 10).await;
-    let high = spawn_put(12, 0); // queues behind 10
+    let high = spawn_slow_put(&h, "/doc", 12, 0); // queues behind 10
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let low = spawn_put(11, 0); // queues behind 12, passed the early check (11 > 10)
+    let low = spawn_slow_put(&h, "/doc", 11, 0); // queues behind 12, passed the early check (11 > 10)
     assert_eq!(first.await.unwrap().status, 200);
     assert_eq!(high.await.unwrap().status, 200);
     let r = low.await.unwrap();
@@ -80,10 +80,7 @@ async fn twenty_four_writers_racing_one_resource_are_applied_in_strictly_increas
 #[tokio::test]
 async fn writes_to_different_resources_never_wait_for_each_other() {
     let h = Arc::new(Harness::start().await);
-    let slow = tokio::spawn({
-        let h = Arc::clone(&h);
-        async move { h.slow_put("/a", 1, 3000).await }
-    });
+    let slow = spawn_slow_put(&h, "/a", 1, 3000);
     h.wait_received("/a", 1).await;
     assert_eq!(h.put("/b", 1, "b").await.status, 200);
     assert!(!slow.is_finished(), "/b completed while /a's write was still in flight");
@@ -95,10 +92,7 @@ async fn writes_to_different_resources_never_wait_for_each_other() {
 #[tokio::test]
 async fn a_write_that_waits_longer_than_the_queue_bound_gets_503() {
     let h = Arc::new(Harness::start_with(|c| c.fence.queue_timeout = Duration::from_millis(150)).await);
-    let slow = tokio::spawn({
-        let h = Arc::clone(&h);
-        async move { h.slow_put("/doc", 1, 1000).await }
-    });
+    let slow = spawn_slow_put(&h, "/doc", 1, 1000);
     h.wait_received("/doc", 1).await;
     // A token already stale is refused at once, without queueing behind the busy resource.
     h.put("/doc", 1, "stale").await.assert_refused(409, "stale_token");
@@ -132,10 +126,7 @@ async fn a_backend_timeout_is_504_and_quarantines_the_resource() {
 #[tokio::test]
 async fn a_write_abandoned_by_its_client_keeps_the_resource_until_the_backend_answers() {
     let h = Arc::new(Harness::start().await);
-    let abandoned = tokio::spawn({
-        let h = Arc::clone(&h);
-        async move { h.slow_put("/doc", 1, 600).await }
-    });
+    let abandoned = spawn_slow_put(&h, "/doc", 1, 600);
     h.wait_received("/doc", 1).await;
     abandoned.abort(); // the client hangs up mid-request
     tokio::time::sleep(Duration::from_millis(50)).await;
