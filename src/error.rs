@@ -35,6 +35,34 @@ pub enum Error {
     /// The request target cannot be mapped to exactly one resource.
     #[error("invalid path: {0}")]
     InvalidPath(PathError),
+    /// CONNECT: fencegate is a reverse proxy, not a tunnel.
+    #[error("{0} is not supported by this proxy")]
+    MethodNotAllowed(String),
+    /// A fenced write asked to switch protocols: the fence could not follow what comes next.
+    #[error("fenced writes cannot upgrade the connection (Upgrade: {0})")]
+    UpgradeRefused(String),
+    /// The request line and headers are larger than `limits.max_header_bytes`.
+    #[error("request headers of {size} bytes exceed the limit of {limit}")]
+    HeadersTooLarge {
+        /// Bytes sent.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The request target is longer than `limits.max_uri_bytes`.
+    #[error("request target of {size} bytes exceeds the limit of {limit}")]
+    UriTooLong {
+        /// Bytes sent.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// A fenced write's body is larger than `limits.max_body_bytes`.
+    #[error("request body exceeds the limit of {limit} bytes")]
+    BodyTooLarge {
+        /// The limit.
+        limit: u64,
+    },
     /// The token is not above the highest one this resource has accepted.
     #[error("token {token} is stale: {resource} has already accepted {max_seen}")]
     StaleToken {
@@ -106,6 +134,11 @@ impl Error {
     pub fn status(&self) -> StatusCode {
         match self {
             Error::MissingToken { .. } => StatusCode::PRECONDITION_REQUIRED,
+            Error::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            Error::UpgradeRefused(_) => StatusCode::BAD_REQUEST,
+            Error::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            Error::UriTooLong { .. } => StatusCode::URI_TOO_LONG,
+            Error::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Error::InvalidToken(_) | Error::InvalidPath(_) => StatusCode::BAD_REQUEST,
             Error::StaleToken { .. } => StatusCode::CONFLICT,
             Error::QueueTimeout { .. } | Error::Quarantined { .. } | Error::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -119,6 +152,11 @@ impl Error {
     pub fn code(&self) -> &'static str {
         match self {
             Error::MissingToken { .. } => "missing_token",
+            Error::MethodNotAllowed(_) => "method_not_allowed",
+            Error::UpgradeRefused(_) => "upgrade_refused",
+            Error::HeadersTooLarge { .. } => "headers_too_large",
+            Error::UriTooLong { .. } => "uri_too_long",
+            Error::BodyTooLarge { .. } => "body_too_large",
             Error::InvalidToken(_) => "invalid_token",
             Error::InvalidPath(_) => "invalid_path",
             Error::StaleToken { .. } => "stale_token",
@@ -180,6 +218,11 @@ mod tests {
         let d = Duration::from_secs(3);
         vec![
             (Error::MissingToken { header: "fencing-token".into() }, 428, "missing_token"),
+            (Error::MethodNotAllowed("CONNECT".into()), 405, "method_not_allowed"),
+            (Error::UpgradeRefused("websocket".into()), 400, "upgrade_refused"),
+            (Error::HeadersTooLarge { size: 9, limit: 8 }, 431, "headers_too_large"),
+            (Error::UriTooLong { size: 9, limit: 8 }, 414, "uri_too_long"),
+            (Error::BodyTooLarge { limit: 8 }, 413, "body_too_large"),
             (Error::InvalidToken(TokenError::NotDecimal), 400, "invalid_token"),
             (Error::InvalidPath(PathError::EscapedSlash), 400, "invalid_path"),
             (Error::StaleToken { resource: "/a".into(), token: 33, max_seen: 34 }, 409, "stale_token"),

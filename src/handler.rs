@@ -4,11 +4,13 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use http::header::UPGRADE;
 use http::uri::PathAndQuery;
 use http::{Method, Request, Response};
+use hyper::body::Body;
 use hyper::body::Incoming;
 
-use crate::config::{Config, MissingToken};
+use crate::config::{Config, LimitsConfig, MissingToken};
 use crate::error::Error;
 use crate::fence::FenceTable;
 use crate::path;
@@ -41,15 +43,51 @@ fn is_fenced(config: &Config, method: &Method) -> bool {
     config.fence.methods.iter().any(|m| m.as_str().eq_ignore_ascii_case(method.as_str()))
 }
 
+/// Refuses what no request may carry: tunnels, and heads beyond the configured limits.
+fn check_limits(req: &Request<Incoming>, limits: &LimitsConfig) -> Result<(), Error> {
+    if req.method() == Method::CONNECT {
+        return Err(Error::MethodNotAllowed(req.method().to_string()));
+    }
+    let uri = req.uri().path_and_query().map_or(0, |pq| pq.as_str().len());
+    if uri > limits.max_uri_bytes {
+        return Err(Error::UriTooLong { size: uri, limit: limits.max_uri_bytes });
+    }
+    // As it was sent: request line, then "name: value\r\n" per field.
+    let head = req.method().as_str().len() + uri + 12;
+    let size = head + req.headers().iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum::<usize>();
+    if size > limits.max_header_bytes {
+        return Err(Error::HeadersTooLarge { size, limit: limits.max_header_bytes });
+    }
+    Ok(())
+}
+
+/// Refuses a fenced write that asks to switch protocols or declares a body over the limit,
+/// before it can touch `max_seen`.
+fn check_fenced(req: &Request<Incoming>, limits: &LimitsConfig) -> Result<Option<u64>, Error> {
+    if let Some(upgrade) = req.headers().get(UPGRADE) {
+        return Err(Error::UpgradeRefused(String::from_utf8_lossy(upgrade.as_bytes()).into_owned()));
+    }
+    let limit = (limits.max_body_bytes > 0).then_some(limits.max_body_bytes);
+    let declared = req.body().size_hint().upper();
+    if let (Some(limit), Some(declared)) = (limit, declared)
+        && declared > limit
+    {
+        return Err(Error::BodyTooLarge { limit });
+    }
+    Ok(limit)
+}
+
 async fn route(shared: Arc<Shared>, req: Request<Incoming>, client: SocketAddr) -> Result<Response<ProxyBody>, Error> {
     let config = &shared.config;
+    check_limits(&req, &config.limits)?;
     if !is_fenced(config, req.method()) {
         let target = req.uri().path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
-        return shared.forwarder.forward(req, target, client).await;
+        return shared.forwarder.forward(req, target, client, None).await;
     }
+    let body_limit = check_fenced(&req, &config.limits)?;
 
     // Canonicalise: the key and the forwarded path come from the same canonical string.
-    let canonical = path::canonicalize(req.uri().path())?;
+    let canonical = path::canonicalize(req.uri().path(), &config.paths)?;
     let key = path::resource_key(&canonical, &config.fence.scopes).to_owned();
     let target = match req.uri().query() {
         Some(q) => format!("{canonical}?{q}"),
@@ -61,7 +99,7 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>, client: SocketAddr) 
     let token = match token::from_headers(req.headers(), &config.fence.header) {
         Ok(token) => token,
         Err(TokenError::Missing) if config.fence.missing_token == MissingToken::Forward => {
-            return shared.forwarder.forward(req, target, client).await;
+            return shared.forwarder.forward(req, target, client, body_limit).await;
         }
         Err(TokenError::Missing) => {
             return Err(Error::MissingToken { header: config.fence.header.to_string() });
@@ -79,11 +117,13 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>, client: SocketAddr) 
         turn.check(token)?;
         // Persist: durable, and the table raised, before a byte goes to the backend.
         shared.store.advance(turn.key(), token).await?;
-        let result = shared.forwarder.forward(req, target, client).await;
+        let result = shared.forwarder.forward(req, target, client, body_limit).await;
         match &result {
-            // The backend may have the write and apply it late: keep the next one out. It
-            // stays in flight in the log too, so a restart quarantines the resource again.
-            Err(Error::BackendTimeout(_) | Error::BackendFailed(_)) => turn.quarantine(shared.config.fence.quarantine),
+            // The backend may have (part of) the write and apply it late: keep the next one
+            // out. It stays in flight in the log too, so a restart quarantines it again.
+            Err(Error::BackendTimeout(_) | Error::BackendFailed(_) | Error::BodyTooLarge { .. }) => {
+                turn.quarantine(shared.config.fence.quarantine)
+            }
             _ => shared.store.done(turn.key(), token),
         }
         result

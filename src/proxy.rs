@@ -8,8 +8,8 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, Uri, Version};
-use http_body_util::BodyExt;
 use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -20,6 +20,11 @@ use crate::error::{ERROR_HEADER, Error};
 
 /// The body type of every response fencegate sends: relayed or made here.
 pub type ProxyBody = BoxBody<Bytes, hyper::Error>;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The body type of every request sent to the backend: the client's, streamed, perhaps limited.
+type ClientBody = BoxBody<Bytes, BoxError>;
 
 /// Headers that describe one connection, not the message (RFC 9110 §7.6.1), plus the
 /// legacy ones proxies have always stripped.
@@ -57,7 +62,7 @@ pub fn full_body(body: http_body_util::Full<Bytes>) -> ProxyBody {
 /// Sends requests to the configured backend.
 #[derive(Debug, Clone)]
 pub struct Forwarder {
-    client: Client<HttpConnector, Incoming>,
+    client: Client<HttpConnector, ClientBody>,
     scheme: Scheme,
     authority: Authority,
     timeout: Duration,
@@ -83,13 +88,19 @@ impl Forwarder {
     }
 
     /// Sends `req` to the backend at `path` (already canonical for fenced writes) and returns
-    /// the backend's response head. Never retries anything that may have reached the backend.
+    /// the backend's response head. A body longer than `body_limit` is cut off and the request
+    /// fails. Never retries anything that may have reached the backend.
     pub async fn forward(
         &self,
-        mut req: Request<Incoming>,
+        req: Request<Incoming>,
         path: PathAndQuery,
         client_addr: SocketAddr,
+        body_limit: Option<u64>,
     ) -> Result<Response<ProxyBody>, Error> {
+        let mut req = req.map(|body| match body_limit {
+            Some(limit) => Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX)).boxed(),
+            None => body.map_err(BoxError::from).boxed(),
+        });
         let original = std::mem::take(req.uri_mut());
         *req.uri_mut() = Uri::builder()
             .scheme(self.scheme.clone())
@@ -110,6 +121,9 @@ impl Forwarder {
         let resp = match tokio::time::timeout(self.timeout, self.client.request(req)).await {
             Err(_) => return Err(Error::BackendTimeout(self.timeout)),
             Ok(Err(e)) if e.is_connect() => return Err(Error::BackendUnreachable(error_chain(&e))),
+            Ok(Err(e)) if caused_by::<LengthLimitError>(&e) => {
+                return Err(Error::BodyTooLarge { limit: body_limit.unwrap_or_default() });
+            }
             Ok(Err(e)) => return Err(Error::BackendFailed(error_chain(&e))),
             Ok(Ok(resp)) => resp,
         };
@@ -130,6 +144,17 @@ fn append_forwarded_for(headers: &mut HeaderMap, client: SocketAddr) {
     if let Ok(v) = HeaderValue::from_str(&value) {
         headers.insert(HeaderName::from_static("x-forwarded-for"), v);
     }
+}
+
+fn caused_by<E: std::error::Error + 'static>(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        if c.is::<E>() {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {

@@ -1,15 +1,21 @@
-//! The listener: accepts connections, serves HTTP/1.1 and HTTP/2 on them, drains on shutdown.
+//! The listener: accepts connections (at most `limits.max_connections`), serves HTTP/1.1 and
+//! HTTP/2 on them, closes idle ones, and drains them on shutdown.
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 
 use crate::config::{Config, MissingToken};
 use crate::error::Error;
@@ -32,7 +38,7 @@ impl Proxy {
             sync: config.store.sync,
             segment_bytes: config.store.segment_bytes,
             max_resources: config.store.max_resources,
-            keying: path::keying(&config.fence.scopes),
+            keying: path::keying(&config.paths, &config.fence.scopes),
         };
         if config.fence.missing_token == MissingToken::Forward {
             tracing::warn!(
@@ -67,50 +73,217 @@ impl Proxy {
     /// requests finish within `server.shutdown_grace`, and closes the store.
     pub async fn serve(self, listener: TcpListener, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
         let config = &self.shared.config;
+        let limits = &config.limits;
         let mut builder = auto::Builder::new(TokioExecutor::new());
-        builder.http1().timer(TokioTimer::new()).header_read_timeout(config.server.header_read_timeout);
-        builder.http2().timer(TokioTimer::new());
-        let graceful = GracefulShutdown::new();
+        // hyper's own limits sit above ours, so that what we refuse gets our tagged answer.
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_read_timeout)
+            .max_buf_size((limits.max_header_bytes * 2).max(8192));
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(limits.h2_max_concurrent_streams)
+            .max_header_list_size(u32::try_from(limits.max_header_bytes * 2).unwrap_or(u32::MAX));
+        let permits = Arc::new(Semaphore::new(limits.max_connections));
+        let (stop, stopping) = watch::channel(false);
+        // Every connection holds a sender; the receiver ends once all are gone.
+        let (alive, mut drained) = mpsc::channel::<()>(1);
         if let Ok(addr) = listener.local_addr() {
             tracing::info!(%addr, backend = %config.backend.url, "fencegate listening");
         }
         tokio::pin!(shutdown);
         loop {
-            tokio::select! {
+            let permit = tokio::select! {
                 biased;
                 () = &mut shutdown => break,
-                accepted = listener.accept() => match accepted {
-                    Ok((stream, client)) => {
-                        let _ = stream.set_nodelay(true);
-                        let shared = Arc::clone(&self.shared);
-                        let service = service_fn(move |req| {
-                            let shared = Arc::clone(&shared);
-                            async move { Ok::<_, Infallible>(handler::handle(shared, req, client).await) }
-                        });
-                        let conn = builder.serve_connection(TokioIo::new(stream), service).into_owned();
-                        let conn = graceful.watch(conn);
-                        tokio::spawn(async move {
-                            if let Err(e) = conn.await {
-                                tracing::debug!(%client, error = %e, "connection ended with an error");
-                            }
-                        });
-                    }
-                    Err(e) => {
-                        // Typically EMFILE: back off instead of spinning.
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
+                permit = Arc::clone(&permits).acquire_owned() => match permit {
+                    Ok(p) => p,
+                    Err(_) => break,
                 },
+            };
+            let accepted = tokio::select! {
+                biased;
+                () = &mut shutdown => break,
+                accepted = listener.accept() => accepted,
+            };
+            match accepted {
+                Ok((stream, client)) => {
+                    let conn = Conn {
+                        shared: Arc::clone(&self.shared),
+                        builder: builder.clone(),
+                        client,
+                        stop: stopping.clone(),
+                        _permit: permit,
+                        _alive: alive.clone(),
+                    };
+                    tokio::spawn(conn.serve(stream));
+                }
+                Err(e) => {
+                    // Typically EMFILE: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
             }
         }
         drop(listener);
         tracing::info!(grace = ?config.server.shutdown_grace, "shutting down: draining connections");
-        if tokio::time::timeout(config.server.shutdown_grace, graceful.shutdown()).await.is_err() {
+        let _ = stop.send(true);
+        drop(alive);
+        if tokio::time::timeout(config.server.shutdown_grace, drained.recv()).await.is_err() {
             tracing::warn!("shutdown grace elapsed with requests still in flight");
         }
         self.shared.store.close().await?;
         tracing::info!("fence store closed");
         Ok(())
+    }
+}
+
+/// One client connection and what it holds while it lives.
+struct Conn {
+    shared: Arc<Shared>,
+    builder: auto::Builder<TokioExecutor>,
+    client: SocketAddr,
+    stop: watch::Receiver<bool>,
+    _permit: OwnedSemaphorePermit,
+    _alive: mpsc::Sender<()>,
+}
+
+impl Conn {
+    async fn serve(mut self, stream: TcpStream) {
+        let _ = stream.set_nodelay(true);
+        let activity = Arc::new(Activity::new());
+        let io = TokioIo::new(Tracked { inner: stream, activity: Arc::clone(&activity) });
+        let (shared, client, requests) = (Arc::clone(&self.shared), self.client, Arc::clone(&activity));
+        let service = service_fn(move |req| {
+            let (shared, busy) = (Arc::clone(&shared), requests.busy());
+            async move {
+                let resp = handler::handle(shared, req, client).await;
+                drop(busy);
+                Ok::<_, Infallible>(resp)
+            }
+        });
+        let conn = self.builder.serve_connection(io, service);
+        tokio::pin!(conn);
+        let keepalive = self.shared.config.limits.keepalive_timeout;
+        let mut closing = *self.stop.borrow();
+        if closing {
+            conn.as_mut().graceful_shutdown();
+        }
+        loop {
+            tokio::select! {
+                done = conn.as_mut() => {
+                    if let Err(e) = done {
+                        tracing::debug!(%client, error = %e, "connection ended with an error");
+                    }
+                    return;
+                }
+                _ = self.stop.changed(), if !closing => {
+                    closing = true;
+                    conn.as_mut().graceful_shutdown();
+                }
+                () = activity.idle(keepalive), if !closing => {
+                    closing = true;
+                    conn.as_mut().graceful_shutdown();
+                }
+            }
+        }
+    }
+}
+
+/// When a connection last moved a byte, and how many of its requests are being handled.
+struct Activity {
+    epoch: Instant,
+    last_ms: AtomicU64,
+    busy: AtomicUsize,
+}
+
+/// Marks a request as being handled until dropped.
+struct Busy(Arc<Activity>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.busy.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Activity {
+    fn new() -> Self {
+        Activity { epoch: Instant::now(), last_ms: AtomicU64::new(0), busy: AtomicUsize::new(0) }
+    }
+
+    fn touch(&self) {
+        self.last_ms.store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+
+    fn busy(self: &Arc<Self>) -> Busy {
+        self.busy.fetch_add(1, Ordering::Relaxed);
+        Busy(Arc::clone(self))
+    }
+
+    /// Resolves once the connection has been idle (no bytes, no request) for `limit`.
+    async fn idle(&self, limit: Duration) {
+        loop {
+            let since = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
+            let idle = self.epoch.elapsed().saturating_sub(since);
+            if idle >= limit && self.busy.load(Ordering::Relaxed) == 0 {
+                return;
+            }
+            tokio::time::sleep(limit.saturating_sub(idle).max(Duration::from_millis(10))).await;
+        }
+    }
+}
+
+/// A TCP stream that notes every byte it moves in its connection's [`Activity`].
+struct Tracked {
+    inner: TcpStream,
+    activity: Arc<Activity>,
+}
+
+impl AsyncRead for Tracked {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.activity.touch();
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for Tracked {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
+            self.activity.touch();
+        }
+        polled
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
+            self.activity.touch();
+        }
+        polled
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 

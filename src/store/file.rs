@@ -52,7 +52,7 @@ impl Default for StoreOptions {
             sync: SyncMode::Always,
             segment_bytes: 64 << 20,
             max_resources: 10_000_000,
-            keying: crate::path::keying(&[]),
+            keying: crate::path::keying(&crate::path::PathPolicy::default(), &[]),
         }
     }
 }

@@ -43,7 +43,8 @@ pub enum Kind {
     Advance = 2,
     /// The write with this token has been answered by the backend: no longer in flight.
     Done = 3,
-    /// Closes a batch; the token field holds the batch's start offset.
+    /// Closes a batch; the token field holds the batch's start offset, the 8-byte payload the
+    /// file length known durable when the batch was written.
     Commit = 4,
     /// Ends a snapshot; the token field holds its record count.
     Trailer = 5,
@@ -61,8 +62,12 @@ impl Kind {
         })
     }
 
-    fn has_key(self) -> bool {
-        matches!(self, Kind::State | Kind::Advance | Kind::Done)
+    fn payload_ok(self, len: usize) -> bool {
+        match self {
+            Kind::State | Kind::Advance | Kind::Done => len > 0,
+            Kind::Commit => len == 8,
+            Kind::Trailer => len == 0,
+        }
     }
 }
 
@@ -130,23 +135,33 @@ fn checksum(seed: u32, len: u32, token: u64, kind: u8, key: &[u8]) -> u32 {
     crc32c::crc32c_append(crc32c::crc32c_append(crc, &[kind]), key)
 }
 
-/// Appends one record to `buf`. `key` must be empty exactly for `Commit` and `Trailer`.
-pub fn encode(buf: &mut Vec<u8>, seed: u32, kind: Kind, key: &str, token: u64) {
-    debug_assert!(key.len() <= MAX_KEY_LEN && kind.has_key() != key.is_empty());
-    let len = (9 + key.len()) as u32;
+fn encode_raw(buf: &mut Vec<u8>, seed: u32, kind: Kind, payload: &[u8], token: u64) {
+    debug_assert!(payload.len() <= MAX_KEY_LEN && kind.payload_ok(payload.len()));
+    let len = (9 + payload.len()) as u32;
     let start = buf.len();
     buf.extend_from_slice(&len.to_le_bytes());
-    buf.extend_from_slice(&checksum(seed, len, token, kind as u8, key.as_bytes()).to_le_bytes());
+    buf.extend_from_slice(&checksum(seed, len, token, kind as u8, payload).to_le_bytes());
     buf.extend_from_slice(&token.to_le_bytes());
     buf.push(kind as u8);
-    buf.extend_from_slice(key.as_bytes());
-    buf.resize(start + record_len(key.len()), 0);
+    buf.extend_from_slice(payload);
+    buf.resize(start + record_len(payload.len()), 0);
+}
+
+/// Appends one keyed record (State, Advance or Done) to `buf`.
+pub fn encode(buf: &mut Vec<u8>, seed: u32, kind: Kind, key: &str, token: u64) {
+    encode_raw(buf, seed, kind, key.as_bytes(), token);
+}
+
+/// Appends the commit marker of a batch that starts at `batch_start`, written when the file
+/// was known durable up to `durable`.
+pub fn encode_commit(buf: &mut Vec<u8>, seed: u32, batch_start: u64, durable: u64) {
+    encode_raw(buf, seed, Kind::Commit, &durable.to_le_bytes(), batch_start);
 }
 
 /// Writes a snapshot trailer holding the record count.
 pub fn write_trailer(w: &mut impl Write, seed: u32, count: u64) -> io::Result<()> {
     let mut buf = Vec::with_capacity(24);
-    encode(&mut buf, seed, Kind::Trailer, "", count);
+    encode_raw(&mut buf, seed, Kind::Trailer, &[], count);
     w.write_all(&buf)
 }
 
@@ -159,6 +174,8 @@ pub struct Record<'a> {
     pub key: &'a str,
     /// The token (batch start for commit markers, count for trailers).
     pub token: u64,
+    /// For a commit marker: the file length known durable when its batch was written.
+    pub durable: u64,
     /// Bytes it occupies.
     pub used: usize,
 }
@@ -202,9 +219,13 @@ pub fn decode(b: &[u8], seed: u32) -> Result<Record<'_>, Bad> {
     if checksum(seed, len, token, fixed[16], key) != crc {
         return Err(Bad::Checksum);
     }
-    let kind = Kind::from_u8(fixed[16]).filter(|k| k.has_key() != key.is_empty()).ok_or(Bad::Malformed)?;
+    let kind = Kind::from_u8(fixed[16]).filter(|k| k.payload_ok(key.len())).ok_or(Bad::Malformed)?;
+    if kind == Kind::Commit {
+        let durable = key.iter().rev().fold(0u64, |acc, b| acc << 8 | u64::from(*b));
+        return Ok(Record { kind, key: "", token, durable, used });
+    }
     let key = std::str::from_utf8(key).map_err(|_| Bad::Malformed)?;
-    Ok(Record { kind, key, token, used })
+    Ok(Record { kind, key, token, durable: 0, used })
 }
 
 #[cfg(test)]
@@ -216,13 +237,14 @@ mod tests {
         let mut buf = Vec::new();
         encode(&mut buf, 7, Kind::Advance, "/a", 5);
         encode(&mut buf, 7, Kind::Done, "/accounts/42", u64::MAX);
-        encode(&mut buf, 7, Kind::Commit, "", 40);
+        encode_commit(&mut buf, 7, 40, 32);
         assert_eq!(buf.len() % 8, 0);
         let r = decode(&buf, 7).unwrap();
         assert_eq!((r.kind, r.key, r.token, r.used), (Kind::Advance, "/a", 5, 24));
         let r = decode(&buf[24..], 7).unwrap();
         assert_eq!((r.kind, r.key, r.token, r.used), (Kind::Done, "/accounts/42", u64::MAX, 32));
-        assert_eq!(decode(&buf[56..], 7).unwrap().kind, Kind::Commit);
+        let commit = decode(&buf[56..], 7).unwrap();
+        assert_eq!((commit.kind, commit.token, commit.durable), (Kind::Commit, 40, 32));
     }
 
     #[test]

@@ -24,6 +24,8 @@ pub(crate) struct Log {
     seq: u64,
     file: File,
     len: u64,
+    /// How much of the current segment is known durable: the end of the last synced batch.
+    synced: u64,
     seed: u32,
     pending: Vec<u8>,
 }
@@ -60,8 +62,11 @@ impl Log {
             None => create_segment(dir, recovered.snapshot.unwrap_or(1))?,
         };
         let file = OpenOptions::new().append(true).open(dir.join(segment_name(header.seq)))?;
+        // What a crashed process left in the page cache is valid but maybe not on disk yet.
+        file.sync_all()?;
         let len = file.metadata()?.len();
         Ok(Log {
+            synced: len,
             dir: dir.to_owned(),
             sync,
             seq: header.seq,
@@ -99,7 +104,7 @@ impl Log {
         if self.pending.is_empty() {
             return Ok(());
         }
-        format::encode(&mut self.pending, self.seed, Kind::Commit, "", self.len);
+        format::encode_commit(&mut self.pending, self.seed, self.len, self.synced);
         let result = self.file.write_all(&self.pending);
         // Count what may have reached the file even on error: it is never reused.
         self.len += self.pending.len() as u64;
@@ -107,12 +112,14 @@ impl Log {
         result
     }
 
-    /// Makes everything written durable (unless `sync = "never"`).
+    /// Makes everything written durable (unless `sync = "never"`, where written counts as
+    /// durable: such a store only survives process crashes anyway).
     pub(crate) fn sync(&mut self) -> io::Result<()> {
-        match self.sync {
-            SyncMode::Always => self.file.sync_data(),
-            SyncMode::Never => Ok(()),
+        if self.sync == SyncMode::Always {
+            self.file.sync_data()?;
         }
+        self.synced = self.len;
+        Ok(())
     }
 
     /// Writes and syncs the buffered records: once this returns they survive a crash.
@@ -124,7 +131,9 @@ impl Log {
     /// Flushes to disk whatever the sync mode; used on close.
     pub(crate) fn flush(&mut self) -> io::Result<()> {
         self.write()?;
-        self.file.sync_all()
+        self.file.sync_all()?;
+        self.synced = self.len;
+        Ok(())
     }
 
     /// Starts the next segment; the current one is complete. Returns the new sequence number,
@@ -136,6 +145,7 @@ impl Log {
         self.seq = header.seq;
         self.seed = header.seed(FileKind::Segment);
         self.len = format::HEADER_LEN as u64;
+        self.synced = self.len;
         Ok(header.seq)
     }
 }

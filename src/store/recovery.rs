@@ -310,24 +310,21 @@ fn replay_segment(
         None if batch_start == len => return Ok((len, records, None)),
         None => "a batch without its commit marker".to_string(),
         Some((at, bad)) => {
-            // Pages of an unsynced batch can land in any order, so valid records may follow
-            // the damage. Only a commit marker for a later batch, or valid data after this
-            // batch's own marker, proves this batch was synced, and so is real damage.
+            // Everything written after the last completed sync can reach the disk in any
+            // order, so valid records may follow the damage. Only a later commit marker that
+            // says this batch was already durable when it was written proves real damage.
             let tail = read_tail(path, at)?;
-            let marker = (8..tail.len())
-                .step_by(8)
-                .find_map(|p| format::decode(&tail[p..], seed).ok().filter(|r| r.kind == Kind::Commit).map(|r| (p, r)));
-            if let Some((p, r)) = marker {
-                let after = p + r.used;
-                let more = (after..tail.len()).step_by(8).any(|q| format::decode(&tail[q..], seed).is_ok());
-                if r.token != batch_start || more {
-                    let at_marker = at + p as u64;
-                    return Err(corrupt(
-                        path,
-                        at,
-                        format!("{bad}, with a committed batch at byte {at_marker} after it"),
-                    ));
-                }
+            let proof = (8..tail.len()).step_by(8).find_map(|p| {
+                let r = format::decode(&tail[p..], seed).ok()?;
+                (r.kind == Kind::Commit && r.durable > batch_start).then_some(p)
+            });
+            if let Some(p) = proof {
+                let at_marker = at + p as u64;
+                return Err(corrupt(
+                    path,
+                    at,
+                    format!("{bad}, but a batch committed at byte {at_marker} says this data had been synced"),
+                ));
             }
             bad.to_string()
         }

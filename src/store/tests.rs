@@ -91,7 +91,7 @@ async fn a_half_written_record_followed_by_zeros_is_a_torn_write() {
     let path = segment(dir.path(), 1);
     let mut data = fs::read(&path).unwrap();
     let n = data.len();
-    data[n - 8..].fill(0); // the last record's key never landed
+    data[n - 16..].fill(0); // the end of the last batch never landed
     data.extend_from_slice(&[0; 4096]); // the file grew before its data did
     fs::write(&path, &data).unwrap();
     assert_eq!(contents(&open(dir.path())), map(&[("/a", 5)]));
@@ -107,7 +107,7 @@ async fn corruption_with_valid_records_after_it_refuses_to_start() {
     fs::write(&path, &data).unwrap();
     let err = FileStore::open(dir.path(), options(64 << 20)).unwrap_err();
     assert!(matches!(&err, StoreError::Corrupt { offset: 40, .. }), "{err}");
-    assert!(err.to_string().contains(&segment_name(1)) && err.to_string().contains("committed batch"), "{err}");
+    assert!(err.to_string().contains(&segment_name(1)) && err.to_string().contains("had been synced"), "{err}");
 }
 
 #[tokio::test]
@@ -263,7 +263,8 @@ async fn writes_in_flight_at_a_crash_are_reported_and_answered_ones_are_not() {
 async fn a_directory_written_under_other_key_rules_refuses_to_open() {
     let dir = tempfile::tempdir().unwrap();
     write_and_close(dir.path(), &[("/buckets/b1/obj", 50)]).await;
-    let scoped = crate::path::keying(&[crate::config::Scope { prefix: "/buckets/".into(), segments: Some(2) }]);
+    let scope = crate::config::Scope { prefix: "/buckets/".into(), segments: Some(2) };
+    let scoped = crate::path::keying(&crate::path::PathPolicy::default(), &[scope]);
     let err = FileStore::open(dir.path(), StoreOptions { keying: scoped, ..options(4096) }).unwrap_err();
     assert!(matches!(err, StoreError::KeyingChanged { .. }), "{err}");
     assert!(err.to_string().contains("scope /buckets/ segments 2"), "{err}");

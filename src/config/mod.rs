@@ -8,9 +8,12 @@ use std::time::Duration;
 
 use http::header::HeaderName;
 use http::{Method, Uri};
-use serde::{Deserialize, Serialize, Serializer};
+use serde::{Serialize, Serializer};
 
-use crate::path;
+use crate::path::{self, EscapedSlashes, MatrixParams, PathPolicy, TrailingSlash};
+
+mod raw;
+use raw::{RawConfig, RawLimits, RawPaths, RawScope};
 
 /// A configuration that could not be loaded; the message names the offending key.
 #[derive(Debug, thiserror::Error)]
@@ -62,114 +65,6 @@ pub enum SyncMode {
     Never,
 }
 
-/// The file as written, with defaults filled in. Durations are strings such as `"2s"`.
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawConfig {
-    #[serde(default)]
-    server: RawServer,
-    backend: RawBackend,
-    #[serde(default)]
-    fence: RawFence,
-    #[serde(default)]
-    store: RawStore,
-    #[serde(default)]
-    log: RawLog,
-}
-
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
-struct RawServer {
-    listen: String,
-    header_read_timeout: String,
-    shutdown_grace: String,
-}
-
-impl Default for RawServer {
-    fn default() -> Self {
-        Self { listen: "127.0.0.1:8080".into(), header_read_timeout: "10s".into(), shutdown_grace: "30s".into() }
-    }
-}
-
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-struct RawBackend {
-    url: String,
-    #[serde(default = "default_connect_timeout")]
-    connect_timeout: String,
-    #[serde(default = "default_request_timeout")]
-    request_timeout: String,
-}
-
-fn default_connect_timeout() -> String {
-    "2s".into()
-}
-fn default_request_timeout() -> String {
-    "30s".into()
-}
-
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
-struct RawFence {
-    header: String,
-    methods: Vec<String>,
-    equal_token: String,
-    missing_token: String,
-    queue_timeout: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    quarantine: Option<String>,
-    scopes: Vec<RawScope>,
-}
-
-impl Default for RawFence {
-    fn default() -> Self {
-        Self {
-            header: "Fencing-Token".into(),
-            methods: ["PUT", "POST", "PATCH", "DELETE"].map(String::from).to_vec(),
-            equal_token: "reject".into(),
-            missing_token: "reject".into(),
-            queue_timeout: "10s".into(),
-            quarantine: None,
-            scopes: Vec::new(),
-        }
-    }
-}
-
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-struct RawScope {
-    prefix: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    segments: Option<usize>,
-}
-
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
-struct RawStore {
-    dir: PathBuf,
-    sync: String,
-    segment_bytes: u64,
-    max_resources: usize,
-}
-
-impl Default for RawStore {
-    fn default() -> Self {
-        Self { dir: "data".into(), sync: "always".into(), segment_bytes: 64 << 20, max_resources: 10_000_000 }
-    }
-}
-
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
-struct RawLog {
-    level: String,
-}
-
-impl Default for RawLog {
-    fn default() -> Self {
-        Self { level: "info".into() }
-    }
-}
-
 /// The validated configuration.
 #[derive(Debug, Clone, Serialize)]
 pub struct Config {
@@ -183,6 +78,31 @@ pub struct Config {
     pub store: StoreConfig,
     /// Logging.
     pub log: LogConfig,
+    /// How paths resolve to resources: must match the backend.
+    pub paths: PathPolicy,
+    /// Bounds on what a client may send and hold.
+    pub limits: LimitsConfig,
+}
+
+/// `[limits]`
+#[derive(Debug, Clone, Serialize)]
+pub struct LimitsConfig {
+    /// A client must finish sending request headers within this time (slowloris guard).
+    #[serde(serialize_with = "ser_duration")]
+    pub header_read_timeout: Duration,
+    /// An idle keep-alive connection is closed after this long.
+    #[serde(serialize_with = "ser_duration")]
+    pub keepalive_timeout: Duration,
+    /// Connections served at once; further ones wait in the listen backlog.
+    pub max_connections: usize,
+    /// Bytes of request line plus headers (431 beyond).
+    pub max_header_bytes: usize,
+    /// Bytes of request target (414 beyond).
+    pub max_uri_bytes: usize,
+    /// Body bytes of a fenced write (413 beyond); 0 for no limit.
+    pub max_body_bytes: u64,
+    /// Concurrent streams per HTTP/2 connection.
+    pub h2_max_concurrent_streams: u32,
 }
 
 /// `[server]`
@@ -190,9 +110,6 @@ pub struct Config {
 pub struct ServerConfig {
     /// Address the binary binds (tests bind their own listener and ignore it).
     pub listen: SocketAddr,
-    /// A client must finish sending request headers within this time (slowloris guard).
-    #[serde(serialize_with = "ser_duration")]
-    pub header_read_timeout: Duration,
     /// On SIGTERM, in-flight requests get this long to finish.
     #[serde(serialize_with = "ser_duration")]
     pub shutdown_grace: Duration,
@@ -305,7 +222,6 @@ impl Config {
                 .listen
                 .parse()
                 .map_err(|e| invalid("server.listen", format!("{e}: expected IP:PORT")))?,
-            header_read_timeout: duration("server.header_read_timeout", &raw.server.header_read_timeout)?,
             shutdown_grace: duration("server.shutdown_grace", &raw.server.shutdown_grace)?,
         };
         let backend = BackendConfig {
@@ -331,7 +247,8 @@ impl Config {
             Some(q) => duration("fence.quarantine", q)?,
             None => backend.request_timeout,
         };
-        let scopes = f.scopes.iter().enumerate().map(|(i, s)| scope(i, s)).collect::<Result<_, _>>()?;
+        let paths = path_policy(&raw.paths)?;
+        let scopes = f.scopes.iter().enumerate().map(|(i, s)| scope(i, s, &paths)).collect::<Result<_, _>>()?;
         let fence = FenceConfig {
             header,
             methods,
@@ -369,7 +286,8 @@ impl Config {
         if !["error", "warn", "info", "debug", "trace"].contains(&level.as_str()) {
             return Err(invalid("log.level", format!("{level:?}: expected error, warn, info, debug or trace")));
         }
-        Ok(Config { server, backend, fence, store, log: LogConfig { level } })
+        let limits = limits(&raw.limits)?;
+        Ok(Config { server, backend, fence, store, log: LogConfig { level }, paths, limits })
     }
 }
 
@@ -417,9 +335,57 @@ fn backend_url(text: &str) -> Result<Uri, ConfigError> {
     Ok(uri)
 }
 
-fn scope(index: usize, raw: &RawScope) -> Result<Scope, ConfigError> {
+fn path_policy(raw: &RawPaths) -> Result<PathPolicy, ConfigError> {
+    Ok(PathPolicy {
+        escaped_slashes: choice(
+            "paths.escaped_slashes",
+            &raw.escaped_slashes,
+            [("reject", EscapedSlashes::Reject), ("decode", EscapedSlashes::Decode)],
+        )?,
+        merge_slashes: raw.merge_slashes,
+        case_sensitive: raw.case_sensitive,
+        trailing_slash: choice(
+            "paths.trailing_slash",
+            &raw.trailing_slash,
+            [("distinct", TrailingSlash::Distinct), ("strip", TrailingSlash::Strip)],
+        )?,
+        matrix_params: choice(
+            "paths.matrix_params",
+            &raw.matrix_params,
+            [("reject", MatrixParams::Reject), ("allow", MatrixParams::Allow)],
+        )?,
+    })
+}
+
+fn bounded<T: PartialOrd + std::fmt::Display + Copy>(key: &str, v: T, min: T, max: T) -> Result<T, ConfigError> {
+    if v < min || v > max {
+        return Err(invalid(key, format!("{v} is outside {min}..={max}")));
+    }
+    Ok(v)
+}
+
+fn limits(raw: &RawLimits) -> Result<LimitsConfig, ConfigError> {
+    Ok(LimitsConfig {
+        header_read_timeout: duration("limits.header_read_timeout", &raw.header_read_timeout)?,
+        keepalive_timeout: duration("limits.keepalive_timeout", &raw.keepalive_timeout)?,
+        max_connections: bounded("limits.max_connections", raw.max_connections, 1, 1 << 20)?,
+        // hyper's HTTP/1 read buffer must hold the head; it cannot be smaller than 8 KiB.
+        max_header_bytes: bounded("limits.max_header_bytes", raw.max_header_bytes, 1024, 1 << 20)?,
+        max_uri_bytes: bounded("limits.max_uri_bytes", raw.max_uri_bytes, 64, path::MAX_PATH_LEN)?,
+        max_body_bytes: raw.max_body_bytes,
+        h2_max_concurrent_streams: bounded(
+            "limits.h2_max_concurrent_streams",
+            raw.h2_max_concurrent_streams,
+            1,
+            10_000,
+        )?,
+    })
+}
+
+fn scope(index: usize, raw: &RawScope, policy: &PathPolicy) -> Result<Scope, ConfigError> {
     let key = format!("fence.scopes[{index}].prefix");
-    let canonical = path::canonicalize(&raw.prefix).map_err(|e| invalid(&key, format!("{:?}: {e}", raw.prefix)))?;
+    let canonical =
+        path::canonicalize(&raw.prefix, policy).map_err(|e| invalid(&key, format!("{:?}: {e}", raw.prefix)))?;
     if canonical != raw.prefix {
         return Err(invalid(&key, format!("{:?} is not canonical; write {canonical:?}", raw.prefix)));
     }
@@ -489,7 +455,10 @@ mod tests {
             ("[[fence.scopes]]\nprefix = \"/a/b/\"\nsegments = 1\n", "fence.scopes[0].segments"),
             ("[server]\nlisten = \"localhost\"\n", "server.listen"),
             ("[fence]\nquarantine = \"400000000000years\"\n", "fence.quarantine"),
-            ("[server]\nheader_read_timeout = \"366days\"\n", "365 days"),
+            ("[limits]\nheader_read_timeout = \"366days\"\n", "365 days"),
+            ("[limits]\nmax_header_bytes = 10\n", "limits.max_header_bytes"),
+            ("[paths]\ntrailing_slash = \"sometimes\"\n", "paths.trailing_slash"),
+            ("[paths]\nmerge_slashes = \"maybe\"\n", "merge_slashes"),
         ] {
             let text = if extra.starts_with("[backend]") { extra.to_string() } else { format!("{MINIMAL}{extra}") };
             let err = Config::from_toml_str(&text).unwrap_err();

@@ -1,0 +1,165 @@
+//! The configuration file as written: serde structs that reject unknown keys and fill in
+//! defaults. `super` validates them into [`super::Config`].
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// The file as written, with defaults filled in. Durations are strings such as `"2s"`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawConfig {
+    #[serde(default)]
+    pub(super) server: RawServer,
+    pub(super) backend: RawBackend,
+    #[serde(default)]
+    pub(super) fence: RawFence,
+    #[serde(default)]
+    pub(super) store: RawStore,
+    #[serde(default)]
+    pub(super) log: RawLog,
+    #[serde(default)]
+    pub(super) paths: RawPaths,
+    #[serde(default)]
+    pub(super) limits: RawLimits,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawServer {
+    pub(super) listen: String,
+    pub(super) shutdown_grace: String,
+}
+
+impl Default for RawServer {
+    fn default() -> Self {
+        Self { listen: "127.0.0.1:8080".into(), shutdown_grace: "30s".into() }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawBackend {
+    pub(super) url: String,
+    #[serde(default = "default_connect_timeout")]
+    pub(super) connect_timeout: String,
+    #[serde(default = "default_request_timeout")]
+    pub(super) request_timeout: String,
+}
+
+pub(super) fn default_connect_timeout() -> String {
+    "2s".into()
+}
+pub(super) fn default_request_timeout() -> String {
+    "30s".into()
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawFence {
+    pub(super) header: String,
+    pub(super) methods: Vec<String>,
+    pub(super) equal_token: String,
+    pub(super) missing_token: String,
+    pub(super) queue_timeout: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) quarantine: Option<String>,
+    pub(super) scopes: Vec<RawScope>,
+}
+
+impl Default for RawFence {
+    fn default() -> Self {
+        Self {
+            header: "Fencing-Token".into(),
+            methods: ["PUT", "POST", "PATCH", "DELETE"].map(String::from).to_vec(),
+            equal_token: "reject".into(),
+            missing_token: "reject".into(),
+            queue_timeout: "10s".into(),
+            quarantine: None,
+            scopes: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawScope {
+    pub(super) prefix: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) segments: Option<usize>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawStore {
+    pub(super) dir: PathBuf,
+    pub(super) sync: String,
+    pub(super) segment_bytes: u64,
+    pub(super) max_resources: usize,
+}
+
+impl Default for RawStore {
+    fn default() -> Self {
+        Self { dir: "data".into(), sync: "always".into(), segment_bytes: 64 << 20, max_resources: 10_000_000 }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawLog {
+    pub(super) level: String,
+}
+
+impl Default for RawLog {
+    fn default() -> Self {
+        Self { level: "info".into() }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawPaths {
+    pub(super) escaped_slashes: String,
+    pub(super) merge_slashes: bool,
+    pub(super) case_sensitive: bool,
+    pub(super) trailing_slash: String,
+    pub(super) matrix_params: String,
+}
+
+impl Default for RawPaths {
+    fn default() -> Self {
+        Self {
+            escaped_slashes: "reject".into(),
+            merge_slashes: true,
+            case_sensitive: true,
+            trailing_slash: "distinct".into(),
+            matrix_params: "reject".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawLimits {
+    pub(super) header_read_timeout: String,
+    pub(super) keepalive_timeout: String,
+    pub(super) max_connections: usize,
+    pub(super) max_header_bytes: usize,
+    pub(super) max_uri_bytes: usize,
+    pub(super) max_body_bytes: u64,
+    pub(super) h2_max_concurrent_streams: u32,
+}
+
+impl Default for RawLimits {
+    fn default() -> Self {
+        Self {
+            header_read_timeout: "10s".into(),
+            keepalive_timeout: "60s".into(),
+            max_connections: 4096,
+            max_header_bytes: 16 * 1024,
+            max_uri_bytes: 8 * 1024,
+            max_body_bytes: 0,
+            h2_max_concurrent_streams: 100,
+        }
+    }
+}
