@@ -1,0 +1,184 @@
+//! Limits: slow, huge and malformed requests are refused with a tagged answer, never
+//! forwarded, and never change `max_seen`; and they cannot starve well-behaved clients.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::{Harness, raw_request, send_with};
+use http::{Method, Request};
+use http_body_util::Full;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+#[tokio::test]
+async fn headers_over_the_limit_get_431_and_are_not_forwarded() {
+    let h = Harness::start_with(|c| c.limits.max_header_bytes = 4096).await;
+    let big = "x".repeat(5000);
+    let r = h.send("PUT", "/doc", &[("fencing-token", "1"), ("x-big", &big)], "v").await;
+    r.assert_refused(431, "headers_too_large");
+    let r = h.send("GET", "/doc", &[("x-big", &big)], "").await;
+    r.assert_refused(431, "headers_too_large");
+    assert!(h.backend.requests().is_empty());
+    assert_eq!(h.proxy.max_seen("/doc"), None);
+    assert_eq!(h.put("/doc", 1, "v").await.status, 200, "normal requests still pass");
+}
+
+#[tokio::test]
+async fn a_target_over_the_limit_gets_414() {
+    let h = Harness::start_with(|c| c.limits.max_uri_bytes = 256).await;
+    let long = format!("/{}", "a".repeat(300));
+    h.put(&long, 1, "v").await.assert_refused(414, "uri_too_long");
+    h.get(&format!("/doc?{}", "q".repeat(300))).await.assert_refused(414, "uri_too_long");
+    assert!(h.backend.requests().is_empty());
+}
+
+#[tokio::test]
+async fn a_declared_body_over_the_limit_gets_413_before_max_seen_moves() {
+    let h = Harness::start_with(|c| c.limits.max_body_bytes = 1024).await;
+    h.put("/doc", 1, &"x".repeat(2048)).await.assert_refused(413, "body_too_large");
+    assert!(h.backend.requests().is_empty());
+    assert_eq!(h.proxy.max_seen("/doc"), None, "refused before the advance");
+    assert_eq!(h.put("/doc", 1, &"x".repeat(1024)).await.status, 200, "at the limit is fine");
+    let r = h.send("GET", "/doc", &[], "x".repeat(4096)).await;
+    assert_eq!(r.status, 200, "reads are not limited");
+}
+
+#[tokio::test]
+async fn a_chunked_body_that_overruns_the_limit_is_cut_off_and_never_applied() {
+    let h = Harness::start_with(|c| c.limits.max_body_bytes = 1024).await;
+    let chunk = "x".repeat(800);
+    let body = format!("320\r\n{chunk}\r\n320\r\n{chunk}\r\n0\r\n\r\n");
+    let mut stream = TcpStream::connect(h.addr).await.unwrap();
+    let head =
+        "PUT /doc HTTP/1.1\r\nHost: x\r\nFencing-Token: 1\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n";
+    stream.write_all(format!("{head}{body}").as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.unwrap();
+    let text = String::from_utf8_lossy(&raw);
+    assert!(text.starts_with("HTTP/1.1 413"), "{text}");
+    assert!(text.contains("fencegate-error: body_too_large"), "{text}");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(h.backend.applied().is_empty(), "a cut-off body is never applied");
+    // Part of it may have reached the backend: the resource is quarantined like any write
+    // with an unknown outcome.
+    h.put("/doc", 2, "v").await.assert_refused(503, "resource_quarantined");
+}
+
+#[tokio::test]
+async fn hundreds_of_half_open_connections_do_not_delay_a_normal_request_and_are_closed() {
+    let h = Harness::start_with(|c| c.limits.header_read_timeout = Duration::from_millis(800)).await;
+    let mut slow = Vec::new();
+    for _ in 0..300 {
+        let mut s = TcpStream::connect(h.addr).await.unwrap();
+        s.write_all(b"PUT /doc HTTP/1.1\r\nHost: x\r\nFencing-Token: 1\r\n").await.unwrap();
+        slow.push(s);
+    }
+    assert_eq!(h.put("/doc", 1, "v").await.status, 200, "served despite 300 slowloris connections");
+    // Past the header-read timeout the server has closed them.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut closed = 0;
+    for s in &mut slow {
+        let mut buf = [0u8; 512];
+        if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_millis(200), s.read(&mut buf)).await {
+            closed += 1; // EOF, or a 408 then EOF
+        }
+    }
+    assert_eq!(closed, slow.len());
+    assert_eq!(h.applied_tokens("/doc"), [1]);
+}
+
+#[tokio::test]
+async fn beyond_max_connections_new_connections_wait_for_a_free_slot() {
+    let h = Harness::start_with(|c| c.limits.max_connections = 2).await;
+    let mut first = TcpStream::connect(h.addr).await.unwrap();
+    let _second = TcpStream::connect(h.addr).await.unwrap();
+    // Make sure both are accepted (each has been served once).
+    first.write_all(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    let mut buf = [0u8; 256];
+    let _ = first.read(&mut buf).await.unwrap();
+    let addr = h.addr;
+    let third = tokio::spawn(async move { raw_request(addr, "GET /y HTTP/1.1\r\nHost: x", "").await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!third.is_finished(), "a third connection is not served while two are open");
+    drop(first);
+    let r = tokio::time::timeout(Duration::from_secs(10), third).await.unwrap().unwrap();
+    assert_eq!(r.status, 404, "served once a slot is free");
+}
+
+#[tokio::test]
+async fn idle_keep_alive_connections_are_closed_but_busy_ones_are_not() {
+    let h = Harness::start_with(|c| c.limits.keepalive_timeout = Duration::from_millis(300)).await;
+    let mut idle = TcpStream::connect(h.addr).await.unwrap();
+    idle.write_all(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    let mut buf = vec![0u8; 1024];
+    let n = idle.read(&mut buf).await.unwrap();
+    assert!(n > 0);
+    // A request the backend holds for longer than the idle limit is not cut off.
+    let slow = h.slow_put("/doc", 1, 900).await;
+    assert_eq!(slow.status, 200);
+    let n = tokio::time::timeout(Duration::from_secs(5), idle.read(&mut buf)).await.unwrap().unwrap();
+    assert_eq!(n, 0, "the idle connection was closed by the server");
+}
+
+#[tokio::test]
+async fn http2_streams_beyond_the_limit_wait_for_their_turn() {
+    let h = Arc::new(Harness::start_with(|c| c.limits.h2_max_concurrent_streams = 1).await);
+    let client = Client::builder(TokioExecutor::new()).http2_only(true).build_http::<Full<Bytes>>();
+    let put = |path: &str, token: &str, delay: &str| {
+        Request::builder()
+            .method(Method::PUT)
+            .uri(h.url(path))
+            .header("fencing-token", token)
+            .header(common::DELAY_HEADER, delay)
+            .body(Full::new(Bytes::from_static(b"v")))
+            .unwrap()
+    };
+    let (a, b) = (put("/a", "1", "500"), put("/b", "1", "0"));
+    let (c1, c2) = (client.clone(), client.clone());
+    let first = tokio::spawn(async move { send_with(&c1, a).await });
+    h.wait_received("/a", 1).await;
+    let second = tokio::spawn(async move { send_with(&c2, b).await });
+    assert_eq!(first.await.unwrap().status, 200);
+    assert_eq!(second.await.unwrap().status, 200);
+    let order: Vec<String> = h.backend.requests().iter().map(|r| r.path.clone()).collect();
+    assert_eq!(order, ["/a", "/b"], "/b's stream opened only after /a's closed");
+}
+
+#[tokio::test]
+async fn connect_is_refused_and_fenced_writes_cannot_upgrade() {
+    let h = Harness::start().await;
+    let r = raw_request(h.addr, "CONNECT backend.test:443 HTTP/1.1\r\nHost: backend.test:443", "").await;
+    r.assert_refused(405, "method_not_allowed");
+    let r = h
+        .raw("PUT /doc HTTP/1.1\r\nHost: x\r\nFencing-Token: 1\r\nConnection: upgrade\r\nUpgrade: websocket", "v")
+        .await;
+    r.assert_refused(400, "upgrade_refused");
+    assert!(h.backend.requests().is_empty());
+    assert_eq!(h.proxy.max_seen("/doc"), None);
+    // An unfenced request is forwarded without the hop-by-hop Upgrade.
+    let r = h.raw("GET /doc HTTP/1.1\r\nHost: x\r\nConnection: upgrade\r\nUpgrade: websocket", "").await;
+    assert_eq!((r.status, r.fencegate_error()), (404, None));
+    assert!(!h.backend.requests()[0].headers.contains_key("upgrade"));
+}
+
+#[tokio::test]
+async fn content_length_with_transfer_encoding_never_reaches_the_backend_as_two_framings() {
+    let h = Harness::start().await;
+    let head = "PUT /doc HTTP/1.1\r\nHost: x\r\nFencing-Token: 1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked";
+    let mut stream = TcpStream::connect(h.addr).await.unwrap();
+    stream.write_all(format!("{head}\r\n\r\n5\r\nhello\r\n0\r\n\r\n").as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut raw)).await;
+    assert!(String::from_utf8_lossy(&raw).starts_with("HTTP/1.1 200"));
+    // hyper lets Transfer-Encoding win and drops Content-Length (RFC 9112 §6.3).
+    let got = h.backend.requests();
+    assert_eq!(got.len(), 1);
+    let framings = ["content-length", "transfer-encoding"].iter().filter(|k| got[0].headers.contains_key(**k)).count();
+    assert_eq!(framings, 1, "both framings reached the backend: {:?}", got[0].headers);
+    assert_eq!(got[0].body, "hello", "the body is the chunked one, not 3 bytes of it");
+}
