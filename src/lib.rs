@@ -14,6 +14,8 @@ pub mod config;
 pub mod demo;
 pub mod error;
 pub mod fence;
+#[doc(hidden)]
+pub mod fuzzing;
 mod handler;
 pub mod memstore;
 pub mod path;

@@ -68,13 +68,16 @@ async fn start_nginx() -> Option<Nginx> {
         .spawn()
         .unwrap();
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let error_log = p("error.log");
+    // From here on, dropping the guard (also when panicking) kills and reaps nginx.
+    let nginx = Nginx { child, addr, root, _dir: dir };
     for _ in 0..200 {
         if tokio::net::TcpStream::connect(addr).await.is_ok() {
-            return Some(Nginx { child, addr, root, _dir: dir });
+            return Some(nginx);
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
-    panic!("nginx did not start: {}", std::fs::read_to_string(p("error.log")).unwrap_or_default());
+    panic!("nginx did not start: {}", std::fs::read_to_string(error_log).unwrap_or_default());
 }
 
 /// The file under `root` whose content is `body`, as a path from the root.
@@ -163,7 +166,8 @@ async fn every_spelling_nginx_resolves_to_a_file_is_refused_or_fenced_as_that_fi
                 assert_eq!(written, nginx_file, "{spelling}: nginx writes it as another file");
                 if let Some(file) = written {
                     // The key fencegate fenced it under, from its own answer to a replay.
-                    let again = h.raw(&format!("PUT {spelling} HTTP/1.1\r\nHost: x\r\nFencing-Token: {token}"), "v").await;
+                    let again =
+                        h.raw(&format!("PUT {spelling} HTTP/1.1\r\nHost: x\r\nFencing-Token: {token}"), "v").await;
                     again.assert_refused(409, "stale_token");
                     let key = again.json()["resource"].as_str().unwrap().to_owned();
                     // Keys are URI spellings (one canonical escape per character), files are not.

@@ -9,9 +9,9 @@
 //! the same trait.
 
 mod file;
-mod format;
+pub(crate) mod format;
 mod log;
-mod recovery;
+pub(crate) mod recovery;
 
 use std::future::Future;
 use std::path::PathBuf;
