@@ -228,10 +228,14 @@ impl Activity {
         loop {
             let since = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
             let idle = self.epoch.elapsed().saturating_sub(since);
-            if idle >= limit && self.busy.load(Ordering::Relaxed) == 0 {
+            let wait = if self.busy.load(Ordering::Relaxed) > 0 {
+                limit // a request is being handled: look again a whole period later
+            } else if idle >= limit {
                 return;
-            }
-            tokio::time::sleep(limit.saturating_sub(idle).max(Duration::from_millis(10))).await;
+            } else {
+                limit - idle
+            };
+            tokio::time::sleep(wait.max(Duration::from_millis(10))).await;
         }
     }
 }

@@ -1,0 +1,73 @@
+//! Loading, defaults, validation messages and environment overrides.
+
+use super::*;
+
+const MINIMAL: &str = "[backend]\nurl = \"http://127.0.0.1:9000\"\n";
+
+#[test]
+fn minimal_file_gets_documented_defaults() {
+    let c = Config::from_toml_str(MINIMAL).unwrap();
+    assert_eq!(c.server.listen, "127.0.0.1:8080".parse().unwrap());
+    assert_eq!(c.backend.connect_timeout, Duration::from_secs(2));
+    assert_eq!(c.backend.request_timeout, Duration::from_secs(30));
+    assert_eq!(c.fence.header.as_str(), "fencing-token");
+    assert_eq!(c.fence.methods, vec![Method::PUT, Method::POST, Method::PATCH, Method::DELETE]);
+    assert_eq!(c.fence.equal_token, EqualToken::Reject);
+    assert_eq!(c.fence.missing_token, MissingToken::Reject);
+    assert_eq!(c.fence.quarantine, c.backend.request_timeout);
+    assert_eq!(c.store.dir, PathBuf::from("data"));
+    assert_eq!(c.store.sync, SyncMode::Always);
+}
+
+#[test]
+fn unknown_key_is_named_in_the_error() {
+    let err = Config::from_toml_str(&format!("{MINIMAL}[fence]\nequal_tokens = \"accept\"\n")).unwrap_err();
+    assert!(err.to_string().contains("equal_tokens"), "{err}");
+}
+
+#[test]
+fn bad_values_name_their_key() {
+    for (extra, key) in [
+        ("[fence]\nequal_token = \"maybe\"\n", "fence.equal_token: \"maybe\": expected \"reject\" or \"accept\""),
+        ("[store]\nsync = \"sometimes\"\n", "store.sync"),
+        ("[backend]\nurl = \"ftp://x\"\n", "backend.url"),
+        ("[fence]\nqueue_timeout = \"soon\"\n", "fence.queue_timeout"),
+        ("[[fence.scopes]]\nprefix = \"/a/../b/\"\n", "fence.scopes[0].prefix"),
+        ("[[fence.scopes]]\nprefix = \"/a/b/\"\nsegments = 1\n", "fence.scopes[0].segments"),
+        ("[server]\nlisten = \"localhost\"\n", "server.listen"),
+        ("[fence]\nquarantine = \"400000000000years\"\n", "fence.quarantine"),
+        ("[limits]\nheader_read_timeout = \"366days\"\n", "365 days"),
+        ("[limits]\nmax_header_bytes = 10\n", "limits.max_header_bytes"),
+        ("[paths]\ntrailing_slash = \"sometimes\"\n", "paths.trailing_slash"),
+        ("[paths]\nmerge_slashes = \"maybe\"\n", "merge_slashes"),
+    ] {
+        let text = if extra.starts_with("[backend]") { extra.to_string() } else { format!("{MINIMAL}{extra}") };
+        let err = Config::from_toml_str(&text).unwrap_err();
+        assert!(err.to_string().contains(key), "{extra:?} gave {err}");
+    }
+}
+
+#[test]
+fn environment_overrides_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("f.toml");
+    std::fs::write(&file, MINIMAL).unwrap();
+    let env = HashMap::from([
+        ("FENCEGATE_FENCE__EQUAL_TOKEN".to_string(), "accept".to_string()),
+        ("FENCEGATE_BACKEND__URL".to_string(), "http://127.0.0.1:9100".to_string()),
+        ("FENCEGATE_FENCE__METHODS".to_string(), "PUT,DELETE".to_string()),
+    ]);
+    let c = Config::load(&file, Some(env)).unwrap();
+    assert_eq!(c.fence.equal_token, EqualToken::Accept);
+    assert_eq!(c.backend.url.port_u16(), Some(9100));
+    assert_eq!(c.fence.methods, vec![Method::PUT, Method::DELETE]);
+    let typo = HashMap::from([("FENCEGATE_FENCE__EQUAL".to_string(), "accept".to_string())]);
+    assert!(Config::load(&file, Some(typo)).is_err());
+}
+
+#[test]
+fn effective_settings_round_trip() {
+    let c = Config::from_toml_str(MINIMAL).unwrap();
+    let again = Config::from_toml_str(&c.to_toml()).unwrap();
+    assert_eq!(c.to_toml(), again.to_toml());
+}
