@@ -133,3 +133,20 @@ async fn a_write_abandoned_by_its_client_keeps_the_resource_until_the_backend_an
     assert_eq!(h.put("/doc", 2, "two").await.status, 200);
     assert_eq!(h.applied_tokens("/doc"), [1, 2], "2 was sent only after the backend answered 1");
 }
+
+#[tokio::test]
+async fn shutdown_lets_a_slow_in_flight_write_finish_before_the_store_closes() {
+    let mut h = Harness::start().await;
+    let addr = h.addr;
+    let slow = tokio::spawn(async move {
+        let head = format!("PUT /doc HTTP/1.1\r\nHost: x\r\nFencing-Token: 9\r\n{}: 600", common::DELAY_HEADER);
+        common::raw_request(addr, &head, "v").await
+    });
+    h.wait_received("/doc", 9).await;
+    h.shutdown().await; // returns once connections have drained and the store is closed
+    assert_eq!(slow.await.unwrap().status, 200, "the in-flight write was answered, not cut off");
+    assert_eq!(h.applied_tokens("/doc"), [9]);
+    h.restart().await;
+    h.put("/doc", 9, "again").await.assert_refused(409, "stale_token");
+    assert_eq!(h.put("/doc", 10, "ten").await.status, 200, "answered before shutdown: not quarantined");
+}
