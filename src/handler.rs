@@ -48,7 +48,9 @@ fn check_limits(req: &Request<Incoming>, limits: &LimitsConfig) -> Result<(), Er
     if req.method() == Method::CONNECT {
         return Err(Error::MethodNotAllowed(req.method().to_string()));
     }
-    let uri = req.uri().path_and_query().map_or(0, |pq| pq.as_str().len());
+    // The authority counts too (absolute form, HTTP/2's :authority): it becomes Host upstream.
+    let authority = req.uri().authority().map_or(0, |a| a.as_str().len());
+    let uri = authority + req.uri().path_and_query().map_or(0, |pq| pq.as_str().len());
     if uri > limits.max_uri_bytes {
         return Err(Error::UriTooLong { size: uri, limit: limits.max_uri_bytes });
     }

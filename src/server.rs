@@ -10,10 +10,11 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+use hyper::body::{Body, Frame, SizeHint};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 
@@ -22,7 +23,7 @@ use crate::error::Error;
 use crate::fence::FenceTable;
 use crate::handler::{self, Shared};
 use crate::path;
-use crate::proxy::Forwarder;
+use crate::proxy::{Forwarder, ProxyBody};
 use crate::store::{FileStore, StoreOptions};
 
 /// An opened proxy: store recovered and locked, ready to serve.
@@ -85,7 +86,8 @@ impl Proxy {
             .http2()
             .timer(TokioTimer::new())
             .max_concurrent_streams(limits.h2_max_concurrent_streams)
-            .max_header_list_size(u32::try_from(limits.max_header_bytes * 2).unwrap_or(u32::MAX));
+            // HTTP/2 counts 32 bytes of overhead per header field (RFC 9113 §6.5.2).
+            .max_header_list_size(u32::try_from(limits.max_header_bytes * 2 + 32 * 100).unwrap_or(u32::MAX));
         let permits = Arc::new(Semaphore::new(limits.max_connections));
         let (stop, stopping) = watch::channel(false);
         // Every connection holds a sender; the receiver ends once all are gone.
@@ -154,22 +156,26 @@ impl Conn {
     async fn serve(mut self, stream: TcpStream) {
         let _ = stream.set_nodelay(true);
         let activity = Arc::new(Activity::new());
-        let io = TokioIo::new(Tracked { inner: stream, activity: Arc::clone(&activity) });
         let (shared, client, requests) = (Arc::clone(&self.shared), self.client, Arc::clone(&activity));
         let service = service_fn(move |req| {
             let (shared, busy) = (Arc::clone(&shared), requests.busy());
             async move {
                 let resp = handler::handle(shared, req, client).await;
+                let activity = Arc::clone(&busy.0);
                 drop(busy);
-                Ok::<_, Infallible>(resp)
+                Ok::<_, Infallible>(resp.map(|body| ActiveBody { body, activity }))
             }
         });
-        let conn = self.builder.serve_connection(io, service);
+        let conn = self.builder.serve_connection(TokioIo::new(stream), service);
         tokio::pin!(conn);
-        let keepalive = self.shared.config.limits.keepalive_timeout;
-        let mut closing = *self.stop.borrow();
-        if closing {
+        let limits = &self.shared.config.limits;
+        let (keepalive, grace) = (limits.keepalive_timeout, self.shared.config.server.shutdown_grace);
+        // Once asked to close, a connection gets this long to finish what it is doing; a
+        // client that stops reading must not keep its slot forever.
+        let mut deadline = None;
+        if *self.stop.borrow() {
             conn.as_mut().graceful_shutdown();
+            deadline = Some(Instant::now() + grace);
         }
         loop {
             tokio::select! {
@@ -179,20 +185,33 @@ impl Conn {
                     }
                     return;
                 }
-                _ = self.stop.changed(), if !closing => {
-                    closing = true;
+                _ = self.stop.changed(), if deadline.is_none() => {
                     conn.as_mut().graceful_shutdown();
+                    deadline = Some(Instant::now() + grace);
                 }
-                () = activity.idle(keepalive), if !closing => {
-                    closing = true;
+                () = activity.idle(keepalive), if deadline.is_none() => {
                     conn.as_mut().graceful_shutdown();
+                    deadline = Some(Instant::now() + keepalive);
+                }
+                () = sleep_until_some(deadline) => {
+                    tracing::debug!(%client, "closing a connection that did not finish in time");
+                    return;
                 }
             }
         }
     }
 }
 
-/// When a connection last moved a byte, and how many of its requests are being handled.
+async fn sleep_until_some(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Whether a connection is doing anything: handling a request, or delivering a response
+/// body that its client is reading. Bytes the client sends (HTTP/2 PINGs, a preface trickled
+/// in) do not count, so they cannot keep a connection slot forever.
 struct Activity {
     epoch: Instant,
     last_ms: AtomicU64,
@@ -223,7 +242,7 @@ impl Activity {
         Busy(Arc::clone(self))
     }
 
-    /// Resolves once the connection has been idle (no bytes, no request) for `limit`.
+    /// Resolves once the connection has done nothing (no request, no body read) for `limit`.
     async fn idle(&self, limit: Duration) {
         loop {
             let since = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
@@ -240,54 +259,30 @@ impl Activity {
     }
 }
 
-/// A TCP stream that notes every byte it moves in its connection's [`Activity`].
-struct Tracked {
-    inner: TcpStream,
+/// A response body that marks its connection active whenever the client takes a frame.
+struct ActiveBody {
+    body: ProxyBody,
     activity: Arc<Activity>,
 }
 
-impl AsyncRead for Tracked {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if buf.filled().len() > before {
-            self.activity.touch();
-        }
-        polled
-    }
-}
+impl Body for ActiveBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
 
-impl AsyncWrite for Tracked {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
-        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
-        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        if matches!(polled, Poll::Ready(Some(Ok(_)))) {
             self.activity.touch();
         }
         polled
     }
 
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
-        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
-            self.activity.touch();
-        }
-        polled
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
     }
 
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
     }
 }
 

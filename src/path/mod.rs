@@ -51,6 +51,10 @@ pub enum PathError {
     /// `;`, which Java servlet containers cut off as path parameters and others keep.
     #[error("matrix parameters (';') are not allowed in paths (paths.matrix_params)")]
     MatrixParameters,
+    /// Escaped bytes outside ASCII where case is ignored: how a backend folds the case of
+    /// non-ASCII letters (`%C3%A4` and `%C3%84`) is not knowable, so such paths are refused.
+    #[error("paths.case_sensitive = false only supports ASCII paths")]
+    NonAsciiCaseFold,
     /// Longer than a fence key may be.
     #[error("the path is longer than {0} bytes")]
     TooLong(usize),
@@ -148,6 +152,9 @@ pub fn canonicalize(raw: &str, policy: &PathPolicy) -> Result<String, PathError>
         return Err(PathError::MatrixParameters);
     }
     if !policy.case_sensitive {
+        if path.as_bytes().windows(2).any(|w| w[0] == b'%' && matches!(w[1], b'8'..=b'9' | b'A'..=b'F')) {
+            return Err(PathError::NonAsciiCaseFold);
+        }
         path = lowercase_outside_escapes(&path);
     }
     if policy.trailing_slash == TrailingSlash::Strip {

@@ -95,6 +95,7 @@ fn each_policy_changes_exactly_what_it_names() {
     let fold = PathPolicy { case_sensitive: false, ..strict() };
     assert_eq!(canonicalize("/Files/README%3f.TXT", &fold).as_deref(), Ok("/files/readme%3F.txt"));
     assert_eq!(canonicalize("/%41", &fold).as_deref(), Ok("/a"), "decoded letters fold too");
+    assert_eq!(canonicalize("/%C3%A4", &fold), Err(PathError::NonAsciiCaseFold), "no guessing at Unicode case");
     let strip = PathPolicy { trailing_slash: TrailingSlash::Strip, ..strict() };
     assert_eq!(canonicalize("/a/b/", &strip).as_deref(), Ok("/a/b"));
     assert_eq!(canonicalize("/a/b/.", &strip).as_deref(), Ok("/a/b"));

@@ -69,9 +69,16 @@ impl Running {
         self.log.lock().unwrap().iter().any(|l| l.contains(needle))
     }
 
-    pub fn kill9(mut self) {
-        self.child.kill().unwrap(); // SIGKILL on Unix
-        self.child.wait().unwrap();
+    pub fn kill9(self) {
+        drop(self); // SIGKILL on Unix, then reaped
+    }
+}
+
+impl Drop for Running {
+    /// Also when a test panics: never leave a proxy running behind.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
