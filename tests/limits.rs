@@ -151,6 +151,26 @@ async fn a_client_that_stops_reading_a_response_loses_its_slot() {
 }
 
 #[tokio::test]
+async fn a_slow_but_steady_download_is_not_cut_off() {
+    let h = Harness::start_with(|c| c.limits.keepalive_timeout = Duration::from_millis(300)).await;
+    let big = "y".repeat(16 << 20); // more than the socket buffers hold
+    assert_eq!(h.put("/big", 1, &big).await.status, 200);
+    let mut reader = TcpStream::connect(h.addr).await.unwrap();
+    reader.write_all(b"GET /big HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.unwrap();
+    // Take 256 KiB every 40 ms: about 2.5 s in all, many idle periods long.
+    let (mut got, mut buf) = (0usize, vec![0u8; 256 << 10]);
+    loop {
+        let n = reader.read(&mut buf).await.unwrap();
+        if n == 0 {
+            break;
+        }
+        got += n;
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    assert!(got > 16 << 20, "the download was cut off after {got} bytes");
+}
+
+#[tokio::test]
 async fn a_trickled_http2_preface_does_not_hold_a_slot() {
     let h = Harness::start_with(|c| {
         c.limits.max_connections = 1;
