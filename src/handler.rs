@@ -15,6 +15,7 @@ use crate::error::Error;
 use crate::fence::FenceTable;
 use crate::path;
 use crate::proxy::{Forwarder, ProxyBody, full_body};
+use crate::refusals::RefusalLog;
 use crate::store::{Store, StoreError};
 use crate::token::{self, TokenError};
 
@@ -25,15 +26,16 @@ pub(crate) struct Shared {
     pub(crate) table: Arc<FenceTable>,
     pub(crate) store: Arc<dyn Store>,
     pub(crate) forwarder: Forwarder,
+    pub(crate) refusals: RefusalLog,
 }
 
 /// Handles one request; every failure becomes fencegate's own JSON response.
 pub(crate) async fn handle(shared: Arc<Shared>, req: Request<Incoming>, client: SocketAddr) -> Response<ProxyBody> {
     let method = req.method().clone();
-    match route(shared, req, client).await {
+    match route(Arc::clone(&shared), req, client).await {
         Ok(resp) => resp,
         Err(err) => {
-            log_refusal(&err, &method, client);
+            log_refusal(&shared.refusals, &err, &method, client);
             err.response().map(full_body)
         }
     }
@@ -134,17 +136,26 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>, client: SocketAddr) 
     critical.await.map_err(|e| Error::Io(std::io::Error::other(format!("write task failed: {e}"))))?
 }
 
-fn log_refusal(err: &Error, method: &Method, client: SocketAddr) {
+/// One line per refusal, at most one per resource (or reason) and interval: a zombie
+/// retrying in a loop must not flood the log.
+fn log_refusal(refusals: &RefusalLog, err: &Error, method: &Method, client: SocketAddr) {
+    let key = match err {
+        Error::StaleToken { resource, .. }
+        | Error::QueueTimeout { resource, .. }
+        | Error::Quarantined { resource, .. } => resource.as_str(),
+        other => other.code(),
+    };
+    let Some(suppressed) = refusals.admit(key) else { return };
     match err {
         Error::StaleToken { resource, token, max_seen } => {
-            tracing::warn!(%resource, token, max_seen, %client, %method, "refused stale token");
+            tracing::warn!(%resource, token, max_seen, %client, %method, suppressed, "refused stale token");
         }
         Error::Store(StoreError::Full(_)) => {
-            tracing::warn!(error = %err, %client, %method, "refused a write to a new resource");
+            tracing::warn!(error = %err, %client, %method, suppressed, "refused a write to a new resource");
         }
         Error::Store(_) | Error::BackendUnreachable(_) | Error::BackendFailed(_) | Error::BackendTimeout(_) => {
-            tracing::error!(error = %err, %client, %method, "request failed");
+            tracing::error!(error = %err, %client, %method, suppressed, "request failed");
         }
-        _ => tracing::info!(code = err.code(), error = %err, %client, %method, "refused request"),
+        _ => tracing::info!(code = err.code(), error = %err, %client, %method, suppressed, "refused request"),
     }
 }

@@ -20,6 +20,7 @@ mod handler;
 pub mod memstore;
 pub mod path;
 pub mod proxy;
+pub mod refusals;
 pub mod server;
 pub mod store;
 pub mod token;

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use fencegate::Config;
+use fencegate::config::LogFormat;
 
 #[derive(Parser)]
 #[command(version, about = "A reverse proxy that fences a dumb HTTP backend against stale lock holders")]
@@ -51,13 +52,13 @@ fn main() -> ExitCode {
         Command::Check { config } => check(&config),
         Command::Run { config } => {
             Config::load(&config, None).with_context(|| format!("invalid config {}", config.display())).and_then(|c| {
-                init_logging(&c.log.level);
+                init_logging(&c.log.level, c.log.format);
                 runtime()?.block_on(serve(c))
             })
         }
         Command::Inspect { dir, key, top } => inspect(&dir, key.as_deref(), top),
         Command::Demo => {
-            init_logging("error");
+            init_logging("error", LogFormat::Text);
             runtime().and_then(|rt| rt.block_on(demo()))
         }
     };
@@ -74,11 +75,14 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the runtime")
 }
 
-fn init_logging(level: &str) {
+fn init_logging(level: &str, format: LogFormat) {
     let level = level.parse().unwrap_or(tracing::Level::INFO);
-    // Colour codes only for a terminal: logs are also parsed by tools and tests.
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    tracing_subscriber::fmt().with_max_level(level).with_ansi(ansi).with_writer(std::io::stderr).init();
+    let logs = tracing_subscriber::fmt().with_max_level(level).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => logs.json().init(),
+        // Colour codes only for a terminal: logs are also parsed by tools and tests.
+        LogFormat::Text => logs.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init(),
+    }
 }
 
 fn check(path: &std::path::Path) -> anyhow::Result<()> {

@@ -24,6 +24,7 @@ use crate::fence::FenceTable;
 use crate::handler::{self, Shared};
 use crate::path;
 use crate::proxy::{Forwarder, ProxyBody};
+use crate::refusals::RefusalLog;
 use crate::store::{FileStore, StoreOptions};
 
 /// An opened proxy: store recovered and locked, ready to serve.
@@ -56,7 +57,8 @@ impl Proxy {
             table.quarantine(key, config.fence.quarantine);
         }
         let forwarder = Forwarder::new(&config.backend);
-        let shared = Shared { config, table, store: Arc::new(store), forwarder };
+        let refusals = RefusalLog::new(config.log.refusal_interval);
+        let shared = Shared { config, table, store: Arc::new(store), forwarder, refusals };
         Ok(Proxy { shared: Arc::new(shared) })
     }
 

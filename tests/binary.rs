@@ -107,3 +107,30 @@ async fn inspect_reads_a_data_dir_without_a_proxy_and_refuses_while_one_runs() {
     let out = run(&["inspect", "--dir", data.to_str().unwrap(), "/never"], &[]);
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("never written"));
 }
+
+#[tokio::test]
+async fn refused_writes_are_logged_once_per_resource_and_interval_with_a_count_of_the_rest() {
+    let backend = MemStore::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let extra = "[log]\nformat = \"json\"\nrefusal_interval = \"700ms\"";
+    let config = write_config(dir.path(), &backend.url(), extra);
+    let proxy = Running::start(&config);
+    assert_eq!(put(proxy.addr, "/doc", 5).await, 200);
+    for _ in 0..30 {
+        assert_eq!(put(proxy.addr, "/doc", 4).await, 409); // a zombie in a loop
+    }
+    assert_eq!(put(proxy.addr, "/other", 1).await, 200);
+    assert_eq!(put(proxy.addr, "/other", 1).await, 409, "another resource is logged on its own");
+    tokio::time::sleep(std::time::Duration::from_millis(800)).await;
+    assert_eq!(put(proxy.addr, "/doc", 4).await, 409);
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let lines = proxy.log_lines("refused stale token");
+    assert_eq!(lines.len(), 3, "{lines:#?}");
+    let last: serde_json::Value = serde_json::from_str(lines.last().unwrap()).expect("JSON log lines");
+    let fields = &last["fields"];
+    assert_eq!((fields["resource"].as_str(), fields["token"].as_u64()), (Some("/doc"), Some(4)));
+    assert_eq!(fields["max_seen"], 5);
+    assert_eq!(fields["suppressed"], 29, "the next line counts what was left out");
+    assert!(fields["client"].as_str().is_some_and(|c| c.starts_with("127.0.0.1:")), "{last}");
+    proxy.kill9();
+}

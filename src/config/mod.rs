@@ -180,6 +180,21 @@ pub struct StoreConfig {
 pub struct LogConfig {
     /// `error`, `warn`, `info`, `debug` or `trace`.
     pub level: String,
+    /// Whether lines are human-readable text or one JSON object each.
+    pub format: LogFormat,
+    /// At most one line per resource per this interval for refused requests.
+    #[serde(serialize_with = "ser_duration")]
+    pub refusal_interval: Duration,
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable text (the default).
+    Text,
+    /// One JSON object per line, for log pipelines.
+    Json,
 }
 
 impl Config {
@@ -287,7 +302,12 @@ impl Config {
             return Err(invalid("log.level", format!("{level:?}: expected error, warn, info, debug or trace")));
         }
         let limits = limits(&raw.limits)?;
-        Ok(Config { server, backend, fence, store, log: LogConfig { level }, paths, limits })
+        let log = LogConfig {
+            level,
+            format: choice("log.format", &raw.log.format, [("text", LogFormat::Text), ("json", LogFormat::Json)])?,
+            refusal_interval: duration("log.refusal_interval", &raw.log.refusal_interval)?,
+        };
+        Ok(Config { server, backend, fence, store, log, paths, limits })
     }
 }
 

@@ -108,11 +108,13 @@ impl Default for RawStore {
 #[serde(deny_unknown_fields, default)]
 pub(super) struct RawLog {
     pub(super) level: String,
+    pub(super) format: String,
+    pub(super) refusal_interval: String,
 }
 
 impl Default for RawLog {
     fn default() -> Self {
-        Self { level: "info".into() }
+        Self { level: "info".into(), format: "text".into(), refusal_interval: "1s".into() }
     }
 }
 

@@ -51,10 +51,13 @@ impl Running {
         // Keep draining stderr after the address is found so the child never blocks on it.
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if line.contains("fencegate listening")
-                    && let Some(addr) = line.split("addr=").nth(1).and_then(|s| s.split_whitespace().next())
-                {
-                    let _ = tx.send(addr.parse::<SocketAddr>().unwrap());
+                if line.contains("fencegate listening") {
+                    // Text logs say addr=IP:PORT, JSON logs "addr":"IP:PORT".
+                    let text = line.split("addr=").nth(1).and_then(|s| s.split_whitespace().next());
+                    let json = line.split("\"addr\":\"").nth(1).and_then(|s| s.split('"').next());
+                    if let Some(addr) = text.or(json).and_then(|a| a.parse::<SocketAddr>().ok()) {
+                        let _ = tx.send(addr);
+                    }
                 }
                 lines.lock().unwrap().push(line);
             }
@@ -63,6 +66,10 @@ impl Running {
             panic!("fencegate did not report its address; log:\n{}", log.lock().unwrap().join("\n"))
         });
         Running { child, addr, log }
+    }
+
+    pub fn log_lines(&self, needle: &str) -> Vec<String> {
+        self.log.lock().unwrap().iter().filter(|l| l.contains(needle)).cloned().collect()
     }
 
     pub fn log_contains(&self, needle: &str) -> bool {

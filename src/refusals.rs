@@ -1,0 +1,71 @@
+//! Rate-limited logging of refused requests.
+//!
+//! Every refused write is evidence of a split brain somewhere upstream, so it is logged, naming
+//! resource, token, `max_seen` and client. But a zombie retrying in a loop must not flood the
+//! log: per resource (or, for refusals without one, per reason), at most one line per
+//! interval is written, and the next line written says how many were suppressed meanwhile.
+
+use std::time::{Duration, Instant};
+
+use dashmap::DashMap;
+
+/// Beyond this many keys, windows that have expired are swept before adding another.
+const SWEEP_AT: usize = 10_000;
+
+#[derive(Debug)]
+struct Window {
+    opened: Instant,
+    suppressed: u64,
+}
+
+/// Decides which refusals get a log line.
+#[derive(Debug)]
+pub struct RefusalLog {
+    windows: DashMap<Box<str>, Window>,
+    interval: Duration,
+}
+
+impl RefusalLog {
+    /// At most one line per key per `interval`.
+    pub fn new(interval: Duration) -> Self {
+        RefusalLog { windows: DashMap::new(), interval }
+    }
+
+    /// `Some(n)` if a refusal for `key` should be logged now, `n` being how many were
+    /// suppressed since the last line for it; `None` if it should be suppressed.
+    pub fn admit(&self, key: &str) -> Option<u64> {
+        let now = Instant::now();
+        if let Some(mut w) = self.windows.get_mut(key) {
+            if now.duration_since(w.opened) < self.interval {
+                w.suppressed += 1;
+                return None;
+            }
+            let suppressed = std::mem::take(&mut w.suppressed);
+            w.opened = now;
+            return Some(suppressed);
+        }
+        if self.windows.len() >= SWEEP_AT {
+            self.windows.retain(|_, w| now.duration_since(w.opened) < self.interval || w.suppressed > 0);
+        }
+        self.windows.insert(key.into(), Window { opened: now, suppressed: 0 });
+        Some(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_line_per_key_per_interval_and_the_next_line_counts_the_rest() {
+        let log = RefusalLog::new(Duration::from_millis(50));
+        assert_eq!(log.admit("/a"), Some(0));
+        for _ in 0..5 {
+            assert_eq!(log.admit("/a"), None);
+        }
+        assert_eq!(log.admit("/b"), Some(0), "keys are limited independently");
+        std::thread::sleep(Duration::from_millis(60));
+        assert_eq!(log.admit("/a"), Some(5));
+        assert_eq!(log.admit("/a"), None);
+    }
+}
