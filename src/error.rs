@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{Response, StatusCode};
 use http_body_util::Full;
 use serde_json::{Value, json};
@@ -62,6 +62,28 @@ pub enum Error {
     BodyTooLarge {
         /// The limit.
         limit: u64,
+    },
+    /// An admin write without the right bearer token.
+    #[error("admin writes need `Authorization: Bearer <token>` with the configured token")]
+    Unauthorized,
+    /// Admin writes are off because no admin token is configured.
+    #[error("admin writes are disabled: set admin.token_file or FENCEGATE_ADMIN__TOKEN")]
+    AdminWritesDisabled,
+    /// No such admin endpoint, or no such resource.
+    #[error("{0} not found")]
+    NotFound(String),
+    /// An admin request that cannot be understood.
+    #[error("invalid request: {0}")]
+    BadRequest(String),
+    /// An operator asked to lower `max_seen`, which never happens.
+    #[error("max_seen of {resource} is {max_seen}; it is never lowered to {to}")]
+    WouldLower {
+        /// The fence key.
+        resource: String,
+        /// Its current `max_seen`.
+        max_seen: u64,
+        /// The value asked for.
+        to: u64,
     },
     /// The token is not above the highest one this resource has accepted.
     #[error("token {token} is stale: {resource} has already accepted {max_seen}")]
@@ -135,6 +157,11 @@ impl Error {
         match self {
             Error::MissingToken { .. } => StatusCode::PRECONDITION_REQUIRED,
             Error::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            Error::Unauthorized => StatusCode::UNAUTHORIZED,
+            Error::AdminWritesDisabled => StatusCode::FORBIDDEN,
+            Error::NotFound(_) => StatusCode::NOT_FOUND,
+            Error::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Error::WouldLower { .. } => StatusCode::CONFLICT,
             Error::UpgradeRefused(_) => StatusCode::BAD_REQUEST,
             Error::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Error::UriTooLong { .. } => StatusCode::URI_TOO_LONG,
@@ -153,6 +180,11 @@ impl Error {
         match self {
             Error::MissingToken { .. } => "missing_token",
             Error::MethodNotAllowed(_) => "method_not_allowed",
+            Error::Unauthorized => "unauthorized",
+            Error::AdminWritesDisabled => "admin_writes_disabled",
+            Error::NotFound(_) => "not_found",
+            Error::BadRequest(_) => "invalid_request",
+            Error::WouldLower { .. } => "would_lower",
             Error::UpgradeRefused(_) => "upgrade_refused",
             Error::HeadersTooLarge { .. } => "headers_too_large",
             Error::UriTooLong { .. } => "uri_too_long",
@@ -178,6 +210,9 @@ impl Error {
                 json!({ "resource": resource, "token": token, "max_seen": max_seen })
             }
             Error::QueueTimeout { resource, .. } => json!({ "resource": resource }),
+            Error::WouldLower { resource, max_seen, to } => {
+                json!({ "resource": resource, "max_seen": max_seen, "to": to })
+            }
             Error::Quarantined { resource, retry_after } => {
                 json!({ "resource": resource, "retry_after_ms": retry_after.as_millis() as u64 })
             }
@@ -205,6 +240,9 @@ impl Error {
         if let Some(secs) = retry {
             headers.insert(RETRY_AFTER, HeaderValue::from(secs));
         }
+        if matches!(self, Error::Unauthorized) {
+            headers.insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
         resp
     }
 }
@@ -219,6 +257,11 @@ mod tests {
         vec![
             (Error::MissingToken { header: "fencing-token".into() }, 428, "missing_token"),
             (Error::MethodNotAllowed("CONNECT".into()), 405, "method_not_allowed"),
+            (Error::Unauthorized, 401, "unauthorized"),
+            (Error::AdminWritesDisabled, 403, "admin_writes_disabled"),
+            (Error::NotFound("/x".into()), 404, "not_found"),
+            (Error::BadRequest("x".into()), 400, "invalid_request"),
+            (Error::WouldLower { resource: "/a".into(), max_seen: 5, to: 4 }, 409, "would_lower"),
             (Error::UpgradeRefused("websocket".into()), 400, "upgrade_refused"),
             (Error::HeadersTooLarge { size: 9, limit: 8 }, 431, "headers_too_large"),
             (Error::UriTooLong { size: 9, limit: 8 }, 414, "uri_too_long"),

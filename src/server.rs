@@ -18,6 +18,7 @@ use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 
+use crate::admin;
 use crate::config::{Config, MissingToken};
 use crate::error::Error;
 use crate::fence::FenceTable;
@@ -65,6 +66,11 @@ impl Proxy {
     /// The highest token the resource `key` has accepted (keys are canonical paths).
     pub fn max_seen(&self, key: &str) -> Option<u64> {
         self.shared.table.max_seen(key)
+    }
+
+    /// Serves the admin API on `listener` until `shutdown` resolves.
+    pub async fn serve_admin(self, listener: TcpListener, shutdown: impl Future<Output = ()>) {
+        admin::serve(self.shared, listener, shutdown).await
     }
 
     /// The configuration in force.
@@ -288,7 +294,30 @@ impl Body for ActiveBody {
     }
 }
 
-/// Opens the proxy for `config` and serves `listener` until `shutdown` resolves.
+/// Opens the proxy for `config` and serves `listener` (and the admin API, if configured)
+/// until `shutdown` resolves.
 pub async fn run(listener: TcpListener, config: Config, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
-    Proxy::open(config).await?.serve(listener, shutdown).await
+    let proxy = Proxy::open(config).await?;
+    let (stop, stopped) = watch::channel(false);
+    let admin = match proxy.config().admin.listen {
+        Some(addr) => {
+            let admin_listener = TcpListener::bind(addr).await?;
+            let mut stopped = stopped.clone();
+            let until = async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            };
+            Some(tokio::spawn(proxy.clone().serve_admin(admin_listener, until)))
+        }
+        None => None,
+    };
+    let result = proxy
+        .serve(listener, async move {
+            shutdown.await;
+            let _ = stop.send(true);
+        })
+        .await;
+    if let Some(admin) = admin {
+        let _ = admin.await;
+    }
+    result
 }

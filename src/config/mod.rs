@@ -13,7 +13,7 @@ use serde::{Serialize, Serializer};
 use crate::path::{self, EscapedSlashes, MatrixParams, PathPolicy, TrailingSlash};
 
 mod raw;
-use raw::{RawConfig, RawLimits, RawPaths, RawScope};
+use raw::{RawAdmin, RawConfig, RawLimits, RawPaths, RawScope};
 
 /// A configuration that could not be loaded; the message names the offending key.
 #[derive(Debug, thiserror::Error)]
@@ -82,6 +82,22 @@ pub struct Config {
     pub paths: PathPolicy,
     /// Bounds on what a client may send and hold.
     pub limits: LimitsConfig,
+    /// The operators' listener.
+    pub admin: AdminConfig,
+}
+
+/// `[admin]`
+#[derive(Debug, Clone, Serialize)]
+pub struct AdminConfig {
+    /// Where the admin API listens; off when unset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<SocketAddr>,
+    /// File the write token was read from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<PathBuf>,
+    /// Bearer token for admin writes (never printed); without one, writes are disabled.
+    #[serde(skip)]
+    pub token: Option<String>,
 }
 
 /// `[limits]`
@@ -307,7 +323,8 @@ impl Config {
             format: choice("log.format", &raw.log.format, [("text", LogFormat::Text), ("json", LogFormat::Json)])?,
             refusal_interval: duration("log.refusal_interval", &raw.log.refusal_interval)?,
         };
-        Ok(Config { server, backend, fence, store, log, paths, limits })
+        let admin = admin(raw.admin)?;
+        Ok(Config { server, backend, fence, store, log, paths, limits, admin })
     }
 }
 
@@ -353,6 +370,30 @@ fn backend_url(text: &str) -> Result<Uri, ConfigError> {
         return Err(invalid(key, format!("{text:?} must not have a path or query")));
     }
     Ok(uri)
+}
+
+fn admin(raw: RawAdmin) -> Result<AdminConfig, ConfigError> {
+    let listen = match raw.listen.as_deref() {
+        None | Some("") => None,
+        Some(text) => {
+            Some(text.parse().map_err(|e| invalid("admin.listen", format!("{text:?}: {e}: expected IP:PORT")))?)
+        }
+    };
+    // FENCEGATE_ADMIN__TOKEN lands in `token` and wins over the file.
+    let token = match (raw.token, &raw.token_file) {
+        (Some(t), _) => Some(t),
+        (None, Some(file)) => Some(
+            std::fs::read_to_string(file)
+                .map_err(|e| invalid("admin.token_file", format!("{}: {e}", file.display())))?
+                .trim()
+                .to_owned(),
+        ),
+        (None, None) => None,
+    };
+    if token.as_deref().is_some_and(|t| t.len() < 16) {
+        return Err(invalid("admin.token_file", "the admin token must be at least 16 characters"));
+    }
+    Ok(AdminConfig { listen, token_file: raw.token_file, token })
 }
 
 fn path_policy(raw: &RawPaths) -> Result<PathPolicy, ConfigError> {

@@ -22,6 +22,16 @@ pub(super) struct RawConfig {
     pub(super) paths: RawPaths,
     #[serde(default)]
     pub(super) limits: RawLimits,
+    #[serde(default)]
+    pub(super) admin: RawAdmin,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawAdmin {
+    pub(super) listen: Option<String>,
+    pub(super) token_file: Option<PathBuf>,
+    pub(super) token: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

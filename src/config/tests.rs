@@ -71,3 +71,19 @@ fn effective_settings_round_trip() {
     let again = Config::from_toml_str(&c.to_toml()).unwrap();
     assert_eq!(c.to_toml(), again.to_toml());
 }
+
+#[test]
+fn the_admin_token_comes_from_its_file_and_is_never_printed() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("token");
+    std::fs::write(&file, "s3cret-admin-token-value\n").unwrap();
+    let text =
+        format!("{MINIMAL}[admin]\nlisten = \"127.0.0.1:8081\"\ntoken_file = {:?}\n", file.display().to_string());
+    let c = Config::from_toml_str(&text).unwrap();
+    assert_eq!(c.admin.token.as_deref(), Some("s3cret-admin-token-value"));
+    assert!(!c.to_toml().contains("s3cret"), "check must not print the token");
+    std::fs::write(&file, "short").unwrap();
+    let err = Config::from_toml_str(&text).unwrap_err();
+    assert!(err.to_string().contains("at least 16"), "{err}");
+    assert!(Config::from_toml_str(MINIMAL).unwrap().admin.listen.is_none(), "off unless configured");
+}

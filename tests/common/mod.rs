@@ -123,6 +123,14 @@ impl Harness {
         }
     }
 
+    /// Starts the admin API on a loopback port of its own; it runs until the test ends.
+    pub async fn start_admin(&self) -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(self.proxy.clone().serve_admin(listener, std::future::pending()));
+        addr
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
     }

@@ -1,0 +1,129 @@
+//! The operators' listener (`[admin] listen`): liveness, readiness, and `max_seen` per
+//! resource, read and raised.
+//!
+//! Raising `max_seen` by hand cuts off every current lock holder at once: the same effect as a
+//! new holder's first write, without a write. It takes the resource's turn like a write, is
+//! durable like one, and is logged. It never lowers `max_seen`.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use serde_json::{Value, json};
+use subtle::ConstantTimeEq;
+use tokio::net::TcpListener;
+
+use crate::error::Error;
+use crate::handler::Shared;
+
+/// Serves the admin API on `listener` until `shutdown` resolves.
+pub(crate) async fn serve(shared: Arc<Shared>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, writes = shared.config.admin.token.is_some(), "admin API listening");
+    }
+    let builder = auto::Builder::new(TokioExecutor::new());
+    tokio::pin!(shutdown);
+    loop {
+        let accepted = tokio::select! {
+            () = &mut shutdown => return,
+            accepted = listener.accept() => accepted,
+        };
+        let Ok((stream, _)) = accepted else { continue };
+        let shared = Arc::clone(&shared);
+        let builder = builder.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| {
+                let shared = Arc::clone(&shared);
+                async move {
+                    let resp = route(&shared, req).await.unwrap_or_else(|e| e.response());
+                    Ok::<_, Infallible>(resp)
+                }
+            });
+            let _ = builder.serve_connection(TokioIo::new(stream), service).await;
+        });
+    }
+}
+
+fn json_response(status: StatusCode, body: Value) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(Bytes::from(body.to_string())));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp
+}
+
+async fn route(shared: &Shared, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Error> {
+    let path = req.uri().path().to_owned();
+    match (req.method(), path.as_str()) {
+        (&Method::GET, "/healthz") => Ok(json_response(StatusCode::OK, json!({ "status": "ok" }))),
+        (&Method::GET, "/readyz") => Ok(readiness(shared).await),
+        (&Method::GET, p) if p.starts_with("/fences/") => {
+            let key = &p["/fences".len()..];
+            let max_seen = shared.table.max_seen(key).ok_or_else(|| Error::NotFound(key.to_owned()))?;
+            Ok(json_response(StatusCode::OK, json!({ "resource": key, "max_seen": max_seen })))
+        }
+        (&Method::POST, p) if p.starts_with("/fences/") && p.ends_with(":advance") => {
+            let key = p["/fences".len()..p.len() - ":advance".len()].to_owned();
+            authorize(shared, &req)?;
+            let to = requested_token(req).await?;
+            advance(shared, &key, to).await
+        }
+        _ => Err(Error::NotFound(path)),
+    }
+}
+
+/// Ready when the store accepts advances and the backend accepts a connection.
+async fn readiness(shared: &Shared) -> Response<Full<Bytes>> {
+    let store = shared.store.healthy();
+    let backend = &shared.config.backend;
+    let authority = backend.url.authority().map(|a| a.as_str().to_owned()).unwrap_or_default();
+    let authority = if authority.contains(':') { authority } else { format!("{authority}:80") };
+    let connect = tokio::net::TcpStream::connect(authority);
+    let reachable = matches!(tokio::time::timeout(backend.connect_timeout, connect).await, Ok(Ok(_)));
+    let checks = json!({ "store": store, "backend": reachable });
+    if store && reachable {
+        json_response(StatusCode::OK, json!({ "status": "ready", "checks": checks }))
+    } else {
+        json_response(StatusCode::SERVICE_UNAVAILABLE, json!({ "status": "not_ready", "checks": checks }))
+    }
+}
+
+fn authorize(shared: &Shared, req: &Request<Incoming>) -> Result<(), Error> {
+    let Some(expected) = shared.config.admin.token.as_deref() else { return Err(Error::AdminWritesDisabled) };
+    let given = req.headers().get(AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    // Constant time, so the comparison does not leak how much of a guess was right.
+    match given {
+        Some(given) if bool::from(given.as_bytes().ct_eq(expected.as_bytes())) => Ok(()),
+        _ => Err(Error::Unauthorized),
+    }
+}
+
+async fn requested_token(req: Request<Incoming>) -> Result<u64, Error> {
+    let body = Limited::new(req.into_body(), 4096).collect().await.map_err(|e| Error::BadRequest(e.to_string()))?;
+    let v: Value = serde_json::from_slice(&body.to_bytes()).map_err(|e| Error::BadRequest(e.to_string()))?;
+    v.get("to").and_then(Value::as_u64).ok_or_else(|| Error::BadRequest("expected {\"to\": <u64>}".into()))
+}
+
+async fn advance(shared: &Shared, key: &str, to: u64) -> Result<Response<Full<Bytes>>, Error> {
+    let turn = shared.table.acquire(key, shared.config.fence.queue_timeout).await?;
+    let previous = shared.table.max_seen(key);
+    if let Some(max_seen) = previous.filter(|m| *m > to) {
+        return Err(Error::WouldLower { resource: key.to_owned(), max_seen, to });
+    }
+    if previous != Some(to) {
+        shared.store.advance(turn.key(), to).await?;
+        // Nothing was forwarded: nothing is in flight.
+        shared.store.done(turn.key(), to);
+        tracing::warn!(resource = %key, previous = ?previous, max_seen = to,
+            "max_seen raised by an operator: every holder of a lower token is cut off");
+    }
+    drop(turn);
+    Ok(json_response(StatusCode::OK, json!({ "resource": key, "max_seen": to, "previous": previous })))
+}

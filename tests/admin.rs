@@ -1,0 +1,85 @@
+//! The admin API: liveness, readiness, reading `max_seen`, and raising it by hand.
+
+mod common;
+
+use std::net::SocketAddr;
+
+use common::{Harness, Resp, raw_request};
+
+const TOKEN: &str = "an-admin-token-of-some-length";
+
+async fn admin(addr: SocketAddr, method: &str, path: &str, auth: Option<&str>, body: &str) -> Resp {
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: admin");
+    if let Some(token) = auth {
+        head.push_str(&format!("\r\nAuthorization: Bearer {token}"));
+    }
+    raw_request(addr, &head, body).await
+}
+
+#[tokio::test]
+async fn health_and_readiness_follow_the_backend() {
+    let h = Harness::start().await;
+    let a = h.start_admin().await;
+    let r = admin(a, "GET", "/healthz", None, "").await;
+    assert_eq!((r.status, r.json()["status"].as_str()), (200, Some("ok")));
+    let r = admin(a, "GET", "/readyz", None, "").await;
+    assert_eq!((r.status, r.json()["checks"]["backend"].as_bool()), (200, Some(true)));
+
+    let dead = common::dead_address().await;
+    let down = Harness::start_with(|c| c.backend.url = format!("http://{dead}").parse().unwrap()).await;
+    let r = admin(down.start_admin().await, "GET", "/readyz", None, "").await;
+    assert_eq!((r.status, r.json()["checks"]["backend"].as_bool()), (503, Some(false)));
+    assert_eq!(r.json()["checks"]["store"], true);
+}
+
+#[tokio::test]
+async fn a_fence_can_be_read_by_its_key() {
+    let h = Harness::start().await;
+    let a = h.start_admin().await;
+    admin(a, "GET", "/fences/accounts/42", None, "").await.assert_refused(404, "not_found");
+    assert_eq!(h.put("/accounts/42", 34, "v").await.status, 200);
+    let r = admin(a, "GET", "/fences/accounts/42", None, "").await;
+    assert_eq!(r.status, 200);
+    assert_eq!((r.json()["resource"].as_str(), r.json()["max_seen"].as_u64()), (Some("/accounts/42"), Some(34)));
+}
+
+#[tokio::test]
+async fn an_operator_advance_cuts_off_every_current_holder_durably() {
+    let mut h = Harness::start_with(|c| c.admin.token = Some(TOKEN.into())).await;
+    let a = h.start_admin().await;
+    assert_eq!(h.put("/accounts/42", 34, "v").await.status, 200);
+    let r = admin(a, "POST", "/fences/accounts/42:advance", Some(TOKEN), r#"{"to": 100}"#).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!((r.json()["max_seen"].as_u64(), r.json()["previous"].as_u64()), (Some(100), Some(34)));
+    // The current holder (35 would have been fine a moment ago) is cut off; a new one is not.
+    h.put("/accounts/42", 35, "zombie").await.assert_refused(409, "stale_token");
+    assert_eq!(h.put("/accounts/42", 101, "new holder").await.status, 200);
+    // Never lowered.
+    let r = admin(a, "POST", "/fences/accounts/42:advance", Some(TOKEN), r#"{"to": 50}"#).await;
+    r.assert_refused(409, "would_lower");
+    assert_eq!(r.json()["max_seen"], 101);
+    // An advance of a resource never written works too, and survives a restart.
+    assert_eq!(admin(a, "POST", "/fences/new:advance", Some(TOKEN), r#"{"to": 7}"#).await.status, 200);
+    h.restart().await;
+    assert_eq!(h.proxy.max_seen("/new"), Some(7));
+    assert_eq!(h.put("/new", 8, "v").await.status, 200, "an operator advance leaves nothing in flight");
+}
+
+#[tokio::test]
+async fn admin_writes_need_the_configured_token() {
+    let h = Harness::start_with(|c| c.admin.token = Some(TOKEN.into())).await;
+    let a = h.start_admin().await;
+    let body = r#"{"to": 5}"#;
+    let r = admin(a, "POST", "/fences/x:advance", None, body).await;
+    r.assert_refused(401, "unauthorized");
+    assert_eq!(r.headers["www-authenticate"], "Bearer");
+    admin(a, "POST", "/fences/x:advance", Some("an-admin-token-of-some-lengtX"), body)
+        .await
+        .assert_refused(401, "unauthorized");
+    admin(a, "POST", "/fences/x:advance", Some(TOKEN), "{\"to\": -1}").await.assert_refused(400, "invalid_request");
+    assert_eq!(h.proxy.max_seen("/x"), None);
+
+    let open = Harness::start().await;
+    let r = admin(open.start_admin().await, "POST", "/fences/x:advance", Some(TOKEN), body).await;
+    r.assert_refused(403, "admin_writes_disabled");
+}
