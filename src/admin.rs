@@ -65,15 +65,15 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Result<Response<Full<
         (&Method::GET, "/healthz") => Ok(json_response(StatusCode::OK, json!({ "status": "ok" }))),
         (&Method::GET, "/readyz") => Ok(readiness(shared).await),
         (&Method::GET, p) if p.starts_with("/fences/") => {
-            let key = &p["/fences".len()..];
-            let max_seen = shared.table.max_seen(key).ok_or_else(|| Error::NotFound(key.to_owned()))?;
+            let key = fence_key(shared, &p["/fences".len()..])?;
+            let max_seen = shared.table.max_seen(&key).ok_or_else(|| Error::NotFound(key.clone()))?;
             Ok(json_response(StatusCode::OK, json!({ "resource": key, "max_seen": max_seen })))
         }
         (&Method::POST, p) if p.starts_with("/fences/") && p.ends_with(":advance") => {
-            let key = p["/fences".len()..p.len() - ":advance".len()].to_owned();
+            let key = fence_key(shared, &p["/fences".len()..p.len() - ":advance".len()])?;
             authorize(shared, &req)?;
             let to = requested_token(req).await?;
-            advance(shared, &key, to).await
+            advance(shared, key, to).await
         }
         _ => Err(Error::NotFound(path)),
     }
@@ -111,19 +111,35 @@ async fn requested_token(req: Request<Incoming>) -> Result<u64, Error> {
     v.get("to").and_then(Value::as_u64).ok_or_else(|| Error::BadRequest("expected {\"to\": <u64>}".into()))
 }
 
-async fn advance(shared: &Shared, key: &str, to: u64) -> Result<Response<Full<Bytes>>, Error> {
-    let turn = shared.table.acquire(key, shared.config.fence.queue_timeout).await?;
-    let previous = shared.table.max_seen(key);
-    if let Some(max_seen) = previous.filter(|m| *m > to) {
-        return Err(Error::WouldLower { resource: key.to_owned(), max_seen, to });
-    }
-    if previous != Some(to) {
-        shared.store.advance(turn.key(), to).await?;
-        // Nothing was forwarded: nothing is in flight.
-        shared.store.done(turn.key(), to);
-        tracing::warn!(resource = %key, previous = ?previous, max_seen = to,
-            "max_seen raised by an operator: every holder of a lower token is cut off");
-    }
-    drop(turn);
-    Ok(json_response(StatusCode::OK, json!({ "resource": key, "max_seen": to, "previous": previous })))
+/// The fence key an admin path names, found exactly as for a write to that path, so an
+/// operator acts on the key writes use (canonical form, scopes).
+fn fence_key(shared: &Shared, path: &str) -> Result<String, Error> {
+    let canonical = crate::path::canonicalize(path, &shared.config.paths)?;
+    Ok(crate::path::resource_key(&canonical, &shared.config.fence.scopes).to_owned())
+}
+
+async fn advance(shared: &Shared, key: String, to: u64) -> Result<Response<Full<Bytes>>, Error> {
+    let turn = shared.table.acquire(&key, shared.config.fence.queue_timeout).await?;
+    let (store, table) = (Arc::clone(&shared.store), Arc::clone(&shared.table));
+    // Like a write, it runs to the end once it holds the turn, whoever hangs up.
+    let critical = tokio::spawn(async move {
+        let previous = table.entry(&key);
+        if let Some((max_seen, _)) = previous.filter(|(m, _)| *m > to) {
+            return Err(Error::WouldLower { resource: key, max_seen, to });
+        }
+        if previous.map(|(m, _)| m) != Some(to) {
+            store.advance(turn.key(), to).await?;
+            // Nothing was forwarded for this advance. But a write that is still in flight
+            // (its answer never came) must stay marked, or a restart would not quarantine it.
+            if !previous.is_some_and(|(_, in_flight)| in_flight) {
+                store.done(turn.key(), to);
+            }
+            tracing::warn!(resource = %key, previous = ?previous.map(|(m, _)| m), max_seen = to,
+                "max_seen raised by an operator: every holder of a lower token is cut off");
+        }
+        drop(turn);
+        let previous = previous.map(|(m, _)| m);
+        Ok(json_response(StatusCode::OK, json!({ "resource": key, "max_seen": to, "previous": previous })))
+    });
+    critical.await.map_err(|e| Error::Io(std::io::Error::other(format!("admin task failed: {e}"))))?
 }

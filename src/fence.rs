@@ -80,13 +80,21 @@ impl FenceTable {
         }
     }
 
+    /// `max_seen` of `key` and whether a write to it is still in flight.
+    pub fn entry(&self, key: &str) -> Option<(u64, bool)> {
+        self.max_seen.entry(key)
+    }
+
     /// Closes `key` to writes for `period` from now, without taking its turn: for writes that
-    /// were in flight when the previous process stopped.
-    pub fn quarantine(&self, key: &str, period: Duration) {
+    /// were in flight when the previous process stopped. Called before serving starts; a gate
+    /// someone holds is never replaced.
+    pub(crate) fn quarantine(&self, key: &str, period: Duration) {
         let now = Instant::now();
         let until = now.checked_add(period).unwrap_or(now + Duration::from_secs(86_400));
-        let state = GateState { quarantined_until: Some(until) };
-        self.gates.insert(key.into(), Arc::new(Mutex::new(state)));
+        let gate = self.gates.entry(key.into()).or_default().clone();
+        if let Ok(mut state) = gate.try_lock() {
+            state.quarantined_until = state.quarantined_until.max(Some(until));
+        }
     }
 
     /// Drops `key`'s gate if nobody waits on it, holds it, or needs its quarantine. Under the

@@ -83,3 +83,45 @@ async fn admin_writes_need_the_configured_token() {
     let r = admin(open.start_admin().await, "POST", "/fences/x:advance", Some(TOKEN), body).await;
     r.assert_refused(403, "admin_writes_disabled");
 }
+
+#[tokio::test]
+async fn an_operator_advance_keeps_an_unanswered_write_in_flight_across_a_restart() {
+    let mut h = Harness::start_with(|c| {
+        c.admin.token = Some(TOKEN.into());
+        c.backend.request_timeout = std::time::Duration::from_millis(300);
+        c.fence.quarantine = std::time::Duration::from_millis(2500);
+    })
+    .await;
+    let a = h.start_admin().await;
+    // The backend still applies this one after fencegate gave up on it.
+    h.slow_put("/doc", 5, 1500).await.assert_refused(504, "backend_timeout");
+    assert_eq!(admin(a, "POST", "/fences/doc:advance", Some(TOKEN), r#"{"to": 10}"#).await.status, 200);
+    h.restart().await;
+    h.put("/doc", 11, "new").await.assert_refused(503, "resource_quarantined");
+    let mut status = 0;
+    for _ in 0..100 {
+        status = h.put("/doc", 11, "new").await.status;
+        if status == 200 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(status, 200);
+    assert_eq!(h.applied_tokens("/doc"), [5, 11], "the late write was not overtaken");
+}
+
+#[tokio::test]
+async fn admin_paths_name_the_key_a_write_to_them_would_use() {
+    let h = Harness::start_with(|c| {
+        c.admin.token = Some(TOKEN.into());
+        c.fence.scopes.push(fencegate::config::Scope { prefix: "/buckets/".into(), segments: Some(2) });
+    })
+    .await;
+    let a = h.start_admin().await;
+    let r = admin(a, "POST", "/fences/buckets//b1/x/../obj:advance", Some(TOKEN), r#"{"to": 9}"#).await;
+    assert_eq!((r.status, r.json()["resource"].as_str()), (200, Some("/buckets/b1")));
+    h.put("/buckets/b1/other", 9, "zombie").await.assert_refused(409, "stale_token");
+    let r = admin(a, "GET", "/fences/buckets/b1/anything", None, "").await;
+    assert_eq!((r.status, r.json()["max_seen"].as_u64()), (200, Some(9)));
+    admin(a, "GET", "/fences/a%2Fb", None, "").await.assert_refused(400, "invalid_path");
+}

@@ -315,17 +315,7 @@ impl Writer {
         let advances = self.advances();
         self.last_advances = advances;
         let written = if advances > 0 { self.log.commit() } else { self.log.write() };
-        let outcome = match written {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                let reason = format!("{}: {e}", self.log.path().display());
-                tracing::error!(error = %reason,
-                    "fence log write or fsync failed: refusing every fenced write until fencegate is restarted");
-                self.failed = Some(reason.clone());
-                self.healthy.store(false, Ordering::Relaxed);
-                Err(StoreError::Failed(reason))
-            }
-        };
+        let outcome = written.map_err(|e| self.fail(e));
         for op in self.batch.drain(..) {
             match op {
                 Op::Advance { key, token, done } => {
@@ -340,18 +330,32 @@ impl Writer {
         }
     }
 
+    /// Fails the store for good: after a failed write or sync the kernel may have dropped
+    /// dirty pages, so nothing written since the last good sync can be trusted to a later one.
+    fn fail(&mut self, e: std::io::Error) -> StoreError {
+        let reason = format!("{}: {e}", self.log.path().display());
+        tracing::error!(error = %reason,
+            "fence log write or fsync failed: refusing every fenced write until fencegate is restarted");
+        self.failed = Some(reason.clone());
+        self.healthy.store(false, Ordering::Relaxed);
+        StoreError::Failed(reason)
+    }
+
     /// Closes a full segment and asks for a snapshot, unless one is still being written.
     fn maybe_rotate(&mut self, compact: &mpsc::SyncSender<u64>) {
         let threshold = self.options.segment_bytes.max(self.snapshot_bytes.load(Ordering::Relaxed));
         if self.failed.is_some() || self.log.len() < threshold {
             return;
         }
+        // Rotation syncs the segment it closes (Done-only batches included), so its failures
+        // are sync failures like any other: fail closed.
         match self.log.rotate() {
             Ok(seq) => {
                 let _ = compact.try_send(seq);
             }
-            // Keep appending to the current segment: nothing is lost, compaction waits.
-            Err(e) => tracing::error!(error = %e, dir = %self.log.path().display(), "cannot start a new log segment"),
+            Err(e) => {
+                self.fail(e);
+            }
         }
     }
 
