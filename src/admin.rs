@@ -1,5 +1,5 @@
-//! The operators' listener (`[admin] listen`): liveness, readiness, and `max_seen` per
-//! resource, read and raised.
+//! The operators' listener (`[admin] listen`): liveness, readiness, metrics, and `max_seen`
+//! per resource, read and raised.
 //!
 //! Raising `max_seen` by hand cuts off every current lock holder at once: the same effect as a
 //! new holder's first write, without a write. It takes the resource's turn like a write, is
@@ -64,6 +64,13 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Result<Response<Full<
     match (req.method(), path.as_str()) {
         (&Method::GET, "/healthz") => Ok(json_response(StatusCode::OK, json!({ "status": "ok" }))),
         (&Method::GET, "/readyz") => Ok(readiness(shared).await),
+        (&Method::GET, "/metrics") => {
+            shared.metrics.resources.set(i64::try_from(shared.table.len()).unwrap_or(i64::MAX));
+            let mut resp = Response::new(Full::new(Bytes::from(shared.metrics.encode())));
+            let kind = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+            resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(kind));
+            Ok(resp)
+        }
         (&Method::GET, p) if p.starts_with("/fences/") => {
             let key = fence_key(shared, &p["/fences".len()..])?;
             let max_seen = shared.table.max_seen(&key).ok_or_else(|| Error::NotFound(key.clone()))?;

@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Instant;
 
 use http::header::UPGRADE;
 use http::uri::PathAndQuery;
@@ -13,6 +14,7 @@ use hyper::body::Incoming;
 use crate::config::{Config, LimitsConfig, MissingToken};
 use crate::error::Error;
 use crate::fence::FenceTable;
+use crate::metrics::Metrics;
 use crate::path;
 use crate::proxy::{Forwarder, ProxyBody, full_body};
 use crate::refusals::RefusalLog;
@@ -27,14 +29,35 @@ pub(crate) struct Shared {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) forwarder: Forwarder,
     pub(crate) refusals: RefusalLog,
+    pub(crate) metrics: Arc<Metrics>,
+}
+
+impl Shared {
+    /// Forwards and times the wait for the backend's response head.
+    async fn forward(
+        &self,
+        req: Request<Incoming>,
+        target: PathAndQuery,
+        client: SocketAddr,
+        body_limit: Option<u64>,
+    ) -> Result<Response<ProxyBody>, Error> {
+        let started = Instant::now();
+        let result = self.forwarder.forward(req, target, client, body_limit).await;
+        self.metrics.backend_latency.observe(started.elapsed().as_secs_f64());
+        result
+    }
 }
 
 /// Handles one request; every failure becomes fencegate's own JSON response.
 pub(crate) async fn handle(shared: Arc<Shared>, req: Request<Incoming>, client: SocketAddr) -> Response<ProxyBody> {
     let method = req.method().clone();
     match route(Arc::clone(&shared), req, client).await {
-        Ok(resp) => resp,
+        Ok(resp) => {
+            shared.metrics.request(&method, "forwarded");
+            resp
+        }
         Err(err) => {
+            shared.metrics.request(&method, err.code());
             log_refusal(&shared.refusals, &err, &method, client);
             err.response().map(full_body)
         }
@@ -86,7 +109,7 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>, client: SocketAddr) 
     check_limits(&req, &config.limits)?;
     if !is_fenced(config, req.method()) {
         let target = req.uri().path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
-        return shared.forwarder.forward(req, target, client, None).await;
+        return shared.forward(req, target, client, None).await;
     }
     let body_limit = check_fenced(&req, &config.limits)?;
 
@@ -103,7 +126,7 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>, client: SocketAddr) 
     let token = match token::from_headers(req.headers(), &config.fence.header) {
         Ok(token) => token,
         Err(TokenError::Missing) if config.fence.missing_token == MissingToken::Forward => {
-            return shared.forwarder.forward(req, target, client, body_limit).await;
+            return shared.forward(req, target, client, body_limit).await;
         }
         Err(TokenError::Missing) => {
             return Err(Error::MissingToken { header: config.fence.header.to_string() });
@@ -113,7 +136,10 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>, client: SocketAddr) 
 
     // Check and reserve. Waiting for the turn may be abandoned if the client goes away...
     shared.table.precheck(&key, token)?;
-    let mut turn = shared.table.acquire(&key, config.fence.queue_timeout).await?;
+    let waiting = Instant::now();
+    let turn = shared.table.acquire(&key, config.fence.queue_timeout).await;
+    shared.metrics.queue_wait.observe(waiting.elapsed().as_secs_f64());
+    let mut turn = turn?;
 
     // ...but once the turn is ours, the write runs to completion in its own task. Were it
     // cancelled mid-forward, the backend could still apply it after the next write was sent.
@@ -121,7 +147,8 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>, client: SocketAddr) 
         turn.check(token)?;
         // Persist: durable, and the table raised, before a byte goes to the backend.
         shared.store.advance(turn.key(), token).await?;
-        let result = shared.forwarder.forward(req, target, client, body_limit).await;
+        let _flying = InFlight::new(&shared.metrics);
+        let result = shared.forward(req, target, client, body_limit).await;
         match &result {
             // The backend may have (part of) the write and apply it late: keep the next one
             // out. It stays in flight in the log too, so a restart quarantines it again.
@@ -157,5 +184,21 @@ fn log_refusal(refusals: &RefusalLog, err: &Error, method: &Method, client: Sock
             tracing::error!(error = %err, %client, %method, suppressed, "request failed");
         }
         _ => tracing::info!(code = err.code(), error = %err, %client, %method, suppressed, "refused request"),
+    }
+}
+
+/// Counts a fenced write in `writes_in_flight` while it is at the backend.
+struct InFlight(prometheus_client::metrics::gauge::Gauge);
+
+impl InFlight {
+    fn new(metrics: &Metrics) -> Self {
+        metrics.in_flight.inc();
+        InFlight(metrics.in_flight.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }

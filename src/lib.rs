@@ -19,6 +19,7 @@ pub mod fence;
 pub mod fuzzing;
 mod handler;
 pub mod memstore;
+pub mod metrics;
 pub mod path;
 pub mod proxy;
 pub mod refusals;

@@ -66,11 +66,12 @@ pub struct Forwarder {
     scheme: Scheme,
     authority: Authority,
     timeout: Duration,
+    bytes_in: prometheus_client::metrics::counter::Counter,
 }
 
 impl Forwarder {
     /// Builds the pooled client for `backend`.
-    pub fn new(backend: &BackendConfig) -> Self {
+    pub fn new(backend: &BackendConfig, bytes_in: prometheus_client::metrics::counter::Counter) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(backend.connect_timeout));
         connector.set_nodelay(true);
@@ -84,6 +85,7 @@ impl Forwarder {
             scheme: parts.scheme.unwrap_or(Scheme::HTTP),
             authority: parts.authority.unwrap_or_else(|| Authority::from_static("127.0.0.1")),
             timeout: backend.request_timeout,
+            bytes_in,
         }
     }
 
@@ -97,9 +99,18 @@ impl Forwarder {
         client_addr: SocketAddr,
         body_limit: Option<u64>,
     ) -> Result<Response<ProxyBody>, Error> {
-        let mut req = req.map(|body| match body_limit {
-            Some(limit) => Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX)).boxed(),
-            None => body.map_err(BoxError::from).boxed(),
+        let bytes_in = self.bytes_in.clone();
+        let mut req = req.map(|body| {
+            let counted = body.map_frame(move |frame| {
+                if let Some(data) = frame.data_ref() {
+                    bytes_in.inc_by(data.len() as u64);
+                }
+                frame
+            });
+            match body_limit {
+                Some(limit) => Limited::new(counted, usize::try_from(limit).unwrap_or(usize::MAX)).boxed(),
+                None => counted.map_err(BoxError::from).boxed(),
+            }
         });
         let original = std::mem::take(req.uri_mut());
         *req.uri_mut() = Uri::builder()

@@ -23,6 +23,7 @@ use crate::config::{Config, MissingToken};
 use crate::error::Error;
 use crate::fence::FenceTable;
 use crate::handler::{self, Shared};
+use crate::metrics::Metrics;
 use crate::path;
 use crate::proxy::{Forwarder, ProxyBody};
 use crate::refusals::RefusalLog;
@@ -37,11 +38,14 @@ pub struct Proxy {
 impl Proxy {
     /// Locks the data directory, recovers `max_seen` from disk and prepares the backend client.
     pub async fn open(config: Config) -> Result<Self, Error> {
+        let metrics = Arc::new(Metrics::default());
+        let observed = Arc::clone(&metrics);
         let options = StoreOptions {
             sync: config.store.sync,
             segment_bytes: config.store.segment_bytes,
             max_resources: config.store.max_resources,
             keying: path::keying(&config.paths, &config.fence.scopes),
+            on_commit: Some(Arc::new(move |took, advances| observed.commit(took, advances))),
         };
         if config.fence.missing_token == MissingToken::Forward {
             tracing::warn!(
@@ -57,9 +61,9 @@ impl Proxy {
                 "a write was in flight when fencegate stopped: resource quarantined");
             table.quarantine(key, config.fence.quarantine);
         }
-        let forwarder = Forwarder::new(&config.backend);
+        let forwarder = Forwarder::new(&config.backend, metrics.bytes_in.clone());
         let refusals = RefusalLog::new(config.log.refusal_interval);
-        let shared = Shared { config, table, store: Arc::new(store), forwarder, refusals };
+        let shared = Shared { config, table, store: Arc::new(store), forwarder, refusals, metrics };
         Ok(Proxy { shared: Arc::new(shared) })
     }
 
@@ -168,10 +172,11 @@ impl Conn {
         let service = service_fn(move |req| {
             let (shared, busy) = (Arc::clone(&shared), requests.busy());
             async move {
+                let bytes_out = shared.metrics.bytes_out.clone();
                 let resp = handler::handle(shared, req, client).await;
                 let activity = Arc::clone(&busy.0);
                 drop(busy);
-                Ok::<_, Infallible>(resp.map(|body| ActiveBody { body, activity }))
+                Ok::<_, Infallible>(resp.map(|body| ActiveBody { body, activity, bytes_out }))
             }
         });
         let conn = self.builder.serve_connection(TokioIo::new(stream), service);
@@ -271,6 +276,7 @@ impl Activity {
 struct ActiveBody {
     body: ProxyBody,
     activity: Arc<Activity>,
+    bytes_out: prometheus_client::metrics::counter::Counter,
 }
 
 impl Body for ActiveBody {
@@ -279,8 +285,11 @@ impl Body for ActiveBody {
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let polled = Pin::new(&mut self.body).poll_frame(cx);
-        if matches!(polled, Poll::Ready(Some(Ok(_)))) {
+        if let Poll::Ready(Some(Ok(frame))) = &polled {
             self.activity.touch();
+            if let Some(data) = frame.data_ref() {
+                self.bytes_out.inc_by(data.len() as u64);
+            }
         }
         polled
     }

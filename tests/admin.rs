@@ -125,3 +125,33 @@ async fn admin_paths_name_the_key_a_write_to_them_would_use() {
     assert_eq!((r.status, r.json()["max_seen"].as_u64()), (200, Some(9)));
     admin(a, "GET", "/fences/a%2Fb", None, "").await.assert_refused(400, "invalid_path");
 }
+
+#[tokio::test]
+async fn metrics_count_outcomes_group_commit_and_bytes() {
+    let h = Harness::start().await;
+    let a = h.start_admin().await;
+    assert_eq!(h.put("/doc", 5, "hello").await.status, 200);
+    h.put("/doc", 4, "zombie").await.assert_refused(409, "stale_token");
+    h.send("PUT", "/doc", &[], "x").await.assert_refused(428, "missing_token");
+    assert_eq!(h.get("/doc").await.status, 200);
+    let r = admin(a, "GET", "/metrics", None, "").await;
+    assert_eq!(r.status, 200);
+    assert!(r.headers["content-type"].to_str().unwrap().starts_with("application/openmetrics-text"));
+    let text = String::from_utf8(r.body.to_vec()).unwrap();
+    let value = |series: &str| -> f64 {
+        let line = text.lines().find(|l| l.starts_with(series)).unwrap_or_else(|| panic!("no {series} in\n{text}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert_eq!(value(r#"fencegate_requests_total{method="PUT",outcome="forwarded"}"#), 1.0);
+    assert_eq!(value(r#"fencegate_requests_total{method="PUT",outcome="stale_token"}"#), 1.0);
+    assert_eq!(value(r#"fencegate_requests_total{method="PUT",outcome="missing_token"}"#), 1.0);
+    assert_eq!(value(r#"fencegate_requests_total{method="GET",outcome="forwarded"}"#), 1.0);
+    assert_eq!(value("fencegate_resources "), 1.0);
+    assert_eq!(value("fencegate_writes_in_flight "), 0.0);
+    assert_eq!(value("fencegate_store_batch_advances_count"), 1.0, "one durable advance, one sync");
+    assert_eq!(value("fencegate_store_sync_duration_seconds_count"), 1.0);
+    assert_eq!(value("fencegate_queue_wait_seconds_count"), 1.0, "only the accepted write waited for a turn");
+    assert_eq!(value("fencegate_backend_request_duration_seconds_count"), 2.0);
+    assert_eq!(value("fencegate_request_body_bytes_total"), 5.0, "hello");
+    assert!(value("fencegate_response_body_bytes_total") >= 5.0);
+}

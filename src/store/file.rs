@@ -31,8 +31,12 @@ const MAX_BATCH: usize = 4096;
 /// Longest a batch waits for writers expected back, a fraction of one fsync.
 const COMMIT_DELAY: Duration = Duration::from_micros(100);
 
+/// Told of every durable batch: how long its write and sync took, and how many advances it
+/// made durable.
+pub type CommitHook = Arc<dyn Fn(Duration, usize) + Send + Sync>;
+
 /// How a [`FileStore`] behaves.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct StoreOptions {
     /// Whether commits are fsync'd.
     pub sync: SyncMode,
@@ -44,6 +48,19 @@ pub struct StoreOptions {
     /// The rules that map requests to keys ([`crate::path::keying`]); a directory written
     /// under other rules refuses to open.
     pub keying: String,
+    /// Called after each batch that made advances durable (metrics).
+    pub on_commit: Option<CommitHook>,
+}
+
+impl std::fmt::Debug for StoreOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreOptions")
+            .field("sync", &self.sync)
+            .field("segment_bytes", &self.segment_bytes)
+            .field("max_resources", &self.max_resources)
+            .field("keying", &self.keying)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for StoreOptions {
@@ -53,6 +70,7 @@ impl Default for StoreOptions {
             segment_bytes: 64 << 20,
             max_resources: 10_000_000,
             keying: crate::path::keying(&crate::path::PathPolicy::default(), &[]),
+            on_commit: None,
         }
     }
 }
@@ -314,7 +332,11 @@ impl Writer {
         }
         let advances = self.advances();
         self.last_advances = advances;
+        let started = Instant::now();
         let written = if advances > 0 { self.log.commit() } else { self.log.write() };
+        if let (Ok(()), Some(hook), true) = (&written, &self.options.on_commit, advances > 0) {
+            hook(started.elapsed(), advances);
+        }
         let outcome = written.map_err(|e| self.fail(e));
         for op in self.batch.drain(..) {
             match op {

@@ -19,7 +19,7 @@ use std::pin::Pin;
 
 use dashmap::DashMap;
 
-pub use file::{FileStore, StoreOptions};
+pub use file::{CommitHook, FileStore, StoreOptions};
 pub use recovery::{Inspection, inspect};
 
 /// A boxed future returned by [`Store`] methods.

@@ -1,0 +1,138 @@
+//! Prometheus metrics, served by the admin API at `GET /metrics`.
+//!
+//! Every refusal is evidence of a split brain somewhere upstream, so requests are counted by
+//! outcome, which is either `forwarded` or the refusal's `fencegate-error` code. Labels are
+//! bounded: unusual methods count as `other`.
+
+use std::time::Duration;
+
+use http::Method;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+
+/// Labels of `fencegate_requests_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// The request method, or `other`.
+    pub method: &'static str,
+    /// `forwarded`, or the code of fencegate's own answer.
+    pub outcome: &'static str,
+}
+
+/// All of fencegate's metrics.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    /// Time to the backend's response head.
+    pub backend_latency: Histogram,
+    /// Time a fenced write waited for its resource's turn.
+    pub queue_wait: Histogram,
+    /// Time to write and fdatasync one batch of advances.
+    pub sync_latency: Histogram,
+    /// Advances made durable by one sync (group commit at work).
+    pub batch_size: Histogram,
+    /// Fenced writes holding their resource's turn.
+    pub in_flight: Gauge,
+    /// Resources with a `max_seen` (set when scraped).
+    pub resources: Gauge,
+    /// Request body bytes sent to the backend.
+    pub bytes_in: Counter,
+    /// Response body bytes sent to clients.
+    pub bytes_out: Counter,
+}
+
+fn seconds() -> Histogram {
+    Histogram::new(exponential_buckets(0.000_1, 2.0, 18)) // 100 µs .. 13 s
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("fencegate");
+        let m = Metrics {
+            requests: Family::default(),
+            backend_latency: seconds(),
+            queue_wait: seconds(),
+            sync_latency: seconds(),
+            batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 13)), // 1 .. 4096
+            in_flight: Gauge::default(),
+            resources: Gauge::default(),
+            bytes_in: Counter::default(),
+            bytes_out: Counter::default(),
+            registry: Registry::default(),
+        };
+        registry.register("requests", "Requests by method and outcome", m.requests.clone());
+        let s = Unit::Seconds;
+        registry.register_with_unit(
+            "backend_request_duration",
+            "Time to the backend's response head",
+            s.clone(),
+            m.backend_latency.clone(),
+        );
+        registry.register_with_unit(
+            "queue_wait",
+            "Time a fenced write waited for its resource's turn",
+            s.clone(),
+            m.queue_wait.clone(),
+        );
+        registry.register_with_unit(
+            "store_sync_duration",
+            "Time to write and fdatasync one batch",
+            s,
+            m.sync_latency.clone(),
+        );
+        registry.register("store_batch_advances", "Advances made durable by one sync", m.batch_size.clone());
+        registry.register("writes_in_flight", "Fenced writes holding their resource's turn", m.in_flight.clone());
+        registry.register("resources", "Resources with a max_seen", m.resources.clone());
+        registry.register_with_unit(
+            "request_body",
+            "Request body bytes sent to the backend",
+            Unit::Bytes,
+            m.bytes_in.clone(),
+        );
+        registry.register_with_unit(
+            "response_body",
+            "Response body bytes sent to clients",
+            Unit::Bytes,
+            m.bytes_out.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+}
+
+impl Metrics {
+    /// Counts one request by method and outcome.
+    pub fn request(&self, method: &Method, outcome: &'static str) {
+        let method = match *method {
+            Method::GET => "GET",
+            Method::HEAD => "HEAD",
+            Method::PUT => "PUT",
+            Method::POST => "POST",
+            Method::PATCH => "PATCH",
+            Method::DELETE => "DELETE",
+            Method::OPTIONS => "OPTIONS",
+            _ => "other",
+        };
+        self.requests.get_or_create(&RequestLabels { method, outcome }).inc();
+    }
+
+    /// Records one durable batch.
+    pub fn commit(&self, took: Duration, advances: usize) {
+        self.sync_latency.observe(took.as_secs_f64());
+        self.batch_size.observe(advances as f64);
+    }
+
+    /// The OpenMetrics text exposition.
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        if encode(&mut text, &self.registry).is_err() {
+            text.clear();
+        }
+        text
+    }
+}
