@@ -25,6 +25,7 @@ pub mod proxy;
 pub mod refusals;
 pub mod server;
 pub mod store;
+pub mod tls;
 pub mod token;
 
 pub use config::Config;

@@ -62,8 +62,17 @@ pub struct MemStore {
 }
 
 impl MemStore {
-    /// Binds `127.0.0.1:0` and starts serving.
+    /// Binds `127.0.0.1:0` and starts serving plain HTTP.
     pub async fn start() -> std::io::Result<MemStore> {
+        MemStore::start_with(None).await
+    }
+
+    /// Binds `127.0.0.1:0` and starts serving HTTPS with `tls`.
+    pub async fn start_tls(tls: Arc<rustls::ServerConfig>) -> std::io::Result<MemStore> {
+        MemStore::start_with(Some(tokio_rustls::TlsAcceptor::from(tls))).await
+    }
+
+    async fn start_with(acceptor: Option<tokio_rustls::TlsAcceptor>) -> std::io::Result<MemStore> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let state = Arc::new(Mutex::new(State::default()));
@@ -80,13 +89,26 @@ impl MemStore {
                 };
                 let state = Arc::clone(&shared);
                 let mut stopped = stopped.clone();
+                let acceptor = acceptor.clone();
                 tokio::spawn(async move {
                     let service = service_fn(move |req| serve(Arc::clone(&state), req));
                     let builder = auto::Builder::new(TokioExecutor::new());
-                    let conn = builder.serve_connection(TokioIo::new(stream), service);
-                    tokio::select! {
-                        _ = conn => {}
-                        _ = stopped.changed() => {}
+                    match acceptor {
+                        Some(acceptor) => {
+                            let Ok(tls) = acceptor.accept(stream).await else { return };
+                            let conn = builder.serve_connection(TokioIo::new(tls), service);
+                            tokio::select! {
+                                _ = conn => {}
+                                _ = stopped.changed() => {}
+                            }
+                        }
+                        None => {
+                            let conn = builder.serve_connection(TokioIo::new(stream), service);
+                            tokio::select! {
+                                _ = conn => {}
+                                _ = stopped.changed() => {}
+                            }
+                        }
                     }
                 });
             }

@@ -11,6 +11,7 @@ use http::{Request, Response, Uri, Version};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
@@ -62,7 +63,7 @@ pub fn full_body(body: http_body_util::Full<Bytes>) -> ProxyBody {
 /// Sends requests to the configured backend.
 #[derive(Debug, Clone)]
 pub struct Forwarder {
-    client: Client<HttpConnector, ClientBody>,
+    client: Client<HttpsConnector<HttpConnector>, ClientBody>,
     scheme: Scheme,
     authority: Authority,
     timeout: Duration,
@@ -71,22 +72,31 @@ pub struct Forwarder {
 
 impl Forwarder {
     /// Builds the pooled client for `backend`.
-    pub fn new(backend: &BackendConfig, bytes_in: prometheus_client::metrics::counter::Counter) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(backend.connect_timeout));
-        connector.set_nodelay(true);
+    pub fn new(backend: &BackendConfig, bytes_in: prometheus_client::metrics::counter::Counter) -> Result<Self, Error> {
+        let mut http = HttpConnector::new();
+        http.set_connect_timeout(Some(backend.connect_timeout));
+        http.set_nodelay(true);
+        http.enforce_http(false);
+        let t = &backend.tls;
+        let tls = match backend.url.scheme_str() {
+            Some("https") => crate::tls::client_config(t.ca.as_deref(), t.cert.as_deref(), t.key.as_deref()),
+            _ => crate::tls::unused_client_config(),
+        }
+        .map_err(|e| Error::Io(std::io::Error::other(e)))?;
+        let connector =
+            HttpsConnectorBuilder::new().with_tls_config(tls).https_or_http().enable_http1().wrap_connector(http);
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(Duration::from_secs(60))
             .build(connector);
         let parts = backend.url.clone().into_parts();
-        Forwarder {
+        Ok(Forwarder {
             client,
             scheme: parts.scheme.unwrap_or(Scheme::HTTP),
             authority: parts.authority.unwrap_or_else(|| Authority::from_static("127.0.0.1")),
             timeout: backend.request_timeout,
             bytes_in,
-        }
+        })
     }
 
     /// Sends `req` to the backend at `path` (already canonical for fenced writes) and returns

@@ -28,6 +28,8 @@ use crate::path;
 use crate::proxy::{Forwarder, ProxyBody};
 use crate::refusals::RefusalLog;
 use crate::store::{FileStore, StoreOptions};
+use crate::tls;
+use tokio_rustls::TlsAcceptor;
 
 /// An opened proxy: store recovered and locked, ready to serve.
 #[derive(Debug, Clone)]
@@ -61,7 +63,7 @@ impl Proxy {
                 "a write was in flight when fencegate stopped: resource quarantined");
             table.quarantine(key, config.fence.quarantine);
         }
-        let forwarder = Forwarder::new(&config.backend, metrics.bytes_in.clone());
+        let forwarder = Forwarder::new(&config.backend, metrics.bytes_in.clone())?;
         let refusals = RefusalLog::new(config.log.refusal_interval);
         let shared = Shared { config, table, store: Arc::new(store), forwarder, refusals, metrics };
         Ok(Proxy { shared: Arc::new(shared) })
@@ -100,6 +102,13 @@ impl Proxy {
             .max_concurrent_streams(limits.h2_max_concurrent_streams)
             // HTTP/2 counts 32 bytes of overhead per header field (RFC 9113 §6.5.2).
             .max_header_list_size(u32::try_from(limits.max_header_bytes * 2 + 32 * 100).unwrap_or(u32::MAX));
+        let acceptor = match &config.server.tls {
+            Some(t) => Some(TlsAcceptor::from(
+                tls::server_config(&t.cert, &t.key, t.client_ca.as_deref())
+                    .map_err(|e| Error::Io(std::io::Error::other(e)))?,
+            )),
+            None => None,
+        };
         let permits = Arc::new(Semaphore::new(limits.max_connections));
         let (stop, stopping) = watch::channel(false);
         // Every connection holds a sender; the receiver ends once all are gone.
@@ -125,6 +134,7 @@ impl Proxy {
             match accepted {
                 Ok((stream, client)) => {
                     let conn = Conn {
+                        acceptor: acceptor.clone(),
                         shared: Arc::clone(&self.shared),
                         builder: builder.clone(),
                         client,
@@ -156,6 +166,7 @@ impl Proxy {
 
 /// One client connection and what it holds while it lives.
 struct Conn {
+    acceptor: Option<TlsAcceptor>,
     shared: Arc<Shared>,
     builder: auto::Builder<TokioExecutor>,
     client: SocketAddr,
@@ -165,8 +176,27 @@ struct Conn {
 }
 
 impl Conn {
-    async fn serve(mut self, stream: TcpStream) {
+    async fn serve(self, stream: TcpStream) {
         let _ = stream.set_nodelay(true);
+        match self.acceptor.clone() {
+            // The handshake counts against the header-read timeout: a stalled handshake is
+            // slowloris too.
+            Some(acceptor) => {
+                let timeout = self.shared.config.limits.header_read_timeout;
+                match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
+                    Ok(Ok(tls)) => self.serve_io(tls).await,
+                    Ok(Err(e)) => tracing::debug!(client = %self.client, error = %e, "TLS handshake failed"),
+                    Err(_) => tracing::debug!(client = %self.client, "TLS handshake timed out"),
+                }
+            }
+            None => self.serve_io(stream).await,
+        }
+    }
+
+    async fn serve_io<I>(mut self, io: I)
+    where
+        I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
         let activity = Arc::new(Activity::new());
         let (shared, client, requests) = (Arc::clone(&self.shared), self.client, Arc::clone(&activity));
         let service = service_fn(move |req| {
@@ -179,7 +209,7 @@ impl Conn {
                 Ok::<_, Infallible>(resp.map(|body| ActiveBody { body, activity, bytes_out }))
             }
         });
-        let conn = self.builder.serve_connection(TokioIo::new(stream), service);
+        let conn = self.builder.serve_connection(TokioIo::new(io), service);
         tokio::pin!(conn);
         let limits = &self.shared.config.limits;
         let (keepalive, grace) = (limits.keepalive_timeout, self.shared.config.server.shutdown_grace);

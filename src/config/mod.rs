@@ -129,6 +129,35 @@ pub struct ServerConfig {
     /// On SIGTERM, in-flight requests get this long to finish.
     #[serde(serialize_with = "ser_duration")]
     pub shutdown_grace: Duration,
+    /// Serve HTTPS with these files (PEM); plain HTTP when unset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<ServerTls>,
+}
+
+/// `[server.tls]`
+#[derive(Debug, Clone, Serialize)]
+pub struct ServerTls {
+    /// Certificate chain, PEM.
+    pub cert: PathBuf,
+    /// Private key, PEM.
+    pub key: PathBuf,
+    /// Only clients with a certificate this CA signed may connect.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_ca: Option<PathBuf>,
+}
+
+/// `[backend.tls]`: for an `https://` backend.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct BackendTls {
+    /// CA to trust for the backend's certificate; the system roots when unset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ca: Option<PathBuf>,
+    /// Client certificate for mTLS, PEM.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cert: Option<PathBuf>,
+    /// Its private key, PEM.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<PathBuf>,
 }
 
 /// `[backend]`
@@ -143,6 +172,8 @@ pub struct BackendConfig {
     /// Bound on the backend's response head, measured from sending the request.
     #[serde(serialize_with = "ser_duration")]
     pub request_timeout: Duration,
+    /// TLS to the backend (only with `https://`).
+    pub tls: BackendTls,
 }
 
 /// `[fence]`
@@ -254,11 +285,21 @@ impl Config {
                 .parse()
                 .map_err(|e| invalid("server.listen", format!("{e}: expected IP:PORT")))?,
             shutdown_grace: duration("server.shutdown_grace", &raw.server.shutdown_grace)?,
+            tls: match raw.server.tls {
+                Some(t) => {
+                    // Load them now, so `check` and start-up fail on a file that does not parse.
+                    crate::tls::server_config(&t.cert, &t.key, t.client_ca.as_deref())
+                        .map_err(|e| invalid("server.tls", e))?;
+                    Some(ServerTls { cert: t.cert, key: t.key, client_ca: t.client_ca })
+                }
+                None => None,
+            },
         };
         let backend = BackendConfig {
             url: backend_url(&raw.backend.url)?,
             connect_timeout: duration("backend.connect_timeout", &raw.backend.connect_timeout)?,
             request_timeout: duration("backend.request_timeout", &raw.backend.request_timeout)?,
+            tls: backend_tls(&raw.backend.url, raw.backend.tls)?,
         };
         let f = raw.fence;
         let header = HeaderName::from_bytes(f.header.as_bytes())
@@ -350,13 +391,26 @@ fn duration(key: &str, text: &str) -> Result<Duration, ConfigError> {
     Ok(d)
 }
 
+fn backend_tls(url: &str, raw: Option<raw::RawBackendTls>) -> Result<BackendTls, ConfigError> {
+    let tls = raw.map(|t| BackendTls { ca: t.ca, cert: t.cert, key: t.key }).unwrap_or_default();
+    let https = url.starts_with("https://");
+    if !https && (tls.ca.is_some() || tls.cert.is_some() || tls.key.is_some()) {
+        return Err(invalid("backend.tls", "only applies to an https:// backend.url"));
+    }
+    if https {
+        crate::tls::client_config(tls.ca.as_deref(), tls.cert.as_deref(), tls.key.as_deref())
+            .map_err(|e| invalid("backend.tls", e))?;
+    }
+    Ok(tls)
+}
+
 fn backend_url(text: &str) -> Result<Uri, ConfigError> {
     let key = "backend.url";
     let uri: Uri = text.parse().map_err(|e| invalid(key, format!("{text:?}: {e}")))?;
     match uri.scheme_str() {
-        Some("http") => {}
+        Some("http" | "https") => {}
         Some(other) => {
-            return Err(invalid(key, format!("scheme {other:?} is not supported; use http://")));
+            return Err(invalid(key, format!("scheme {other:?} is not supported; use http:// or https://")));
         }
         None => {
             return Err(invalid(key, format!("{text:?} needs a scheme, e.g. http://127.0.0.1:9000")));

@@ -39,11 +39,28 @@ pub(super) struct RawAdmin {
 pub(super) struct RawServer {
     pub(super) listen: String,
     pub(super) shutdown_grace: String,
+    pub(super) tls: Option<RawServerTls>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawServerTls {
+    pub(super) cert: PathBuf,
+    pub(super) key: PathBuf,
+    pub(super) client_ca: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawBackendTls {
+    pub(super) ca: Option<PathBuf>,
+    pub(super) cert: Option<PathBuf>,
+    pub(super) key: Option<PathBuf>,
 }
 
 impl Default for RawServer {
     fn default() -> Self {
-        Self { listen: "127.0.0.1:8080".into(), shutdown_grace: "30s".into() }
+        Self { listen: "127.0.0.1:8080".into(), shutdown_grace: "30s".into(), tls: None }
     }
 }
 
@@ -55,6 +72,7 @@ pub(super) struct RawBackend {
     pub(super) connect_timeout: String,
     #[serde(default = "default_request_timeout")]
     pub(super) request_timeout: String,
+    pub(super) tls: Option<RawBackendTls>,
 }
 
 pub(super) fn default_connect_timeout() -> String {
