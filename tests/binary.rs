@@ -134,3 +134,19 @@ async fn refused_writes_are_logged_once_per_resource_and_interval_with_a_count_o
     assert!(fields["client"].as_str().is_some_and(|c| c.starts_with("127.0.0.1:")), "{last}");
     proxy.kill9();
 }
+
+#[test]
+fn the_kubernetes_example_embeds_a_valid_config() {
+    let yaml =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/kubernetes/fencegate-sidecar.yaml"))
+            .unwrap();
+    let toml: String = yaml
+        .lines()
+        .skip_while(|l| !l.contains("fencegate.toml: |"))
+        .skip(1)
+        .take_while(|l| l.starts_with("    "))
+        .map(|l| format!("{}\n", &l[4..]))
+        .collect();
+    let config = fencegate::Config::from_toml_str(&toml).unwrap_or_else(|e| panic!("{e}\n{toml}"));
+    assert!(config.admin.listen.is_some(), "the probes need the admin listener");
+}
