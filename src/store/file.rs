@@ -167,6 +167,7 @@ impl FileStore {
             failed: None,
             snapshot_bytes: Arc::new(AtomicU64::new(0)),
             batch: Vec::with_capacity(MAX_BATCH),
+            advances_in_batch: 0,
             new_in_batch: 0,
             last_advances: 0,
         };
@@ -234,6 +235,9 @@ struct Writer {
     snapshot_bytes: Arc<AtomicU64>,
     /// Advances and dones of the batch being built, in arrival order.
     batch: Vec<Op>,
+    /// Advances in the batch (counted as they join: the commit-delay loop asks after every
+    /// message, and rescanning the batch each time would make building it quadratic).
+    advances_in_batch: usize,
     /// New keys among the batch's advances, for the `max_resources` bound.
     new_in_batch: usize,
     /// Advances in the previous batch: how many writers are likely to be back soon.
@@ -263,7 +267,7 @@ impl Writer {
             // batch had more writers than this one holds so far, they are probably about to
             // resubmit; a short wait lets one sync serve them all instead of two half-batches.
             let deadline = Instant::now() + COMMIT_DELAY;
-            while closing.is_none() && self.batch.len() < MAX_BATCH && self.advances() < self.last_advances {
+            while closing.is_none() && self.batch.len() < MAX_BATCH && self.advances_in_batch < self.last_advances {
                 match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
                     Ok(msg) => closing = self.take(msg),
                     Err(_) => break,
@@ -283,10 +287,6 @@ impl Writer {
         if let Some(done) = closing {
             let _ = done.send(flushed);
         }
-    }
-
-    fn advances(&self) -> usize {
-        self.batch.iter().filter(|op| matches!(op, Op::Advance { .. })).count()
     }
 
     /// Adds one message to the batch; returns the reply channel if it asks to close.
@@ -322,15 +322,16 @@ impl Writer {
         }
         self.log.append(Kind::Advance, &key, token);
         self.batch.push(Op::Advance { key, token, done });
+        self.advances_in_batch += 1;
     }
 
     /// Writes the batch; syncs it if it holds an advance (a lost done only costs a quarantine).
     fn commit(&mut self) {
         self.new_in_batch = 0;
+        let advances = std::mem::take(&mut self.advances_in_batch);
         if self.batch.is_empty() {
             return;
         }
-        let advances = self.advances();
         self.last_advances = advances;
         let started = Instant::now();
         let written = if advances > 0 { self.log.commit() } else { self.log.write() };
