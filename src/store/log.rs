@@ -9,8 +9,6 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use std::io::Read;
-
 use super::Table;
 use super::format::{self, FileKind, Header, Kind};
 use super::recovery::{Recovered, file_seq, segment_name, snapshot_name};
@@ -53,12 +51,9 @@ pub(crate) fn create_durably(
 impl Log {
     /// Continues the last recovered segment, or starts the first one.
     pub(crate) fn open(dir: &Path, sync: SyncMode, recovered: &Recovered) -> io::Result<Log> {
-        let header = match recovered.segments.last() {
-            Some(&seq) => {
-                let mut bytes = Vec::with_capacity(format::HEADER_LEN);
-                File::open(dir.join(segment_name(seq)))?.take(format::HEADER_LEN as u64).read_to_end(&mut bytes)?;
-                Header::parse(FileKind::Segment, &bytes).map_err(io::Error::other)?
-            }
+        // Recovery has already read and checked the last segment's header.
+        let header = match recovered.last_header {
+            Some(header) => header,
             None => create_segment(dir, recovered.snapshot.unwrap_or(1))?,
         };
         let file = OpenOptions::new().append(true).open(dir.join(segment_name(header.seq)))?;

@@ -61,8 +61,8 @@ pub(crate) struct Recovered {
     pub snapshot: Option<u64>,
     /// Live segments, in order.
     pub segments: Vec<u64>,
-    /// Valid length of the last segment (after any truncation).
-    pub last_len: u64,
+    /// The last segment's header, where appending goes on.
+    pub last_header: Option<Header>,
     /// Records replayed from segments.
     pub records: u64,
     /// A torn tail found at (segment, offset).
@@ -99,9 +99,7 @@ pub(crate) fn size_hint(dir: &Path) -> usize {
 /// The record count in a snapshot's trailer, if it reads as one.
 fn snapshot_count(path: &Path, seq: u64) -> Option<u64> {
     let mut f = File::open(path).ok()?;
-    let mut head = Vec::with_capacity(HEADER_LEN);
-    (&mut f).take(HEADER_LEN as u64).read_to_end(&mut head).ok()?;
-    let header = Header::parse(FileKind::Snapshot, &head).ok().filter(|h| h.seq == seq)?;
+    let header = read_header(&mut f, FileKind::Snapshot).ok()?.ok().filter(|h| h.seq == seq)?;
     io::Seek::seek(&mut f, io::SeekFrom::End(-24)).ok()?;
     let mut tail = Vec::with_capacity(24);
     f.read_to_end(&mut tail).ok()?;
@@ -157,10 +155,10 @@ pub(crate) fn recover(dir: &Path, table: &Table, mode: Mode) -> Result<Recovered
     for (i, &seq) in segments.iter().enumerate() {
         let path = dir.join(segment_name(seq));
         let last = i + 1 == segments.len();
-        let (len, records, torn) = replay_segment(&path, seq, table, last, mode)?;
+        let (header, records, torn) = replay_segment(&path, seq, table, last, mode)?;
         found.records += records;
         if last {
-            found.last_len = len;
+            found.last_header = Some(header);
             found.torn = torn.map(|at| (seq, at));
         }
     }
@@ -213,11 +211,16 @@ fn scan(
     }
 }
 
+/// Reads and checks the header at the start of `file`.
+fn read_header(file: &mut File, kind: FileKind) -> io::Result<Result<Header, String>> {
+    let mut bytes = Vec::with_capacity(HEADER_LEN);
+    file.take(HEADER_LEN as u64).read_to_end(&mut bytes)?;
+    Ok(Header::parse(kind, &bytes))
+}
+
 fn check_header(path: &Path, kind: FileKind, seq: u64) -> Result<Header, StoreError> {
-    let mut h = Vec::with_capacity(HEADER_LEN);
-    let f = File::open(path).map_err(|e| io_err(path, e))?;
-    f.take(HEADER_LEN as u64).read_to_end(&mut h).map_err(|e| io_err(path, e))?;
-    let header = Header::parse(kind, &h).map_err(|reason| corrupt(path, 0, reason))?;
+    let mut f = File::open(path).map_err(|e| io_err(path, e))?;
+    let header = read_header(&mut f, kind).map_err(|e| io_err(path, e))?.map_err(|reason| corrupt(path, 0, reason))?;
     if header.seq != seq {
         return Err(corrupt(path, 16, format!("header says sequence {}, the file name says {seq}", header.seq)));
     }
@@ -269,15 +272,16 @@ fn load_snapshot(path: &Path, seq: u64, table: &Table) -> Result<(), StoreError>
 }
 
 /// Replays one segment batch by batch: a batch's records count only once its commit marker is
-/// read. Returns the valid length, records applied and where a torn tail was cut off.
+/// read. Returns its header, the records applied and where a torn tail was cut off.
 fn replay_segment(
     path: &Path,
     seq: u64,
     table: &Table,
     last: bool,
     mode: Mode,
-) -> Result<(u64, u64, Option<u64>), StoreError> {
-    let seed = check_header(path, FileKind::Segment, seq)?.seed(FileKind::Segment);
+) -> Result<(Header, u64, Option<u64>), StoreError> {
+    let header = check_header(path, FileKind::Segment, seq)?;
+    let seed = header.seed(FileKind::Segment);
     let mut batch_start = HEADER_LEN as u64;
     // The batch being read: its records, with their keys in one reused arena (no allocation
     // per record: recovery of a million resources must stay well under a second).
@@ -307,7 +311,7 @@ fn replay_segment(
     })?;
     let len = file_len(path)?;
     let what = match stop {
-        None if batch_start == len => return Ok((len, records, None)),
+        None if batch_start == len => return Ok((header, records, None)),
         None => "a batch without its commit marker".to_string(),
         Some((at, bad)) => {
             // Everything written after the last completed sync can reach the disk in any
@@ -338,7 +342,7 @@ fn replay_segment(
         let tail = read_tail(path, batch_start)?;
         set_aside_and_truncate(path, &tail, batch_start)?;
     }
-    Ok((batch_start, records, Some(batch_start)))
+    Ok((header, records, Some(batch_start)))
 }
 
 fn read_tail(path: &Path, from: u64) -> Result<Vec<u8>, StoreError> {
