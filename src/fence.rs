@@ -89,8 +89,7 @@ impl FenceTable {
     /// were in flight when the previous process stopped. Called before serving starts; a gate
     /// someone holds is never replaced.
     pub(crate) fn quarantine(&self, key: &str, period: Duration) {
-        let now = Instant::now();
-        let until = now.checked_add(period).unwrap_or(now + Duration::from_secs(86_400));
+        let until = quarantine_end(period);
         let gate = self.gates.entry(key.into()).or_default().clone();
         if let Ok(mut state) = gate.try_lock() {
             state.quarantined_until = state.quarantined_until.max(Some(until));
@@ -118,6 +117,12 @@ impl FenceTable {
             }
         }
     }
+}
+
+/// When a quarantine of `period` that starts now ends (a day, should `period` overflow).
+fn quarantine_end(period: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(period).unwrap_or(now + Duration::from_secs(86_400))
 }
 
 fn stale(key: &str, token: u64, max_seen: u64) -> Error {
@@ -163,8 +168,7 @@ impl Turn {
     /// Closes the resource to writes for `period`: an earlier write may still be applied late.
     pub fn quarantine(&mut self, period: Duration) {
         if let Some(state) = self.guard.as_mut() {
-            let now = Instant::now();
-            state.quarantined_until = Some(now.checked_add(period).unwrap_or(now + Duration::from_secs(86_400)));
+            state.quarantined_until = Some(quarantine_end(period));
         }
     }
 }
