@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 use subtle::ConstantTimeEq;
 use tokio::net::TcpListener;
 
-use crate::error::Error;
+use crate::error::{Error, json_response};
 use crate::handler::Shared;
 
 /// Serves the admin API on `listener` until `shutdown` resolves.
@@ -52,17 +52,10 @@ pub(crate) async fn serve(shared: Arc<Shared>, listener: TcpListener, shutdown: 
     }
 }
 
-fn json_response(status: StatusCode, body: Value) -> Response<Full<Bytes>> {
-    let mut resp = Response::new(Full::new(Bytes::from(body.to_string())));
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    resp
-}
-
 async fn route(shared: &Shared, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Error> {
     let path = req.uri().path().to_owned();
     match (req.method(), path.as_str()) {
-        (&Method::GET, "/healthz") => Ok(json_response(StatusCode::OK, json!({ "status": "ok" }))),
+        (&Method::GET, "/healthz") => Ok(json_response(StatusCode::OK, &json!({ "status": "ok" }))),
         (&Method::GET, "/readyz") => Ok(readiness(shared).await),
         (&Method::GET, "/metrics") => {
             shared.metrics.resources.set(i64::try_from(shared.table.len()).unwrap_or(i64::MAX));
@@ -74,7 +67,7 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Result<Response<Full<
         (&Method::GET, p) if p.starts_with("/fences/") => {
             let key = fence_key(shared, &p["/fences".len()..])?;
             let max_seen = shared.table.max_seen(&key).ok_or_else(|| Error::NotFound(key.clone()))?;
-            Ok(json_response(StatusCode::OK, json!({ "resource": key, "max_seen": max_seen })))
+            Ok(json_response(StatusCode::OK, &json!({ "resource": key, "max_seen": max_seen })))
         }
         (&Method::POST, p) if p.starts_with("/fences/") && p.ends_with(":advance") => {
             let key = fence_key(shared, &p["/fences".len()..p.len() - ":advance".len()])?;
@@ -96,9 +89,9 @@ async fn readiness(shared: &Shared) -> Response<Full<Bytes>> {
     let reachable = matches!(tokio::time::timeout(backend.connect_timeout, connect).await, Ok(Ok(_)));
     let checks = json!({ "store": store, "backend": reachable });
     if store && reachable {
-        json_response(StatusCode::OK, json!({ "status": "ready", "checks": checks }))
+        json_response(StatusCode::OK, &json!({ "status": "ready", "checks": checks }))
     } else {
-        json_response(StatusCode::SERVICE_UNAVAILABLE, json!({ "status": "not_ready", "checks": checks }))
+        json_response(StatusCode::SERVICE_UNAVAILABLE, &json!({ "status": "not_ready", "checks": checks }))
     }
 }
 
@@ -146,7 +139,7 @@ async fn advance(shared: &Shared, key: String, to: u64) -> Result<Response<Full<
         }
         drop(turn);
         let previous = previous.map(|(m, _)| m);
-        Ok(json_response(StatusCode::OK, json!({ "resource": key, "max_seen": to, "previous": previous })))
+        Ok(json_response(StatusCode::OK, &json!({ "resource": key, "max_seen": to, "previous": previous })))
     });
     critical.await.map_err(|e| Error::Io(std::io::Error::other(format!("admin task failed: {e}"))))?
 }

@@ -151,6 +151,14 @@ impl From<StoreError> for Error {
     }
 }
 
+/// A JSON response made by fencegate itself.
+pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(Bytes::from(body.to_string())));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp
+}
+
 impl Error {
     /// The status fencegate answers with.
     pub fn status(&self) -> StatusCode {
@@ -226,10 +234,8 @@ impl Error {
 
     /// The complete response: status, JSON body, `fencegate-error`, and `Retry-After` where useful.
     pub fn response(&self) -> Response<Full<Bytes>> {
-        let mut resp = Response::new(Full::new(Bytes::from(self.body().to_string())));
-        *resp.status_mut() = self.status();
+        let mut resp = json_response(self.status(), &self.body());
         let headers = resp.headers_mut();
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         headers.insert(ERROR_HEADER, HeaderValue::from_static(self.code()));
         let retry = match self {
             Error::Quarantined { retry_after, .. } => Some(retry_after.as_secs_f64().ceil().max(1.0) as u64),
