@@ -132,22 +132,31 @@ async fn idle_keep_alive_connections_are_closed_but_busy_ones_are_not() {
     assert_eq!(n, 0, "the idle connection was closed by the server");
 }
 
-#[tokio::test]
-async fn a_client_that_stops_reading_a_response_loses_its_slot() {
-    let h = Harness::start_with(|c| {
+/// A proxy with a single connection slot and a short idle limit.
+async fn one_slot() -> Harness {
+    Harness::start_with(|c| {
         c.limits.max_connections = 1;
         c.limits.keepalive_timeout = Duration::from_millis(300);
     })
-    .await;
+    .await
+}
+
+/// The only slot must come free without the help of whoever holds it.
+async fn assert_a_new_client_is_served(h: &Harness) {
+    let r = tokio::time::timeout(Duration::from_secs(15), h.get("/missing")).await;
+    assert_eq!(r.expect("a new client was served").status, 404);
+}
+
+#[tokio::test]
+async fn a_client_that_stops_reading_a_response_loses_its_slot() {
+    let h = one_slot().await;
     let big = "x".repeat(16 << 20);
     assert_eq!(h.put("/big", 1, &big).await.status, 200);
     let mut stalled = TcpStream::connect(h.addr).await.unwrap();
     stalled.write_all(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
     let mut buf = [0u8; 4096];
     let _ = stalled.read(&mut buf).await.unwrap(); // then never read again
-    // The only slot is taken; it must come free without the stalled client's help.
-    let r = tokio::time::timeout(Duration::from_secs(15), h.get("/missing")).await;
-    assert_eq!(r.expect("a new client was served").status, 404);
+    assert_a_new_client_is_served(&h).await;
 }
 
 #[tokio::test]
@@ -172,15 +181,10 @@ async fn a_slow_but_steady_download_is_not_cut_off() {
 
 #[tokio::test]
 async fn a_trickled_http2_preface_does_not_hold_a_slot() {
-    let h = Harness::start_with(|c| {
-        c.limits.max_connections = 1;
-        c.limits.keepalive_timeout = Duration::from_millis(300);
-    })
-    .await;
+    let h = one_slot().await;
     let mut trickle = TcpStream::connect(h.addr).await.unwrap();
     trickle.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
-    let r = tokio::time::timeout(Duration::from_secs(15), h.get("/missing")).await;
-    assert_eq!(r.expect("a new client was served").status, 404);
+    assert_a_new_client_is_served(&h).await;
 }
 
 #[tokio::test]
