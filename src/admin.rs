@@ -27,7 +27,7 @@ use crate::handler::Shared;
 /// Serves the admin API on `listener` until `shutdown` resolves.
 pub(crate) async fn serve(shared: Arc<Shared>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
     if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, writes = shared.config.admin.token.is_some(), "admin API listening");
+        tracing::info!(%addr, writes = shared.live.get().config.admin.token.is_some(), "admin API listening");
     }
     let builder = auto::Builder::new(TokioExecutor::new());
     tokio::pin!(shutdown);
@@ -82,7 +82,8 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Result<Response<Full<
 /// Ready when the store accepts advances and the backend accepts a connection.
 async fn readiness(shared: &Shared) -> Response<Full<Bytes>> {
     let store = shared.store.healthy();
-    let backend = &shared.config.backend;
+    let live = shared.live.get();
+    let backend = &live.config.backend;
     let connect = tokio::net::TcpStream::connect(backend_addr(&backend.url));
     let reachable = matches!(tokio::time::timeout(backend.connect_timeout, connect).await, Ok(Ok(_)));
     let checks = json!({ "store": store, "backend": reachable });
@@ -102,7 +103,8 @@ fn backend_addr(url: &http::Uri) -> (String, u16) {
 }
 
 fn authorize(shared: &Shared, req: &Request<Incoming>) -> Result<(), Error> {
-    let Some(expected) = shared.config.admin.token.as_deref() else { return Err(Error::AdminWritesDisabled) };
+    let live = shared.live.get();
+    let Some(expected) = live.config.admin.token.as_deref() else { return Err(Error::AdminWritesDisabled) };
     let given = req.headers().get(AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
     // Constant time, so the comparison does not leak how much of a guess was right.
     match given {
@@ -120,12 +122,13 @@ async fn requested_token(req: Request<Incoming>) -> Result<u64, Error> {
 /// The fence key an admin path names, found exactly as for a write to that path, so an
 /// operator acts on the key writes use (canonical form, scopes).
 fn fence_key(shared: &Shared, path: &str) -> Result<String, Error> {
-    let canonical = crate::path::canonicalize(path, &shared.config.paths)?;
-    Ok(crate::path::resource_key(&canonical, &shared.config.fence.scopes).to_owned())
+    let config = &shared.live.get().config;
+    let canonical = crate::path::canonicalize(path, &config.paths)?;
+    Ok(crate::path::resource_key(&canonical, &config.fence.scopes).to_owned())
 }
 
 async fn advance(shared: &Shared, key: String, to: u64) -> Result<Response<Full<Bytes>>, Error> {
-    let turn = shared.table.acquire(&key, shared.config.fence.queue_timeout).await?;
+    let turn = shared.table.acquire(&key, shared.live.get().config.fence.queue_timeout).await?;
     let (store, table) = (Arc::clone(&shared.store), Arc::clone(&shared.table));
     // Like a write, it runs to the end once it holds the turn, whoever hangs up.
     let critical = tokio::spawn(async move {

@@ -10,6 +10,7 @@
 //! check, quarantine included) → the store persists and raises the table → forward → drop the turn.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
@@ -32,13 +33,19 @@ type Gate = Arc<Mutex<GateState>>;
 pub struct FenceTable {
     max_seen: Arc<Table>,
     gates: DashMap<Box<str>, Gate>,
-    equal: EqualToken,
+    /// `fence.equal_token = "accept"`; an atomic so that a reload can change it.
+    accept_equal: AtomicBool,
 }
 
 impl FenceTable {
     /// Fences against `max_seen`, the table a store keeps current.
     pub fn new(max_seen: Arc<Table>, equal: EqualToken) -> Self {
-        FenceTable { max_seen, gates: DashMap::new(), equal }
+        FenceTable { max_seen, gates: DashMap::new(), accept_equal: AtomicBool::new(equal == EqualToken::Accept) }
+    }
+
+    /// Changes the equal-token policy for every check from now on (a reload).
+    pub fn set_equal(&self, equal: EqualToken) {
+        self.accept_equal.store(equal == EqualToken::Accept, Ordering::Relaxed);
     }
 
     /// The highest token `key` has accepted, if any.
@@ -63,10 +70,10 @@ impl FenceTable {
 
     /// Whether `token` may be accepted over `max_seen` under the configured policy.
     pub fn admits(&self, token: u64, max_seen: Option<u64>) -> bool {
-        match (max_seen, self.equal) {
-            (None, _) => true,
-            (Some(m), EqualToken::Reject) => token > m,
-            (Some(m), EqualToken::Accept) => token >= m,
+        match max_seen {
+            None => true,
+            Some(m) if self.accept_equal.load(Ordering::Relaxed) => token >= m,
+            Some(m) => token > m,
         }
     }
 

@@ -14,6 +14,7 @@ use hyper::body::Incoming;
 use crate::config::{Config, LimitsConfig, MissingToken};
 use crate::error::Error;
 use crate::fence::FenceTable;
+use crate::live::Slot;
 use crate::metrics::Metrics;
 use crate::path;
 use crate::proxy::{Forwarder, ProxyBody, full_body};
@@ -24,10 +25,10 @@ use crate::token::{self, TokenError};
 /// What every connection's requests share.
 #[derive(Debug)]
 pub(crate) struct Shared {
-    pub(crate) config: Config,
+    /// The settings in force; a request reads them once, when it arrives.
+    pub(crate) live: Slot,
     pub(crate) table: Arc<FenceTable>,
     pub(crate) store: Arc<dyn Store>,
-    pub(crate) forwarder: Forwarder,
     pub(crate) refusals: RefusalLog,
     pub(crate) metrics: Arc<Metrics>,
 }
@@ -36,13 +37,14 @@ impl Shared {
     /// Forwards and times the wait for the backend's response head.
     async fn forward(
         &self,
+        forwarder: &Forwarder,
         req: Request<Incoming>,
         target: PathAndQuery,
         client: SocketAddr,
         body_limit: Option<u64>,
     ) -> Result<Response<ProxyBody>, Error> {
         let started = Instant::now();
-        let result = self.forwarder.forward(req, target, client, body_limit).await;
+        let result = forwarder.forward(req, target, client, body_limit).await;
         self.metrics.backend_latency.observe(started.elapsed().as_secs_f64());
         result
     }
@@ -105,11 +107,12 @@ fn check_fenced(req: &Request<Incoming>, limits: &LimitsConfig) -> Result<Option
 }
 
 async fn route(shared: Arc<Shared>, req: Request<Incoming>, client: SocketAddr) -> Result<Response<ProxyBody>, Error> {
-    let config = &shared.config;
+    let live = shared.live.get();
+    let config = &live.config;
     check_limits(&req, &config.limits)?;
     if !is_fenced(config, req.method()) {
         let target = req.uri().path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
-        return shared.forward(req, target, client, None).await;
+        return shared.forward(&live.forwarder, req, target, client, None).await;
     }
     let body_limit = check_fenced(&req, &config.limits)?;
 
@@ -126,7 +129,7 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>, client: SocketAddr) 
     let token = match token::from_headers(req.headers(), &config.fence.header) {
         Ok(token) => token,
         Err(TokenError::Missing) if config.fence.missing_token == MissingToken::Forward => {
-            return shared.forward(req, target, client, body_limit).await;
+            return shared.forward(&live.forwarder, req, target, client, body_limit).await;
         }
         Err(TokenError::Missing) => {
             return Err(Error::MissingToken { header: config.fence.header.to_string() });
@@ -148,12 +151,12 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>, client: SocketAddr) 
         // Persist: durable, and the table raised, before a byte goes to the backend.
         shared.store.advance(turn.key(), token).await?;
         let _flying = InFlight::new(&shared.metrics);
-        let result = shared.forward(req, target, client, body_limit).await;
+        let result = shared.forward(&live.forwarder, req, target, client, body_limit).await;
         match &result {
             // The backend may have (part of) the write and apply it late: keep the next one
             // out. It stays in flight in the log too, so a restart quarantines it again.
             Err(Error::BackendTimeout(_) | Error::BackendFailed(_) | Error::BodyTooLarge { .. }) => {
-                turn.quarantine(shared.config.fence.quarantine)
+                turn.quarantine(live.config.fence.quarantine)
             }
             _ => shared.store.done(turn.key(), token),
         }

@@ -18,6 +18,8 @@ pub mod fence;
 #[doc(hidden)]
 pub mod fuzzing;
 mod handler;
+pub mod live;
+pub mod logging;
 pub mod memstore;
 pub mod metrics;
 pub mod path;
@@ -30,4 +32,5 @@ pub mod token;
 
 pub use config::Config;
 pub use error::Error;
+pub use live::Reload;
 pub use server::{Proxy, run};

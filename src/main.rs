@@ -18,7 +18,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the proxy until SIGINT or SIGTERM.
+    /// Run the proxy until SIGINT or SIGTERM; SIGHUP reloads the config file.
     Run {
         /// TOML config file; FENCEGATE_<SECTION>__<KEY> environment variables override it.
         #[arg(long, short)]
@@ -52,13 +52,13 @@ fn main() -> ExitCode {
         Command::Check { config } => check(&config),
         Command::Run { config } => {
             Config::load(&config, None).with_context(|| format!("invalid config {}", config.display())).and_then(|c| {
-                init_logging(&c.log.level, c.log.format);
-                runtime()?.block_on(serve(c))
+                fencegate::logging::init(&c.log.level, c.log.format);
+                runtime()?.block_on(serve(config.clone(), c))
             })
         }
         Command::Inspect { dir, key, top } => inspect(&dir, key.as_deref(), top),
         Command::Demo => {
-            init_logging("error", LogFormat::Text);
+            fencegate::logging::init("error", LogFormat::Text);
             runtime().and_then(|rt| rt.block_on(demo()))
         }
     };
@@ -73,16 +73,6 @@ fn main() -> ExitCode {
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the runtime")
-}
-
-fn init_logging(level: &str, format: LogFormat) {
-    let level = level.parse().unwrap_or(tracing::Level::INFO);
-    let logs = tracing_subscriber::fmt().with_max_level(level).with_writer(std::io::stderr);
-    match format {
-        LogFormat::Json => logs.json().init(),
-        // Colour codes only for a terminal: logs are also parsed by tools and tests.
-        LogFormat::Text => logs.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init(),
-    }
 }
 
 fn check(path: &std::path::Path) -> anyhow::Result<()> {
@@ -135,12 +125,31 @@ fn inspect(dir: &std::path::Path, key: Option<&str>, top: usize) -> anyhow::Resu
     Ok(())
 }
 
-async fn serve(config: Config) -> anyhow::Result<()> {
+async fn serve(path: PathBuf, config: Config) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(config.server.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.server.listen))?;
-    fencegate::run(listener, config, shutdown_signal()).await?;
+    let proxy = fencegate::Proxy::open(config).await?;
+    tokio::spawn(reload_on_hangup(proxy.clone(), path));
+    proxy.run(listener, shutdown_signal()).await?;
     Ok(())
+}
+
+/// On SIGHUP, reads the config file (and the environment) again and applies what can change
+/// safely. A config that does not load changes nothing.
+async fn reload_on_hangup(proxy: fencegate::Proxy, path: PathBuf) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hangups = match signal(SignalKind::hangup()) {
+        Ok(s) => s,
+        Err(e) => return tracing::warn!(error = %e, "cannot listen for SIGHUP: reload is unavailable"),
+    };
+    while hangups.recv().await.is_some() {
+        tracing::info!(config = %path.display(), "SIGHUP: reloading the configuration");
+        let loaded = Config::load(&path, None).map_err(anyhow::Error::from);
+        if let Err(e) = loaded.and_then(|c| Ok(proxy.reload(c)?)) {
+            tracing::error!(error = format!("{e:#}"), "reload refused: the running configuration is unchanged");
+        }
+    }
 }
 
 async fn shutdown_signal() {

@@ -5,6 +5,7 @@
 //! log: per resource (or, for refusals without one, per reason), at most one line per
 //! interval is written, and the next line written says how many were suppressed meanwhile.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
@@ -22,21 +23,28 @@ struct Window {
 #[derive(Debug)]
 pub struct RefusalLog {
     windows: DashMap<Box<str>, Window>,
-    interval: Duration,
+    /// In milliseconds; an atomic so that a reload can change it.
+    interval_ms: AtomicU64,
 }
 
 impl RefusalLog {
     /// At most one line per key per `interval`.
     pub fn new(interval: Duration) -> Self {
-        RefusalLog { windows: DashMap::new(), interval }
+        RefusalLog { windows: DashMap::new(), interval_ms: AtomicU64::new(millis(interval)) }
+    }
+
+    /// Changes the interval from now on (a reload).
+    pub fn set_interval(&self, interval: Duration) {
+        self.interval_ms.store(millis(interval), Ordering::Relaxed);
     }
 
     /// `Some(n)` if a refusal for `key` should be logged now, `n` being how many were
     /// suppressed since the last line for it; `None` if it should be suppressed.
     pub fn admit(&self, key: &str) -> Option<u64> {
         let now = Instant::now();
+        let interval = Duration::from_millis(self.interval_ms.load(Ordering::Relaxed));
         if let Some(mut w) = self.windows.get_mut(key) {
-            if now.duration_since(w.opened) < self.interval {
+            if now.duration_since(w.opened) < interval {
                 w.suppressed += 1;
                 return None;
             }
@@ -45,11 +53,15 @@ impl RefusalLog {
             return Some(suppressed);
         }
         if self.windows.len() >= SWEEP_AT {
-            self.windows.retain(|_, w| now.duration_since(w.opened) < self.interval || w.suppressed > 0);
+            self.windows.retain(|_, w| now.duration_since(w.opened) < interval || w.suppressed > 0);
         }
         self.windows.insert(key.into(), Window { opened: now, suppressed: 0 });
         Some(0)
     }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

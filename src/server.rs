@@ -13,8 +13,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use hyper::body::{Body, Frame, SizeHint};
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
+use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 
@@ -23,13 +22,12 @@ use crate::config::{Config, MissingToken};
 use crate::error::Error;
 use crate::fence::FenceTable;
 use crate::handler::{self, Shared};
+use crate::live::{self, Live, Reload, Slot};
 use crate::metrics::Metrics;
 use crate::path;
-use crate::proxy::{Forwarder, ProxyBody};
+use crate::proxy::ProxyBody;
 use crate::refusals::RefusalLog;
 use crate::store::{FileStore, StoreOptions};
-use crate::tls;
-use tokio_rustls::TlsAcceptor;
 
 /// An opened proxy: store recovered and locked, ready to serve.
 #[derive(Debug, Clone)]
@@ -50,10 +48,7 @@ impl Proxy {
             on_commit: Some(Arc::new(move |took, advances| observed.commit(took, advances))),
         };
         if config.fence.missing_token == MissingToken::Forward {
-            tracing::warn!(
-                "fence.missing_token = \"forward\": writes without a token pass unchecked, so a zombie \
-                that omits the header is not fenced; use this only while clients migrate"
-            );
+            warn_forwarding_tokenless();
         }
         let store = FileStore::open(&config.store.dir, options)?;
         let table = Arc::new(FenceTable::new(Arc::clone(store.table()), config.fence.equal_token));
@@ -63,10 +58,32 @@ impl Proxy {
                 "a write was in flight when fencegate stopped: resource quarantined");
             table.quarantine(key, config.fence.quarantine);
         }
-        let forwarder = Forwarder::new(&config.backend, metrics.bytes_in.clone())?;
         let refusals = RefusalLog::new(config.log.refusal_interval);
-        let shared = Shared { config, table, store: Arc::new(store), forwarder, refusals, metrics };
+        let live = Slot::new(Live::build(config, metrics.bytes_in.clone())?);
+        let shared = Shared { live, table, store: Arc::new(store), refusals, metrics };
         Ok(Proxy { shared: Arc::new(shared) })
+    }
+
+    /// Applies `config` as far as a running proxy can: fence policy, timeouts, limits, log
+    /// level, backend and TLS certificates (read anew even if their paths did not change).
+    /// Settings in [`live::RESTART_ONLY`] keep their running values and are reported. If anything
+    /// fails to build, nothing changes.
+    pub fn reload(&self, config: Config) -> Result<Reload, Error> {
+        let current = self.shared.live.get();
+        let (config, report) = live::merge(&current.config, config);
+        let next = Live::build(config, self.shared.metrics.bytes_in.clone())?;
+        let config = &next.config;
+        self.shared.table.set_equal(config.fence.equal_token);
+        self.shared.refusals.set_interval(config.log.refusal_interval);
+        if config.fence.missing_token == MissingToken::Forward
+            && current.config.fence.missing_token != MissingToken::Forward
+        {
+            warn_forwarding_tokenless();
+        }
+        let (old_level, new_level) = (current.config.log.level.clone(), config.log.level.clone());
+        self.shared.live.set(next);
+        crate::logging::change_level(&old_level, &new_level, || live::log(&report));
+        Ok(report)
     }
 
     /// The highest token the resource `key` has accepted (keys are canonical paths).
@@ -80,36 +97,16 @@ impl Proxy {
     }
 
     /// The configuration in force.
-    pub fn config(&self) -> &Config {
-        &self.shared.config
+    pub fn config(&self) -> Config {
+        self.shared.live.get().config.clone()
     }
 
     /// Serves `listener` until `shutdown` resolves, then stops accepting, lets in-flight
     /// requests finish within `server.shutdown_grace`, and closes the store.
     pub async fn serve(self, listener: TcpListener, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
-        let config = &self.shared.config;
-        let limits = &config.limits;
-        let mut builder = auto::Builder::new(TokioExecutor::new());
-        // hyper's own limits sit above ours, so that what we refuse gets our tagged answer.
-        builder
-            .http1()
-            .timer(TokioTimer::new())
-            .header_read_timeout(limits.header_read_timeout)
-            .max_buf_size((limits.max_header_bytes * 2).max(8192));
-        builder
-            .http2()
-            .timer(TokioTimer::new())
-            .max_concurrent_streams(limits.h2_max_concurrent_streams)
-            // HTTP/2 counts 32 bytes of overhead per header field (RFC 9113 §6.5.2).
-            .max_header_list_size(u32::try_from(limits.max_header_bytes * 2 + 32 * 100).unwrap_or(u32::MAX));
-        let acceptor = match &config.server.tls {
-            Some(t) => Some(TlsAcceptor::from(
-                tls::server_config(&t.cert, &t.key, t.client_ca.as_deref())
-                    .map_err(|e| Error::Io(std::io::Error::other(e)))?,
-            )),
-            None => None,
-        };
-        let permits = Arc::new(Semaphore::new(limits.max_connections));
+        let live = self.shared.live.get();
+        let config = &live.config;
+        let permits = Arc::new(Semaphore::new(config.limits.max_connections));
         let (stop, stopping) = watch::channel(false);
         // Every connection holds a sender; the receiver ends once all are gone.
         let (alive, mut drained) = mpsc::channel::<()>(1);
@@ -134,9 +131,8 @@ impl Proxy {
             match accepted {
                 Ok((stream, client)) => {
                     let conn = Conn {
-                        acceptor: acceptor.clone(),
+                        live: self.shared.live.get(),
                         shared: Arc::clone(&self.shared),
-                        builder: builder.clone(),
                         client,
                         stop: stopping.clone(),
                         _permit: permit,
@@ -152,10 +148,11 @@ impl Proxy {
             }
         }
         drop(listener);
-        tracing::info!(grace = ?config.server.shutdown_grace, "shutting down: draining connections");
+        let grace = self.shared.live.get().config.server.shutdown_grace;
+        tracing::info!(?grace, "shutting down: draining connections");
         let _ = stop.send(true);
         drop(alive);
-        if tokio::time::timeout(config.server.shutdown_grace, drained.recv()).await.is_err() {
+        if tokio::time::timeout(grace, drained.recv()).await.is_err() {
             tracing::warn!("shutdown grace elapsed with requests still in flight");
         }
         self.shared.store.close().await?;
@@ -166,9 +163,9 @@ impl Proxy {
 
 /// One client connection and what it holds while it lives.
 struct Conn {
-    acceptor: Option<TlsAcceptor>,
+    /// The listener settings this connection was accepted with.
+    live: Arc<Live>,
     shared: Arc<Shared>,
-    builder: auto::Builder<TokioExecutor>,
     client: SocketAddr,
     stop: watch::Receiver<bool>,
     _permit: OwnedSemaphorePermit,
@@ -178,11 +175,11 @@ struct Conn {
 impl Conn {
     async fn serve(self, stream: TcpStream) {
         let _ = stream.set_nodelay(true);
-        match self.acceptor.clone() {
+        match self.live.acceptor.clone() {
             // The handshake counts against the header-read timeout: a stalled handshake is
             // slowloris too.
             Some(acceptor) => {
-                let timeout = self.shared.config.limits.header_read_timeout;
+                let timeout = self.live.config.limits.header_read_timeout;
                 match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
                     Ok(Ok(tls)) => self.serve_io(tls).await,
                     Ok(Err(e)) => tracing::debug!(client = %self.client, error = %e, "TLS handshake failed"),
@@ -209,10 +206,10 @@ impl Conn {
                 Ok::<_, Infallible>(resp.map(|body| ActiveBody { body, activity, bytes_out }))
             }
         });
-        let conn = self.builder.serve_connection(TokioIo::new(io), service);
+        let conn = self.live.http.serve_connection(TokioIo::new(io), service);
         tokio::pin!(conn);
-        let limits = &self.shared.config.limits;
-        let (keepalive, grace) = (limits.keepalive_timeout, self.shared.config.server.shutdown_grace);
+        let config = &self.live.config;
+        let (keepalive, grace) = (config.limits.keepalive_timeout, config.server.shutdown_grace);
         // Once asked to close, a connection gets this long to finish what it is doing; a
         // client that stops reading must not keep its slot forever.
         let mut deadline = None;
@@ -336,27 +333,40 @@ impl Body for ActiveBody {
 /// Opens the proxy for `config` and serves `listener` (and the admin API, if configured)
 /// until `shutdown` resolves.
 pub async fn run(listener: TcpListener, config: Config, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
-    let proxy = Proxy::open(config).await?;
-    let (stop, stopped) = watch::channel(false);
-    let admin = match proxy.config().admin.listen {
-        Some(addr) => {
-            let admin_listener = TcpListener::bind(addr).await?;
-            let mut stopped = stopped.clone();
-            let until = async move {
-                let _ = stopped.wait_for(|s| *s).await;
-            };
-            Some(tokio::spawn(proxy.clone().serve_admin(admin_listener, until)))
+    Proxy::open(config).await?.run(listener, shutdown).await
+}
+
+impl Proxy {
+    /// Serves `listener`, and the admin API if `admin.listen` is set, until `shutdown` resolves.
+    pub async fn run(self, listener: TcpListener, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
+        let (stop, stopped) = watch::channel(false);
+        let admin = match self.config().admin.listen {
+            Some(addr) => {
+                let admin_listener = TcpListener::bind(addr).await?;
+                let mut stopped = stopped.clone();
+                let until = async move {
+                    let _ = stopped.wait_for(|s| *s).await;
+                };
+                Some(tokio::spawn(self.clone().serve_admin(admin_listener, until)))
+            }
+            None => None,
+        };
+        let result = self
+            .serve(listener, async move {
+                shutdown.await;
+                let _ = stop.send(true);
+            })
+            .await;
+        if let Some(admin) = admin {
+            let _ = admin.await;
         }
-        None => None,
-    };
-    let result = proxy
-        .serve(listener, async move {
-            shutdown.await;
-            let _ = stop.send(true);
-        })
-        .await;
-    if let Some(admin) = admin {
-        let _ = admin.await;
+        result
     }
-    result
+}
+
+fn warn_forwarding_tokenless() {
+    tracing::warn!(
+        "fence.missing_token = \"forward\": writes without a token pass unchecked, so a zombie \
+        that omits the header is not fenced; use this only while clients migrate"
+    );
 }

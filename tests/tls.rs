@@ -163,3 +163,25 @@ fn check_refuses_tls_files_that_do_not_parse() {
     .unwrap_err();
     assert!(err.to_string().contains("only applies to an https://"), "{err}");
 }
+
+#[tokio::test]
+async fn a_reload_reads_rotated_certificates_and_a_broken_rotation_changes_nothing() {
+    let (old, new) = (Pki::new(), Pki::new());
+    let h = Harness::start_with(|c| c.server.tls = Some(old.server_tls(false))).await;
+    let url = format!("https://localhost:{}/missing", h.addr.port());
+    assert_eq!(https_get(&old, false, url.clone()).await.unwrap().0, 404);
+    assert!(https_get(&new, false, url.clone()).await.is_err(), "not yet rotated");
+
+    // The files change under the same paths, as cert-manager or certbot rotate them.
+    for name in ["server.pem", "server-key.pem"] {
+        std::fs::copy(new.path(name), old.path(name)).unwrap();
+    }
+    h.proxy.reload(h.config.clone()).unwrap();
+    assert_eq!(https_get(&new, false, url.clone()).await.unwrap().0, 404, "new connections get the new certificate");
+    assert!(https_get(&old, false, url.clone()).await.is_err());
+
+    // A rotation caught half-way (key missing) is refused; the certificate in force stays.
+    std::fs::remove_file(old.path("server-key.pem")).unwrap();
+    assert!(h.proxy.reload(h.config.clone()).is_err());
+    assert_eq!(https_get(&new, false, url).await.unwrap().0, 404);
+}

@@ -76,6 +76,10 @@ impl Running {
         self.log.lock().unwrap().iter().any(|l| l.contains(needle))
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn kill9(self) {
         drop(self); // SIGKILL on Unix, then reaped
     }

@@ -1,0 +1,210 @@
+//! The settings in force, and everything built from them: swapped whole on reload (SIGHUP).
+//!
+//! A request takes one snapshot when it arrives and keeps it to the end, so it never sees half
+//! of an old config and half of a new one. A connection keeps the listener settings (TLS,
+//! HTTP limits, keep-alive) it was accepted with; connections accepted after a reload get the
+//! new ones. What decides a resource's key, or where and how `max_seen` lives, cannot change
+//! under a running proxy: a reload reports such changes and leaves them alone.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper_util::server::conn::auto;
+use prometheus_client::metrics::counter::Counter;
+use tokio_rustls::TlsAcceptor;
+
+use crate::config::Config;
+use crate::error::Error;
+use crate::proxy::Forwarder;
+use crate::tls;
+
+/// Settings a reload cannot apply: they decide keys, storage or sockets already bound.
+/// Each entry is a dotted key or a whole section (`store`).
+pub const RESTART_ONLY: [&str; 7] =
+    ["server.listen", "admin.listen", "store", "paths", "fence.scopes", "log.format", "limits.max_connections"];
+
+/// A config and what is built from it.
+pub(crate) struct Live {
+    pub(crate) config: Config,
+    pub(crate) forwarder: Forwarder,
+    pub(crate) acceptor: Option<TlsAcceptor>,
+    pub(crate) http: auto::Builder<TokioExecutor>,
+}
+
+impl Live {
+    /// Builds the backend client, TLS acceptor and HTTP settings; reads certificate files anew.
+    pub(crate) fn build(config: Config, bytes_in: Counter) -> Result<Self, Error> {
+        let forwarder = Forwarder::new(&config.backend, bytes_in)?;
+        let acceptor = match &config.server.tls {
+            Some(t) => Some(TlsAcceptor::from(
+                tls::server_config(&t.cert, &t.key, t.client_ca.as_deref())
+                    .map_err(|e| Error::Io(std::io::Error::other(e)))?,
+            )),
+            None => None,
+        };
+        let limits = &config.limits;
+        let mut http = auto::Builder::new(TokioExecutor::new());
+        // hyper's own limits sit above ours, so that what we refuse gets our tagged answer.
+        http.http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_read_timeout)
+            .max_buf_size((limits.max_header_bytes * 2).max(8192));
+        http.http2()
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(limits.h2_max_concurrent_streams)
+            // HTTP/2 counts 32 bytes of overhead per header field (RFC 9113 §6.5.2).
+            .max_header_list_size(u32::try_from(limits.max_header_bytes * 2 + 32 * 100).unwrap_or(u32::MAX));
+        Ok(Live { config, forwarder, acceptor, http })
+    }
+}
+
+impl std::fmt::Debug for Live {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Live").field("config", &self.config).field("tls", &self.acceptor.is_some()).finish()
+    }
+}
+
+/// What a reload did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reload {
+    /// Changed settings now in force, as `key: old -> new`.
+    pub applied: Vec<String>,
+    /// Changed settings that need a restart, left as they were, as `key: old -> new`.
+    pub kept: Vec<String>,
+}
+
+/// Splits the differences between `old` and `new` into what a reload applies and what it
+/// keeps, and returns the config to run with: `new`, with every restart-only setting of `old`.
+pub(crate) fn merge(old: &Config, new: Config) -> (Config, Reload) {
+    let (before, after) = (flatten(old), flatten(&new));
+    let mut report = Reload::default();
+    let keys: std::collections::BTreeSet<&String> = before.keys().chain(after.keys()).collect();
+    for key in keys {
+        let (was, now) = (before.get(key), after.get(key));
+        if was == now {
+            continue;
+        }
+        let show = |v: Option<&String>| v.map_or_else(|| "(unset)".to_owned(), Clone::clone);
+        let line = format!("{key}: {} -> {}", show(was), show(now));
+        if restart_only(key) { report.kept.push(line) } else { report.applied.push(line) }
+    }
+    // Never printed, so compared apart from the rest.
+    if old.admin.token != new.admin.token {
+        report.applied.push("admin.token: (changed)".to_owned());
+    }
+    let mut merged = new;
+    merged.server.listen = old.server.listen;
+    merged.admin.listen = old.admin.listen;
+    merged.store = old.store.clone();
+    merged.paths = old.paths.clone();
+    merged.fence.scopes = old.fence.scopes.clone();
+    merged.log.format = old.log.format;
+    merged.limits.max_connections = old.limits.max_connections;
+    (merged, report)
+}
+
+fn restart_only(key: &str) -> bool {
+    RESTART_ONLY.iter().any(|r| key == *r || key.strip_prefix(r).is_some_and(|rest| rest.starts_with('.')))
+}
+
+/// Dotted key → value as printed by `fencegate check`. Lists and tables of arrays (scopes)
+/// stay whole under their key.
+fn flatten(config: &Config) -> BTreeMap<String, String> {
+    fn walk(prefix: &str, value: &toml::Value, out: &mut BTreeMap<String, String>) {
+        match value {
+            toml::Value::Table(table) => {
+                for (k, v) in table {
+                    let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                    walk(&key, v, out);
+                }
+            }
+            other => {
+                out.insert(prefix.to_owned(), other.to_string());
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    if let Ok(value) = toml::Value::try_from(config) {
+        walk("", &value, &mut out);
+    }
+    out
+}
+
+/// Logs a reload: one line per change, so each can be found and audited on its own.
+pub(crate) fn log(report: &Reload) {
+    for change in &report.applied {
+        tracing::info!(%change, "reload: applied");
+    }
+    for change in &report.kept {
+        tracing::warn!(%change, "reload: needs a restart; the running value is kept");
+    }
+    tracing::info!(applied = report.applied.len(), kept = report.kept.len(), "configuration reloaded");
+}
+
+/// A snapshot slot: readers clone the `Arc` under a read lock held for nanoseconds.
+#[derive(Debug)]
+pub(crate) struct Slot(std::sync::RwLock<Arc<Live>>);
+
+impl Slot {
+    pub(crate) fn new(live: Live) -> Self {
+        Slot(std::sync::RwLock::new(Arc::new(live)))
+    }
+
+    /// The settings in force now.
+    pub(crate) fn get(&self) -> Arc<Live> {
+        // A poisoned lock only means a panic elsewhere while swapping an Arc: the value is whole.
+        Arc::clone(&self.0.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    pub(crate) fn set(&self, live: Live) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(live);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(extra: &str) -> Config {
+        Config::from_toml_str(&format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\n[backend]\nurl = \"http://127.0.0.1:9\"\n[store]\ndir = \"/tmp/x\"\n{extra}"
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn reload_applies_policy_and_keeps_what_decides_keys_or_storage() {
+        let old = config("[fence]\nequal_token = \"reject\"\n");
+        let new = config(
+            "[fence]\nequal_token = \"accept\"\nqueue_timeout = \"1s\"\n[[fence.scopes]]\nprefix = \"/t\"\nsegments = 1\n\
+             [paths]\ncase_sensitive = false\n[limits]\nmax_connections = 7\nmax_body_bytes = 10\n",
+        );
+        let (merged, report) = merge(&old, new.clone());
+        let keys = |lines: &[String]| lines.iter().map(|l| l.split(':').next().unwrap().to_owned()).collect::<Vec<_>>();
+        assert_eq!(keys(&report.applied), ["fence.equal_token", "fence.queue_timeout", "limits.max_body_bytes"]);
+        assert_eq!(keys(&report.kept), ["fence.scopes", "limits.max_connections", "paths.case_sensitive"]);
+        assert_eq!(merged.fence.equal_token, new.fence.equal_token);
+        assert_eq!(merged.limits.max_body_bytes, 10);
+        assert_eq!(merged.limits.max_connections, old.limits.max_connections);
+        assert_eq!(merged.paths.case_sensitive, old.paths.case_sensitive);
+        assert!(merged.fence.scopes.is_empty());
+        assert!(report.applied[0].contains("\"reject\" -> \"accept\""), "{:?}", report.applied);
+    }
+
+    #[test]
+    fn an_unchanged_config_reports_nothing_and_a_new_token_is_named_not_shown() {
+        let old = config("");
+        assert_eq!(merge(&old, old.clone()).1, Reload::default());
+        let mut new = old.clone();
+        new.admin.token = Some("a-new-secret-of-enough-length".into());
+        let report = merge(&old, new).1;
+        assert_eq!(report.applied, ["admin.token: (changed)"]);
+    }
+
+    #[test]
+    fn restart_only_matches_whole_keys_and_sections() {
+        assert!(restart_only("store.dir") && restart_only("store") && restart_only("server.listen"));
+        assert!(!restart_only("server.listener") && !restart_only("storex.a") && !restart_only("fence.header"));
+    }
+}

@@ -1,0 +1,133 @@
+//! Reloading the configuration of a running proxy: in-process through `Proxy::reload`, and
+//! through the binary with SIGHUP. TLS certificate rotation is tested in `tls.rs`.
+
+mod common;
+
+use std::time::Duration;
+
+use common::Harness;
+use common::process::{Running, put, put_response, write_config};
+use fencegate::config::EqualToken;
+use fencegate::memstore::MemStore;
+
+#[tokio::test]
+async fn a_reload_changes_the_fence_policy_for_the_next_write() {
+    let h = Harness::start().await;
+    assert_eq!(h.put("/doc", 5, "a").await.status, 200);
+    h.put("/doc", 5, "again").await.assert_refused(409, "stale_token");
+    let mut config = h.config.clone();
+    config.fence.equal_token = EqualToken::Accept;
+    let report = h.proxy.reload(config).unwrap();
+    assert!(report.applied.iter().any(|l| l.starts_with("fence.equal_token: \"reject\" -> \"accept\"")), "{report:?}");
+    assert!(report.kept.is_empty(), "{report:?}");
+    assert_eq!(h.put("/doc", 5, "again").await.status, 200, "an equal token is now accepted");
+    h.put("/doc", 4, "zombie").await.assert_refused(409, "stale_token");
+    assert_eq!(h.applied_tokens("/doc"), [5, 5]);
+}
+
+#[tokio::test]
+async fn a_reload_changes_limits_and_the_token_header() {
+    let h = Harness::start().await;
+    let mut config = h.config.clone();
+    config.limits.max_body_bytes = 4;
+    config.fence.header = http::HeaderName::from_static("x-lock-token");
+    h.proxy.reload(config).unwrap();
+    h.send("PUT", "/doc", &[("x-lock-token", "1")], "too long").await.assert_refused(413, "body_too_large");
+    h.put("/doc", 2, "v").await.assert_refused(428, "missing_token");
+    assert_eq!(h.send("PUT", "/doc", &[("x-lock-token", "3")], "ok").await.status, 200);
+    assert_eq!(h.backend.applied().iter().filter(|r| r.path == "/doc").count(), 1);
+}
+
+#[tokio::test]
+async fn a_reload_keeps_key_rules_and_storage_and_reports_them() {
+    let h = Harness::start().await;
+    assert_eq!(h.put("/Doc", 5, "a").await.status, 200);
+    let mut config = h.config.clone();
+    let elsewhere = tempfile::tempdir().unwrap();
+    config.paths.case_sensitive = false;
+    config.store.dir = elsewhere.path().to_owned();
+    config.limits.max_connections = 3;
+    let report = h.proxy.reload(config).unwrap();
+    let kept: Vec<&str> = report.kept.iter().map(|l| l.split(':').next().unwrap()).collect();
+    assert_eq!(kept, ["limits.max_connections", "paths.case_sensitive", "store.dir"], "{report:?}");
+    assert!(report.applied.is_empty(), "{report:?}");
+    // Still case-sensitive, still the same store: /doc is another resource, /Doc still at 5.
+    assert_eq!(h.put("/doc", 1, "b").await.status, 200);
+    h.put("/Doc", 5, "zombie").await.assert_refused(409, "stale_token");
+    assert_eq!(h.proxy.config().store.dir, h.config.store.dir);
+    assert_eq!(std::fs::read_dir(elsewhere.path()).unwrap().count(), 0);
+}
+
+#[tokio::test]
+async fn a_reload_rotates_the_admin_token() {
+    const OLD: &str = "the-old-admin-token-value";
+    const NEW: &str = "the-new-admin-token-value";
+    let h = Harness::start_with(|c| c.admin.token = Some(OLD.into())).await;
+    let admin = h.start_admin().await;
+    let advance = |token: &'static str| async move {
+        let head = format!(
+            "POST /fences/doc:advance HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\
+             Content-Type: application/json\r\nContent-Length: 9"
+        );
+        common::raw_request(admin, &head, "{\"to\":10}").await
+    };
+    let mut config = h.config.clone();
+    config.admin.token = Some(NEW.into());
+    let report = h.proxy.reload(config).unwrap();
+    assert_eq!(report.applied, ["admin.token: (changed)"]);
+    advance(OLD).await.assert_refused(401, "unauthorized");
+    assert_eq!(advance(NEW).await.status, 200);
+    assert_eq!(h.proxy.max_seen("/doc"), Some(10));
+}
+
+/// The operator's path: edit the file, send SIGHUP, read what changed in the log.
+#[tokio::test]
+async fn sighup_reloads_the_file_applies_what_it_can_and_refuses_a_broken_one() {
+    let backend = MemStore::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &backend.url(), "");
+    let original = std::fs::read_to_string(&config).unwrap();
+    let proxy = Running::start(&config);
+    assert_eq!(put(proxy.addr, "/doc", 5).await, 200);
+    assert_eq!(put(proxy.addr, "/doc", 5).await, 409);
+
+    // A file that does not load changes nothing.
+    std::fs::write(&config, format!("{original}[fence]\nequal_token = \"sometimes\"\n")).unwrap();
+    hangup(&proxy, "reload refused", 1).await;
+    assert_eq!(put(proxy.addr, "/doc", 5).await, 409);
+
+    // Accept equal tokens, log only warnings, and ask for a new listen address (needs a restart).
+    let edited = original.replace("listen = \"127.0.0.1:0\"", "listen = \"127.0.0.1:1\"");
+    std::fs::write(&config, format!("{edited}[fence]\nequal_token = \"accept\"\n[log]\nlevel = \"warn\"\n")).unwrap();
+    hangup(&proxy, "configuration reloaded", 1).await;
+    assert!(proxy.log_contains(r#"fence.equal_token: "reject" -> "accept""#), "{:?}", proxy.log_lines("reload"));
+    assert!(proxy.log_contains(r#"log.level: "info" -> "warn""#));
+    assert!(proxy.log_lines("needs a restart").iter().any(|l| l.contains("server.listen")));
+    assert_eq!(put(proxy.addr, "/doc", 5).await, 200, "still listening where it was, equal tokens now accepted");
+
+    // At "warn", a refused tokenless write (logged at info) leaves no line; a stale one (warn) does.
+    let before = proxy.log_lines("refused request").len();
+    let head = "PUT /doc HTTP/1.1\r\nHost: x";
+    assert_eq!(common::raw_request(proxy.addr, head, "v").await.status, 428);
+    assert_eq!(put_response(proxy.addr, "/doc", 4).await.unwrap().status, 409);
+    wait_for_log(&proxy, "refused stale token", 1).await;
+    assert_eq!(proxy.log_lines("refused request").len(), before, "info lines are off");
+}
+
+/// Sends SIGHUP to the proxy and waits until `needle` has appeared `count` more times.
+async fn hangup(proxy: &Running, needle: &str, count: usize) {
+    let before = proxy.log_lines(needle).len();
+    let status = std::process::Command::new("kill").args(["-HUP", &proxy.pid().to_string()]).status().unwrap();
+    assert!(status.success());
+    wait_for_log(proxy, needle, before + count).await;
+}
+
+async fn wait_for_log(proxy: &Running, needle: &str, count: usize) {
+    for _ in 0..500 {
+        if proxy.log_lines(needle).len() >= count {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("no {needle:?} in the log:\n{}", proxy.log_lines("").join("\n"));
+}
