@@ -30,14 +30,14 @@ fn rt() -> tokio::runtime::Runtime {
 }
 
 /// The in-memory part of a fenced write: precheck, wait for the turn, check, release.
-async fn reserve(table: &Arc<FenceTable>, key: &str, token: u64) {
-    table.precheck(key, token).unwrap();
+async fn reserve(table: &Arc<FenceTable>, key: &str, token: u64, equal: EqualToken) {
+    table.precheck(key, token, equal).unwrap();
     let mut turn = table.acquire(key, Duration::from_secs(10)).await.unwrap();
-    black_box(turn.check(token)).unwrap();
+    black_box(turn.check(token, equal)).unwrap();
 }
 
-fn fence_table(equal: EqualToken) -> Arc<FenceTable> {
-    Arc::new(FenceTable::new(Arc::new(Table::new()), equal))
+fn fence_table() -> Arc<FenceTable> {
+    Arc::new(FenceTable::new(Arc::new(Table::new())))
 }
 
 fn check_and_reserve(c: &mut Criterion) {
@@ -45,11 +45,11 @@ fn check_and_reserve(c: &mut Criterion) {
     let mut g = c.benchmark_group("check_and_reserve");
     g.throughput(Throughput::Elements(1));
     g.bench_function("uncontended", |b| {
-        let table = fence_table(EqualToken::Reject);
+        let table = fence_table();
         let mut token = 0;
         b.iter(|| {
             token += 1;
-            rt.block_on(reserve(&table, "/accounts/42", token))
+            rt.block_on(reserve(&table, "/accounts/42", token, EqualToken::Reject))
         })
     });
     for tasks in [2u64, 8, 64] {
@@ -57,7 +57,7 @@ fn check_and_reserve(c: &mut Criterion) {
             let name = if shared_key { "one_key" } else { "distinct_keys" };
             g.bench_function(BenchmarkId::new(name, tasks), |b| {
                 b.iter_custom(|iters| {
-                    let table = fence_table(EqualToken::Accept);
+                    let table = fence_table();
                     let per_task = iters.div_ceil(tasks);
                     let start = Instant::now();
                     rt.block_on(async {
@@ -67,7 +67,7 @@ fn check_and_reserve(c: &mut Criterion) {
                                 let key = if shared_key { "/hot".to_string() } else { format!("/k{t}") };
                                 tokio::spawn(async move {
                                     for i in 0..per_task {
-                                        reserve(&table, &key, i / tasks).await;
+                                        reserve(&table, &key, i / tasks, EqualToken::Accept).await;
                                     }
                                 })
                             })

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use fencegate::config::{EqualToken, SyncMode};
+use fencegate::config::SyncMode;
 use fencegate::fence::FenceTable;
 use fencegate::store::{FileStore, Store, StoreOptions};
 
@@ -29,7 +29,7 @@ fn measure(dir: &std::path::Path) {
     let before = status("VmRSS:");
     let rt = rt();
     let store = FileStore::open(dir, StoreOptions::default()).unwrap();
-    let fence = FenceTable::new(Arc::clone(store.table()), EqualToken::Reject);
+    let fence = FenceTable::new(Arc::clone(store.table()));
     let rss = status("VmRSS:");
     let peak = status("VmHWM:");
     println!("resources          {}", fence.len());

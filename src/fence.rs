@@ -10,7 +10,6 @@
 //! check, quarantine included) → the store persists and raises the table → forward → drop the turn.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
@@ -33,19 +32,12 @@ type Gate = Arc<Mutex<GateState>>;
 pub struct FenceTable {
     max_seen: Arc<Table>,
     gates: DashMap<Box<str>, Gate>,
-    /// `fence.equal_token = "accept"`; an atomic so that a reload can change it.
-    accept_equal: AtomicBool,
 }
 
 impl FenceTable {
     /// Fences against `max_seen`, the table a store keeps current.
-    pub fn new(max_seen: Arc<Table>, equal: EqualToken) -> Self {
-        FenceTable { max_seen, gates: DashMap::new(), accept_equal: AtomicBool::new(equal == EqualToken::Accept) }
-    }
-
-    /// Changes the equal-token policy for every check from now on (a reload).
-    pub fn set_equal(&self, equal: EqualToken) {
-        self.accept_equal.store(equal == EqualToken::Accept, Ordering::Relaxed);
+    pub fn new(max_seen: Arc<Table>) -> Self {
+        FenceTable { max_seen, gates: DashMap::new() }
     }
 
     /// The highest token `key` has accepted, if any.
@@ -68,23 +60,11 @@ impl FenceTable {
         self.gates.len()
     }
 
-    /// Whether `token` may be accepted over `max_seen` under the configured policy.
-    pub fn admits(&self, token: u64, max_seen: Option<u64>) -> bool {
-        match max_seen {
-            None => true,
-            Some(m) if self.accept_equal.load(Ordering::Relaxed) => token >= m,
-            Some(m) => token > m,
-        }
-    }
-
     /// Refuses a stale token without waiting for the resource's turn. Never wrong to refuse:
     /// `max_seen` only climbs, so a token stale now is stale when its turn would come.
-    pub fn precheck(&self, key: &str, token: u64) -> Result<(), Error> {
-        let max_seen = self.max_seen(key);
-        match max_seen {
-            Some(m) if !self.admits(token, max_seen) => Err(stale(key, token, m)),
-            _ => Ok(()),
-        }
+    /// `equal` is the policy of the request's settings, so a reload never changes it midway.
+    pub fn precheck(&self, key: &str, token: u64, equal: EqualToken) -> Result<(), Error> {
+        admit(key, token, self.max_seen(key), equal)
     }
 
     /// `max_seen` of `key` and whether a write to it is still in flight.
@@ -132,6 +112,15 @@ fn quarantine_end(period: Duration) -> Instant {
     now.checked_add(period).unwrap_or(now + Duration::from_secs(86_400))
 }
 
+/// Refuses `token` unless it is above `max_seen` (or equal to it, if `equal` accepts that).
+fn admit(key: &str, token: u64, max_seen: Option<u64>, equal: EqualToken) -> Result<(), Error> {
+    match (max_seen, equal) {
+        (Some(m), EqualToken::Reject) if token <= m => Err(stale(key, token, m)),
+        (Some(m), EqualToken::Accept) if token < m => Err(stale(key, token, m)),
+        _ => Ok(()),
+    }
+}
+
 fn stale(key: &str, token: u64, max_seen: u64) -> Error {
     Error::StaleToken { resource: key.to_owned(), token, max_seen }
 }
@@ -152,7 +141,7 @@ impl Turn {
     }
 
     /// The authoritative check, made while no other write to the resource can move `max_seen`.
-    pub fn check(&mut self, token: u64) -> Result<(), Error> {
+    pub fn check(&mut self, token: u64, equal: EqualToken) -> Result<(), Error> {
         if let Some(state) = self.guard.as_mut() {
             match state.quarantined_until {
                 Some(until) if until > Instant::now() => {
@@ -165,11 +154,7 @@ impl Turn {
                 None => {}
             }
         }
-        let max_seen = self.table.max_seen(&self.key);
-        match max_seen {
-            Some(m) if !self.table.admits(token, max_seen) => Err(stale(&self.key, token, m)),
-            _ => Ok(()),
-        }
+        admit(&self.key, token, self.table.max_seen(&self.key), equal)
     }
 
     /// Closes the resource to writes for `period`: an earlier write may still be applied late.
@@ -191,33 +176,34 @@ impl Drop for Turn {
 mod tests {
     use super::*;
 
-    fn table(equal: EqualToken) -> Arc<FenceTable> {
+    const STRICT: EqualToken = EqualToken::Reject;
+
+    fn table() -> Arc<FenceTable> {
         let max_seen = Arc::new(Table::new());
         max_seen.raise("/a", 34);
-        Arc::new(FenceTable::new(max_seen, equal))
+        Arc::new(FenceTable::new(max_seen))
     }
 
     #[test]
     fn equal_tokens_follow_the_policy() {
-        let strict = table(EqualToken::Reject);
-        assert!(matches!(strict.precheck("/a", 34), Err(Error::StaleToken { max_seen: 34, .. })));
-        assert!(strict.precheck("/a", 35).is_ok());
-        assert!(strict.precheck("/new", 0).is_ok());
-        let lenient = table(EqualToken::Accept);
-        assert!(lenient.precheck("/a", 34).is_ok());
-        assert!(lenient.precheck("/a", 33).is_err());
+        let t = table();
+        assert!(matches!(t.precheck("/a", 34, STRICT), Err(Error::StaleToken { max_seen: 34, .. })));
+        assert!(t.precheck("/a", 35, STRICT).is_ok());
+        assert!(t.precheck("/new", 0, STRICT).is_ok());
+        assert!(t.precheck("/a", 34, EqualToken::Accept).is_ok());
+        assert!(t.precheck("/a", 33, EqualToken::Accept).is_err());
     }
 
     #[tokio::test]
     async fn a_higher_token_that_took_its_turn_first_makes_a_waiter_stale() {
-        let t = table(EqualToken::Reject);
+        let t = table();
         let mut first = t.acquire("/a", Duration::from_secs(1)).await.unwrap();
-        first.check(40).unwrap();
+        first.check(40, STRICT).unwrap();
         let waiter = {
             let t = Arc::clone(&t);
             tokio::spawn(async move {
                 let mut turn = t.acquire("/a", Duration::from_secs(5)).await.unwrap();
-                turn.check(35)
+                turn.check(35, STRICT)
             })
         };
         tokio::task::yield_now().await;
@@ -229,7 +215,7 @@ mod tests {
 
     #[tokio::test]
     async fn waiting_longer_than_the_bound_is_a_queue_timeout() {
-        let t = table(EqualToken::Reject);
+        let t = table();
         let _held = t.acquire("/a", Duration::from_secs(1)).await.unwrap();
         let err = t.acquire("/a", Duration::from_millis(20)).await.unwrap_err();
         assert!(matches!(err, Error::QueueTimeout { .. }));
@@ -238,17 +224,17 @@ mod tests {
 
     #[tokio::test]
     async fn quarantine_closes_the_resource_until_it_expires() {
-        let t = table(EqualToken::Reject);
+        let t = table();
         let mut turn = t.acquire("/a", Duration::from_secs(1)).await.unwrap();
         turn.quarantine(Duration::from_millis(50));
         drop(turn);
         assert_eq!(t.active_gates(), 1, "a quarantined gate is kept");
         let mut turn = t.acquire("/a", Duration::from_secs(1)).await.unwrap();
-        assert!(matches!(turn.check(99), Err(Error::Quarantined { .. })));
+        assert!(matches!(turn.check(99, STRICT), Err(Error::Quarantined { .. })));
         drop(turn);
         tokio::time::sleep(Duration::from_millis(60)).await;
         let mut turn = t.acquire("/a", Duration::from_secs(1)).await.unwrap();
-        assert!(turn.check(99).is_ok());
+        assert!(turn.check(99, STRICT).is_ok());
         drop(turn);
         assert_eq!(t.active_gates(), 0);
     }

@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use http::header::UPGRADE;
 use http::uri::PathAndQuery;
@@ -14,7 +14,7 @@ use hyper::body::Incoming;
 use crate::config::{Config, LimitsConfig, MissingToken};
 use crate::error::Error;
 use crate::fence::FenceTable;
-use crate::live::Slot;
+use crate::live::{Live, Slot};
 use crate::metrics::Metrics;
 use crate::path;
 use crate::proxy::{Forwarder, ProxyBody, full_body};
@@ -53,14 +53,16 @@ impl Shared {
 /// Handles one request; every failure becomes fencegate's own JSON response.
 pub(crate) async fn handle(shared: Arc<Shared>, req: Request<Incoming>, client: SocketAddr) -> Response<ProxyBody> {
     let method = req.method().clone();
-    match route(Arc::clone(&shared), req, client).await {
+    // One snapshot of the settings for the whole request, however long it takes.
+    let live = shared.live.get();
+    match route(Arc::clone(&shared), Arc::clone(&live), req, client).await {
         Ok(resp) => {
             shared.metrics.request(&method, "forwarded");
             resp
         }
         Err(err) => {
             shared.metrics.request(&method, err.code());
-            log_refusal(&shared.refusals, &err, &method, client);
+            log_refusal(&shared.refusals, live.config.log.refusal_interval, &err, &method, client);
             err.response().map(full_body)
         }
     }
@@ -106,8 +108,12 @@ fn check_fenced(req: &Request<Incoming>, limits: &LimitsConfig) -> Result<Option
     Ok(limit)
 }
 
-async fn route(shared: Arc<Shared>, req: Request<Incoming>, client: SocketAddr) -> Result<Response<ProxyBody>, Error> {
-    let live = shared.live.get();
+async fn route(
+    shared: Arc<Shared>,
+    live: Arc<Live>,
+    req: Request<Incoming>,
+    client: SocketAddr,
+) -> Result<Response<ProxyBody>, Error> {
     let config = &live.config;
     check_limits(&req, &config.limits)?;
     if !is_fenced(config, req.method()) {
@@ -138,7 +144,7 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>, client: SocketAddr) 
     };
 
     // Check and reserve. Waiting for the turn may be abandoned if the client goes away...
-    shared.table.precheck(&key, token)?;
+    shared.table.precheck(&key, token, config.fence.equal_token)?;
     let waiting = Instant::now();
     let turn = shared.table.acquire(&key, config.fence.queue_timeout).await;
     shared.metrics.queue_wait.observe(waiting.elapsed().as_secs_f64());
@@ -147,7 +153,7 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>, client: SocketAddr) 
     // ...but once the turn is ours, the write runs to completion in its own task. Were it
     // cancelled mid-forward, the backend could still apply it after the next write was sent.
     let critical = tokio::spawn(async move {
-        turn.check(token)?;
+        turn.check(token, live.config.fence.equal_token)?;
         // Persist: durable, and the table raised, before a byte goes to the backend.
         shared.store.advance(turn.key(), token).await?;
         let _flying = InFlight::new(&shared.metrics);
@@ -168,14 +174,14 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>, client: SocketAddr) 
 
 /// One line per refusal, at most one per resource (or reason) and interval: a zombie
 /// retrying in a loop must not flood the log.
-fn log_refusal(refusals: &RefusalLog, err: &Error, method: &Method, client: SocketAddr) {
+fn log_refusal(refusals: &RefusalLog, interval: Duration, err: &Error, method: &Method, client: SocketAddr) {
     let key = match err {
         Error::StaleToken { resource, .. }
         | Error::QueueTimeout { resource, .. }
         | Error::Quarantined { resource, .. } => resource.as_str(),
         other => other.code(),
     };
-    let Some(suppressed) = refusals.admit(key) else { return };
+    let Some(suppressed) = refusals.admit(key, interval) else { return };
     match err {
         Error::StaleToken { resource, token, max_seen } => {
             tracing::warn!(%resource, token, max_seen, %client, %method, suppressed, "refused stale token");

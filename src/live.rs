@@ -34,8 +34,12 @@ pub(crate) struct Live {
 
 impl Live {
     /// Builds the backend client, TLS acceptor and HTTP settings; reads certificate files anew.
-    pub(crate) fn build(config: Config, bytes_in: Counter) -> Result<Self, Error> {
-        let forwarder = Forwarder::new(&config.backend, bytes_in)?;
+    /// The backend client of `previous` is kept, with its pool, if nothing about it changed.
+    pub(crate) fn build(config: Config, bytes_in: Counter, previous: Option<&Live>) -> Result<Self, Error> {
+        let forwarder = match previous {
+            Some(p) if !reads_files(&config) && same(&p.config.backend, &config.backend) => p.forwarder.clone(),
+            _ => Forwarder::new(&config.backend, bytes_in)?,
+        };
         let acceptor = match &config.server.tls {
             Some(t) => Some(TlsAcceptor::from(
                 tls::server_config(&t.cert, &t.key, t.client_ca.as_deref())
@@ -65,6 +69,15 @@ impl std::fmt::Debug for Live {
     }
 }
 
+/// Whether the backend client reads certificate files, which a reload must read again.
+fn reads_files(config: &Config) -> bool {
+    config.backend.url.scheme_str() == Some("https")
+}
+
+fn same<T: serde::Serialize>(a: &T, b: &T) -> bool {
+    matches!((serde_json::to_value(a), serde_json::to_value(b)), (Ok(a), Ok(b)) if a == b)
+}
+
 /// What a reload did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Reload {
@@ -72,6 +85,9 @@ pub struct Reload {
     pub applied: Vec<String>,
     /// Changed settings that need a restart, left as they were, as `key: old -> new`.
     pub kept: Vec<String>,
+    /// Whether connections accepted before the reload are asked to close (after the request
+    /// they are serving), because their listener settings (TLS, limits) changed.
+    pub renew_connections: bool,
 }
 
 /// Splits the differences between `old` and `new` into what a reload applies and what it
@@ -93,6 +109,17 @@ pub(crate) fn merge(old: &Config, new: Config) -> (Config, Reload) {
     if old.admin.token != new.admin.token {
         report.applied.push("admin.token: (changed)".to_owned());
     }
+    // Certificate files are read again even when their paths are the same: rotation in place.
+    if new.server.tls.is_some() && !report.applied.iter().any(|l| l.starts_with("server.tls.")) {
+        report.applied.push("server.tls: certificate files read again".to_owned());
+    }
+    if reads_files(&new) && !report.applied.iter().any(|l| l.starts_with("backend.")) {
+        report.applied.push("backend.tls: certificate files read again (new connection pool)".to_owned());
+    }
+    report.renew_connections = report
+        .applied
+        .iter()
+        .any(|l| ["server.", "limits."].iter().any(|p| l.starts_with(p)) && !l.starts_with("server.shutdown_grace"));
     let mut merged = new;
     merged.server.listen = old.server.listen;
     merged.admin.listen = old.admin.listen;
@@ -108,12 +135,12 @@ fn restart_only(key: &str) -> bool {
     RESTART_ONLY.iter().any(|r| key == *r || key.strip_prefix(r).is_some_and(|rest| rest.starts_with('.')))
 }
 
-/// Dotted key → value as printed by `fencegate check`. Lists and tables of arrays (scopes)
-/// stay whole under their key.
+/// Dotted key → value, as `fencegate check` names them. Lists (methods, scopes) stay whole
+/// under their key. JSON rather than TOML: TOML has no integers above `i64::MAX`.
 fn flatten(config: &Config) -> BTreeMap<String, String> {
-    fn walk(prefix: &str, value: &toml::Value, out: &mut BTreeMap<String, String>) {
+    fn walk(prefix: &str, value: &serde_json::Value, out: &mut BTreeMap<String, String>) {
         match value {
-            toml::Value::Table(table) => {
+            serde_json::Value::Object(table) => {
                 for (k, v) in table {
                     let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
                     walk(&key, v, out);
@@ -125,8 +152,9 @@ fn flatten(config: &Config) -> BTreeMap<String, String> {
         }
     }
     let mut out = BTreeMap::new();
-    if let Ok(value) = toml::Value::try_from(config) {
-        walk("", &value, &mut out);
+    match serde_json::to_value(config) {
+        Ok(value) => walk("", &value, &mut out),
+        Err(e) => tracing::warn!(error = %e, "cannot list the settings to compare them"),
     }
     out
 }
@@ -139,26 +167,55 @@ pub(crate) fn log(report: &Reload) {
     for change in &report.kept {
         tracing::warn!(%change, "reload: needs a restart; the running value is kept");
     }
-    tracing::info!(applied = report.applied.len(), kept = report.kept.len(), "configuration reloaded");
+    tracing::info!(
+        applied = report.applied.len(),
+        kept = report.kept.len(),
+        renew_connections = report.renew_connections,
+        "configuration reloaded"
+    );
 }
 
 /// A snapshot slot: readers clone the `Arc` under a read lock held for nanoseconds.
 #[derive(Debug)]
-pub(crate) struct Slot(std::sync::RwLock<Arc<Live>>);
+pub(crate) struct Slot {
+    live: std::sync::RwLock<Arc<Live>>,
+    /// Bumped when connections accepted earlier should close; each connection watches it.
+    renew: tokio::sync::watch::Sender<u64>,
+    /// Reloads run one at a time.
+    reloading: std::sync::Mutex<()>,
+}
 
 impl Slot {
     pub(crate) fn new(live: Live) -> Self {
-        Slot(std::sync::RwLock::new(Arc::new(live)))
+        Slot {
+            live: std::sync::RwLock::new(Arc::new(live)),
+            renew: tokio::sync::watch::Sender::new(0),
+            reloading: std::sync::Mutex::new(()),
+        }
     }
 
     /// The settings in force now.
     pub(crate) fn get(&self) -> Arc<Live> {
         // A poisoned lock only means a panic elsewhere while swapping an Arc: the value is whole.
-        Arc::clone(&self.0.read().unwrap_or_else(|e| e.into_inner()))
+        Arc::clone(&self.live.read().unwrap_or_else(|e| e.into_inner()))
     }
 
-    pub(crate) fn set(&self, live: Live) {
-        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(live);
+    /// Holds off other reloads while alive.
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.reloading.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Puts `live` in force; with `renew`, connections accepted before are asked to close.
+    pub(crate) fn set(&self, live: Live, renew: bool) {
+        *self.live.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(live);
+        if renew {
+            self.renew.send_modify(|generation| *generation += 1);
+        }
+    }
+
+    /// Fires when connections accepted before now should close.
+    pub(crate) fn renewals(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.renew.subscribe()
     }
 }
 
@@ -196,6 +253,11 @@ mod tests {
     fn an_unchanged_config_reports_nothing_and_a_new_token_is_named_not_shown() {
         let old = config("");
         assert_eq!(merge(&old, old.clone()).1, Reload::default());
+        let mut new = old.clone();
+        new.limits.max_body_bytes = u64::MAX; // beyond TOML's integers
+        let report = merge(&old, new).1;
+        assert_eq!(report.applied, [format!("limits.max_body_bytes: 0 -> {}", u64::MAX)]);
+        assert!(report.renew_connections && report.kept.is_empty());
         let mut new = old.clone();
         new.admin.token = Some("a-new-secret-of-enough-length".into());
         let report = merge(&old, new).1;

@@ -8,6 +8,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use fencegate::Config;
 use fencegate::config::LogFormat;
+use tokio::signal::unix::{Signal, SignalKind, signal};
 
 #[derive(Parser)]
 #[command(version, about = "A reverse proxy that fences a dumb HTTP backend against stale lock holders")]
@@ -126,23 +127,21 @@ fn inspect(dir: &std::path::Path, key: Option<&str>, top: usize) -> anyhow::Resu
 }
 
 async fn serve(path: PathBuf, config: Config) -> anyhow::Result<()> {
+    // Before anything slow (recovery can take seconds): SIGHUP's default action is to kill, and
+    // `systemctl reload` may come early. One that arrives during start-up is applied after it.
+    let hangups = signal(SignalKind::hangup()).context("cannot listen for SIGHUP")?;
     let listener = tokio::net::TcpListener::bind(config.server.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.server.listen))?;
     let proxy = fencegate::Proxy::open(config).await?;
-    tokio::spawn(reload_on_hangup(proxy.clone(), path));
+    tokio::spawn(reload_on_hangup(proxy.clone(), path, hangups));
     proxy.run(listener, shutdown_signal()).await?;
     Ok(())
 }
 
 /// On SIGHUP, reads the config file (and the environment) again and applies what can change
 /// safely. A config that does not load changes nothing.
-async fn reload_on_hangup(proxy: fencegate::Proxy, path: PathBuf) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut hangups = match signal(SignalKind::hangup()) {
-        Ok(s) => s,
-        Err(e) => return tracing::warn!(error = %e, "cannot listen for SIGHUP: reload is unavailable"),
-    };
+async fn reload_on_hangup(proxy: fencegate::Proxy, path: PathBuf, mut hangups: Signal) {
     while hangups.recv().await.is_some() {
         tracing::info!(config = %path.display(), "SIGHUP: reloading the configuration");
         let loaded = Config::load(&path, None).map_err(anyhow::Error::from);
@@ -153,7 +152,6 @@ async fn reload_on_hangup(proxy: fencegate::Proxy, path: PathBuf) {
 }
 
 async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
     match signal(SignalKind::terminate()) {
         Ok(mut term) => {
             tokio::select! {

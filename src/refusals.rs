@@ -5,7 +5,6 @@
 //! log: per resource (or, for refusals without one, per reason), at most one line per
 //! interval is written, and the next line written says how many were suppressed meanwhile.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
@@ -20,29 +19,21 @@ struct Window {
 }
 
 /// Decides which refusals get a log line.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct RefusalLog {
     windows: DashMap<Box<str>, Window>,
-    /// In milliseconds; an atomic so that a reload can change it.
-    interval_ms: AtomicU64,
 }
 
 impl RefusalLog {
-    /// At most one line per key per `interval`.
-    pub fn new(interval: Duration) -> Self {
-        RefusalLog { windows: DashMap::new(), interval_ms: AtomicU64::new(millis(interval)) }
+    /// An empty log.
+    pub fn new() -> Self {
+        RefusalLog { windows: DashMap::new() }
     }
 
-    /// Changes the interval from now on (a reload).
-    pub fn set_interval(&self, interval: Duration) {
-        self.interval_ms.store(millis(interval), Ordering::Relaxed);
-    }
-
-    /// `Some(n)` if a refusal for `key` should be logged now, `n` being how many were
-    /// suppressed since the last line for it; `None` if it should be suppressed.
-    pub fn admit(&self, key: &str) -> Option<u64> {
+    /// `Some(n)` if a refusal for `key` should be logged now, at most one line per `interval`,
+    /// `n` being how many were suppressed since the last line for it; `None` to suppress it.
+    pub fn admit(&self, key: &str, interval: Duration) -> Option<u64> {
         let now = Instant::now();
-        let interval = Duration::from_millis(self.interval_ms.load(Ordering::Relaxed));
         if let Some(mut w) = self.windows.get_mut(key) {
             if now.duration_since(w.opened) < interval {
                 w.suppressed += 1;
@@ -60,24 +51,21 @@ impl RefusalLog {
     }
 }
 
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn one_line_per_key_per_interval_and_the_next_line_counts_the_rest() {
-        let log = RefusalLog::new(Duration::from_millis(50));
-        assert_eq!(log.admit("/a"), Some(0));
+        let log = RefusalLog::new();
+        let i = Duration::from_millis(50);
+        assert_eq!(log.admit("/a", i), Some(0));
         for _ in 0..5 {
-            assert_eq!(log.admit("/a"), None);
+            assert_eq!(log.admit("/a", i), None);
         }
-        assert_eq!(log.admit("/b"), Some(0), "keys are limited independently");
+        assert_eq!(log.admit("/b", i), Some(0), "keys are limited independently");
         std::thread::sleep(Duration::from_millis(60));
-        assert_eq!(log.admit("/a"), Some(5));
-        assert_eq!(log.admit("/a"), None);
+        assert_eq!(log.admit("/a", i), Some(5));
+        assert_eq!(log.admit("/a", i), None);
     }
 }

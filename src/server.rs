@@ -50,16 +50,17 @@ impl Proxy {
         if config.fence.missing_token == MissingToken::Forward {
             warn_forwarding_tokenless();
         }
+        tracing::info!(dir = %config.store.dir.display(), "opening the fence store");
         let store = FileStore::open(&config.store.dir, options)?;
-        let table = Arc::new(FenceTable::new(Arc::clone(store.table()), config.fence.equal_token));
+        let table = Arc::new(FenceTable::new(Arc::clone(store.table())));
         // The backend may still apply writes the previous process had in flight.
         for (key, token) in store.in_flight_at_start() {
             tracing::warn!(resource = %key, token, quarantine = ?config.fence.quarantine,
                 "a write was in flight when fencegate stopped: resource quarantined");
             table.quarantine(key, config.fence.quarantine);
         }
-        let refusals = RefusalLog::new(config.log.refusal_interval);
-        let live = Slot::new(Live::build(config, metrics.bytes_in.clone())?);
+        let refusals = RefusalLog::new();
+        let live = Slot::new(Live::build(config, metrics.bytes_in.clone(), None)?);
         let shared = Shared { live, table, store: Arc::new(store), refusals, metrics };
         Ok(Proxy { shared: Arc::new(shared) })
     }
@@ -69,19 +70,22 @@ impl Proxy {
     /// Settings in [`live::RESTART_ONLY`] keep their running values and are reported. If anything
     /// fails to build, nothing changes.
     pub fn reload(&self, config: Config) -> Result<Reload, Error> {
+        let _one_at_a_time = self.shared.live.lock();
         let current = self.shared.live.get();
         let (config, report) = live::merge(&current.config, config);
-        let next = Live::build(config, self.shared.metrics.bytes_in.clone())?;
-        let config = &next.config;
-        self.shared.table.set_equal(config.fence.equal_token);
-        self.shared.refusals.set_interval(config.log.refusal_interval);
-        if config.fence.missing_token == MissingToken::Forward
-            && current.config.fence.missing_token != MissingToken::Forward
+        let next = Live::build(config, self.shared.metrics.bytes_in.clone(), Some(&current))?;
+        let (old, new) = (&current.config.fence, &next.config.fence);
+        let unfenced: Vec<&str> = old.methods.iter().filter(|m| !new.methods.contains(m)).map(|m| m.as_str()).collect();
+        if !unfenced.is_empty() {
+            tracing::warn!(methods = ?unfenced, "reload: these methods are no longer fenced; their writes pass unchecked");
+        }
+        if new.missing_token == MissingToken::Forward
+            && (old.missing_token != MissingToken::Forward || old.header != new.header)
         {
             warn_forwarding_tokenless();
         }
-        let (old_level, new_level) = (current.config.log.level.clone(), config.log.level.clone());
-        self.shared.live.set(next);
+        let (old_level, new_level) = (current.config.log.level.clone(), next.config.log.level.clone());
+        self.shared.live.set(next, report.renew_connections);
         crate::logging::change_level(&old_level, &new_level, || live::log(&report));
         Ok(report)
     }
@@ -131,6 +135,7 @@ impl Proxy {
             match accepted {
                 Ok((stream, client)) => {
                     let conn = Conn {
+                        renewals: self.shared.live.renewals(),
                         live: self.shared.live.get(),
                         shared: Arc::clone(&self.shared),
                         client,
@@ -165,6 +170,8 @@ impl Proxy {
 struct Conn {
     /// The listener settings this connection was accepted with.
     live: Arc<Live>,
+    /// Fires when a reload changed them: then the connection finishes its request and closes.
+    renewals: watch::Receiver<u64>,
     shared: Arc<Shared>,
     client: SocketAddr,
     stop: watch::Receiver<bool>,
@@ -226,6 +233,11 @@ impl Conn {
                     return;
                 }
                 _ = self.stop.changed(), if deadline.is_none() => {
+                    conn.as_mut().graceful_shutdown();
+                    // The grace in force now: a reload may have changed it.
+                    deadline = Some(Instant::now() + self.shared.live.get().config.server.shutdown_grace);
+                }
+                _ = self.renewals.changed(), if deadline.is_none() => {
                     conn.as_mut().graceful_shutdown();
                     deadline = Some(Instant::now() + grace);
                 }

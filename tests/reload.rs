@@ -131,3 +131,89 @@ async fn wait_for_log(proxy: &Running, needle: &str, count: usize) {
     }
     panic!("no {needle:?} in the log:\n{}", proxy.log_lines("").join("\n"));
 }
+
+#[tokio::test]
+async fn a_waiting_write_keeps_the_equal_token_policy_it_arrived_under() {
+    let h = Harness::start_with(|c| c.fence.equal_token = EqualToken::Accept).await;
+    let slow = h.slow_put("/doc", 6, 800);
+    let equal = async {
+        h.wait_received("/doc", 6).await;
+        h.put("/doc", 6, "second").await
+    };
+    let reload = async {
+        h.wait_received("/doc", 6).await;
+        tokio::time::sleep(Duration::from_millis(200)).await; // the equal write is queued by now
+        let mut c = h.config.clone();
+        c.fence.equal_token = EqualToken::Reject;
+        h.proxy.reload(c).unwrap();
+    };
+    let (first, second, ()) = tokio::join!(slow, equal, reload);
+    assert_eq!(first.status, 200);
+    assert_eq!(second.status, 200, "{:?}", second.fencegate_error());
+    h.put("/doc", 6, "third").await.assert_refused(409, "stale_token");
+}
+
+#[tokio::test]
+async fn a_refused_reload_applies_nothing() {
+    let h = Harness::start().await;
+    assert_eq!(h.put("/doc", 5, "a").await.status, 200);
+    let mut config = h.config.clone();
+    config.fence.equal_token = EqualToken::Accept;
+    config.backend.url = format!("https://{}", h.backend.addr()).parse().unwrap();
+    config.backend.tls.ca = Some(h.dir.path().join("no-such-ca.pem"));
+    assert!(h.proxy.reload(config).is_err());
+    h.put("/doc", 5, "again").await.assert_refused(409, "stale_token");
+    assert_eq!(h.proxy.config().fence.equal_token, EqualToken::Reject);
+    assert_eq!(h.put("/doc", 6, "b").await.status, 200, "still forwarded to the plain-HTTP backend");
+}
+
+#[tokio::test]
+async fn a_reload_can_move_the_backend() {
+    let h = Harness::start().await;
+    assert_eq!(h.put("/doc", 5, "a").await.status, 200);
+    let other = MemStore::start().await.unwrap();
+    let mut config = h.config.clone();
+    config.backend.url = other.url().parse().unwrap();
+    let report = h.proxy.reload(config).unwrap();
+    assert!(report.applied.iter().any(|l| l.starts_with("backend.url:")), "{report:?}");
+    assert_eq!(h.put("/doc", 6, "b").await.status, 200);
+    h.put("/doc", 5, "zombie").await.assert_refused(409, "stale_token");
+    assert_eq!(h.applied_tokens("/doc"), [5]);
+    assert_eq!(other.applied().iter().filter_map(|r| r.token()).collect::<Vec<_>>(), [6]);
+}
+
+/// SIGHUP's default action is to end the process; `systemctl reload` right after start must
+/// not do that while the store is still being recovered.
+#[tokio::test]
+async fn sighup_during_start_up_is_applied_once_the_proxy_is_up() {
+    use std::io::{BufRead, BufReader};
+    let backend = MemStore::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &backend.url(), "");
+    let mut child = std::process::Command::new(common::process::BIN)
+        .args(["run", "--config"])
+        .arg(&config)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines().map_while(Result::ok);
+    let mut seen = Vec::new();
+    for line in lines.by_ref() {
+        let opening = line.contains("opening the fence store");
+        seen.push(line);
+        if opening {
+            let pid = child.id().to_string();
+            assert!(std::process::Command::new("kill").args(["-HUP", &pid]).status().unwrap().success());
+            break;
+        }
+    }
+    let reloaded = lines.take(20).any(|l| {
+        let done = l.contains("configuration reloaded");
+        seen.push(l);
+        done
+    });
+    let exited = child.try_wait().unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(exited.is_none() && reloaded, "exit {exited:?}; log:\n{}", seen.join("\n"));
+}

@@ -185,3 +185,27 @@ async fn a_reload_reads_rotated_certificates_and_a_broken_rotation_changes_nothi
     assert!(h.proxy.reload(h.config.clone()).is_err());
     assert_eq!(https_get(&new, false, url).await.unwrap().0, 404);
 }
+
+#[tokio::test]
+async fn a_reload_closes_connections_made_under_the_old_client_ca() {
+    let (a, b) = (Pki::new(), Pki::new());
+    let h = Harness::start_with(|c| c.server.tls = Some(a.server_tls(true))).await;
+    let url = format!("https://localhost:{}/missing", h.addr.port());
+    let connector =
+        HttpsConnectorBuilder::new().with_tls_config(client_config(&a, true)).https_only().enable_http1().build();
+    // Reuses its connection while the proxy keeps it open.
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build(connector);
+    let get = || async {
+        let resp = client.request(Request::get(url.clone()).body(Full::new(Bytes::new())).unwrap()).await?;
+        let status = resp.status().as_u16();
+        let _ = resp.into_body().collect().await;
+        Ok::<_, hyper_util::client::legacy::Error>(status)
+    };
+    assert_eq!(get().await.unwrap(), 404);
+    // Only clients of CA b may connect from now on: a's client is revoked.
+    let mut config = h.config.clone();
+    config.server.tls = Some(ServerTls { client_ca: Some(b.path("ca.pem")), ..a.server_tls(false) });
+    assert!(h.proxy.reload(config).unwrap().renew_connections);
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert!(get().await.is_err(), "the revoked client's old connection was closed, and it cannot make a new one");
+}

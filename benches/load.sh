@@ -1,0 +1,198 @@
+#!/usr/bin/env bash
+# Load benchmark: fencegate against nginx as a plain reverse proxy, and against the backend
+# reached directly. Run by hand, not by CI (it needs about 10 minutes of a quiet machine):
+#
+#   benches/load.sh                      # 3 rounds of 10 s, at 1, 32 and 64 connections
+#   ROUNDS=5 SECONDS_PER_RUN=10 CONNS="32 64" WORKLOADS="get" benches/load.sh
+#
+# What runs, all on loopback:
+#   backend   nginx serving WebDAV (PUT, DELETE) from tmpfs, 1 worker          127.0.0.1:18081
+#   nginx     nginx as a reverse proxy to it, 1 worker, upstream keepalive pool 127.0.0.1:18082
+#   fencegate the release binary, store.sync = "always", data dir on disk      127.0.0.1:18083
+# and wrk with one thread (-t1 --latency), in interleaved rounds (direct, nginx, fencegate,
+# direct, ...) so that the machine's noise falls on all three alike. Workloads:
+#   get  GET of a 1 KiB file: pass-through, nothing fenced
+#   put  PUT of 100 bytes over 1,000 resources, tokens strictly increasing per resource: through
+#        fencegate each is a fenced write made durable (fdatasync, group commit) before it is
+#        forwarded; nginx and direct just write the file.
+# It prints, per workload and connection count, the median req/s, p50 and p99 of the rounds,
+# the ratios to direct and to nginx, and fencegate's CPU time per request; then fencegate's
+# idle RSS and its peak RSS under load. Everything it starts, it stops, by pid.
+set -euo pipefail
+
+ROUNDS=${ROUNDS:-3}
+SECONDS_PER_RUN=${SECONDS_PER_RUN:-10}
+CONNS=${CONNS:-"1 32 64"}
+WORKLOADS=${WORKLOADS:-"get put"}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BIN=${FG_BIN:-$ROOT/target/release/fencegate}
+
+need() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ]; }
+if ! need nginx || ! need wrk; then
+    echo "installing nginx-light and wrk with apt" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light wrk >/dev/null
+fi
+NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+if [ -z "${FG_BIN:-}" ]; then
+    (cd "$ROOT" && cargo build --release --quiet)
+fi
+
+SHM=$(mktemp -d /dev/shm/fencegate-load.XXXXXX)   # the backend's files: tmpfs
+DISK=$(mktemp -d /var/tmp/fencegate-load.XXXXXX)  # fencegate's data dir: a real disk
+PIDS=()
+cleanup() {
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+    rm -rf "$SHM" "$DISK"
+}
+trap cleanup EXIT INT TERM
+
+mkdir -p "$SHM/www/get" "$SHM/body" "$SHM/logs" "$DISK/data"
+head -c 1024 /dev/zero | tr '\0' 'x' >"$SHM/www/get/file"
+chmod -R 777 "$SHM"   # nginx's worker runs as nobody when started by root
+
+cat >"$SHM/backend.conf" <<EOF
+worker_processes 1;
+pid $SHM/backend.pid;
+error_log $SHM/logs/backend.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    sendfile on;
+    keepalive_requests 10000000;
+    client_body_temp_path $SHM/body;
+    server {
+        listen 127.0.0.1:18081 backlog=4096;
+        root $SHM/www;
+        dav_methods PUT DELETE;
+        create_full_put_path on;
+        dav_access user:rw group:rw all:r;
+    }
+}
+EOF
+cat >"$SHM/proxy.conf" <<EOF
+worker_processes 1;
+pid $SHM/proxy.pid;
+error_log $SHM/logs/proxy.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    keepalive_requests 10000000;
+    client_body_temp_path $SHM/body;
+    upstream backend {
+        server 127.0.0.1:18081;
+        keepalive 128;
+        keepalive_requests 10000000;
+    }
+    server {
+        listen 127.0.0.1:18082 backlog=4096;
+        location / {
+            proxy_pass http://backend;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }
+    }
+}
+EOF
+cat >"$SHM/fencegate.toml" <<EOF
+[server]
+listen = "127.0.0.1:18083"
+[backend]
+url = "http://127.0.0.1:18081"
+[store]
+dir = "$DISK/data"
+sync = "always"
+[log]
+level = "warn"
+EOF
+cat >"$SHM/put.lua" <<'EOF'
+-- 1,000 resources in turn; one counter for the run, so every resource's tokens climb. The base
+-- comes from the clock, so a later run's tokens are above an earlier run's.
+local n = 0
+local base = os.time() * 1000000
+local body = string.rep("v", 100)
+request = function()
+    n = n + 1
+    local headers = { ["Fencing-Token"] = string.format("%.0f", base + n) }
+    return wrk.format("PUT", "/put/r" .. (n % 1000), headers, body)
+end
+EOF
+
+"$NGINX" -c "$SHM/backend.conf" -g 'daemon off;' & PIDS+=($!)
+"$NGINX" -c "$SHM/proxy.conf" -g 'daemon off;' & PIDS+=($!)
+"$BIN" run --config "$SHM/fencegate.toml" 2>"$SHM/logs/fencegate.log" & FG=$!; PIDS+=($FG)
+for port in 18081 18082 18083; do
+    for _ in $(seq 100); do
+        (echo >/dev/tcp/127.0.0.1/$port) 2>/dev/null && break
+        sleep 0.05
+    done
+done
+sleep 1
+kill -0 "$FG" 2>/dev/null || { echo "fencegate did not start:" >&2; cat "$SHM/logs/fencegate.log" >&2; exit 1; }
+idle_rss=$(awk '/VmRSS/ {print $2}' /proc/$FG/status)
+
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+declare -A PORT=([direct]=18081 [nginx]=18082 [fencegate]=18083)
+RESULTS="$SHM/results.tsv"
+: >"$RESULTS"
+
+run_wrk() { # workload conns target seconds -> "req/s p50_us p99_us non2xx"
+    local workload=$1 conns=$2 target=$3 secs=$4 url script=()
+    url="http://127.0.0.1:${PORT[$target]}"
+    if [ "$workload" = get ]; then url="$url/get/file"; else script=(-s "$SHM/put.lua"); url="$url/"; fi
+    wrk -t1 -c"$conns" -d"${secs}s" --latency "${script[@]}" "$url" | awk '
+        function us(v) { if (v ~ /us$/) return v + 0; if (v ~ /ms$/) return v * 1000; if (v ~ /s$/) return v * 1000000; return v }
+        /^ +50%/ { p50 = us($2) } /^ +99%/ { p99 = us($2) }
+        /Requests\/sec/ { rps = $2 } /Non-2xx/ { bad = $NF }
+        END { printf "%s %s %s %s\n", rps, p50, p99, bad + 0 }'
+}
+
+peak_rss=0
+echo "fencegate load benchmark: $(nproc) CPUs, $(uname -r), rounds=$ROUNDS x ${SECONDS_PER_RUN}s" >&2
+for workload in $WORKLOADS; do
+    for conns in $CONNS; do
+        for target in direct nginx fencegate; do run_wrk "$workload" "$conns" "$target" 2 >/dev/null; done # warm-up
+        for round in $(seq "$ROUNDS"); do
+            for target in direct nginx fencegate; do
+                before=$(cpu_ticks "$FG")
+                read -r rps p50 p99 bad < <(run_wrk "$workload" "$conns" "$target" "$SECONDS_PER_RUN")
+                cpu=$(( $(cpu_ticks "$FG") - before ))
+                rss=$(awk '/VmHWM/ {print $2}' /proc/$FG/status)
+                [ "$rss" -gt "$peak_rss" ] && peak_rss=$rss
+                printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' \
+                    "$workload" "$conns" "$round" "$target" "$rps" "$p50" "$p99" "$bad" "$cpu" >>"$RESULTS"
+                printf '  %-4s c=%-3s round %s %-9s %9.0f req/s  p50 %7.0f us  p99 %7.0f us  non-2xx %s\n' \
+                    "$workload" "$conns" "$round" "$target" "$rps" "$p50" "$p99" "$bad" >&2
+            done
+        done
+    done
+done
+
+python3 - "$RESULTS" "$(getconf CLK_TCK)" "$idle_rss" "$peak_rss" "$SECONDS_PER_RUN" <<'EOF'
+import sys, statistics
+from collections import defaultdict
+path, hz, idle, peak, secs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+runs = defaultdict(list)
+for line in open(path):
+    w, c, r, t, rps, p50, p99, bad, cpu = line.split("\t")
+    runs[(w, int(c), t)].append((float(rps), float(p50), float(p99), int(bad), int(cpu)))
+med = lambda xs: statistics.median(xs)
+print("| workload | conns | direct req/s | nginx req/s | fencegate req/s | fg/direct | fg/nginx | nginx/direct "
+      "| p50 direct / nginx / fg (µs) | p99 direct / nginx / fg (µs) | fg CPU µs/req | non-2xx |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+for w, c in sorted({(w, c) for (w, c, _) in runs}, key=lambda k: (k[0], k[1])):
+    d, n, f = (runs[(w, c, t)] for t in ("direct", "nginx", "fencegate"))
+    rps = [med([x[0] for x in r]) for r in (d, n, f)]
+    p50 = [med([x[1] for x in r]) for r in (d, n, f)]
+    p99 = [med([x[2] for x in r]) for r in (d, n, f)]
+    bad = sum(x[3] for r in (d, n, f) for x in r)
+    cpu_per_req = sum(x[4] for x in f) / hz / max(1.0, sum(x[0] for x in f) * secs) * 1e6
+    print(f"| {w} | {c} | {rps[0]:,.0f} | {rps[1]:,.0f} | {rps[2]:,.0f} | {rps[2]/rps[0]:.2f} | {rps[2]/rps[1]:.2f} "
+          f"| {rps[1]/rps[0]:.2f} | {p50[0]:.0f} / {p50[1]:.0f} / {p50[2]:.0f} | {p99[0]:.0f} / {p99[1]:.0f} / {p99[2]:.0f} "
+          f"| {cpu_per_req:.1f} | {bad} |")
+for w in sorted({w for (w, _, _) in runs}):
+    if (w, 1, "direct") in runs:
+        d, n, f = (med([x[1] for x in runs[(w, 1, t)]]) for t in ("direct", "nginx", "fencegate"))
+        print(f"\n{w}, 1 connection: latency added over direct (p50): nginx {n - d:.0f} µs, fencegate {f - d:.0f} µs")
+print(f"\nfencegate RSS: idle {idle / 1024:.1f} MB, peak under load {peak / 1024:.1f} MB")
+EOF
