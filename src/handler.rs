@@ -1,7 +1,6 @@
 //! One request's path through fencegate:
 //! accept → canonicalise → check and reserve → persist → forward → release.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,7 +16,7 @@ use crate::fence::FenceTable;
 use crate::live::{Live, Slot};
 use crate::metrics::Metrics;
 use crate::path;
-use crate::proxy::{Forwarder, ProxyBody, full_body};
+use crate::proxy::{Forwarder, Peer, ProxyBody, full_body};
 use crate::refusals::RefusalLog;
 use crate::store::{Store, StoreError};
 use crate::token::{self, TokenError};
@@ -40,29 +39,29 @@ impl Shared {
         forwarder: &Forwarder,
         req: Request<Incoming>,
         target: PathAndQuery,
-        client: SocketAddr,
+        client: Peer,
         body_limit: Option<u64>,
     ) -> Result<Response<ProxyBody>, Error> {
         let started = Instant::now();
-        let result = forwarder.forward(req, target, client, body_limit).await;
+        let result = forwarder.forward(req, target, &client, body_limit).await;
         self.metrics.backend_latency.observe(started.elapsed().as_secs_f64());
         result
     }
 }
 
 /// Handles one request; every failure becomes fencegate's own JSON response.
-pub(crate) async fn handle(shared: Arc<Shared>, req: Request<Incoming>, client: SocketAddr) -> Response<ProxyBody> {
+pub(crate) async fn handle(shared: Arc<Shared>, req: Request<Incoming>, client: Peer) -> Response<ProxyBody> {
     let method = req.method().clone();
     // One snapshot of the settings for the whole request, however long it takes.
     let live = shared.live.get();
-    match route(Arc::clone(&shared), Arc::clone(&live), req, client).await {
+    match route(Arc::clone(&shared), Arc::clone(&live), req, client.clone()).await {
         Ok(resp) => {
             shared.metrics.request(&method, "forwarded");
             resp
         }
         Err(err) => {
             shared.metrics.request(&method, err.code());
-            log_refusal(&shared.refusals, live.config.log.refusal_interval, &err, &method, client);
+            log_refusal(&shared.refusals, live.config.log.refusal_interval, &err, &method, &client);
             err.response().map(full_body)
         }
     }
@@ -112,7 +111,7 @@ async fn route(
     shared: Arc<Shared>,
     live: Arc<Live>,
     req: Request<Incoming>,
-    client: SocketAddr,
+    client: Peer,
 ) -> Result<Response<ProxyBody>, Error> {
     let config = &live.config;
     check_limits(&req, &config.limits)?;
@@ -174,7 +173,7 @@ async fn route(
 
 /// One line per refusal, at most one per resource (or reason) and interval: a zombie
 /// retrying in a loop must not flood the log.
-fn log_refusal(refusals: &RefusalLog, interval: Duration, err: &Error, method: &Method, client: SocketAddr) {
+fn log_refusal(refusals: &RefusalLog, interval: Duration, err: &Error, method: &Method, client: &Peer) {
     let key = match err {
         Error::StaleToken { resource, .. }
         | Error::QueueTimeout { resource, .. }

@@ -23,6 +23,7 @@ pub mod logging;
 pub mod memstore;
 pub mod metrics;
 pub mod path;
+mod pool;
 pub mod proxy;
 pub mod refusals;
 pub mod server;

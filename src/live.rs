@@ -21,8 +21,16 @@ use crate::tls;
 
 /// Settings a reload cannot apply: they decide keys, storage or sockets already bound.
 /// Each entry is a dotted key or a whole section (`store`).
-pub const RESTART_ONLY: [&str; 7] =
-    ["server.listen", "admin.listen", "store", "paths", "fence.scopes", "log.format", "limits.max_connections"];
+pub const RESTART_ONLY: [&str; 8] = [
+    "server.listen",
+    "server.workers",
+    "admin.listen",
+    "store",
+    "paths",
+    "fence.scopes",
+    "log.format",
+    "limits.max_connections",
+];
 
 /// A config and what is built from it.
 pub(crate) struct Live {

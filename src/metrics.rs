@@ -29,6 +29,8 @@ pub struct RequestLabels {
 pub struct Metrics {
     registry: Registry,
     requests: Family<RequestLabels, Counter>,
+    /// `requests{outcome="forwarded"}` per method in [`METHODS`], looked up once: the hot path.
+    forwarded: [Counter; METHODS.len()],
     /// Time to the backend's response head.
     pub backend_latency: Histogram,
     /// Time a fenced write waited for its resource's turn.
@@ -47,6 +49,22 @@ pub struct Metrics {
     pub bytes_out: Counter,
 }
 
+/// Methods counted under their own name; others count as `other`, the last entry.
+const METHODS: [&str; 8] = ["GET", "HEAD", "PUT", "POST", "PATCH", "DELETE", "OPTIONS", "other"];
+
+fn method_index(method: &Method) -> usize {
+    match *method {
+        Method::GET => 0,
+        Method::HEAD => 1,
+        Method::PUT => 2,
+        Method::POST => 3,
+        Method::PATCH => 4,
+        Method::DELETE => 5,
+        Method::OPTIONS => 6,
+        _ => 7,
+    }
+}
+
 fn seconds() -> Histogram {
     Histogram::new(exponential_buckets(0.000_1, 2.0, 18)) // 100 µs .. 13 s
 }
@@ -54,8 +72,12 @@ fn seconds() -> Histogram {
 impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("fencegate");
+        let requests = Family::<RequestLabels, Counter>::default();
+        let forwarded =
+            METHODS.map(|method| requests.get_or_create(&RequestLabels { method, outcome: "forwarded" }).clone());
         let m = Metrics {
-            requests: Family::default(),
+            requests,
+            forwarded,
             backend_latency: seconds(),
             queue_wait: seconds(),
             sync_latency: seconds(),
@@ -108,17 +130,12 @@ impl Default for Metrics {
 impl Metrics {
     /// Counts one request by method and outcome.
     pub fn request(&self, method: &Method, outcome: &'static str) {
-        let method = match *method {
-            Method::GET => "GET",
-            Method::HEAD => "HEAD",
-            Method::PUT => "PUT",
-            Method::POST => "POST",
-            Method::PATCH => "PATCH",
-            Method::DELETE => "DELETE",
-            Method::OPTIONS => "OPTIONS",
-            _ => "other",
-        };
-        self.requests.get_or_create(&RequestLabels { method, outcome }).inc();
+        let method = method_index(method);
+        if outcome == "forwarded" {
+            self.forwarded[method].inc();
+        } else {
+            self.requests.get_or_create(&RequestLabels { method: METHODS[method], outcome }).inc();
+        }
     }
 
     /// Records one durable batch.

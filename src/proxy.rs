@@ -1,23 +1,22 @@
-//! Forwarding to the backend: one pooled HTTP/1.1 client, hop-by-hop headers stripped both
-//! ways, bodies streamed without buffering.
+//! Forwarding to the backend: pooled HTTP/1.1 connections (`pool`), hop-by-hop headers
+//! stripped both ways, bodies streamed without buffering.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::uri::{Authority, PathAndQuery, Scheme};
+use http::uri::PathAndQuery;
 use http::{Request, Response, Uri, Version};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use rustls_pki_types::ServerName;
 
 use crate::config::BackendConfig;
 use crate::error::{ERROR_HEADER, Error};
+use crate::pool::{Pool, SendError};
 
 /// The body type of every response fencegate sends: relayed or made here.
 pub type ProxyBody = BoxBody<Bytes, hyper::Error>;
@@ -42,17 +41,23 @@ const HOP_BY_HOP: [HeaderName; 8] = [
 
 /// Removes hop-by-hop headers, including every header the `Connection` header names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
+    // One pass over the names present, rather than a hashed removal per possible name: most
+    // messages carry none of them, or only `Connection: keep-alive`.
+    let listed: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
         .collect();
-    for name in named.iter().chain(HOP_BY_HOP.iter()) {
+    let doomed: Vec<HeaderName> = headers
+        .keys()
+        .filter(|k| HOP_BY_HOP.contains(k) || *k == header::UPGRADE || listed.contains(k))
+        .cloned()
+        .collect();
+    for name in &doomed {
         headers.remove(name);
     }
-    headers.remove(header::UPGRADE);
 }
 
 /// Wraps a body made here into the common response body type.
@@ -60,43 +65,60 @@ pub fn full_body(body: http_body_util::Full<Bytes>) -> ProxyBody {
     body.map_err(|never| match never {}).boxed()
 }
 
+/// The client at the other end of a connection, with its `X-Forwarded-For` entry made once.
+#[derive(Debug, Clone)]
+pub struct Peer {
+    /// Its address.
+    pub addr: SocketAddr,
+    ip: HeaderValue,
+}
+
+impl Peer {
+    /// The peer at `addr`.
+    pub fn new(addr: SocketAddr) -> Self {
+        let ip = HeaderValue::from_str(&addr.ip().to_string()).unwrap_or_else(|_| HeaderValue::from_static("unknown"));
+        Peer { addr, ip }
+    }
+}
+
+impl std::fmt::Display for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.addr.fmt(f)
+    }
+}
+
 /// Sends requests to the configured backend.
 #[derive(Debug, Clone)]
 pub struct Forwarder {
-    client: Client<HttpsConnector<HttpConnector>, ClientBody>,
-    scheme: Scheme,
-    authority: Authority,
+    pool: Arc<Pool<ClientBody>>,
+    /// `Host` for requests that arrive without one (HTTP/1.0).
+    host: HeaderValue,
     timeout: Duration,
     bytes_in: prometheus_client::metrics::counter::Counter,
 }
 
 impl Forwarder {
-    /// Builds the pooled client for `backend`.
+    /// Prepares connections to `backend` (none is opened until the first request).
     pub fn new(backend: &BackendConfig, bytes_in: prometheus_client::metrics::counter::Counter) -> Result<Self, Error> {
-        let mut http = HttpConnector::new();
-        http.set_connect_timeout(Some(backend.connect_timeout));
-        http.set_nodelay(true);
-        http.enforce_http(false);
-        let t = &backend.tls;
-        let tls = match backend.url.scheme_str() {
-            Some("https") => crate::tls::client_config(t.ca.as_deref(), t.cert.as_deref(), t.key.as_deref()),
-            _ => crate::tls::unused_client_config(),
-        }
-        .map_err(|e| Error::Io(std::io::Error::other(e)))?;
-        let connector =
-            HttpsConnectorBuilder::new().with_tls_config(tls).https_or_http().enable_http1().wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .build(connector);
-        let parts = backend.url.clone().into_parts();
-        Ok(Forwarder {
-            client,
-            scheme: parts.scheme.unwrap_or(Scheme::HTTP),
-            authority: parts.authority.unwrap_or_else(|| Authority::from_static("127.0.0.1")),
-            timeout: backend.request_timeout,
-            bytes_in,
-        })
+        let invalid = |e: String| Error::Io(std::io::Error::other(e));
+        let url = &backend.url;
+        let authority = url.authority().ok_or_else(|| invalid(format!("{url}: no host")))?;
+        let https = url.scheme_str() == Some("https");
+        // Uri keeps an IPv6 literal's brackets; a socket address and a TLS name do not.
+        let host = authority.host().trim_start_matches('[').trim_end_matches(']').to_owned();
+        let port = authority.port_u16().unwrap_or(if https { 443 } else { 80 });
+        let tls = if https {
+            let t = &backend.tls;
+            let config =
+                crate::tls::client_config(t.ca.as_deref(), t.cert.as_deref(), t.key.as_deref()).map_err(invalid)?;
+            let name = ServerName::try_from(host.clone()).map_err(|e| invalid(format!("{host}: {e}")))?;
+            Some((Arc::new(config), name))
+        } else {
+            None
+        };
+        let pool = Pool::new(host, port, tls, backend.connect_timeout, Duration::from_secs(60));
+        let host = HeaderValue::from_str(authority.as_str()).map_err(|e| invalid(e.to_string()))?;
+        Ok(Forwarder { pool, host, timeout: backend.request_timeout, bytes_in })
     }
 
     /// Sends `req` to the backend at `path` (already canonical for fenced writes) and returns
@@ -106,7 +128,7 @@ impl Forwarder {
         &self,
         req: Request<Incoming>,
         path: PathAndQuery,
-        client_addr: SocketAddr,
+        client: &Peer,
         body_limit: Option<u64>,
     ) -> Result<Response<ProxyBody>, Error> {
         let bytes_in = self.bytes_in.clone();
@@ -122,30 +144,27 @@ impl Forwarder {
                 None => counted.map_err(BoxError::from).boxed(),
             }
         });
-        let original = std::mem::take(req.uri_mut());
-        *req.uri_mut() = Uri::builder()
-            .scheme(self.scheme.clone())
-            .authority(self.authority.clone())
-            .path_and_query(path)
-            .build()
-            .map_err(|e| Error::InvalidPath(crate::path::PathError::Unparseable(e.to_string())))?;
+        // Origin form: the backend is reached directly, not as a proxy.
+        let original = std::mem::replace(req.uri_mut(), Uri::from(path));
         // A target with an authority (HTTP/2's :authority, or HTTP/1's absolute form) names
         // the host, and RFC 9112 says it wins over Host; HTTP/1 backends read Host.
-        if let Some(host) = original.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()) {
-            req.headers_mut().insert(header::HOST, host);
-        }
-        *req.version_mut() = Version::HTTP_11;
         let headers = req.headers_mut();
+        if let Some(host) = original.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()) {
+            headers.insert(header::HOST, host);
+        } else if !headers.contains_key(header::HOST) {
+            headers.insert(header::HOST, self.host.clone());
+        }
         strip_hop_by_hop(headers);
-        append_forwarded_for(headers, client_addr);
+        append_forwarded_for(headers, client);
+        *req.version_mut() = Version::HTTP_11;
 
-        let resp = match tokio::time::timeout(self.timeout, self.client.request(req)).await {
+        let resp = match tokio::time::timeout(self.timeout, self.pool.send(req)).await {
             Err(_) => return Err(Error::BackendTimeout(self.timeout)),
-            Ok(Err(e)) if e.is_connect() => return Err(Error::BackendUnreachable(error_chain(&e))),
-            Ok(Err(e)) if caused_by::<LengthLimitError>(&e) => {
+            Ok(Err(SendError::Connect(e))) => return Err(Error::BackendUnreachable(e)),
+            Ok(Err(SendError::Http(e))) if caused_by::<LengthLimitError>(&e) => {
                 return Err(Error::BodyTooLarge { limit: body_limit.unwrap_or_default() });
             }
-            Ok(Err(e)) => return Err(Error::BackendFailed(error_chain(&e))),
+            Ok(Err(SendError::Http(e))) => return Err(Error::BackendFailed(error_chain(&e))),
             Ok(Ok(resp)) => resp,
         };
         let (mut parts, body) = resp.into_parts();
@@ -156,14 +175,17 @@ impl Forwarder {
     }
 }
 
-fn append_forwarded_for(headers: &mut HeaderMap, client: SocketAddr) {
-    let ip = client.ip().to_string();
-    let value = match headers.get("x-forwarded-for") {
-        Some(prev) => format!("{}, {ip}", prev.to_str().unwrap_or_default()),
-        None => ip,
+fn append_forwarded_for(headers: &mut HeaderMap, client: &Peer) {
+    let name = HeaderName::from_static("x-forwarded-for");
+    let value = match headers.get(&name) {
+        Some(prev) => {
+            let joined = format!("{}, {}", prev.to_str().unwrap_or_default(), client.ip.to_str().unwrap_or_default());
+            HeaderValue::from_str(&joined).ok()
+        }
+        None => Some(client.ip.clone()),
     };
-    if let Ok(v) = HeaderValue::from_str(&value) {
-        headers.insert(HeaderName::from_static("x-forwarded-for"), v);
+    if let Some(v) = value {
+        headers.insert(name, v);
     }
 }
 
@@ -210,17 +232,18 @@ mod tests {
             h.append(k, HeaderValue::from_static(v));
         }
         strip_hop_by_hop(&mut h);
-        let left: Vec<_> = h.keys().map(|k| k.as_str()).collect();
+        let mut left: Vec<_> = h.keys().map(|k| k.as_str()).collect();
+        left.sort_unstable(); // distinct fields have no order (RFC 9110 §5.3)
         assert_eq!(left, ["content-type", "fencing-token"]);
     }
 
     #[test]
     fn forwarded_for_is_appended() {
         let mut h = HeaderMap::new();
-        let addr: SocketAddr = "127.0.0.9:1".parse().unwrap();
-        append_forwarded_for(&mut h, addr);
+        let peer = Peer::new("127.0.0.9:1".parse().unwrap());
+        append_forwarded_for(&mut h, &peer);
         assert_eq!(h["x-forwarded-for"], "127.0.0.9");
-        append_forwarded_for(&mut h, addr);
+        append_forwarded_for(&mut h, &peer);
         assert_eq!(h["x-forwarded-for"], "127.0.0.9, 127.0.0.9");
     }
 }

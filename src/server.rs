@@ -25,7 +25,7 @@ use crate::handler::{self, Shared};
 use crate::live::{self, Live, Reload, Slot};
 use crate::metrics::Metrics;
 use crate::path;
-use crate::proxy::ProxyBody;
+use crate::proxy::{Peer, ProxyBody};
 use crate::refusals::RefusalLog;
 use crate::store::{FileStore, StoreOptions};
 
@@ -202,9 +202,10 @@ impl Conn {
         I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
         let activity = Arc::new(Activity::new());
-        let (shared, client, requests) = (Arc::clone(&self.shared), self.client, Arc::clone(&activity));
+        let (shared, requests) = (Arc::clone(&self.shared), Arc::clone(&activity));
+        let (client, peer) = (self.client, Peer::new(self.client));
         let service = service_fn(move |req| {
-            let (shared, busy) = (Arc::clone(&shared), requests.busy());
+            let (shared, busy, client) = (Arc::clone(&shared), requests.busy(), peer.clone());
             async move {
                 let bytes_out = shared.metrics.bytes_out.clone();
                 let resp = handler::handle(shared, req, client).await;

@@ -129,6 +129,9 @@ pub struct ServerConfig {
     /// On SIGTERM, in-flight requests get this long to finish.
     #[serde(serialize_with = "ser_duration")]
     pub shutdown_grace: Duration,
+    /// Threads serving requests: 1 is a single-threaded event loop (like one nginx worker),
+    /// 0 one thread per CPU.
+    pub workers: usize,
     /// Serve HTTPS with these files (PEM); plain HTTP when unset.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls: Option<ServerTls>,
@@ -285,6 +288,10 @@ impl Config {
                 .parse()
                 .map_err(|e| invalid("server.listen", format!("{e}: expected IP:PORT")))?,
             shutdown_grace: duration("server.shutdown_grace", &raw.server.shutdown_grace)?,
+            workers: match raw.server.workers {
+                n if n > 1024 => return Err(invalid("server.workers", format!("{n}: at most 1024"))),
+                n => n,
+            },
             tls: match raw.server.tls {
                 Some(t) => {
                     // Load them now, so `check` and start-up fail on a file that does not parse.

@@ -39,6 +39,7 @@ pub(super) struct RawAdmin {
 pub(super) struct RawServer {
     pub(super) listen: String,
     pub(super) shutdown_grace: String,
+    pub(super) workers: usize,
     pub(super) tls: Option<RawServerTls>,
 }
 
@@ -60,7 +61,7 @@ pub(super) struct RawBackendTls {
 
 impl Default for RawServer {
     fn default() -> Self {
-        Self { listen: "127.0.0.1:8080".into(), shutdown_grace: "30s".into(), tls: None }
+        Self { listen: "127.0.0.1:8080".into(), shutdown_grace: "30s".into(), workers: 1, tls: None }
     }
 }
 
