@@ -211,6 +211,24 @@ proptest! {
     }
 }
 
+proptest! {
+    #[test]
+    fn the_fast_check_agrees_with_the_full_route(
+        policy in policy(),
+        segs in prop::collection::vec(
+            prop_oneof!["[a-zA-Z0-9._~;%!@+-]{0,5}", "%[0-9a-fA-F]{2}", Just(".".to_string()), Just("..".to_string())],
+            0..6,
+        ),
+        trailing in any::<bool>(),
+    ) {
+        let raw = format!("/{}{}", segs.join("/"), if trailing { "/" } else { "" });
+        if already_canonical(&raw, &policy) {
+            prop_assert_eq!(canonicalize_fully(&raw, &policy), Ok(raw.clone()));
+        }
+        prop_assert_eq!(canonicalize(&raw, &policy), canonicalize_fully(&raw, &policy));
+    }
+}
+
 fn segment() -> impl Strategy<Value = String> {
     prop_oneof![
         "[a-zA-Z0-9_~-]{1,4}",

@@ -30,6 +30,10 @@ pub(crate) const LOCK_FILE: &str = "LOCK";
 const MAX_BATCH: usize = 4096;
 /// Longest a batch waits for writers expected back, a fraction of one fsync.
 const COMMIT_DELAY: Duration = Duration::from_micros(100);
+/// Longest answered writes wait to be logged as such when no advance comes to carry them.
+const DONE_FLUSH: Duration = Duration::from_millis(200);
+
+type Reply = (oneshot::Sender<Result<(), StoreError>>, Result<(), StoreError>);
 
 /// Told of every durable batch: how long its write and sync took, and how many advances it
 /// made durable.
@@ -117,15 +121,43 @@ pub(crate) fn lock(dir: &Path, create: bool) -> Result<File, StoreError> {
 }
 
 enum Msg {
-    Advance { key: String, token: u64, done: oneshot::Sender<Result<(), StoreError>> },
-    Done { key: String, token: u64 },
+    Advance {
+        key: String,
+        token: u64,
+        done: oneshot::Sender<Result<(), StoreError>>,
+    },
+    /// The first answered write since the writer last took them: it must not wait forever.
+    DonesWaiting,
     Close(oneshot::Sender<Result<(), StoreError>>),
+}
+
+/// Where the writer sends a batch's answers: a task on the caller's runtime that hands them
+/// out, so that a batch costs one cross-thread wake-up rather than one per write. Outside a
+/// runtime the writer answers each write itself.
+fn reply_task() -> Option<tokio::sync::mpsc::UnboundedSender<Vec<Reply>>> {
+    let runtime = tokio::runtime::Handle::try_current().ok()?;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<Reply>>();
+    runtime.spawn(async move {
+        while let Some(batch) = rx.recv().await {
+            answer(batch);
+        }
+    });
+    Some(tx)
+}
+
+fn answer(batch: Vec<Reply>) {
+    for (done, outcome) in batch {
+        let _ = done.send(outcome);
+    }
 }
 
 /// The local, log-structured store of one data directory.
 #[derive(Debug)]
 pub struct FileStore {
     tx: mpsc::Sender<Msg>,
+    /// Answered writes, logged with the next batch: recording one wakes the writer at most once
+    /// per batch.
+    dones: Arc<std::sync::Mutex<Vec<(String, u64)>>>,
     table: Arc<Table>,
     healthy: Arc<AtomicBool>,
     in_flight_at_start: Vec<(String, u64)>,
@@ -159,7 +191,11 @@ impl FileStore {
             );
         }
         let (tx, rx) = mpsc::channel();
+        let dones = Arc::new(std::sync::Mutex::new(Vec::new()));
         let writer = Writer {
+            replies: reply_task(),
+            dones: Arc::clone(&dones),
+            flush_by: None,
             log,
             table: Arc::clone(&table),
             healthy: Arc::clone(&healthy),
@@ -175,7 +211,7 @@ impl FileStore {
             .name("fencegate-log".into())
             .spawn(move || writer.run(rx))
             .map_err(|e| io_err(dir, e))?;
-        Ok(FileStore { tx, table, healthy, in_flight_at_start, lock: std::sync::Mutex::new(Some(lock)) })
+        Ok(FileStore { tx, dones, table, healthy, in_flight_at_start, lock: std::sync::Mutex::new(Some(lock)) })
     }
 
     /// The table this store keeps current.
@@ -208,7 +244,11 @@ impl Store for FileStore {
     }
 
     fn done(&self, key: &str, token: u64) {
-        let _ = self.tx.send(Msg::Done { key: key.to_owned(), token });
+        let mut dones = self.dones.lock().unwrap_or_else(|e| e.into_inner());
+        dones.push((key.to_owned(), token));
+        if dones.len() == 1 {
+            let _ = self.tx.send(Msg::DonesWaiting);
+        }
     }
 
     fn close(&self) -> StoreFuture<'_> {
@@ -227,6 +267,10 @@ impl Store for FileStore {
 }
 
 struct Writer {
+    replies: Option<tokio::sync::mpsc::UnboundedSender<Vec<Reply>>>,
+    dones: Arc<std::sync::Mutex<Vec<(String, u64)>>>,
+    /// When answered writes waiting in `dones` are written even if no advance comes.
+    flush_by: Option<Instant>,
     log: Log,
     table: Arc<Table>,
     healthy: Arc<AtomicBool>,
@@ -255,8 +299,29 @@ impl Writer {
         let compactor = self.spawn_compactor(compact_rx);
         let mut closing = None;
         while closing.is_none() {
-            let Ok(first) = rx.recv() else { break };
-            closing = self.take(first);
+            // Answered writes ride along with the next batch; without one, they are written
+            // on their own DONE_FLUSH after the first of them.
+            let first = match self.flush_by {
+                None => match rx.recv() {
+                    Ok(msg) => Some(msg),
+                    Err(_) => break,
+                },
+                Some(by) => match rx.recv_timeout(by.saturating_duration_since(Instant::now())) {
+                    Ok(msg) => Some(msg),
+                    Err(mpsc::RecvTimeoutError::Timeout) => None,
+                    Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                },
+            };
+            if let Some(first) = first {
+                closing = self.take(first);
+                if self.batch.is_empty() && closing.is_none() && self.flush_by.is_some() {
+                    continue; // only a reminder of answers waiting: keep waiting for company
+                }
+            }
+            self.flush_by = None;
+            // The order against advances does not matter: a Done clears the in-flight mark of
+            // its own token only.
+            self.take_dones();
             while closing.is_none() && self.batch.len() < MAX_BATCH {
                 match rx.try_recv() {
                     Ok(msg) => closing = self.take(msg),
@@ -293,15 +358,27 @@ impl Writer {
     fn take(&mut self, msg: Msg) -> Option<oneshot::Sender<Result<(), StoreError>>> {
         match msg {
             Msg::Advance { key, token, done } => self.admit(key, token, done),
-            Msg::Done { key, token } => {
-                if self.failed.is_none() {
-                    self.log.append(Kind::Done, &key, token);
-                    self.batch.push(Op::Done { key, token });
-                }
+            Msg::DonesWaiting => {
+                self.flush_by.get_or_insert_with(|| Instant::now() + DONE_FLUSH);
             }
-            Msg::Close(done) => return Some(done),
+            Msg::Close(done) => {
+                self.take_dones();
+                return Some(done);
+            }
         }
         None
+    }
+
+    /// Adds the answered writes recorded since the last batch.
+    fn take_dones(&mut self) {
+        let dones = std::mem::take(&mut *self.dones.lock().unwrap_or_else(|e| e.into_inner()));
+        if self.failed.is_some() {
+            return;
+        }
+        for (key, token) in dones {
+            self.log.append(Kind::Done, &key, token);
+            self.batch.push(Op::Done { key, token });
+        }
     }
 
     /// Queues one advance for this batch, or refuses it at once.
@@ -339,6 +416,7 @@ impl Writer {
             hook(started.elapsed(), advances);
         }
         let outcome = written.map_err(|e| self.fail(e));
+        let mut replies = Vec::with_capacity(advances);
         for op in self.batch.drain(..) {
             match op {
                 Op::Advance { key, token, done } => {
@@ -346,10 +424,18 @@ impl Writer {
                         // Durable now: raise the table before anyone hears back.
                         self.table.advance(&key, token);
                     }
-                    let _ = done.send(outcome.clone());
+                    replies.push((done, outcome.clone()));
                 }
                 Op::Done { key, token } => self.table.answer(&key, token),
             }
+        }
+        match &self.replies {
+            Some(task) => {
+                if let Err(unsent) = task.send(replies) {
+                    answer(unsent.0); // the runtime is gone: answer here
+                }
+            }
+            None => answer(replies),
         }
     }
 
