@@ -111,6 +111,7 @@ impl Proxy {
         let live = self.shared.live.get();
         let config = &live.config;
         let permits = Arc::new(Semaphore::new(config.limits.max_connections));
+        let heartbeat = tokio::spawn(heartbeat());
         let (stop, stopping) = watch::channel(false);
         // Every connection holds a sender; the receiver ends once all are gone.
         let (alive, mut drained) = mpsc::channel::<()>(1);
@@ -153,6 +154,7 @@ impl Proxy {
             }
         }
         drop(listener);
+        heartbeat.abort();
         let grace = self.shared.live.get().config.server.shutdown_grace;
         tracing::info!(?grace, "shutting down: draining connections");
         let _ = stop.send(true);
@@ -252,6 +254,18 @@ impl Conn {
                 }
             }
         }
+    }
+}
+
+/// Keeps the timer wheel's next deadline within a second. Every request sets timers (header
+/// read, backend response) seconds away; when one is earlier than the wheel's next deadline,
+/// tokio wakes its own driver with an `eventfd` write, one system call per request for
+/// nothing. With this tick that happens only for timeouts configured under a second.
+async fn heartbeat() {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
     }
 }
 
