@@ -96,10 +96,19 @@ where
     /// previous response body is still being read stay listed; closed or stale ones go.
     fn checkout(&self) -> Option<SendRequest<B>> {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        let now = Instant::now();
-        idle.retain(|c| !c.sender.is_closed() && now.duration_since(c.since) < self.idle_timeout);
+        self.drop_stale(&mut idle);
         let ready = idle.iter().rposition(|c| c.sender.is_ready())?;
         Some(idle.swap_remove(ready).sender)
+    }
+
+    /// Closes connections the backend closed or that have been idle too long.
+    pub(crate) fn prune(&self) {
+        self.drop_stale(&mut self.idle.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+
+    fn drop_stale(&self, idle: &mut Vec<Idle<B>>) {
+        let now = Instant::now();
+        idle.retain(|c| !c.sender.is_closed() && now.duration_since(c.since) < self.idle_timeout);
     }
 
     /// Lists a connection as soon as its response head is in: it becomes ready again once the
@@ -111,24 +120,23 @@ where
         }
     }
 
+    /// TCP connect and TLS handshake together get `connect_timeout`.
     async fn connect(&self) -> Result<SendRequest<B>, SendError> {
-        let address = (self.host.as_str(), self.port);
+        match tokio::time::timeout(self.connect_timeout, self.open()).await {
+            Ok(opened) => opened,
+            Err(_) => Err(SendError::Connect(format!("connect: timed out after {:?}", self.connect_timeout))),
+        }
+    }
+
+    async fn open(&self) -> Result<SendRequest<B>, SendError> {
         let failed = |what: &str, e: &dyn std::fmt::Display| SendError::Connect(format!("{what}: {e}"));
-        let tcp = match tokio::time::timeout(self.connect_timeout, TcpStream::connect(address)).await {
-            Ok(Ok(tcp)) => tcp,
-            Ok(Err(e)) => return Err(failed("connect", &e)),
-            Err(_) => return Err(SendError::Connect(format!("connect: timed out after {:?}", self.connect_timeout))),
-        };
+        let tcp = TcpStream::connect((self.host.as_str(), self.port)).await.map_err(|e| failed("connect", &e))?;
         let _ = tcp.set_nodelay(true);
         match &self.tls {
             None => self.handshake(tcp).await,
             Some((connector, name)) => {
-                let tls = tokio::time::timeout(self.connect_timeout, connector.connect(name.clone(), tcp)).await;
-                match tls {
-                    Ok(Ok(stream)) => self.handshake(stream).await,
-                    Ok(Err(e)) => Err(failed("TLS handshake", &e)),
-                    Err(_) => Err(SendError::Connect("TLS handshake: timed out".into())),
-                }
+                let stream = connector.connect(name.clone(), tcp).await.map_err(|e| failed("TLS handshake", &e))?;
+                self.handshake(stream).await
             }
         }
     }

@@ -49,6 +49,8 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        // Host names the resource's origin: no client may have it dropped on the way.
+        .filter(|name| name != header::HOST)
         .collect();
     let doomed: Vec<HeaderName> = headers
         .keys()
@@ -121,6 +123,11 @@ impl Forwarder {
         Ok(Forwarder { pool, host, timeout: backend.request_timeout, bytes_in })
     }
 
+    /// Closes idle backend connections unused for a minute, even when no request comes.
+    pub(crate) fn prune(&self) {
+        self.pool.prune();
+    }
+
     /// Sends `req` to the backend at `path` (already canonical for fenced writes) and returns
     /// the backend's response head. A body longer than `body_limit` is cut off and the request
     /// fails. Never retries anything that may have reached the backend.
@@ -149,12 +156,13 @@ impl Forwarder {
         // A target with an authority (HTTP/2's :authority, or HTTP/1's absolute form) names
         // the host, and RFC 9112 says it wins over Host; HTTP/1 backends read Host.
         let headers = req.headers_mut();
+        // First: `Connection: host` must not take away the Host set next.
+        strip_hop_by_hop(headers);
         if let Some(host) = original.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()) {
             headers.insert(header::HOST, host);
         } else if !headers.contains_key(header::HOST) {
             headers.insert(header::HOST, self.host.clone());
         }
-        strip_hop_by_hop(headers);
         append_forwarded_for(headers, client);
         *req.version_mut() = Version::HTTP_11;
 

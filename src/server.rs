@@ -37,6 +37,7 @@ pub struct Proxy {
 
 impl Proxy {
     /// Locks the data directory, recovers `max_seen` from disk and prepares the backend client.
+    /// Serve it on the runtime that opened it: the store answers through a task there.
     pub async fn open(config: Config) -> Result<Self, Error> {
         let metrics = Arc::new(Metrics::default());
         let observed = Arc::clone(&metrics);
@@ -111,7 +112,7 @@ impl Proxy {
         let live = self.shared.live.get();
         let config = &live.config;
         let permits = Arc::new(Semaphore::new(config.limits.max_connections));
-        let heartbeat = tokio::spawn(heartbeat());
+        let heartbeat = tokio::spawn(heartbeat(Arc::clone(&self.shared)));
         let (stop, stopping) = watch::channel(false);
         // Every connection holds a sender; the receiver ends once all are gone.
         let (alive, mut drained) = mpsc::channel::<()>(1);
@@ -257,15 +258,17 @@ impl Conn {
     }
 }
 
-/// Keeps the timer wheel's next deadline within a second. Every request sets timers (header
-/// read, backend response) seconds away; when one is earlier than the wheel's next deadline,
-/// tokio wakes its own driver with an `eventfd` write, one system call per request for
-/// nothing. With this tick that happens only for timeouts configured under a second.
-async fn heartbeat() {
+/// Once a second: closes stale idle backend connections, and keeps the timer wheel's next
+/// deadline within a second. Every request sets timers (header read, backend response) seconds
+/// away; when one is earlier than the wheel's next deadline, tokio wakes its own driver with an
+/// `eventfd` write, one system call per request for nothing. With this tick that happens only
+/// for timeouts configured under a second.
+async fn heartbeat(shared: Arc<Shared>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
+        shared.live.get().forwarder.prune();
     }
 }
 

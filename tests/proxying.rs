@@ -130,3 +130,11 @@ async fn a_request_without_host_gets_the_backends_authority() {
     let got = &h.backend.requests()[0].headers;
     assert_eq!(got["host"], h.backend.addr().to_string().as_str());
 }
+
+#[tokio::test]
+async fn a_connection_header_naming_host_does_not_drop_host() {
+    let h = Harness::start().await;
+    let r = h.raw("GET /doc HTTP/1.1\r\nHost: example.test\r\nConnection: host", "").await;
+    assert_eq!(r.status, 404);
+    assert_eq!(h.backend.requests()[0].headers["host"], "example.test");
+}

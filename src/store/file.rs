@@ -131,9 +131,9 @@ enum Msg {
     Close(oneshot::Sender<Result<(), StoreError>>),
 }
 
-/// Where the writer sends a batch's answers: a task on the caller's runtime that hands them
-/// out, so that a batch costs one cross-thread wake-up rather than one per write. Outside a
-/// runtime the writer answers each write itself.
+/// Where the writer sends a batch's answers: a task on the runtime that opened the store, which
+/// hands them out, so that a batch costs one cross-thread wake-up rather than one per write.
+/// Outside a runtime, or once that runtime is gone, the writer answers each write itself.
 fn reply_task() -> Option<tokio::sync::mpsc::UnboundedSender<Vec<Reply>>> {
     let runtime = tokio::runtime::Handle::try_current().ok()?;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<Reply>>();
@@ -167,7 +167,8 @@ pub struct FileStore {
 
 impl FileStore {
     /// Locks `dir`, recovers it (truncating a torn tail, removing obsolete files) and starts
-    /// the writer and compaction threads.
+    /// the writer and compaction threads. Opened inside a tokio runtime, the store answers
+    /// through a task on it: use it while that runtime runs (as `fencegate run` does).
     pub fn open(dir: &Path, options: StoreOptions) -> Result<FileStore, StoreError> {
         create_dir_durably(dir)?;
         let lock = lock(dir, true)?;
@@ -304,12 +305,20 @@ impl Writer {
             let first = match self.flush_by {
                 None => match rx.recv() {
                     Ok(msg) => Some(msg),
-                    Err(_) => break,
+                    Err(_) => {
+                        self.take_dones(); // dropped without close(): keep what is known
+                        self.commit();
+                        break;
+                    }
                 },
                 Some(by) => match rx.recv_timeout(by.saturating_duration_since(Instant::now())) {
                     Ok(msg) => Some(msg),
                     Err(mpsc::RecvTimeoutError::Timeout) => None,
-                    Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                    Err(mpsc::RecvTimeoutError::Disconnected) => {
+                        self.take_dones();
+                        self.commit();
+                        break;
+                    }
                 },
             };
             if let Some(first) = first {
@@ -319,8 +328,6 @@ impl Writer {
                 }
             }
             self.flush_by = None;
-            // The order against advances does not matter: a Done clears the in-flight mark of
-            // its own token only.
             self.take_dones();
             while closing.is_none() && self.batch.len() < MAX_BATCH {
                 match rx.try_recv() {
@@ -357,7 +364,13 @@ impl Writer {
     /// Adds one message to the batch; returns the reply channel if it asks to close.
     fn take(&mut self, msg: Msg) -> Option<oneshot::Sender<Result<(), StoreError>>> {
         match msg {
-            Msg::Advance { key, token, done } => self.admit(key, token, done),
+            Msg::Advance { key, token, done } => {
+                // The answer to the previous write of this resource was recorded before this
+                // advance was sent; logged after it, an answer for an equal token (equal_token =
+                // "accept", or an operator's advance) would clear this write's in-flight mark.
+                self.take_dones();
+                self.admit(key, token, done)
+            }
             Msg::DonesWaiting => {
                 self.flush_by.get_or_insert_with(|| Instant::now() + DONE_FLUSH);
             }

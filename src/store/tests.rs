@@ -284,3 +284,18 @@ async fn an_answer_reaches_the_log_soon_even_when_no_advance_follows() {
     assert_eq!(found.in_flight, [("/b".to_string(), 2)], "the answer to /a was logged on its own");
     drop(store);
 }
+
+#[tokio::test]
+async fn an_earlier_answer_does_not_clear_a_later_write_with_the_same_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    store.advance("/a", 6).await.unwrap(); // write A
+    store.done("/a", 6); // A answered; its turn is released after this
+    store.advance("/a", 6).await.unwrap(); // write B, an equal token accepted, now at the backend
+    assert_eq!(store.table().entry("/a"), Some((6, true)), "B is in flight in memory");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let table = Table::new();
+    let found = recovery::recover(dir.path(), &table, recovery::Mode::ReadOnly).unwrap();
+    assert_eq!(found.in_flight, [("/a".to_string(), 6)], "and in the log");
+    drop(store);
+}
