@@ -135,7 +135,8 @@ async fn sigkill_while_a_write_is_at_the_backend_keeps_its_advance_and_quarantin
 async fn a_failed_log_write_closes_fenced_writes_keeps_reads_flowing_and_loses_nothing() {
     let backend = Arc::new(MemStore::start().await.unwrap());
     let dir = tempfile::tempdir().unwrap();
-    let config = write_config(dir.path(), &backend.url(), "");
+    // Small segments, so the log writes its zeros ahead 4 KiB at a time and some writes fit.
+    let config = write_config(dir.path(), &backend.url(), "segment_bytes = 65536");
     // A real write failure: files may not grow past 8 KiB (EFBIG), and the signal that would
     // otherwise kill the process for it is ignored, as it stays across exec.
     let mut cmd = Command::new("bash");

@@ -179,7 +179,9 @@ impl FileStore {
         tracing::info!(dir = %dir.display(), resources = table.len(), snapshot = ?recovered.snapshot,
             segments = recovered.segments.len(), records = recovered.records, elapsed = ?started.elapsed(),
             "fence store recovered");
-        let log = Log::open(dir, options.sync, &recovered).map_err(|e| io_err(dir, e))?;
+        // Zeros ahead of the log: 1 MiB, or less for small segments, so they stay small.
+        let ahead = (options.segment_bytes / 16).clamp(4096, 1 << 20);
+        let log = Log::open(dir, options.sync, &recovered, ahead).map_err(|e| io_err(dir, e))?;
         if options.sync == SyncMode::Never {
             tracing::warn!("store.sync = \"never\": advances are not fsync'd; a power loss can lower max_seen");
         }

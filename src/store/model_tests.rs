@@ -87,7 +87,8 @@ impl<'a> World<'a> {
     fn start(dir: &'a Path) -> World<'a> {
         let table = Table::new();
         let found = recovery::recover(dir, &table, Mode::Repair).expect("recovery after a crash");
-        let log = Log::open(dir, SyncMode::Never, &found).unwrap();
+        // A small write-ahead of zeros, so that runs cross it often.
+        let log = Log::open(dir, SyncMode::Never, &found, 256).unwrap();
         let durable = log.len();
         World { dir, log, table, durable, found }
     }

@@ -63,6 +63,9 @@ pub(crate) struct Recovered {
     pub segments: Vec<u64>,
     /// The last segment's header, where appending goes on.
     pub last_header: Option<Header>,
+    /// Where the last segment's records end: appending goes on there. The file may go on
+    /// past it with zeros written ahead of the log (see `Log::write`).
+    pub last_end: u64,
     /// Records replayed from segments.
     pub records: u64,
     /// A torn tail found at (segment, offset).
@@ -155,10 +158,11 @@ pub(crate) fn recover(dir: &Path, table: &Table, mode: Mode) -> Result<Recovered
     for (i, &seq) in segments.iter().enumerate() {
         let path = dir.join(segment_name(seq));
         let last = i + 1 == segments.len();
-        let (header, records, torn) = replay_segment(&path, seq, table, last, mode)?;
+        let (header, records, torn, end) = replay_segment(&path, seq, table, last, mode)?;
         found.records += records;
         if last {
             found.last_header = Some(header);
+            found.last_end = end;
             found.torn = torn.map(|at| (seq, at));
         }
     }
@@ -272,14 +276,15 @@ fn load_snapshot(path: &Path, seq: u64, table: &Table) -> Result<(), StoreError>
 }
 
 /// Replays one segment batch by batch: a batch's records count only once its commit marker is
-/// read. Returns its header, the records applied and where a torn tail was cut off.
+/// read. Returns its header, the records applied, where a torn tail was cut off, and where its
+/// records end.
 fn replay_segment(
     path: &Path,
     seq: u64,
     table: &Table,
     last: bool,
     mode: Mode,
-) -> Result<(Header, u64, Option<u64>), StoreError> {
+) -> Result<(Header, u64, Option<u64>, u64), StoreError> {
     let header = check_header(path, FileKind::Segment, seq)?;
     let seed = header.seed(FileKind::Segment);
     let mut batch_start = HEADER_LEN as u64;
@@ -311,8 +316,15 @@ fn replay_segment(
     })?;
     let len = file_len(path)?;
     let what = match stop {
-        None if batch_start == len => return Ok((header, records, None)),
+        None if batch_start == len => return Ok((header, records, None, len)),
         None => "a batch without its commit marker".to_string(),
+        // Nothing but zeros after the last batch of the last segment: the space the log
+        // writes ahead of itself, not yet used (or a batch none of whose bytes reached the
+        // disk). Appending resumes at the batch boundary; there is nothing to set aside.
+        // Rotation cuts a segment to its records, so elsewhere zeros are damage.
+        Some(_) if last && read_tail(path, batch_start)?.iter().all(|&b| b == 0) => {
+            return Ok((header, records, None, batch_start));
+        }
         Some((at, bad)) => {
             // Everything written after the last completed sync can reach the disk in any
             // order, so valid records may follow the damage. Only a later commit marker that
@@ -342,7 +354,7 @@ fn replay_segment(
         let tail = read_tail(path, batch_start)?;
         set_aside_and_truncate(path, &tail, batch_start)?;
     }
-    Ok((header, records, Some(batch_start)))
+    Ok((header, records, Some(batch_start), batch_start))
 }
 
 fn read_tail(path: &Path, from: u64) -> Result<Vec<u8>, StoreError> {

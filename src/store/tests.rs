@@ -44,6 +44,12 @@ fn segment(dir: &Path, seq: u64) -> PathBuf {
     dir.join(segment_name(seq))
 }
 
+/// Where the last segment's records end: the log writes zeros ahead of itself, so not where
+/// the file ends.
+fn records_end(dir: &Path) -> u64 {
+    recovery::recover(dir, &Table::new(), recovery::Mode::ReadOnly).unwrap().last_end
+}
+
 fn map(entries: &[(&str, u64)]) -> HashMap<String, u64> {
     entries.iter().map(|(k, t)| (k.to_string(), *t)).collect()
 }
@@ -68,7 +74,7 @@ async fn torn_tail_is_set_aside_truncated_and_the_log_goes_on() {
     let dir = tempfile::tempdir().unwrap();
     write_and_close(dir.path(), &[("/a", 5), ("/b", 7)]).await;
     let path = segment(dir.path(), 1);
-    let full = fs::metadata(&path).unwrap().len();
+    let full = records_end(dir.path());
     OpenOptions::new().write(true).open(&path).unwrap().set_len(full - 3).unwrap();
     let store = open(dir.path());
     assert_eq!(contents(&store), map(&[("/a", 5)]), "the unfinished batch is dropped whole");
@@ -90,6 +96,7 @@ async fn a_half_written_record_followed_by_zeros_is_a_torn_write() {
     write_and_close(dir.path(), &[("/a", 5), ("/b", 7)]).await;
     let path = segment(dir.path(), 1);
     let mut data = fs::read(&path).unwrap();
+    data.truncate(records_end(dir.path()) as usize);
     let n = data.len();
     data[n - 16..].fill(0); // the end of the last batch never landed
     data.extend_from_slice(&[0; 4096]); // the file grew before its data did
@@ -119,6 +126,7 @@ async fn a_missing_segment_refuses_to_start() {
         dir.path(),
         SyncMode::Always,
         &recovery::recover(dir.path(), &table, recovery::Mode::Repair).unwrap(),
+        4096,
     )
     .unwrap();
     for t in 0..3 {
@@ -298,4 +306,42 @@ async fn an_earlier_answer_does_not_clear_a_later_write_with_the_same_token() {
     let found = recovery::recover(dir.path(), &table, recovery::Mode::ReadOnly).unwrap();
     assert_eq!(found.in_flight, [("/a".to_string(), 6)], "and in the log");
     drop(store);
+}
+
+#[tokio::test]
+async fn the_log_writes_zeros_ahead_and_a_restart_resumes_where_the_records_end() {
+    let dir = tempfile::tempdir().unwrap();
+    write_and_close(dir.path(), &[("/a", 5)]).await;
+    let path = segment(dir.path(), 1);
+    let (file, records) = (fs::metadata(&path).unwrap().len(), records_end(dir.path()));
+    assert!(file > records, "zeros written ahead: file {file}, records end at {records}");
+    let store = open(dir.path());
+    write(&store, &[("/a", 6), ("/b", 1)]).await;
+    store.close().await.unwrap();
+    drop(store);
+    let names: Vec<String> =
+        fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert!(!names.iter().any(|n| n.contains(".torn-at-")), "unused zeros are not a torn tail: {names:?}");
+    assert_eq!(contents(&open(dir.path())), map(&[("/a", 6), ("/b", 1)]));
+}
+
+#[tokio::test]
+async fn zeros_at_the_end_of_a_segment_that_is_not_the_last_refuse_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = Table::new();
+    let found = recovery::recover(dir.path(), &table, recovery::Mode::Repair).unwrap();
+    let mut log = log::Log::open(dir.path(), SyncMode::Always, &found, 4096).unwrap();
+    log.append(Kind::Advance, "/a", 1);
+    log.rotate().unwrap();
+    log.append(Kind::Advance, "/a", 2);
+    log.commit().unwrap();
+    drop(log);
+    // The disk lost the end of a closed segment: not the log's own zeros.
+    let mut data = fs::read(segment(dir.path(), 1)).unwrap();
+    let n = data.len();
+    data[n - 8..].fill(0);
+    data.extend_from_slice(&[0; 64]);
+    fs::write(segment(dir.path(), 1), &data).unwrap();
+    let err = FileStore::open(dir.path(), options(4096)).unwrap_err();
+    assert!(err.to_string().contains(&segment_name(1)), "{err}");
 }
