@@ -26,7 +26,7 @@ pub(crate) struct Log {
     len: u64,
     /// Where the file ends: from `len` to here it holds zeros written ahead.
     zeroed: u64,
-    /// How far ahead zeros are written, at most.
+    /// How far ahead zeros are written, at most; 0 once that failed.
     ahead: u64,
     /// How much of the current segment is known durable: the end of the last synced batch.
     synced: u64,
@@ -75,7 +75,7 @@ impl Log {
             file,
             len,
             zeroed,
-            ahead: ahead.max(1),
+            ahead,
             seed: header.seed(FileKind::Segment),
             pending: Vec::with_capacity(64 * 1024),
         })
@@ -109,23 +109,28 @@ impl Log {
             return Ok(());
         }
         format::encode_commit(&mut self.pending, self.seed, self.len, self.synced);
-        let records = self.pending.len() as u64;
-        let end = self.len + records;
-        // An append that grows the file makes the next fdatasync commit the new size to the
-        // file system's journal too, which costs about as much again as the data. So the log
-        // writes zeros ahead of itself, in the same write, once per `ahead` bytes: the syncs
-        // in between find the size unchanged and the blocks allocated. Recovery reads a tail
-        // of zeros as unused space.
-        let to = if end > self.zeroed { end.div_ceil(self.ahead) * self.ahead } else { end };
-        self.pending.resize((to - self.len) as usize, 0);
+        let end = self.len + self.pending.len() as u64;
         let result = self.file.write_all_at(&self.pending, self.len);
         // Count what may have reached the file even on error: it is never reused.
         self.len = end;
-        if result.is_ok() {
-            self.zeroed = self.zeroed.max(to);
-        }
         self.pending.clear();
-        result
+        result?;
+        // An append that grows the file makes the next fdatasync commit the new size to the
+        // file system's journal too, which costs about as much again as the data. So the log
+        // writes zeros ahead of itself once per `ahead` bytes: the syncs in between find the
+        // size unchanged and the blocks allocated. Recovery reads a tail of zeros as unused.
+        if end > self.zeroed && self.ahead > 0 {
+            let to = end.div_ceil(self.ahead) * self.ahead;
+            match self.file.write_all_at(&vec![0; (to - end) as usize], end) {
+                Ok(()) => self.zeroed = to,
+                // Only speed is lost (a full disk, a file size limit): the records are written.
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot write zeros ahead of the log; appending from now on");
+                    self.ahead = 0;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Makes everything written durable (unless `sync = "never"`, where written counts as
