@@ -135,8 +135,7 @@ async fn sigkill_while_a_write_is_at_the_backend_keeps_its_advance_and_quarantin
 async fn a_failed_log_write_closes_fenced_writes_keeps_reads_flowing_and_loses_nothing() {
     let backend = Arc::new(MemStore::start().await.unwrap());
     let dir = tempfile::tempdir().unwrap();
-    // Small segments, so the log writes its zeros ahead 4 KiB at a time and some writes fit.
-    let config = write_config(dir.path(), &backend.url(), "segment_bytes = 65536");
+    let config = write_config(dir.path(), &backend.url(), "");
     // A real write failure: files may not grow past 8 KiB (EFBIG), and the signal that would
     // otherwise kill the process for it is ignored, as it stays across exec.
     let mut cmd = Command::new("bash");
@@ -160,6 +159,7 @@ async fn a_failed_log_write_closes_fenced_writes_keeps_reads_flowing_and_loses_n
     let get = raw_request(proxy.addr, &format!("GET {} HTTP/1.1\r\nHost: x", acked[0]), "").await;
     assert_eq!((get.status, get.fencegate_error()), (200, None));
     assert!(proxy.log_contains("refusing every fenced write"), "the failure is logged loudly");
+    assert!(proxy.log_contains("cannot write zeros ahead"), "the 1 MiB of zeros ahead failed first, harmlessly");
     let refused_path = format!("/objects/{}", acked.len());
     assert!(backend.requests().iter().all(|r| r.path != refused_path), "the failed write was not forwarded");
     proxy.kill9();
