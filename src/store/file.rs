@@ -1,39 +1,23 @@
-//! [`FileStore`]: one writer thread doing group commit, one compaction thread writing
-//! snapshots, and an advisory lock making the data directory this process's alone.
-//!
-//! Group commit: the writer takes every advance queued while the previous batch was syncing,
-//! appends them all, and issues one `fdatasync` for the lot; so a request waits for at most the
-//! sync that follows its record. Only after the sync does it raise the [`Table`] and answer.
-//!
-//! Failure is closed and final: after a failed write or sync the kernel may have dropped the
-//! dirty pages, so a later sync that "succeeds" proves nothing (PostgreSQL's fsync lesson).
-//! Every later advance fails until the process restarts and recovers from what is on disk.
+//! [`FileStore`]: a data directory opened, recovered and locked (an advisory lock makes it this
+//! process's alone), with its writer thread (`writer`) behind the [`Store`] trait.
 
 use std::fs::{File, OpenOptions, TryLockError};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use super::format::{Kind, MAX_KEY_LEN};
+use super::format::MAX_KEY_LEN;
 use super::log::{self, Log};
 use super::recovery::{self, Mode, io_err};
+use super::writer::{Msg, Writer};
 use super::{Store, StoreError, StoreFuture, Table};
 use crate::config::SyncMode;
 
 /// Name of the lock file in a data directory.
 pub(crate) const LOCK_FILE: &str = "LOCK";
-/// Most advances committed by one write and one sync.
-const MAX_BATCH: usize = 4096;
-/// Longest a batch waits for writers expected back, a fraction of one fsync.
-const COMMIT_DELAY: Duration = Duration::from_micros(100);
-/// Longest answered writes wait to be logged as such when no advance comes to carry them.
-const DONE_FLUSH: Duration = Duration::from_millis(200);
-
-type Reply = (oneshot::Sender<Result<(), StoreError>>, Result<(), StoreError>);
 
 /// Told of every durable batch: how long its write and sync took, and how many advances it
 /// made durable.
@@ -120,37 +104,6 @@ pub(crate) fn lock(dir: &Path, create: bool) -> Result<File, StoreError> {
     }
 }
 
-enum Msg {
-    Advance {
-        key: String,
-        token: u64,
-        done: oneshot::Sender<Result<(), StoreError>>,
-    },
-    /// The first answered write since the writer last took them: it must not wait forever.
-    DonesWaiting,
-    Close(oneshot::Sender<Result<(), StoreError>>),
-}
-
-/// Where the writer sends a batch's answers: a task on the runtime that opened the store, which
-/// hands them out, so that a batch costs one cross-thread wake-up rather than one per write.
-/// Outside a runtime, or once that runtime is gone, the writer answers each write itself.
-fn reply_task() -> Option<tokio::sync::mpsc::UnboundedSender<Vec<Reply>>> {
-    let runtime = tokio::runtime::Handle::try_current().ok()?;
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<Reply>>();
-    runtime.spawn(async move {
-        while let Some(batch) = rx.recv().await {
-            answer(batch);
-        }
-    });
-    Some(tx)
-}
-
-fn answer(batch: Vec<Reply>) {
-    for (done, outcome) in batch {
-        let _ = done.send(outcome);
-    }
-}
-
 /// The local, log-structured store of one data directory.
 #[derive(Debug)]
 pub struct FileStore {
@@ -195,21 +148,7 @@ impl FileStore {
         }
         let (tx, rx) = mpsc::channel();
         let dones = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let writer = Writer {
-            replies: reply_task(),
-            dones: Arc::clone(&dones),
-            flush_by: None,
-            log,
-            table: Arc::clone(&table),
-            healthy: Arc::clone(&healthy),
-            options,
-            failed: None,
-            snapshot_bytes: Arc::new(AtomicU64::new(0)),
-            batch: Vec::with_capacity(MAX_BATCH),
-            advances_in_batch: 0,
-            new_in_batch: 0,
-            last_advances: 0,
-        };
+        let writer = Writer::new(log, Arc::clone(&table), Arc::clone(&healthy), options, Arc::clone(&dones));
         std::thread::Builder::new()
             .name("fencegate-log".into())
             .spawn(move || writer.run(rx))
@@ -266,242 +205,5 @@ impl Store for FileStore {
 
     fn healthy(&self) -> bool {
         self.healthy.load(Ordering::Relaxed)
-    }
-}
-
-struct Writer {
-    replies: Option<tokio::sync::mpsc::UnboundedSender<Vec<Reply>>>,
-    dones: Arc<std::sync::Mutex<Vec<(String, u64)>>>,
-    /// When answered writes waiting in `dones` are written even if no advance comes.
-    flush_by: Option<Instant>,
-    log: Log,
-    table: Arc<Table>,
-    healthy: Arc<AtomicBool>,
-    options: StoreOptions,
-    failed: Option<String>,
-    snapshot_bytes: Arc<AtomicU64>,
-    /// Advances and dones of the batch being built, in arrival order.
-    batch: Vec<Op>,
-    /// Advances in the batch (counted as they join: the commit-delay loop asks after every
-    /// message, and rescanning the batch each time would make building it quadratic).
-    advances_in_batch: usize,
-    /// New keys among the batch's advances, for the `max_resources` bound.
-    new_in_batch: usize,
-    /// Advances in the previous batch: how many writers are likely to be back soon.
-    last_advances: usize,
-}
-
-enum Op {
-    Advance { key: String, token: u64, done: oneshot::Sender<Result<(), StoreError>> },
-    Done { key: String, token: u64 },
-}
-
-impl Writer {
-    fn run(mut self, rx: mpsc::Receiver<Msg>) {
-        let (compact_tx, compact_rx) = mpsc::sync_channel::<u64>(1);
-        let compactor = self.spawn_compactor(compact_rx);
-        let mut closing = None;
-        while closing.is_none() {
-            // Answered writes ride along with the next batch; without one, they are written
-            // on their own DONE_FLUSH after the first of them.
-            let first = match self.flush_by {
-                None => match rx.recv() {
-                    Ok(msg) => Some(msg),
-                    Err(_) => {
-                        self.take_dones(); // dropped without close(): keep what is known
-                        self.commit();
-                        break;
-                    }
-                },
-                Some(by) => match rx.recv_timeout(by.saturating_duration_since(Instant::now())) {
-                    Ok(msg) => Some(msg),
-                    Err(mpsc::RecvTimeoutError::Timeout) => None,
-                    Err(mpsc::RecvTimeoutError::Disconnected) => {
-                        self.take_dones();
-                        self.commit();
-                        break;
-                    }
-                },
-            };
-            if let Some(first) = first {
-                closing = self.take(first);
-                if self.batch.is_empty() && closing.is_none() && self.flush_by.is_some() {
-                    continue; // only a reminder of answers waiting: keep waiting for company
-                }
-            }
-            self.flush_by = None;
-            self.take_dones();
-            while closing.is_none() && self.batch.len() < MAX_BATCH {
-                match rx.try_recv() {
-                    Ok(msg) => closing = self.take(msg),
-                    Err(_) => break,
-                }
-            }
-            // Commit delay, as PostgreSQL's commit_delay with commit_siblings: when the last
-            // batch had more writers than this one holds so far, they are probably about to
-            // resubmit; a short wait lets one sync serve them all instead of two half-batches.
-            let deadline = Instant::now() + COMMIT_DELAY;
-            while closing.is_none() && self.batch.len() < MAX_BATCH && self.advances_in_batch < self.last_advances {
-                match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                    Ok(msg) => closing = self.take(msg),
-                    Err(_) => break,
-                }
-            }
-            self.commit();
-            self.maybe_rotate(&compact_tx);
-        }
-        drop(compact_tx);
-        if let Some(c) = compactor {
-            let _ = c.join();
-        }
-        let flushed = match &self.failed {
-            Some(f) => Err(StoreError::Failed(f.clone())),
-            None => self.log.flush().map_err(|e| io_err(&self.log.path(), e)),
-        };
-        if let Some(done) = closing {
-            let _ = done.send(flushed);
-        }
-    }
-
-    /// Adds one message to the batch; returns the reply channel if it asks to close.
-    fn take(&mut self, msg: Msg) -> Option<oneshot::Sender<Result<(), StoreError>>> {
-        match msg {
-            Msg::Advance { key, token, done } => {
-                // The answer to the previous write of this resource was recorded before this
-                // advance was sent; logged after it, an answer for an equal token (equal_token =
-                // "accept", or an operator's advance) would clear this write's in-flight mark.
-                self.take_dones();
-                self.admit(key, token, done)
-            }
-            Msg::DonesWaiting => {
-                self.flush_by.get_or_insert_with(|| Instant::now() + DONE_FLUSH);
-            }
-            Msg::Close(done) => {
-                self.take_dones();
-                return Some(done);
-            }
-        }
-        None
-    }
-
-    /// Adds the answered writes recorded since the last batch.
-    fn take_dones(&mut self) {
-        let dones = std::mem::take(&mut *self.dones.lock().unwrap_or_else(|e| e.into_inner()));
-        if self.failed.is_some() {
-            return;
-        }
-        for (key, token) in dones {
-            self.log.append(Kind::Done, &key, token);
-            self.batch.push(Op::Done { key, token });
-        }
-    }
-
-    /// Queues one advance for this batch, or refuses it at once.
-    fn admit(&mut self, key: String, token: u64, done: oneshot::Sender<Result<(), StoreError>>) {
-        if let Some(f) = &self.failed {
-            let _ = done.send(Err(StoreError::Failed(f.clone())));
-            return;
-        }
-        if self.table.get(&key).is_none() {
-            // Counting every new key in the batch as distinct can only refuse early, never late.
-            if self.table.len() + self.new_in_batch >= self.options.max_resources {
-                tracing::warn!(resource = %key, limit = self.options.max_resources,
-                    "store.max_resources reached: refusing a write to a new resource");
-                let _ = done.send(Err(StoreError::Full(self.options.max_resources)));
-                return;
-            }
-            self.new_in_batch += 1;
-        }
-        self.log.append(Kind::Advance, &key, token);
-        self.batch.push(Op::Advance { key, token, done });
-        self.advances_in_batch += 1;
-    }
-
-    /// Writes the batch; syncs it if it holds an advance (a lost done only costs a quarantine).
-    fn commit(&mut self) {
-        self.new_in_batch = 0;
-        let advances = std::mem::take(&mut self.advances_in_batch);
-        if self.batch.is_empty() {
-            return;
-        }
-        self.last_advances = advances;
-        let started = Instant::now();
-        let written = if advances > 0 { self.log.commit() } else { self.log.write() };
-        if let (Ok(()), Some(hook), true) = (&written, &self.options.on_commit, advances > 0) {
-            hook(started.elapsed(), advances);
-        }
-        let outcome = written.map_err(|e| self.fail(e));
-        let mut replies = Vec::with_capacity(advances);
-        for op in self.batch.drain(..) {
-            match op {
-                Op::Advance { key, token, done } => {
-                    if outcome.is_ok() {
-                        // Durable now: raise the table before anyone hears back.
-                        self.table.advance(&key, token);
-                    }
-                    replies.push((done, outcome.clone()));
-                }
-                Op::Done { key, token } => self.table.answer(&key, token),
-            }
-        }
-        match &self.replies {
-            Some(task) => {
-                if let Err(unsent) = task.send(replies) {
-                    answer(unsent.0); // the runtime is gone: answer here
-                }
-            }
-            None => answer(replies),
-        }
-    }
-
-    /// Fails the store for good: after a failed write or sync the kernel may have dropped
-    /// dirty pages, so nothing written since the last good sync can be trusted to a later one.
-    fn fail(&mut self, e: std::io::Error) -> StoreError {
-        let reason = format!("{}: {e}", self.log.path().display());
-        tracing::error!(error = %reason,
-            "fence log write or fsync failed: refusing every fenced write until fencegate is restarted");
-        self.failed = Some(reason.clone());
-        self.healthy.store(false, Ordering::Relaxed);
-        StoreError::Failed(reason)
-    }
-
-    /// Closes a full segment and asks for a snapshot, unless one is still being written.
-    fn maybe_rotate(&mut self, compact: &mpsc::SyncSender<u64>) {
-        let threshold = self.options.segment_bytes.max(self.snapshot_bytes.load(Ordering::Relaxed));
-        if self.failed.is_some() || self.log.len() < threshold {
-            return;
-        }
-        // Rotation syncs the segment it closes (Done-only batches included), so its failures
-        // are sync failures like any other: fail closed.
-        match self.log.rotate() {
-            Ok(seq) => {
-                let _ = compact.try_send(seq);
-            }
-            Err(e) => {
-                self.fail(e);
-            }
-        }
-    }
-
-    fn spawn_compactor(&self, rx: mpsc::Receiver<u64>) -> Option<JoinHandle<()>> {
-        let table = Arc::clone(&self.table);
-        let size = Arc::clone(&self.snapshot_bytes);
-        let dir: PathBuf = self.log.path().parent().map(Path::to_owned).unwrap_or_default();
-        let spawned = std::thread::Builder::new().name("fencegate-compact".into()).spawn(move || {
-            while let Ok(seq) = rx.recv() {
-                let started = Instant::now();
-                let written = log::write_snapshot(&dir, seq, &table).and_then(|bytes| {
-                    size.store(bytes, Ordering::Relaxed);
-                    log::remove_covered(&dir, seq).map(|removed| (bytes, removed))
-                });
-                match written {
-                    Ok((bytes, removed)) => tracing::info!(seq, bytes, removed, elapsed = ?started.elapsed(),
-                        "snapshot written; covered log segments removed"),
-                    // The segments are still there, so nothing is lost; the next rotation retries.
-                    Err(e) => tracing::error!(seq, error = %e, "snapshot failed; keeping the log segments"),
-                }
-            }
-        });
-        spawned.map_err(|e| tracing::error!(error = %e, "cannot start the compaction thread")).ok()
     }
 }

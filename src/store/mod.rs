@@ -12,6 +12,7 @@ mod file;
 pub(crate) mod format;
 mod log;
 pub(crate) mod recovery;
+mod writer;
 
 use std::future::Future;
 use std::path::PathBuf;
