@@ -84,7 +84,7 @@ async fn readiness(shared: &Shared) -> Response<Full<Bytes>> {
     let store = shared.store.healthy();
     let live = shared.live.get();
     let backend = &live.config.backend;
-    let connect = tokio::net::TcpStream::connect(backend_addr(&backend.url));
+    let connect = tokio::net::TcpStream::connect(crate::proxy::backend_addr(&backend.url));
     let reachable = matches!(tokio::time::timeout(backend.connect_timeout, connect).await, Ok(Ok(_)));
     let checks = json!({ "store": store, "backend": reachable });
     if store && reachable {
@@ -92,14 +92,6 @@ async fn readiness(shared: &Shared) -> Response<Full<Bytes>> {
     } else {
         json_response(StatusCode::SERVICE_UNAVAILABLE, &json!({ "status": "not_ready", "checks": checks }))
     }
-}
-
-/// Host and port a backend URL connects to: the scheme's port when none is written, and an
-/// IPv6 literal without its brackets.
-fn backend_addr(url: &http::Uri) -> (String, u16) {
-    let host = url.host().unwrap_or_default().trim_start_matches('[').trim_end_matches(']').to_owned();
-    let port = url.port_u16().unwrap_or(if url.scheme_str() == Some("https") { 443 } else { 80 });
-    (host, port)
 }
 
 fn authorize(shared: &Shared, req: &Request<Incoming>) -> Result<(), Error> {
@@ -151,19 +143,4 @@ async fn advance(shared: &Shared, key: String, to: u64) -> Result<Response<Full<
         Ok(json_response(StatusCode::OK, &json!({ "resource": key, "max_seen": to, "previous": previous })))
     });
     critical.await.map_err(|e| Error::Io(std::io::Error::other(format!("admin task failed: {e}"))))?
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn readiness_connects_where_the_backend_url_points() {
-        let addr = |u: &str| backend_addr(&u.parse().unwrap());
-        assert_eq!(addr("http://127.0.0.1:9000"), ("127.0.0.1".into(), 9000));
-        assert_eq!(addr("http://backend.internal"), ("backend.internal".into(), 80));
-        assert_eq!(addr("https://backend.internal"), ("backend.internal".into(), 443));
-        assert_eq!(addr("http://[::1]"), ("::1".into(), 80));
-        assert_eq!(addr("https://[::1]:8443"), ("::1".into(), 8443));
-    }
 }

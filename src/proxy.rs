@@ -105,11 +105,8 @@ impl Forwarder {
         let invalid = |e: String| Error::Io(std::io::Error::other(e));
         let url = &backend.url;
         let authority = url.authority().ok_or_else(|| invalid(format!("{url}: no host")))?;
-        let https = url.scheme_str() == Some("https");
-        // Uri keeps an IPv6 literal's brackets; a socket address and a TLS name do not.
-        let host = authority.host().trim_start_matches('[').trim_end_matches(']').to_owned();
-        let port = authority.port_u16().unwrap_or(if https { 443 } else { 80 });
-        let tls = if https {
+        let (host, port) = backend_addr(url);
+        let tls = if url.scheme_str() == Some("https") {
             let t = &backend.tls;
             let config =
                 crate::tls::client_config(t.ca.as_deref(), t.cert.as_deref(), t.key.as_deref()).map_err(invalid)?;
@@ -183,6 +180,14 @@ impl Forwarder {
     }
 }
 
+/// Host and port a backend URL connects to: the scheme's port when none is written, and an
+/// IPv6 literal without its brackets (`Uri` keeps them; a socket address and a TLS name do not).
+pub(crate) fn backend_addr(url: &Uri) -> (String, u16) {
+    let host = url.host().unwrap_or_default().trim_start_matches('[').trim_end_matches(']').to_owned();
+    let port = url.port_u16().unwrap_or(if url.scheme_str() == Some("https") { 443 } else { 80 });
+    (host, port)
+}
+
 fn append_forwarded_for(headers: &mut HeaderMap, client: &Peer) {
     let name = HeaderName::from_static("x-forwarded-for");
     let value = match headers.get(&name) {
@@ -243,6 +248,16 @@ mod tests {
         let mut left: Vec<_> = h.keys().map(|k| k.as_str()).collect();
         left.sort_unstable(); // distinct fields have no order (RFC 9110 §5.3)
         assert_eq!(left, ["content-type", "fencing-token"]);
+    }
+
+    #[test]
+    fn backend_addresses_default_the_port_by_scheme_and_drop_ipv6_brackets() {
+        let addr = |u: &str| backend_addr(&u.parse().unwrap());
+        assert_eq!(addr("http://127.0.0.1:9000"), ("127.0.0.1".into(), 9000));
+        assert_eq!(addr("http://backend.internal"), ("backend.internal".into(), 80));
+        assert_eq!(addr("https://backend.internal"), ("backend.internal".into(), 443));
+        assert_eq!(addr("http://[::1]"), ("::1".into(), 80));
+        assert_eq!(addr("https://[::1]:8443"), ("::1".into(), 8443));
     }
 
     #[test]

@@ -63,16 +63,6 @@ pub fn server_config(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Resul
     Ok(Arc::new(config))
 }
 
-/// A client configuration for a plain `http://` backend: never used for a handshake, so it
-/// trusts nothing rather than loading the system's roots for nothing.
-pub fn unused_client_config() -> Result<ClientConfig, String> {
-    Ok(ClientConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(RootCertStore::empty())
-        .with_no_client_auth())
-}
-
 /// The backend client's TLS configuration: trust `ca` (or the system's roots), and present
 /// `cert` and `key` when given.
 pub fn client_config(ca: Option<&Path>, cert: Option<&Path>, key: Option<&Path>) -> Result<ClientConfig, String> {
