@@ -128,8 +128,10 @@ pub(crate) fn merge(old: &Config, new: Config) -> (Config, Reload) {
         .applied
         .iter()
         .any(|l| ["server.", "limits."].iter().any(|p| l.starts_with(p)) && !l.starts_with("server.shutdown_grace"));
+    // Every key in RESTART_ONLY, as the test `every_restart_only_setting_keeps_its_value` checks.
     let mut merged = new;
     merged.server.listen = old.server.listen;
+    merged.server.workers = old.server.workers;
     merged.admin.listen = old.admin.listen;
     merged.store = old.store.clone();
     merged.paths = old.paths.clone();
@@ -270,6 +272,28 @@ mod tests {
         new.admin.token = Some("a-new-secret-of-enough-length".into());
         let report = merge(&old, new).1;
         assert_eq!(report.applied, ["admin.token: (changed)"]);
+    }
+
+    #[test]
+    fn every_restart_only_setting_keeps_its_value() {
+        let old = config("");
+        let new = config(
+            "[log]\nformat = \"json\"\n[admin]\nlisten = \"127.0.0.1:7\"\n[[fence.scopes]]\nprefix = \"/t\"\n\
+             [paths]\nmerge_slashes = false\ncase_sensitive = false\n[limits]\nmax_connections = 7\n",
+        );
+        let mut new = new;
+        new.server.listen = "127.0.0.1:1".parse().unwrap();
+        new.server.workers = 3;
+        new.store.dir = "/tmp/elsewhere".into();
+        new.store.segment_bytes += 4096;
+        let (merged, report) = merge(&old, new);
+        let (before, after) = (flatten(&old), flatten(&merged));
+        let kept: Vec<&String> = after.keys().filter(|k| restart_only(k)).collect();
+        assert!(kept.len() >= RESTART_ONLY.len(), "{kept:?}");
+        for key in kept {
+            assert_eq!(before.get(key), after.get(key), "{key} changed under a running proxy");
+        }
+        assert_eq!(report.kept.len(), 10, "{:?}", report.kept);
     }
 
     #[test]
