@@ -316,23 +316,25 @@ fn replay_segment(
         Ok(true)
     })?;
     let len = file_len(path)?;
+    if stop.is_none() && batch_start == len {
+        return Ok((header, records, None, len));
+    }
+    // Everything after the last complete batch, read once: unused zeros, or a torn tail.
+    let tail = read_tail(path, batch_start)?;
     let what = match stop {
-        None if batch_start == len => return Ok((header, records, None, len)),
         None => "a batch without its commit marker".to_string(),
         // Nothing but zeros after the last batch of the last segment: the space the log
         // writes ahead of itself, not yet used (or a batch none of whose bytes reached the
         // disk). Appending resumes at the batch boundary; there is nothing to set aside.
         // Rotation cuts a segment to its records, so elsewhere zeros are damage.
-        Some(_) if last && read_tail(path, batch_start)?.iter().all(|&b| b == 0) => {
-            return Ok((header, records, None, batch_start));
-        }
+        Some(_) if last && tail.iter().all(|&b| b == 0) => return Ok((header, records, None, batch_start)),
         Some((at, bad)) => {
             // Everything written after the last completed sync can reach the disk in any
             // order, so valid records may follow the damage. Only a later commit marker that
             // says this batch was already durable when it was written proves real damage.
-            let tail = read_tail(path, at)?;
-            let proof = (8..tail.len()).step_by(8).find_map(|p| {
-                let r = format::decode(&tail[p..], seed).ok()?;
+            let after = &tail[usize::try_from(at - batch_start).unwrap_or(usize::MAX).min(tail.len())..];
+            let proof = (8..after.len()).step_by(8).find_map(|p| {
+                let r = format::decode(&after[p..], seed).ok()?;
                 (r.kind == Kind::Commit && r.durable > batch_start).then_some(p)
             });
             if let Some(p) = proof {
@@ -352,7 +354,6 @@ fn replay_segment(
     tracing::warn!(file = %path.display(), offset = batch_start, bytes = len - batch_start, reason = %what,
         "torn write at the end of the log (a crash mid-append): dropping the unfinished batch");
     if mode == Mode::Repair {
-        let tail = read_tail(path, batch_start)?;
         set_aside_and_truncate(path, &tail, batch_start)?;
     }
     Ok((header, records, Some(batch_start), batch_start))

@@ -123,24 +123,18 @@ impl Writer {
         while closing.is_none() {
             // Answered writes ride along with the next batch; without one, they are written
             // on their own DONE_FLUSH after the first of them.
-            let first = match self.flush_by {
-                None => match rx.recv() {
-                    Ok(msg) => Some(msg),
-                    Err(_) => {
-                        self.take_dones(); // dropped without close(): keep what is known
-                        self.commit();
-                        break;
-                    }
-                },
-                Some(by) => match rx.recv_timeout(by.saturating_duration_since(Instant::now())) {
-                    Ok(msg) => Some(msg),
-                    Err(mpsc::RecvTimeoutError::Timeout) => None,
-                    Err(mpsc::RecvTimeoutError::Disconnected) => {
-                        self.take_dones();
-                        self.commit();
-                        break;
-                    }
-                },
+            let received = match self.flush_by {
+                None => rx.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected),
+                Some(by) => rx.recv_timeout(by.saturating_duration_since(Instant::now())),
+            };
+            let first = match received {
+                Ok(msg) => Some(msg),
+                Err(mpsc::RecvTimeoutError::Timeout) => None,
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    self.take_dones(); // dropped without close(): keep what is known
+                    self.commit();
+                    break;
+                }
             };
             if let Some(first) = first {
                 closing = self.take(first);
