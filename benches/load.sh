@@ -51,16 +51,26 @@ mkdir -p "$SHM/www/get" "$SHM/body" "$SHM/logs" "$DISK/data"
 head -c 1024 /dev/zero | tr '\0' 'x' >"$SHM/www/get/file"
 chmod -R 777 "$SHM"   # nginx's worker runs as nobody when started by root
 
-cat >"$SHM/backend.conf" <<EOF
+# Writes $SHM/NAME.conf: one worker, no access log, connections never closed for their
+# request count; the http block's own lines come from stdin.
+nginx_conf() {
+    {
+        cat <<EOF
 worker_processes 1;
-pid $SHM/backend.pid;
-error_log $SHM/logs/backend.log warn;
+pid $SHM/$1.pid;
+error_log $SHM/logs/$1.log warn;
 events { worker_connections 4096; }
 http {
     access_log off;
-    sendfile on;
     keepalive_requests 10000000;
     client_body_temp_path $SHM/body;
+EOF
+        cat
+        echo "}"
+    } >"$SHM/$1.conf"
+}
+nginx_conf backend <<EOF
+    sendfile on;
     server {
         listen 127.0.0.1:18081 backlog=4096;
         root $SHM/www;
@@ -68,17 +78,8 @@ http {
         create_full_put_path on;
         dav_access user:rw group:rw all:r;
     }
-}
 EOF
-cat >"$SHM/proxy.conf" <<EOF
-worker_processes 1;
-pid $SHM/proxy.pid;
-error_log $SHM/logs/proxy.log warn;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    keepalive_requests 10000000;
-    client_body_temp_path $SHM/body;
+nginx_conf proxy <<EOF
     upstream backend {
         server 127.0.0.1:18081;
         keepalive 128;
@@ -92,7 +93,6 @@ http {
             proxy_set_header Connection "";
         }
     }
-}
 EOF
 cat >"$SHM/fencegate.toml" <<EOF
 [server]
