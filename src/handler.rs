@@ -43,6 +43,9 @@ impl Shared {
         body_limit: Option<u64>,
     ) -> Result<Response<ProxyBody>, Error> {
         let started = Instant::now();
+        // Boxed: the forward's state (request, pool checkout, timer) is the bulk of a request's
+        // future; inline, every enclosing future (the write's task, the connection's request)
+        // would carry it and copy it as it moves.
         let result = forwarder.forward(req, target, &client, body_limit).await;
         self.metrics.backend_latency.observe(started.elapsed().as_secs_f64());
         result
@@ -156,7 +159,9 @@ async fn route(
         // Persist: durable, and the table raised, before a byte goes to the backend.
         shared.store.advance(turn.key(), token).await?;
         let _flying = InFlight::new(&shared.metrics);
-        let result = shared.forward(&live.forwarder, req, target, client, body_limit).await;
+        // Boxed: the forward's state (request, pool checkout, timer) would otherwise make up
+        // most of this task's future, which the spawn copies several times.
+        let result = Box::pin(shared.forward(&live.forwarder, req, target, client, body_limit)).await;
         match &result {
             // The backend may have (part of) the write and apply it late: keep the next one
             // out. It stays in flight in the log too, so a restart quarantines it again.

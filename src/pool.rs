@@ -77,7 +77,9 @@ where
         loop {
             let (mut sender, reused) = match self.checkout() {
                 Some(s) => (s, true),
-                None => (self.connect().await?, false),
+                // Boxed: a TLS handshake's state is kilobytes, and every request's future
+                // would otherwise carry room for it and be copied with it.
+                None => (Box::pin(self.connect()).await?, false),
             };
             match sender.try_send_request(req).await {
                 Ok(resp) => {

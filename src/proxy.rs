@@ -26,37 +26,48 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// The body type of every request sent to the backend: the client's, streamed, perhaps limited.
 type ClientBody = BoxBody<Bytes, BoxError>;
 
-/// Headers that describe one connection, not the message (RFC 9110 §7.6.1), plus the
-/// legacy ones proxies have always stripped.
-const HOP_BY_HOP: [HeaderName; 8] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-];
+/// Whether `name` describes one connection, not the message (RFC 9110 §7.6.1), or is one of
+/// the legacy connection headers proxies have always stripped.
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    // Names are lowercase; a match on the string costs less than comparing against a list
+    // of `HeaderName`s, which would be built and dropped on every call.
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+    )
+}
 
 /// Removes hop-by-hop headers, including every header the `Connection` header names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // One pass over the names present, rather than a hashed removal per possible name: most
-    // messages carry none of them, or only `Connection: keep-alive`.
-    let listed: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        // Host names the resource's origin: no client may have it dropped on the way.
-        .filter(|name| name != header::HOST)
-        .collect();
-    let doomed: Vec<HeaderName> = headers
-        .keys()
-        .filter(|k| HOP_BY_HOP.contains(k) || *k == header::UPGRADE || listed.contains(k))
-        .cloned()
-        .collect();
+    // Most messages carry no `Connection`, or only `Connection: keep-alive`, whose name is
+    // removed anyway: then nothing is allocated, and one pass over the names finds the rest.
+    let (mut listed, mut connection) = (Vec::<HeaderName>::new(), false);
+    for value in headers.get_all(header::CONNECTION) {
+        connection = true;
+        for name in value.to_str().unwrap_or_default().split(',').map(str::trim) {
+            if name.is_empty() || name.eq_ignore_ascii_case("keep-alive") {
+                continue;
+            }
+            // Host names the resource's origin: no client may have it dropped on the way.
+            if let Ok(name) = HeaderName::from_bytes(name.as_bytes())
+                && name != header::HOST
+            {
+                listed.push(name);
+            }
+        }
+    }
+    if connection {
+        headers.remove(header::CONNECTION);
+    }
+    let doomed: Vec<HeaderName> = headers.keys().filter(|k| is_hop_by_hop(k) || listed.contains(k)).cloned().collect();
     for name in &doomed {
         headers.remove(name);
     }
