@@ -1,13 +1,13 @@
 //! [`FileStore`]: a data directory opened, recovered and locked (an advisory lock makes it this
-//! process's alone), with its writer thread (`writer`) behind the [`Store`] trait.
+//! process's alone), with its writer task (`writer`) behind the [`Store`] trait.
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, mpsc};
+use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 
 use super::format::MAX_KEY_LEN;
 use super::log::{self, Log};
@@ -107,7 +107,7 @@ pub(crate) fn lock(dir: &Path, create: bool) -> Result<File, StoreError> {
 /// The local, log-structured store of one data directory.
 #[derive(Debug)]
 pub struct FileStore {
-    tx: mpsc::Sender<Msg>,
+    tx: mpsc::UnboundedSender<Msg>,
     /// Answered writes, logged with the next batch: recording one wakes the writer at most once
     /// per batch.
     dones: Arc<std::sync::Mutex<Vec<(String, u64)>>>,
@@ -120,8 +120,8 @@ pub struct FileStore {
 
 impl FileStore {
     /// Locks `dir`, recovers it (truncating a torn tail, removing obsolete files) and starts
-    /// the writer and compaction threads. Opened inside a tokio runtime, the store answers
-    /// through a task on it: use it while that runtime runs (as `fencegate run` does).
+    /// the writer and the compaction thread. Opened inside a tokio runtime, the writer is a
+    /// task on it: use the store while that runtime runs (as `fencegate run` does).
     pub fn open(dir: &Path, options: StoreOptions) -> Result<FileStore, StoreError> {
         create_dir_durably(dir)?;
         let lock = lock(dir, true)?;
@@ -146,13 +146,22 @@ impl FileStore {
                 "writes were in flight when fencegate last stopped; their resources start quarantined"
             );
         }
-        let (tx, rx) = mpsc::channel();
+        let (tx, rx) = mpsc::unbounded_channel();
         let dones = Arc::new(std::sync::Mutex::new(Vec::new()));
         let writer = Writer::new(log, Arc::clone(&table), Arc::clone(&healthy), options, Arc::clone(&dones));
-        std::thread::Builder::new()
-            .name("fencegate-log".into())
-            .spawn(move || writer.run(rx))
-            .map_err(|e| io_err(dir, e))?;
+        match tokio::runtime::Handle::try_current() {
+            // The writer runs beside the requests it serves (see `writer` for why).
+            Ok(runtime) => drop(runtime.spawn(writer.run(rx))),
+            // Opened outside a runtime (tools, benchmarks): the writer gets a thread of its own.
+            Err(_) => {
+                let runtime =
+                    tokio::runtime::Builder::new_current_thread().enable_time().build().map_err(|e| io_err(dir, e))?;
+                std::thread::Builder::new()
+                    .name("fencegate-log".into())
+                    .spawn(move || runtime.block_on(writer.run(rx)))
+                    .map_err(|e| io_err(dir, e))?;
+            }
+        }
         Ok(FileStore { tx, dones, table, healthy, in_flight_at_start, lock: std::sync::Mutex::new(Some(lock)) })
     }
 

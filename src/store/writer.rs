@@ -1,8 +1,14 @@
-//! The writer thread (group commit) and the compaction thread it starts.
+//! The writer (group commit) and the compaction thread it starts.
+//!
+//! The writer is a task on the runtime that serves the requests, not a thread of its own: a
+//! hand-off to another thread and back cost more CPU than the sync itself (two sleeps and two
+//! wake-ups per batch), and most of a fenced write's added latency at low load. Its blocking
+//! write and `fdatasync` therefore hold up that runtime thread for the length of a sync; that
+//! wait is the batching window. Every write that arrives meanwhile joins the next batch.
 //!
 //! Group commit: the writer takes every advance queued while the previous batch was syncing,
-//! appends them all, and issues one `fdatasync` for the lot; so a request waits for at most the
-//! sync that follows its record. Only after the sync does it raise the [`Table`] and answer.
+//! lets every task that is ready queue its own, appends them all, and issues one `fdatasync`
+//! for the lot. Only after the sync does it raise the [`Table`] and answer.
 //!
 //! Failure is closed and final: after a failed write or sync the kernel may have dropped the
 //! dirty pages, so a later sync that "succeeds" proves nothing (PostgreSQL's fsync lesson).
@@ -14,7 +20,8 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use tokio::sync::oneshot;
+use tokio::runtime::RuntimeFlavor;
+use tokio::sync::{mpsc::UnboundedReceiver, oneshot};
 
 use super::file::StoreOptions;
 use super::format::Kind;
@@ -24,12 +31,8 @@ use super::{StoreError, Table};
 
 /// Most advances committed by one write and one sync.
 const MAX_BATCH: usize = 4096;
-/// Longest a batch waits for writers expected back, a fraction of one fsync.
-const COMMIT_DELAY: Duration = Duration::from_micros(100);
 /// Longest answered writes wait to be logged as such when no advance comes to carry them.
 const DONE_FLUSH: Duration = Duration::from_millis(200);
-
-type Reply = (oneshot::Sender<Result<(), StoreError>>, Result<(), StoreError>);
 
 pub(super) enum Msg {
     Advance {
@@ -42,28 +45,16 @@ pub(super) enum Msg {
     Close(oneshot::Sender<Result<(), StoreError>>),
 }
 
-/// Where the writer sends a batch's answers: a task on the runtime that opened the store, which
-/// hands them out, so that a batch costs one cross-thread wake-up rather than one per write.
-/// Outside a runtime, or once that runtime is gone, the writer answers each write itself.
-fn reply_task() -> Option<tokio::sync::mpsc::UnboundedSender<Vec<Reply>>> {
-    let runtime = tokio::runtime::Handle::try_current().ok()?;
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<Reply>>();
-    runtime.spawn(async move {
-        while let Some(batch) = rx.recv().await {
-            answer(batch);
-        }
-    });
-    Some(tx)
-}
-
-fn answer(batch: Vec<Reply>) {
-    for (done, outcome) in batch {
-        let _ = done.send(outcome);
+/// Runs blocking file work from the writer task. A multi-threaded runtime is told, so that
+/// its other tasks move to another worker; a single-threaded one waits, which is the point.
+fn blocking<R>(work: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(work),
+        _ => work(),
     }
 }
 
 pub(super) struct Writer {
-    replies: Option<tokio::sync::mpsc::UnboundedSender<Vec<Reply>>>,
     dones: Arc<std::sync::Mutex<Vec<(String, u64)>>>,
     /// When answered writes waiting in `dones` are written even if no advance comes.
     flush_by: Option<Instant>,
@@ -75,13 +66,10 @@ pub(super) struct Writer {
     snapshot_bytes: Arc<AtomicU64>,
     /// Advances and dones of the batch being built, in arrival order.
     batch: Vec<Op>,
-    /// Advances in the batch (counted as they join: the commit-delay loop asks after every
-    /// message, and rescanning the batch each time would make building it quadratic).
+    /// Advances in the batch, counted as they join.
     advances_in_batch: usize,
     /// New keys among the batch's advances, for the `max_resources` bound.
     new_in_batch: usize,
-    /// Advances in the previous batch: how many writers are likely to be back soon.
-    last_advances: usize,
 }
 
 enum Op {
@@ -99,7 +87,6 @@ impl Writer {
         dones: Arc<Mutex<Vec<(String, u64)>>>,
     ) -> Writer {
         Writer {
-            replies: reply_task(),
             dones,
             flush_by: None,
             log,
@@ -111,12 +98,11 @@ impl Writer {
             batch: Vec::with_capacity(MAX_BATCH),
             advances_in_batch: 0,
             new_in_batch: 0,
-            last_advances: 0,
         }
     }
 
     /// Runs until the store is closed or dropped.
-    pub(super) fn run(mut self, rx: mpsc::Receiver<Msg>) {
+    pub(super) async fn run(mut self, mut rx: UnboundedReceiver<Msg>) {
         let (compact_tx, compact_rx) = mpsc::sync_channel::<u64>(1);
         let compactor = self.spawn_compactor(compact_rx);
         let mut closing = None;
@@ -124,25 +110,30 @@ impl Writer {
             // Answered writes ride along with the next batch; without one, they are written
             // on their own DONE_FLUSH after the first of them.
             let received = match self.flush_by {
-                None => rx.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected),
-                Some(by) => rx.recv_timeout(by.saturating_duration_since(Instant::now())),
+                None => rx.recv().await.ok_or(false),
+                Some(by) => match tokio::time::timeout_at(by.into(), rx.recv()).await {
+                    Ok(msg) => msg.ok_or(false),
+                    Err(_) => Err(true),
+                },
             };
-            let first = match received {
-                Ok(msg) => Some(msg),
-                Err(mpsc::RecvTimeoutError::Timeout) => None,
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    self.take_dones(); // dropped without close(): keep what is known
-                    self.commit();
-                    break;
+            match received {
+                Ok(first) => {
+                    closing = self.take(first);
+                    if self.batch.is_empty() && closing.is_none() && self.flush_by.is_some() {
+                        continue; // only a reminder of answers waiting: keep waiting for company
+                    }
                 }
-            };
-            if let Some(first) = first {
-                closing = self.take(first);
-                if self.batch.is_empty() && closing.is_none() && self.flush_by.is_some() {
-                    continue; // only a reminder of answers waiting: keep waiting for company
+                Err(true) => {} // answers waited DONE_FLUSH: write them now
+                Err(false) => {
+                    self.take_dones(); // dropped without close(): keep what is known
+                    blocking(|| self.commit());
+                    break;
                 }
             }
             self.flush_by = None;
+            // Let every task that is ready now (writes whose turn came, requests just read)
+            // queue its advance, so that one sync serves them all.
+            tokio::task::yield_now().await;
             self.take_dones();
             while closing.is_none() && self.batch.len() < MAX_BATCH {
                 match rx.try_recv() {
@@ -150,27 +141,21 @@ impl Writer {
                     Err(_) => break,
                 }
             }
-            // Commit delay, as PostgreSQL's commit_delay with commit_siblings: when the last
-            // batch had more writers than this one holds so far, they are probably about to
-            // resubmit; a short wait lets one sync serve them all instead of two half-batches.
-            let deadline = Instant::now() + COMMIT_DELAY;
-            while closing.is_none() && self.batch.len() < MAX_BATCH && self.advances_in_batch < self.last_advances {
-                match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                    Ok(msg) => closing = self.take(msg),
-                    Err(_) => break,
-                }
-            }
-            self.commit();
-            self.maybe_rotate(&compact_tx);
+            blocking(|| {
+                self.commit();
+                self.maybe_rotate(&compact_tx);
+            });
         }
         drop(compact_tx);
-        if let Some(c) = compactor {
-            let _ = c.join();
-        }
-        let flushed = match &self.failed {
-            Some(f) => Err(StoreError::Failed(f.clone())),
-            None => self.log.flush().map_err(|e| io_err(&self.log.path(), e)),
-        };
+        let flushed = blocking(|| {
+            if let Some(c) = compactor {
+                let _ = c.join();
+            }
+            match &self.failed {
+                Some(f) => Err(StoreError::Failed(f.clone())),
+                None => self.log.flush().map_err(|e| io_err(&self.log.path(), e)),
+            }
+        });
         if let Some(done) = closing {
             let _ = done.send(flushed);
         }
@@ -237,7 +222,6 @@ impl Writer {
         if self.batch.is_empty() {
             return;
         }
-        self.last_advances = advances;
         let started = Instant::now();
         let written = if advances > 0 { self.log.commit() } else { self.log.write() };
         if let (Ok(()), Some(hook), true) = (&written, &self.options.on_commit, advances > 0) {
@@ -257,13 +241,8 @@ impl Writer {
                 Op::Done { key, token } => self.table.answer(&key, token),
             }
         }
-        match &self.replies {
-            Some(task) => {
-                if let Err(unsent) = task.send(replies) {
-                    answer(unsent.0); // the runtime is gone: answer here
-                }
-            }
-            None => answer(replies),
+        for (done, outcome) in replies {
+            let _ = done.send(outcome);
         }
     }
 
