@@ -15,7 +15,7 @@ use hyper::body::{Body, Frame, SizeHint};
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
 
 use crate::admin;
 use crate::config::{Config, MissingToken};
@@ -200,7 +200,7 @@ impl Conn {
         }
     }
 
-    async fn serve_io<I>(mut self, io: I)
+    async fn serve_io<I>(self, io: I)
     where
         I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
@@ -228,26 +228,29 @@ impl Conn {
             conn.as_mut().graceful_shutdown();
             deadline = Some(Instant::now() + grace);
         }
+        // Shutdown, reload and keep-alive are watched by a task of their own: in this select,
+        // they would be polled again on every wake-up of the connection, several per request.
+        let (closing, mut asked) = oneshot::channel();
+        let mut watching = deadline.is_none();
+        if watching {
+            let watcher = (self.stop.clone(), self.renewals.clone(), Arc::clone(&self.shared));
+            tokio::spawn(watch_connection(watcher, activity, keepalive, grace, closing));
+        }
         loop {
             tokio::select! {
+                biased;
                 done = conn.as_mut() => {
                     if let Err(e) = done {
                         tracing::debug!(%client, error = %e, "connection ended with an error");
                     }
                     return;
                 }
-                _ = self.stop.changed(), if deadline.is_none() => {
-                    conn.as_mut().graceful_shutdown();
-                    // The grace in force now: a reload may have changed it.
-                    deadline = Some(Instant::now() + self.shared.live.get().config.server.shutdown_grace);
-                }
-                _ = self.renewals.changed(), if deadline.is_none() => {
-                    conn.as_mut().graceful_shutdown();
-                    deadline = Some(Instant::now() + grace);
-                }
-                () = activity.idle(keepalive), if deadline.is_none() => {
-                    conn.as_mut().graceful_shutdown();
-                    deadline = Some(Instant::now() + keepalive);
+                period = &mut asked, if watching => {
+                    watching = false;
+                    if let Ok(period) = period {
+                        conn.as_mut().graceful_shutdown();
+                        deadline = Some(Instant::now() + period);
+                    }
                 }
                 () = sleep_until_some(deadline) => {
                     tracing::debug!(%client, "closing a connection that did not finish in time");
@@ -256,6 +259,26 @@ impl Conn {
             }
         }
     }
+}
+
+/// Waits until a connection should close: shutdown, a reload that renews connections, or
+/// `keepalive` without a request. Sends how long it then gets to finish; ends quietly when
+/// the connection ends first.
+async fn watch_connection(
+    (mut stop, mut renewals, shared): (watch::Receiver<bool>, watch::Receiver<u64>, Arc<Shared>),
+    activity: Arc<Activity>,
+    keepalive: Duration,
+    grace: Duration,
+    mut closing: oneshot::Sender<Duration>,
+) {
+    let period = tokio::select! {
+        () = closing.closed() => return,
+        // The grace in force now: a reload may have changed it.
+        _ = stop.changed() => shared.live.get().config.server.shutdown_grace,
+        _ = renewals.changed() => grace,
+        () = activity.idle(keepalive) => keepalive,
+    };
+    let _ = closing.send(period);
 }
 
 /// Once a second: closes stale idle backend connections, and keeps the timer wheel's next

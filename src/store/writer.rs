@@ -31,6 +31,8 @@ use super::{StoreError, Table};
 
 /// Most advances committed by one write and one sync.
 const MAX_BATCH: usize = 4096;
+/// Most passes of the event loop a batch waits for more writes, while each pass brings some.
+const GATHER_ROUNDS: usize = 8;
 /// Longest answered writes wait to be logged as such when no advance comes to carry them.
 const DONE_FLUSH: Duration = Duration::from_millis(200);
 
@@ -133,12 +135,18 @@ impl Writer {
             self.flush_by = None;
             // Let every task that is ready now (writes whose turn came, requests just read)
             // queue its advance, so that one sync serves them all.
-            tokio::task::yield_now().await;
-            self.take_dones();
-            while closing.is_none() && self.batch.len() < MAX_BATCH {
-                match rx.try_recv() {
-                    Ok(msg) => closing = self.take(msg),
-                    Err(_) => break,
+            for _ in 0..GATHER_ROUNDS {
+                tokio::task::yield_now().await;
+                let before = self.batch.len();
+                self.take_dones();
+                while closing.is_none() && self.batch.len() < MAX_BATCH {
+                    match rx.try_recv() {
+                        Ok(msg) => closing = self.take(msg),
+                        Err(_) => break,
+                    }
+                }
+                if self.batch.len() == before || closing.is_some() || self.batch.len() >= MAX_BATCH {
+                    break;
                 }
             }
             blocking(|| {
