@@ -200,16 +200,19 @@ pub(crate) fn backend_addr(url: &Uri) -> (String, u16) {
 }
 
 fn append_forwarded_for(headers: &mut HeaderMap, client: &Peer) {
-    let name = HeaderName::from_static("x-forwarded-for");
-    let value = match headers.get(&name) {
-        Some(prev) => {
-            let joined = format!("{}, {}", prev.to_str().unwrap_or_default(), client.ip.to_str().unwrap_or_default());
-            HeaderValue::from_str(&joined).ok()
+    const FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+    match headers.entry(FORWARDED_FOR) {
+        header::Entry::Vacant(entry) => {
+            entry.insert(client.ip.clone());
         }
-        None => Some(client.ip.clone()),
-    };
-    if let Some(v) = value {
-        headers.insert(name, v);
+        header::Entry::Occupied(mut entry) => {
+            // Every earlier hop, on however many lines they came, then this client.
+            let mut joined: Vec<&str> = entry.iter().map(|v| v.to_str().unwrap_or_default()).collect();
+            joined.push(client.ip.to_str().unwrap_or_default());
+            if let Ok(value) = HeaderValue::from_str(&joined.join(", ")) {
+                entry.insert(value);
+            }
+        }
     }
 }
 
@@ -279,5 +282,9 @@ mod tests {
         assert_eq!(h["x-forwarded-for"], "127.0.0.9");
         append_forwarded_for(&mut h, &peer);
         assert_eq!(h["x-forwarded-for"], "127.0.0.9, 127.0.0.9");
+        h.append("x-forwarded-for", HeaderValue::from_static("10.0.0.1"));
+        append_forwarded_for(&mut h, &peer);
+        let all: Vec<_> = h.get_all("x-forwarded-for").iter().collect();
+        assert_eq!(all, ["127.0.0.9, 127.0.0.9, 10.0.0.1, 127.0.0.9"], "every earlier line is kept, in order");
     }
 }
