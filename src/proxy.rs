@@ -207,7 +207,7 @@ fn append_forwarded_for(headers: &mut HeaderMap, client: &Peer) {
         }
         header::Entry::Occupied(mut entry) => {
             // Every earlier hop, on however many lines they came, then this client.
-            let mut joined: Vec<&str> = entry.iter().map(|v| v.to_str().unwrap_or_default()).collect();
+            let mut joined: Vec<&str> = entry.iter().filter_map(|v| v.to_str().ok()).collect();
             joined.push(client.ip.to_str().unwrap_or_default());
             if let Ok(value) = HeaderValue::from_str(&joined.join(", ")) {
                 entry.insert(value);

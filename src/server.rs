@@ -317,7 +317,9 @@ struct Busy(Arc<Activity>);
 impl Drop for Busy {
     fn drop(&mut self) {
         self.0.touch();
-        self.0.busy.fetch_sub(1, Ordering::Relaxed);
+        // Release: whoever sees the count drop (the watcher, perhaps on another worker) sees
+        // the touch before it.
+        self.0.busy.fetch_sub(1, Ordering::Release);
     }
 }
 
@@ -338,9 +340,11 @@ impl Activity {
     /// Resolves once the connection has done nothing (no request, no body read) for `limit`.
     async fn idle(&self, limit: Duration) {
         loop {
+            // Acquire, and first: a request that ended is seen with the touch it made.
+            let busy = self.busy.load(Ordering::Acquire) > 0;
             let since = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
             let idle = self.epoch.elapsed().saturating_sub(since);
-            let wait = if self.busy.load(Ordering::Relaxed) > 0 {
+            let wait = if busy {
                 limit // a request is being handled: look again a whole period later
             } else if idle >= limit {
                 return;

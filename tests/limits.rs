@@ -244,3 +244,35 @@ async fn content_length_with_transfer_encoding_never_reaches_the_backend_as_two_
     assert_eq!(framings, 1, "both framings reached the backend: {:?}", got[0].headers);
     assert_eq!(got[0].body, "hello", "the body is the chunked one, not 3 bytes of it");
 }
+
+#[tokio::test]
+async fn ended_connections_leave_no_task_behind() {
+    let h = Harness::start().await;
+    let _ = raw_request(h.addr, "GET /warm HTTP/1.1\r\nHost: x", "").await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let before = metrics.num_alive_tasks();
+    for i in 0..200 {
+        let _ = raw_request(h.addr, &format!("GET /x{i} HTTP/1.1\r\nHost: x"), "").await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let after = metrics.num_alive_tasks();
+    assert!(after <= before + 2, "tasks alive before {before}, after 200 connections {after}");
+}
+
+#[tokio::test]
+async fn shutdown_closes_an_idle_keep_alive_connection_without_waiting_out_the_grace() {
+    let mut h = Harness::start_with(|c| {
+        c.limits.keepalive_timeout = Duration::from_secs(60);
+        c.server.shutdown_grace = Duration::from_secs(30);
+    })
+    .await;
+    let mut idle = TcpStream::connect(h.addr).await.unwrap();
+    idle.write_all(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    let mut buf = vec![0u8; 1024];
+    let n = idle.read(&mut buf).await.unwrap();
+    assert!(buf[..n].starts_with(b"HTTP/1.1 404"), "{:?}", String::from_utf8_lossy(&buf[..n]));
+    tokio::time::timeout(Duration::from_secs(5), h.shutdown()).await.expect("drained without waiting out the grace");
+    let n = tokio::time::timeout(Duration::from_secs(5), idle.read(&mut buf)).await.unwrap().unwrap();
+    assert_eq!(n, 0, "closed by the server");
+}

@@ -150,3 +150,30 @@ async fn shutdown_lets_a_slow_in_flight_write_finish_before_the_store_closes() {
     h.put("/doc", 9, "again").await.assert_refused(409, "stale_token");
     assert_eq!(h.put("/doc", 10, "ten").await.status, 200, "answered before shutdown: not quarantined");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_multi_thread_runtime_writers_racing_one_resource_are_applied_in_order_and_survive_a_restart() {
+    // The store's writer runs its syncs in block_in_place on such a runtime.
+    let mut h = Harness::start().await;
+    let tokens: Vec<u64> = (1..=24u64).map(|i| (i * 7) % 25).collect();
+    let shared = Arc::new(h);
+    let tasks: Vec<_> = tokens
+        .iter()
+        .map(|&t| {
+            let h = Arc::clone(&shared);
+            tokio::spawn(async move { h.slow_put("/hot", t, 2).await.status })
+        })
+        .collect();
+    for task in tasks {
+        assert!(matches!(task.await.unwrap(), 200 | 409));
+    }
+    h = Arc::into_inner(shared).expect("every request finished");
+    let applied = h.applied_tokens("/hot");
+    assert!(strictly_increasing(&applied), "applied out of order: {applied:?}");
+    assert_eq!(applied.last(), Some(&24));
+    h.restart().await;
+    assert_eq!(h.proxy.max_seen("/hot"), Some(24));
+    h.put("/hot", 24, "stale").await.assert_refused(409, "stale_token");
+    assert_eq!(h.put("/hot", 25, "ok").await.status, 200, "nothing left quarantined");
+    h.shutdown().await;
+}

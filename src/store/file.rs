@@ -114,14 +114,13 @@ pub struct FileStore {
     table: Arc<Table>,
     healthy: Arc<AtomicBool>,
     in_flight_at_start: Vec<(String, u64)>,
-    /// Held until the store is closed; the OS releases it if the process dies first.
-    lock: std::sync::Mutex<Option<File>>,
 }
 
 impl FileStore {
     /// Locks `dir`, recovers it (truncating a torn tail, removing obsolete files) and starts
     /// the writer and the compaction thread. Opened inside a tokio runtime, the writer is a
-    /// task on it: use the store while that runtime runs (as `fencegate run` does).
+    /// task on it, so that runtime needs its timer (`enable_time` or `enable_all`), and once
+    /// it shuts down every advance fails with [`StoreError::Closed`].
     pub fn open(dir: &Path, options: StoreOptions) -> Result<FileStore, StoreError> {
         create_dir_durably(dir)?;
         let lock = lock(dir, true)?;
@@ -148,7 +147,10 @@ impl FileStore {
         }
         let (tx, rx) = mpsc::unbounded_channel();
         let dones = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let writer = Writer::new(log, Arc::clone(&table), Arc::clone(&healthy), options, Arc::clone(&dones));
+        // The writer holds the directory's lock, so it is released only once it can write no
+        // more: a store dropped without close() still logs what it knew, and no second store
+        // may append meanwhile.
+        let writer = Writer::new(log, Arc::clone(&table), Arc::clone(&healthy), options, Arc::clone(&dones), lock);
         match tokio::runtime::Handle::try_current() {
             // The writer runs beside the requests it serves (see `writer` for why).
             Ok(runtime) => drop(runtime.spawn(writer.run(rx))),
@@ -162,7 +164,7 @@ impl FileStore {
                     .map_err(|e| io_err(dir, e))?;
             }
         }
-        Ok(FileStore { tx, dones, table, healthy, in_flight_at_start, lock: std::sync::Mutex::new(Some(lock)) })
+        Ok(FileStore { tx, dones, table, healthy, in_flight_at_start })
     }
 
     /// The table this store keeps current.
@@ -203,13 +205,8 @@ impl Store for FileStore {
     }
 
     fn close(&self) -> StoreFuture<'_> {
-        let closed = self.send(Msg::Close);
-        Box::pin(async move {
-            let result = closed.await;
-            // The writer has flushed and exited: the directory may belong to someone else now.
-            self.lock.lock().unwrap_or_else(|p| p.into_inner()).take();
-            result
-        })
+        // The writer releases the directory's lock after its last write, before it answers.
+        self.send(Msg::Close)
     }
 
     fn healthy(&self) -> bool {

@@ -345,3 +345,85 @@ async fn zeros_at_the_end_of_a_segment_that_is_not_the_last_refuse_to_start() {
     let err = FileStore::open(dir.path(), options(4096)).unwrap_err();
     assert!(err.to_string().contains(&segment_name(1)), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_multi_thread_runtime_the_writer_commits_rotates_and_closes() {
+    let dir = tempfile::tempdir().unwrap();
+    // Small segments: rotation and compaction run inside block_in_place too.
+    let store = Arc::new(FileStore::open(dir.path(), options(4096)).unwrap());
+    let tasks: Vec<_> = (0..32u64)
+        .map(|w| {
+            let store = Arc::clone(&store);
+            tokio::spawn(async move {
+                for t in 1..=20u64 {
+                    let key = format!("/k{w}");
+                    store.advance(&key, t).await.unwrap();
+                    assert_eq!(store.table().get(&key), Some(t), "raised before the answer");
+                    if t < 20 {
+                        store.done(&key, t);
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    store.close().await.unwrap();
+    assert!(store.advance("/k0", 99).await.is_err(), "closed stays closed");
+    drop(store);
+    let store = open(dir.path());
+    let all = contents(&store);
+    assert_eq!(all.len(), 32);
+    assert!(all.values().all(|&t| t == 20));
+    assert_eq!(store.in_flight_at_start().len(), 32, "each key's last write was never answered");
+}
+
+#[test]
+fn a_store_whose_runtime_shut_down_fails_closed_and_keeps_its_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let opener = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let user = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let store = opener.block_on(async { FileStore::open(dir.path(), options(64 << 20)).unwrap() });
+    user.block_on(store.advance("/a", 1)).unwrap();
+    user.block_on(store.advance("/b", 1)).unwrap();
+    store.done("/a", 1);
+    drop(opener);
+    let after = user.block_on(async { tokio::time::timeout(Duration::from_secs(5), store.advance("/a", 2)).await });
+    assert!(matches!(after, Ok(Err(StoreError::Closed))), "fails closed, does not hang: {after:?}");
+    drop(store);
+    let store = open(dir.path());
+    assert_eq!(store.table().get("/a"), Some(1));
+    assert_eq!(store.in_flight_at_start(), [("/b".to_string(), 1)], "the answer to /a was logged on the way out");
+}
+
+#[tokio::test]
+async fn a_store_dropped_without_close_keeps_its_directory_until_its_last_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let keys: Vec<String> = (0..8).map(|i| format!("/old/{i:02}")).collect();
+    for k in &keys {
+        store.advance(k, 1).await.unwrap();
+    }
+    for k in &keys {
+        store.done(k, 1); // answers the writer logs when it notices the drop
+    }
+    drop(store);
+    // The old writer has not run yet (one thread, no await since the drop): the lock is its.
+    assert!(matches!(FileStore::open(dir.path(), options(64 << 20)), Err(StoreError::Locked { .. })));
+    let again = loop {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        match FileStore::open(dir.path(), options(64 << 20)) {
+            Err(StoreError::Locked { .. }) => continue,
+            other => break other.unwrap(),
+        }
+    };
+    assert!(again.in_flight_at_start().is_empty(), "the old writer logged every answer");
+    again.advance("/new", 7).await.unwrap();
+    again.close().await.unwrap();
+    drop(again);
+    let table = Table::new();
+    let found = recovery::recover(dir.path(), &table, recovery::Mode::ReadOnly).unwrap();
+    assert_eq!(table.get("/new"), Some(7), "an acknowledged advance survives");
+    assert_eq!(found.torn, None, "a clean close leaves no torn tail");
+}
