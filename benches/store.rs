@@ -21,14 +21,16 @@ fn key(i: u64) -> String {
 }
 
 fn durable_advance(c: &mut Criterion) {
-    let rt = rt();
+    // One thread for the writers and the store's writer task, as `fencegate run` has with
+    // `server.workers = 1`: the store is opened on it, so its writer runs there too.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let mut g = c.benchmark_group("store_advance_fsync");
     g.sample_size(10).measurement_time(Duration::from_secs(6));
     g.throughput(Throughput::Elements(1));
     for writers in [1u64, 16, 64, 256] {
         g.bench_function(BenchmarkId::new("writers", writers), |b| {
             let dir = tempfile::tempdir().unwrap();
-            let store = Arc::new(FileStore::open(dir.path(), StoreOptions::default()).unwrap());
+            let store = Arc::new(rt.block_on(async { FileStore::open(dir.path(), StoreOptions::default()) }).unwrap());
             let mut next_token = 0u64;
             b.iter_custom(|iters| {
                 let per_writer = iters.div_ceil(writers);
