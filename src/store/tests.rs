@@ -372,6 +372,9 @@ async fn on_a_multi_thread_runtime_the_writer_commits_rotates_and_closes() {
     store.close().await.unwrap();
     assert!(store.advance("/k0", 99).await.is_err(), "closed stays closed");
     drop(store);
+    let snapshots =
+        fs::read_dir(dir.path()).unwrap().filter(|e| e.as_ref().unwrap().path().extension() == Some("snap".as_ref()));
+    assert!(snapshots.count() > 0, "segments rotated and were compacted");
     let store = open(dir.path());
     let all = contents(&store);
     assert_eq!(all.len(), 32);
@@ -411,13 +414,16 @@ async fn a_store_dropped_without_close_keeps_its_directory_until_its_last_write(
     drop(store);
     // The old writer has not run yet (one thread, no await since the drop): the lock is its.
     assert!(matches!(FileStore::open(dir.path(), options(64 << 20)), Err(StoreError::Locked { .. })));
-    let again = loop {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-        match FileStore::open(dir.path(), options(64 << 20)) {
-            Err(StoreError::Locked { .. }) => continue,
-            other => break other.unwrap(),
+    let reopen = async {
+        loop {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            match FileStore::open(dir.path(), options(64 << 20)) {
+                Err(StoreError::Locked { .. }) => continue,
+                other => break other.unwrap(),
+            }
         }
     };
+    let again = tokio::time::timeout(Duration::from_secs(10), reopen).await.expect("the old writer let go");
     assert!(again.in_flight_at_start().is_empty(), "the old writer logged every answer");
     again.advance("/new", 7).await.unwrap();
     again.close().await.unwrap();

@@ -296,7 +296,18 @@ impl Writer {
         let table = Arc::clone(&self.table);
         let size = Arc::clone(&self.snapshot_bytes);
         let dir: PathBuf = self.log.path().parent().map(Path::to_owned).unwrap_or_default();
+        // The compactor writes and deletes files in the directory, so it holds the lock too (a
+        // duplicate of the same open file description): a writer dropped with its runtime
+        // must not hand the directory over while a snapshot is still being written.
+        let lock = match self.lock.as_ref().map(std::fs::File::try_clone) {
+            Some(Ok(lock)) => lock,
+            _ => {
+                tracing::error!("cannot share the directory lock with the compaction thread: no compaction");
+                return None;
+            }
+        };
         let spawned = std::thread::Builder::new().name("fencegate-compact".into()).spawn(move || {
+            let _lock = lock;
             while let Ok(seq) = rx.recv() {
                 let started = Instant::now();
                 let written = log::write_snapshot(&dir, seq, &table).and_then(|bytes| {
@@ -316,8 +327,9 @@ impl Writer {
 }
 
 /// A writer task dropped between batches, with the runtime it ran on, still writes what it was
-/// given (answers, and advances nobody will hear about), unsynced, as a thread would have done
-/// on its way out: fewer quarantines after a restart, and `max_seen` may only be higher.
+/// given, unsynced, as a thread would have done on its way out. Logged answers spare their
+/// resources a quarantine after a restart. Advances nobody was answered for (so never
+/// forwarded) are logged too: they only raise `max_seen` and quarantine their resources.
 impl Drop for Writer {
     fn drop(&mut self) {
         if self.finished || self.failed.is_some() {
