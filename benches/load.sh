@@ -16,8 +16,9 @@
 #        fencegate each is a fenced write made durable (fdatasync, group commit) before it is
 #        forwarded; nginx and direct just write the file.
 # It prints, per workload and connection count, the median req/s, p50 and p99 of the rounds,
-# the ratios to direct and to nginx, and fencegate's CPU time per request; then fencegate's
-# idle RSS and its peak RSS under load. Everything it starts, it stops, by pid.
+# the ratios to direct and to nginx, fencegate's CPU time per request, the machine's idle CPU
+# during each target's runs, and fencegate's mean batch and sync time (from its metrics); then
+# fencegate's idle RSS and its peak RSS under load. Everything it starts, it stops, by pid.
 set -euo pipefail
 
 ROUNDS=${ROUNDS:-3}
@@ -104,6 +105,8 @@ dir = "$DISK/data"
 sync = "always"
 [log]
 level = "warn"
+[admin]
+listen = "127.0.0.1:18183"
 EOF
 cat >"$SHM/put.lua" <<'EOF'
 -- 1,000 resources in turn; one counter for the run, so every resource's tokens climb. The base
@@ -132,6 +135,14 @@ kill -0 "$FG" 2>/dev/null || { echo "fencegate did not start:" >&2; cat "$SHM/lo
 idle_rss=$(awk '/VmRSS/ {print $2}' /proc/$FG/status)
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# The machine's idle ticks (idle + iowait), all CPUs.
+idle_ticks() { awk '/^cpu / {print $5 + $6}' /proc/stat; }
+# fencegate's batches so far, from its metrics: "count advances sync_seconds".
+batches() {
+    { exec 3<>/dev/tcp/127.0.0.1/18183 && printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3 && cat <&3; } 2>/dev/null | awk '
+        /^fencegate_store_batch_advances_count/ { c = $2 } /^fencegate_store_batch_advances_sum/ { a = $2 }
+        /^fencegate_store_sync_duration_seconds_sum/ { t = $2 } END { printf "%d %d %.6f\n", c, a, t }'
+}
 declare -A PORT=([direct]=18081 [nginx]=18082 [fencegate]=18083)
 RESULTS="$SHM/results.tsv"
 : >"$RESULTS"
@@ -154,13 +165,17 @@ for workload in $WORKLOADS; do
         for target in direct nginx fencegate; do run_wrk "$workload" "$conns" "$target" 2 >/dev/null; done # warm-up
         for round in $(seq "$ROUNDS"); do
             for target in direct nginx fencegate; do
-                before=$(cpu_ticks "$FG")
+                before=$(cpu_ticks "$FG") idle_before=$(idle_ticks)
+                read -r b_count b_adv b_secs < <(batches)
                 read -r rps p50 p99 bad < <(run_wrk "$workload" "$conns" "$target" "$SECONDS_PER_RUN")
-                cpu=$(( $(cpu_ticks "$FG") - before ))
+                cpu=$(( $(cpu_ticks "$FG") - before )) idle=$(( $(idle_ticks) - idle_before ))
+                read -r a_count a_adv a_secs < <(batches)
+                sync_us=$(awk -v a="$a_secs" -v b="$b_secs" -v n=$((a_count - b_count)) 'BEGIN { print n ? (a - b) / n * 1e6 : 0 }')
                 rss=$(awk '/VmHWM/ {print $2}' /proc/$FG/status)
                 [ "$rss" -gt "$peak_rss" ] && peak_rss=$rss
-                printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' \
-                    "$workload" "$conns" "$round" "$target" "$rps" "$p50" "$p99" "$bad" "$cpu" >>"$RESULTS"
+                printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' \
+                    "$workload" "$conns" "$round" "$target" "$rps" "$p50" "$p99" "$bad" "$cpu" "$idle" \
+                    "$((a_count - b_count))" "$((a_adv - b_adv))" "$sync_us" >>"$RESULTS"
                 printf '  %-4s c=%-3s round %s %-9s %9.0f req/s  p50 %7.0f us  p99 %7.0f us  non-2xx %s\n' \
                     "$workload" "$conns" "$round" "$target" "$rps" "$p50" "$p99" "$bad" >&2
             done
@@ -168,18 +183,21 @@ for workload in $WORKLOADS; do
     done
 done
 
-python3 - "$RESULTS" "$(getconf CLK_TCK)" "$idle_rss" "$peak_rss" "$SECONDS_PER_RUN" <<'EOF'
+python3 - "$RESULTS" "$(getconf CLK_TCK)" "$idle_rss" "$peak_rss" "$SECONDS_PER_RUN" "$(nproc)" <<'EOF'
 import sys, statistics
 from collections import defaultdict
 path, hz, idle, peak, secs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+ncpu = int(sys.argv[6])
 runs = defaultdict(list)
 for line in open(path):
-    w, c, r, t, rps, p50, p99, bad, cpu = line.split("\t")
-    runs[(w, int(c), t)].append((float(rps), float(p50), float(p99), int(bad), int(cpu)))
+    w, c, r, t, rps, p50, p99, bad, cpu, idle_ticks, batches, advances, sync_us = line.split("\t")
+    runs[(w, int(c), t)].append((float(rps), float(p50), float(p99), int(bad), int(cpu), int(idle_ticks),
+                                 int(batches), int(advances), float(sync_us)))
 med = lambda xs: statistics.median(xs)
 print("| workload | conns | direct req/s | nginx req/s | fencegate req/s | fg/direct | fg/nginx | nginx/direct "
-      "| p50 direct / nginx / fg (µs) | p99 direct / nginx / fg (µs) | fg CPU µs/req | non-2xx |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+      "| p50 direct / nginx / fg (µs) | p99 direct / nginx / fg (µs) | fg CPU µs/req | machine idle % direct / nginx / fg "
+      "| fg batch (advances) / sync (µs) | non-2xx |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for w, c in sorted({(w, c) for (w, c, _) in runs}, key=lambda k: (k[0], k[1])):
     d, n, f = (runs[(w, c, t)] for t in ("direct", "nginx", "fencegate"))
     rps = [med([x[0] for x in r]) for r in (d, n, f)]
@@ -187,9 +205,13 @@ for w, c in sorted({(w, c) for (w, c, _) in runs}, key=lambda k: (k[0], k[1])):
     p99 = [med([x[2] for x in r]) for r in (d, n, f)]
     bad = sum(x[3] for r in (d, n, f) for x in r)
     cpu_per_req = sum(x[4] for x in f) / hz / max(1.0, sum(x[0] for x in f) * secs) * 1e6
+    # Idle share of all CPUs during the runs (100% = every CPU idle the whole time).
+    idle_pct = [med([x[5] / hz / secs / ncpu * 100 for x in r]) for r in (d, n, f)]
+    n_batches = sum(x[6] for x in f)
+    batch = f"{sum(x[7] for x in f) / n_batches:.1f} / {med([x[8] for x in f if x[6]]):.0f}" if n_batches else "–"
     print(f"| {w} | {c} | {rps[0]:,.0f} | {rps[1]:,.0f} | {rps[2]:,.0f} | {rps[2]/rps[0]:.2f} | {rps[2]/rps[1]:.2f} "
           f"| {rps[1]/rps[0]:.2f} | {p50[0]:.0f} / {p50[1]:.0f} / {p50[2]:.0f} | {p99[0]:.0f} / {p99[1]:.0f} / {p99[2]:.0f} "
-          f"| {cpu_per_req:.1f} | {bad} |")
+          f"| {cpu_per_req:.1f} | {idle_pct[0]:.0f} / {idle_pct[1]:.0f} / {idle_pct[2]:.0f} | {batch} | {bad} |")
 for w in sorted({w for (w, _, _) in runs}):
     if (w, 1, "direct") in runs:
         d, n, f = (med([x[1] for x in runs[(w, 1, t)]]) for t in ("direct", "nginx", "fencegate"))
