@@ -43,9 +43,6 @@ impl Shared {
         body_limit: Option<u64>,
     ) -> Result<Response<ProxyBody>, Error> {
         let started = Instant::now();
-        // Boxed: the forward's state (request, pool checkout, timer) is the bulk of a request's
-        // future; inline, every enclosing future (the write's task, the connection's request)
-        // would carry it and copy it as it moves.
         let result = forwarder.forward(req, target, &client, body_limit).await;
         self.metrics.backend_latency.observe(started.elapsed().as_secs_f64());
         result

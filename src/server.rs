@@ -37,7 +37,7 @@ pub struct Proxy {
 
 impl Proxy {
     /// Locks the data directory, recovers `max_seen` from disk and prepares the backend client.
-    /// Serve it on the runtime that opened it: the store answers through a task there.
+    /// Serve it on the runtime that opened it: the store's writer is a task there.
     pub async fn open(config: Config) -> Result<Self, Error> {
         let metrics = Arc::new(Metrics::default());
         let observed = Arc::clone(&metrics);

@@ -4,9 +4,9 @@
 //! The last segment may end in zeros the log wrote ahead of itself: they are unused space,
 //! and appending resumes where the records end. Only one kind of damage is repaired: a torn
 //! tail, a bad record at the end of the *last* segment with no valid record after it, which
-//! is what a crash mid-append leaves. It is copied aside and truncated. Anything else (a gap in the segment sequence, a bad snapshot, a
-//! bad record with valid data after it) refuses to start: dropping a record silently could
-//! lower `max_seen` and let a stale write through.
+//! is what a crash mid-append leaves. It is copied aside and truncated. Anything else (a gap
+//! in the segment sequence, a bad snapshot, a bad record with valid data after it) refuses to
+//! start: dropping a record silently could lower `max_seen` and let a stale write through.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read};
