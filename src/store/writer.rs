@@ -245,7 +245,6 @@ impl Writer {
             hook(started.elapsed(), advances);
         }
         let outcome = written.map_err(|e| self.fail(e));
-        let mut replies = Vec::with_capacity(advances);
         for op in self.batch.drain(..) {
             match op {
                 Op::Advance { key, token, done } => {
@@ -253,13 +252,10 @@ impl Writer {
                         // Durable now: raise the table before anyone hears back.
                         self.table.advance(&key, token);
                     }
-                    replies.push((done, outcome.clone()));
+                    let _ = done.send(outcome.clone());
                 }
                 Op::Done { key, token } => self.table.answer(&key, token),
             }
-        }
-        for (done, outcome) in replies {
-            let _ = done.send(outcome);
         }
     }
 
