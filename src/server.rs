@@ -397,7 +397,7 @@ impl Proxy {
     /// Serves `listener`, and the admin API if `admin.listen` is set, until `shutdown` resolves.
     pub async fn run(self, listener: TcpListener, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
         let (stop, stopped) = watch::channel(false);
-        let admin = match self.config().admin.listen {
+        let admin = match self.shared.live.get().config.admin.listen {
             Some(addr) => {
                 let admin_listener = TcpListener::bind(addr).await?;
                 let mut stopped = stopped.clone();
