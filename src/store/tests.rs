@@ -44,10 +44,18 @@ fn segment(dir: &Path, seq: u64) -> PathBuf {
     dir.join(segment_name(seq))
 }
 
+/// What a crash now would leave: the directory read as it is (nothing repaired), and the
+/// table rebuilt from it.
+fn as_a_crash_would_leave(dir: &Path) -> (Table, recovery::Recovered) {
+    let table = Table::new();
+    let found = recovery::recover(dir, &table, recovery::Mode::ReadOnly).unwrap();
+    (table, found)
+}
+
 /// Where the last segment's records end: the log writes zeros ahead of itself, so not where
 /// the file ends.
 fn records_end(dir: &Path) -> u64 {
-    recovery::recover(dir, &Table::new(), recovery::Mode::ReadOnly).unwrap().last_end
+    as_a_crash_would_leave(dir).1.last_end
 }
 
 fn map(entries: &[(&str, u64)]) -> HashMap<String, u64> {
@@ -286,9 +294,8 @@ async fn an_answer_reaches_the_log_soon_even_when_no_advance_follows() {
     write(&store, &[("/a", 1), ("/b", 2)]).await;
     store.done("/a", 1);
     tokio::time::sleep(Duration::from_millis(600)).await;
-    // What a crash now would leave: read the log as it is, while the store still runs.
-    let table = Table::new();
-    let found = recovery::recover(dir.path(), &table, recovery::Mode::ReadOnly).unwrap();
+    // Read the log as it is, while the store still runs.
+    let (_, found) = as_a_crash_would_leave(dir.path());
     assert_eq!(found.in_flight, [("/b".to_string(), 2)], "the answer to /a was logged on its own");
     drop(store);
 }
@@ -302,8 +309,7 @@ async fn an_earlier_answer_does_not_clear_a_later_write_with_the_same_token() {
     store.advance("/a", 6).await.unwrap(); // write B, an equal token accepted, now at the backend
     assert_eq!(store.table().entry("/a"), Some((6, true)), "B is in flight in memory");
     tokio::time::sleep(Duration::from_millis(400)).await;
-    let table = Table::new();
-    let found = recovery::recover(dir.path(), &table, recovery::Mode::ReadOnly).unwrap();
+    let (_, found) = as_a_crash_would_leave(dir.path());
     assert_eq!(found.in_flight, [("/a".to_string(), 6)], "and in the log");
     drop(store);
 }
@@ -428,8 +434,7 @@ async fn a_store_dropped_without_close_keeps_its_directory_until_its_last_write(
     again.advance("/new", 7).await.unwrap();
     again.close().await.unwrap();
     drop(again);
-    let table = Table::new();
-    let found = recovery::recover(dir.path(), &table, recovery::Mode::ReadOnly).unwrap();
+    let (table, found) = as_a_crash_would_leave(dir.path());
     assert_eq!(table.get("/new"), Some(7), "an acknowledged advance survives");
     assert_eq!(found.torn, None, "a clean close leaves no torn tail");
 }
