@@ -19,6 +19,12 @@
 # the ratios to direct and to nginx, fencegate's CPU time per request, the machine's idle CPU
 # during each target's runs, and fencegate's mean batch and sync time (from its metrics); then
 # fencegate's idle RSS and its peak RSS under load. Everything it starts, it stops, by pid.
+#
+# FLOOR=1 adds a fourth target, examples/hyper_floor.rs on 127.0.0.1:18084: the least a hyper
+# reverse proxy does, built from the same parts as fencegate (one current-thread runtime, hyper's
+# HTTP/1 server and client connections, a list of idle backend connections) with no fencing,
+# limits, metrics or logging. Against it, fencegate's own share of the cost shows: a PUT through
+# it is forwarded unfenced and not synced.
 set -euo pipefail
 
 ROUNDS=${ROUNDS:-3}
@@ -36,6 +42,11 @@ fi
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 if [ -z "${FG_BIN:-}" ]; then
     (cd "$ROOT" && cargo build --release --quiet)
+fi
+TARGETS=(direct nginx fencegate)
+if [ -n "${FLOOR:-}" ]; then
+    (cd "$ROOT" && cargo build --release --quiet --example hyper_floor)
+    TARGETS+=(hyper)
 fi
 
 SHM=$(mktemp -d /dev/shm/fencegate-load.XXXXXX)   # the backend's files: tmpfs
@@ -124,7 +135,11 @@ EOF
 "$NGINX" -c "$SHM/backend.conf" -g 'daemon off;' & PIDS+=($!)
 "$NGINX" -c "$SHM/proxy.conf" -g 'daemon off;' & PIDS+=($!)
 "$BIN" run --config "$SHM/fencegate.toml" 2>"$SHM/logs/fencegate.log" & FG=$!; PIDS+=($FG)
-for port in 18081 18082 18083; do
+declare -A PID=([fencegate]=$FG)
+if [ -n "${FLOOR:-}" ]; then
+    "$ROOT/target/release/examples/hyper_floor" 127.0.0.1:18084 127.0.0.1:18081 & PID[hyper]=$!; PIDS+=($!)
+fi
+for port in 18081 18082 18083 ${FLOOR:+18084}; do
     for _ in $(seq 100); do
         (echo >/dev/tcp/127.0.0.1/$port) 2>/dev/null && break
         sleep 0.05
@@ -143,7 +158,7 @@ batches() {
         /^fencegate_store_batch_advances_count/ { c = $2 } /^fencegate_store_batch_advances_sum/ { a = $2 }
         /^fencegate_store_sync_duration_seconds_sum/ { t = $2 } END { printf "%d %d %.6f\n", c, a, t }'
 }
-declare -A PORT=([direct]=18081 [nginx]=18082 [fencegate]=18083)
+declare -A PORT=([direct]=18081 [nginx]=18082 [fencegate]=18083 [hyper]=18084)
 RESULTS="$SHM/results.tsv"
 : >"$RESULTS"
 
@@ -162,13 +177,14 @@ peak_rss=0
 echo "fencegate load benchmark: $(nproc) CPUs, $(uname -r), rounds=$ROUNDS x ${SECONDS_PER_RUN}s" >&2
 for workload in $WORKLOADS; do
     for conns in $CONNS; do
-        for target in direct nginx fencegate; do run_wrk "$workload" "$conns" "$target" 2 >/dev/null; done # warm-up
+        for target in "${TARGETS[@]}"; do run_wrk "$workload" "$conns" "$target" 2 >/dev/null; done # warm-up
         for round in $(seq "$ROUNDS"); do
-            for target in direct nginx fencegate; do
-                before=$(cpu_ticks "$FG") idle_before=$(idle_ticks)
+            for target in "${TARGETS[@]}"; do
+                pid=${PID[$target]:-$FG} # CPU of the proxy under test; of fencegate (idle) otherwise
+                before=$(cpu_ticks "$pid") idle_before=$(idle_ticks)
                 read -r b_count b_adv b_secs < <(batches)
                 read -r rps p50 p99 bad < <(run_wrk "$workload" "$conns" "$target" "$SECONDS_PER_RUN")
-                cpu=$(( $(cpu_ticks "$FG") - before )) idle=$(( $(idle_ticks) - idle_before ))
+                cpu=$(( $(cpu_ticks "$pid") - before )) idle=$(( $(idle_ticks) - idle_before ))
                 read -r a_count a_adv a_secs < <(batches)
                 sync_us=$(awk -v a="$a_secs" -v b="$b_secs" -v n=$((a_count - b_count)) 'BEGIN { print n ? (a - b) / n * 1e6 : 0 }')
                 rss=$(awk '/VmHWM/ {print $2}' /proc/$FG/status)
@@ -216,5 +232,16 @@ for w in sorted({w for (w, _, _) in runs}):
     if (w, 1, "direct") in runs:
         d, n, f = (med([x[1] for x in runs[(w, 1, t)]]) for t in ("direct", "nginx", "fencegate"))
         print(f"\n{w}, 1 connection: latency added over direct (p50): nginx {n - d:.0f} µs, fencegate {f - d:.0f} µs")
+if any(t == "hyper" for (_, _, t) in runs):
+    print("\n| workload | conns | hyper floor req/s | fg/floor | floor/nginx | p50 floor / fg (µs) | p99 floor / fg (µs) "
+          "| CPU µs/req floor / fg |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for w, c in sorted({(w, c) for (w, c, t) in runs if t == "hyper"}):
+        n, f, h = (runs[(w, c, t)] for t in ("nginx", "fencegate", "hyper"))
+        rps = [med([x[0] for x in r]) for r in (n, f, h)]
+        cpu = [sum(x[4] for x in r) / hz / max(1.0, sum(x[0] for x in r) * secs) * 1e6 for r in (h, f)]
+        p50, p99 = ([med([x[i] for x in r]) for r in (h, f)] for i in (1, 2))
+        print(f"| {w} | {c} | {rps[2]:,.0f} | {rps[1]/rps[2]:.2f} | {rps[2]/rps[0]:.2f} | {p50[0]:.0f} / {p50[1]:.0f} "
+              f"| {p99[0]:.0f} / {p99[1]:.0f} | {cpu[0]:.1f} / {cpu[1]:.1f} |")
 print(f"\nfencegate RSS: idle {idle / 1024:.1f} MB, peak under load {peak / 1024:.1f} MB")
 EOF

@@ -31,13 +31,15 @@ type Gate = Arc<Mutex<GateState>>;
 #[derive(Debug)]
 pub struct FenceTable {
     max_seen: Arc<Table>,
-    gates: DashMap<Box<str>, Gate>,
+    /// Hashed with foldhash, like [`Table`] and for its reasons: each fenced write hashes its
+    /// key here twice, to take its turn and to give it back.
+    gates: DashMap<Box<str>, Gate, foldhash::quality::RandomState>,
 }
 
 impl FenceTable {
     /// Fences against `max_seen`, the table a store keeps current.
     pub fn new(max_seen: Arc<Table>) -> Self {
-        FenceTable { max_seen, gates: DashMap::new() }
+        FenceTable { max_seen, gates: DashMap::default() }
     }
 
     /// The highest token `key` has accepted, if any.

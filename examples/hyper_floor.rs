@@ -1,0 +1,71 @@
+//! The least a hyper 1.x reverse proxy does per request, to measure fencegate's own cost
+//! against: HTTP/1 in, one pooled HTTP/1 connection out, headers passed through untouched, on
+//! one current-thread runtime like `fencegate run`. No fencing, limits, metrics or logging.
+//!
+//! `cargo run --release --example hyper_floor -- 127.0.0.1:18095 127.0.0.1:18081`
+
+use std::sync::{Arc, Mutex};
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+use hyper::body::Incoming;
+use hyper::client::conn::http1::SendRequest;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::net::{TcpListener, TcpStream};
+
+type Idle = Arc<Mutex<Vec<SendRequest<Incoming>>>>;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Sends `req` on an idle connection, or a new one; an error closes the client's connection.
+async fn forward(
+    idle: Idle,
+    backend: String,
+    req: hyper::Request<Incoming>,
+) -> Result<hyper::Response<Incoming>, BoxError> {
+    let ready = {
+        let mut idle = idle.lock().unwrap_or_else(|e| e.into_inner());
+        idle.retain(|s| !s.is_closed());
+        idle.iter().rposition(|s| s.is_ready()).map(|i| idle.swap_remove(i))
+    };
+    let mut sender = match ready {
+        Some(s) => s,
+        None => {
+            let tcp = TcpStream::connect(&backend).await?;
+            let _ = tcp.set_nodelay(true);
+            let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
+            tokio::spawn(conn);
+            sender
+        }
+    };
+    let resp = sender.send_request(req).await?;
+    idle.lock().unwrap_or_else(|e| e.into_inner()).push(sender);
+    Ok(resp)
+}
+
+fn main() -> std::io::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let (listen, backend) = match &args[..] {
+        [_, listen, backend] => (listen.clone(), backend.clone()),
+        _ => {
+            eprintln!("usage: hyper_floor LISTEN BACKEND");
+            std::process::exit(2);
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let listener = runtime.block_on(TcpListener::bind(&listen))?;
+    runtime.block_on(async move {
+        let idle: Idle = Arc::default();
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else { continue };
+            let _ = tcp.set_nodelay(true);
+            let (idle, backend) = (Arc::clone(&idle), backend.clone());
+            tokio::spawn(async move {
+                let service = service_fn(move |req| forward(Arc::clone(&idle), backend.clone(), req));
+                let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tcp), service).await;
+            });
+        }
+    })
+}
