@@ -4,13 +4,14 @@
 #
 #   benches/load.sh                      # 3 rounds of 10 s, at 1, 32 and 64 connections
 #   ROUNDS=5 SECONDS_PER_RUN=10 CONNS="32 64" WORKLOADS="get" benches/load.sh
+#   FLOOR=1 benches/load.sh              # and a bare hyper proxy beside them (below)
 #
 # What runs, all on loopback:
 #   backend   nginx serving WebDAV (PUT, DELETE) from tmpfs, 1 worker          127.0.0.1:18081
 #   nginx     nginx as a reverse proxy to it, 1 worker, upstream keepalive pool 127.0.0.1:18082
 #   fencegate the release binary, store.sync = "always", data dir on disk      127.0.0.1:18083
 # and wrk with one thread (-t1 --latency), in interleaved rounds (direct, nginx, fencegate,
-# direct, ...) so that the machine's noise falls on all three alike. Workloads:
+# direct, ...) so that the machine's noise falls on every target alike. Workloads:
 #   get  GET of a 1 KiB file: pass-through, nothing fenced
 #   put  PUT of 100 bytes over 1,000 resources, tokens strictly increasing per resource: through
 #        fencegate each is a fenced write made durable (fdatasync, group commit) before it is
@@ -21,10 +22,10 @@
 # fencegate's idle RSS and its peak RSS under load. Everything it starts, it stops, by pid.
 #
 # FLOOR=1 adds a fourth target, examples/hyper_floor.rs on 127.0.0.1:18084: the least a hyper
-# reverse proxy does, built from the same parts as fencegate (one current-thread runtime, hyper's
-# HTTP/1 server and client connections, a list of idle backend connections) with no fencing,
-# limits, metrics or logging. Against it, fencegate's own share of the cost shows: a PUT through
-# it is forwarded unfenced and not synced.
+# reverse proxy does (hyper's HTTP/1 server and client connections on one current-thread
+# runtime, a list of idle backend connections), without anything else fencegate does: no
+# fencing, timeouts, HTTP/2 detection, header rewriting, metrics or logging. Against it,
+# fencegate's own share of the cost shows. A PUT through it is forwarded unfenced, unsynced.
 set -euo pipefail
 
 ROUNDS=${ROUNDS:-3}
@@ -32,7 +33,8 @@ SECONDS_PER_RUN=${SECONDS_PER_RUN:-10}
 CONNS=${CONNS:-"1 32 64"}
 WORKLOADS=${WORKLOADS:-"get put"}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-BIN=${FG_BIN:-$ROOT/target/release/fencegate}
+TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+BIN=${FG_BIN:-$TARGET_DIR/release/fencegate}
 
 need() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ]; }
 if ! need nginx || ! need wrk; then
@@ -44,7 +46,7 @@ if [ -z "${FG_BIN:-}" ]; then
     (cd "$ROOT" && cargo build --release --quiet)
 fi
 TARGETS=(direct nginx fencegate)
-if [ -n "${FLOOR:-}" ]; then
+if [ "${FLOOR:-0}" = 1 ]; then
     (cd "$ROOT" && cargo build --release --quiet --example hyper_floor)
     TARGETS+=(hyper)
 fi
@@ -136,10 +138,10 @@ EOF
 "$NGINX" -c "$SHM/proxy.conf" -g 'daemon off;' & PIDS+=($!)
 "$BIN" run --config "$SHM/fencegate.toml" 2>"$SHM/logs/fencegate.log" & FG=$!; PIDS+=($FG)
 declare -A PID=([fencegate]=$FG)
-if [ -n "${FLOOR:-}" ]; then
-    "$ROOT/target/release/examples/hyper_floor" 127.0.0.1:18084 127.0.0.1:18081 & PID[hyper]=$!; PIDS+=($!)
+if [ "${FLOOR:-0}" = 1 ]; then
+    "$TARGET_DIR/release/examples/hyper_floor" 127.0.0.1:18084 127.0.0.1:18081 & PID[hyper]=$!; PIDS+=($!)
 fi
-for port in 18081 18082 18083 ${FLOOR:+18084}; do
+for port in 18081 18082 18083 $([ "${FLOOR:-0}" = 1 ] && echo 18084); do
     for _ in $(seq 100); do
         (echo >/dev/tcp/127.0.0.1/$port) 2>/dev/null && break
         sleep 0.05
@@ -147,6 +149,10 @@ for port in 18081 18082 18083 ${FLOOR:+18084}; do
 done
 sleep 1
 kill -0 "$FG" 2>/dev/null || { echo "fencegate did not start:" >&2; cat "$SHM/logs/fencegate.log" >&2; exit 1; }
+if [ -n "${PID[hyper]:-}" ] && ! kill -0 "${PID[hyper]}" 2>/dev/null; then
+    echo "hyper_floor did not start (is 127.0.0.1:18084 taken?)" >&2
+    exit 1
+fi
 idle_rss=$(awk '/VmRSS/ {print $2}' /proc/$FG/status)
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
@@ -234,14 +240,14 @@ for w in sorted({w for (w, _, _) in runs}):
         print(f"\n{w}, 1 connection: latency added over direct (p50): nginx {n - d:.0f} µs, fencegate {f - d:.0f} µs")
 if any(t == "hyper" for (_, _, t) in runs):
     print("\n| workload | conns | hyper floor req/s | fg/floor | floor/nginx | p50 floor / fg (µs) | p99 floor / fg (µs) "
-          "| CPU µs/req floor / fg |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+          "| CPU µs/req floor / fg | floor non-2xx |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for w, c in sorted({(w, c) for (w, c, t) in runs if t == "hyper"}):
         n, f, h = (runs[(w, c, t)] for t in ("nginx", "fencegate", "hyper"))
         rps = [med([x[0] for x in r]) for r in (n, f, h)]
         cpu = [sum(x[4] for x in r) / hz / max(1.0, sum(x[0] for x in r) * secs) * 1e6 for r in (h, f)]
         p50, p99 = ([med([x[i] for x in r]) for r in (h, f)] for i in (1, 2))
         print(f"| {w} | {c} | {rps[2]:,.0f} | {rps[1]/rps[2]:.2f} | {rps[2]/rps[0]:.2f} | {p50[0]:.0f} / {p50[1]:.0f} "
-              f"| {p99[0]:.0f} / {p99[1]:.0f} | {cpu[0]:.1f} / {cpu[1]:.1f} |")
+              f"| {p99[0]:.0f} / {p99[1]:.0f} | {cpu[0]:.1f} / {cpu[1]:.1f} | {sum(x[3] for x in h)} |")
 print(f"\nfencegate RSS: idle {idle / 1024:.1f} MB, peak under load {peak / 1024:.1f} MB")
 EOF

@@ -94,18 +94,22 @@ where
         }
     }
 
-    /// The most recently used connection that can take a request now. Connections whose
-    /// previous response body is still being read stay listed. Only the candidate is checked
-    /// for age: the heartbeat's `prune` clears the rest once a second, which spares each
-    /// request a clock read per listed connection.
+    /// The most recently listed connection that can take a request now. Connections whose
+    /// previous response body is still being read stay listed; closed ones met on the way
+    /// go. Only a candidate's age is checked (the heartbeat's `prune` ages out the rest once
+    /// a second), which spares each request a time computation per listed connection.
     fn checkout(&self) -> Option<SendRequest<B>> {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
-        // A closed connection is never ready, so only an old one is passed over here.
-        while let Some(ready) = idle.iter().rposition(|c| c.sender.is_ready()) {
-            let candidate = idle.swap_remove(ready);
-            if now.duration_since(candidate.since) < self.idle_timeout {
-                return Some(candidate.sender);
+        // From the end, so that what `swap_remove` moves into place was already looked at.
+        for i in (0..idle.len()).rev() {
+            if idle[i].sender.is_ready() {
+                let candidate = idle.swap_remove(i);
+                if now.duration_since(candidate.since) < self.idle_timeout {
+                    return Some(candidate.sender);
+                }
+            } else if idle[i].sender.is_closed() {
+                idle.swap_remove(i);
             }
         }
         None
@@ -125,6 +129,9 @@ where
     /// response body has been read.
     fn checkin(&self, sender: SendRequest<B>) {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.len() >= MAX_IDLE {
+            idle.retain(|c| !c.sender.is_closed()); // never turn a live one away for dead ones
+        }
         if idle.len() < MAX_IDLE {
             idle.push(Idle { sender, since: Instant::now() });
         }
@@ -174,8 +181,9 @@ mod tests {
 
     use super::*;
 
-    /// A backend that answers every request with an empty 200 and counts its connections.
-    async fn backend() -> (u16, Arc<AtomicUsize>) {
+    /// A backend that answers every request with an empty 200 (closing the connection after
+    /// it if `close`) and counts its connections.
+    async fn backend(close: bool) -> (u16, Arc<AtomicUsize>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let accepted = Arc::new(AtomicUsize::new(0));
@@ -183,8 +191,12 @@ mod tests {
         tokio::spawn(async move {
             while let Ok((tcp, _)) = listener.accept().await {
                 count.fetch_add(1, SeqCst);
-                let answer = hyper::service::service_fn(|_| async {
-                    Ok::<_, std::convert::Infallible>(Response::new(Empty::<Bytes>::new()))
+                let answer = hyper::service::service_fn(move |_| async move {
+                    let mut resp = Response::new(Empty::<Bytes>::new());
+                    if close {
+                        resp.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
+                    }
+                    Ok::<_, std::convert::Infallible>(resp)
                 });
                 tokio::spawn(hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tcp), answer));
             }
@@ -192,31 +204,50 @@ mod tests {
         (port, accepted)
     }
 
-    /// Sends a GET, reads the whole response, and waits until its connection can be reused.
+    fn pool(port: u16) -> Arc<Pool<Empty<Bytes>>> {
+        Pool::new("127.0.0.1".into(), port, None, Duration::from_secs(5), Duration::from_secs(60))
+    }
+
+    /// Sends a GET, reads the whole response, and waits until every listed connection is
+    /// either ready for another request or closed.
     async fn get(pool: &Arc<Pool<Empty<Bytes>>>) {
         let req = Request::get("/").header("host", "backend").body(Empty::new()).unwrap();
         pool.send(req).await.unwrap().into_body().collect().await.unwrap();
         for _ in 0..1000 {
-            if pool.idle.lock().unwrap().iter().any(|c| c.sender.is_ready()) {
+            if pool.idle.lock().unwrap().iter().all(|c| c.sender.is_ready() || c.sender.is_closed()) {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
-        panic!("the connection never became ready again");
+        panic!("a connection never settled after its response");
     }
 
     #[tokio::test]
     async fn an_idle_connection_is_reused_until_it_has_been_idle_longer_than_the_idle_timeout() {
-        let (port, accepted) = backend().await;
-        let idle_timeout = Duration::from_millis(300);
-        let pool = Pool::new("127.0.0.1".into(), port, None, Duration::from_secs(5), idle_timeout);
+        let (port, accepted) = backend(false).await;
+        let pool = pool(port);
         get(&pool).await;
         get(&pool).await;
         assert_eq!(accepted.load(SeqCst), 1, "a fresh idle connection is reused");
-        tokio::time::sleep(idle_timeout + Duration::from_millis(100)).await;
+        // Listed 61 s ago, as far as the pool can tell; the heartbeat has not pruned it.
+        for c in pool.idle.lock().unwrap().iter_mut() {
+            c.since = c.since.checked_sub(Duration::from_secs(61)).unwrap();
+        }
         get(&pool).await;
-        assert_eq!(accepted.load(SeqCst), 2, "one idle past the timeout is not, even before the heartbeat prunes it");
+        assert_eq!(accepted.load(SeqCst), 2, "one idle past the timeout is not");
         get(&pool).await;
         assert_eq!(accepted.load(SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn connections_the_backend_closed_do_not_pile_up_in_the_idle_list() {
+        let (port, accepted) = backend(true).await;
+        let pool = pool(port);
+        for _ in 0..20 {
+            get(&pool).await;
+        }
+        assert_eq!(accepted.load(SeqCst), 20, "a closed connection is never reused");
+        // Each request's checkout removed the closed connections before it; only the last is left.
+        assert_eq!(pool.idle.lock().unwrap().len(), 1);
     }
 }

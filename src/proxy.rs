@@ -131,7 +131,8 @@ impl Forwarder {
         Ok(Forwarder { pool, host, timeout: backend.request_timeout, bytes_in })
     }
 
-    /// Closes idle backend connections unused for a minute, even when no request comes.
+    /// Closes backend connections that are closed or have been idle for a minute; requests
+    /// only drop the closed ones they pass over, so this is what ages the list out.
     pub(crate) fn prune(&self) {
         self.pool.prune();
     }
