@@ -50,6 +50,7 @@ if [ "${FLOOR:-0}" = 1 ]; then
     (cd "$ROOT" && cargo build --release --quiet --example hyper_floor)
     TARGETS+=(hyper)
 fi
+declare -A PORT=([direct]=18081 [nginx]=18082 [fencegate]=18083 [hyper]=18084)
 
 SHM=$(mktemp -d /dev/shm/fencegate-load.XXXXXX)   # the backend's files: tmpfs
 DISK=$(mktemp -d /var/tmp/fencegate-load.XXXXXX)  # fencegate's data dir: a real disk
@@ -141,9 +142,9 @@ declare -A PID=([fencegate]=$FG)
 if [ "${FLOOR:-0}" = 1 ]; then
     "$TARGET_DIR/release/examples/hyper_floor" 127.0.0.1:18084 127.0.0.1:18081 & PID[hyper]=$!; PIDS+=($!)
 fi
-for port in 18081 18082 18083 $([ "${FLOOR:-0}" = 1 ] && echo 18084); do
+for target in "${TARGETS[@]}"; do
     for _ in $(seq 100); do
-        (echo >/dev/tcp/127.0.0.1/$port) 2>/dev/null && break
+        (echo >/dev/tcp/127.0.0.1/"${PORT[$target]}") 2>/dev/null && break
         sleep 0.05
     done
 done
@@ -164,7 +165,6 @@ batches() {
         /^fencegate_store_batch_advances_count/ { c = $2 } /^fencegate_store_batch_advances_sum/ { a = $2 }
         /^fencegate_store_sync_duration_seconds_sum/ { t = $2 } END { printf "%d %d %.6f\n", c, a, t }'
 }
-declare -A PORT=([direct]=18081 [nginx]=18082 [fencegate]=18083 [hyper]=18084)
 RESULTS="$SHM/results.tsv"
 : >"$RESULTS"
 

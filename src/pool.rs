@@ -130,7 +130,7 @@ where
     fn checkin(&self, sender: SendRequest<B>) {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         if idle.len() >= MAX_IDLE {
-            idle.retain(|c| !c.sender.is_closed()); // never turn a live one away for dead ones
+            self.drop_stale(&mut idle); // never turn a live one away for dead or stale ones
         }
         if idle.len() < MAX_IDLE {
             idle.push(Idle { sender, since: Instant::now() });
