@@ -10,12 +10,12 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use fencegate::config::EqualToken;
-use fencegate::fence::FenceTable;
-use fencegate::path;
+use fencegate::fence::Fence;
+use fencegate::fence::path;
 use fencegate::store::Table;
 
 fn parsing(c: &mut Criterion) {
-    c.bench_function("token_parse", |b| b.iter(|| fencegate::token::parse(black_box(b"18446744073709551615"))));
+    c.bench_function("token_parse", |b| b.iter(|| fencegate::fence::token::parse(black_box(b"18446744073709551615"))));
     let mut g = c.benchmark_group("canonicalize");
     for p in ["/accounts/42", "/buckets/b1/objects/2024/11/30/report.csv", "//a/./b/%2e%2e/c/%7Euser"] {
         g.bench_with_input(BenchmarkId::from_parameter(p), p, |b, p| {
@@ -30,14 +30,14 @@ fn rt() -> tokio::runtime::Runtime {
 }
 
 /// The in-memory part of a fenced write: precheck, wait for the turn, check, release.
-async fn reserve(table: &Arc<FenceTable>, key: &str, token: u64, equal: EqualToken) {
+async fn reserve(table: &Arc<Fence>, key: &str, token: u64, equal: EqualToken) {
     table.precheck(key, token, equal).unwrap();
     let mut turn = table.acquire(key, Duration::from_secs(10)).await.unwrap();
     black_box(turn.check(token, equal)).unwrap();
 }
 
-fn fence_table() -> Arc<FenceTable> {
-    Arc::new(FenceTable::new(Arc::new(Table::new())))
+fn fence_table() -> Arc<Fence> {
+    Arc::new(Fence::new(Arc::new(Table::new())))
 }
 
 fn check_and_reserve(c: &mut Criterion) {

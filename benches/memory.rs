@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use fencegate::config::SyncMode;
-use fencegate::fence::FenceTable;
+use fencegate::fence::Fence;
 use fencegate::store::{FileStore, Store, StoreOptions};
 
 const RESOURCES: u64 = 1_000_000;
@@ -29,7 +29,7 @@ fn measure(dir: &std::path::Path) {
     let before = status("VmRSS:");
     let rt = rt();
     let store = FileStore::open(dir, StoreOptions::default()).unwrap();
-    let fence = FenceTable::new(Arc::clone(store.table()));
+    let fence = Fence::new(Arc::clone(store.table()));
     let rss = status("VmRSS:");
     let peak = status("VmHWM:");
     println!("resources          {}", fence.len());
@@ -57,7 +57,7 @@ fn main() {
                     for i in (w..RESOURCES).step_by(64) {
                         let key = format!("/bucket-{:02}/object-{:012}", i % 100, i);
                         store.advance(&key, i + 1).await.unwrap();
-                        store.done(&key, i + 1);
+                        store.answered(&key, i + 1);
                     }
                 })
             })

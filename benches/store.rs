@@ -75,7 +75,7 @@ pub fn populate(dir: &std::path::Path, n: u64, segment_bytes: u64) {
                     for i in (w..n).step_by(64) {
                         store.advance(&key(i), i + 1).await.unwrap();
                         // As the proxy does once the backend has answered.
-                        store.done(&key(i), i + 1);
+                        store.answered(&key(i), i + 1);
                     }
                 })
             })

@@ -3,11 +3,11 @@
 //! check panics only when a property fails, never because the input is garbage.
 
 use crate::config::Config;
-use crate::path::{self, EscapedSlashes, MatrixParams, PathPolicy, TrailingSlash};
+use crate::fence::path::{self, EscapedSlashes, MatrixParams, PathPolicy, TrailingSlash};
+use crate::fence::token;
 use crate::store::Table;
 use crate::store::format::{FileKind, HEADER_LEN, Header};
 use crate::store::recovery::{self, Mode, segment_name};
-use crate::token;
 
 /// The token parser accepts exactly the decimal u64s.
 pub fn token(data: &[u8]) {
@@ -93,7 +93,7 @@ pub fn recovery_seeds() -> Vec<Vec<u8>> {
     encode_commit(&mut one, seed, HEADER_LEN as u64, HEADER_LEN as u64);
     let mut two = one.clone();
     let start = (HEADER_LEN + one.len()) as u64;
-    encode(&mut two, seed, Kind::Done, "/accounts/42", 34);
+    encode(&mut two, seed, Kind::Answered, "/accounts/42", 34);
     encode(&mut two, seed, Kind::Advance, "/b", 8);
     encode_commit(&mut two, seed, start, start);
     let mut seeds = vec![Vec::new(), one.clone(), two.clone()];

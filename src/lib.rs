@@ -5,33 +5,33 @@
 //! every advance durable before forwarding, forwards one resource's writes in token order,
 //! and refuses anything not above `max_seen` — so a zombie lock holder's write never lands.
 //!
+//! The modules follow one request: [`app`] opens the store and runs everything; `listener`
+//! accepts connections; `request` classifies each request, then fences, forwards and answers
+//! it; [`fence`] holds keys, tokens and turns; `upstream` talks to the backend; [`store`]
+//! makes `max_seen` durable. `admin` and [`config`] sit beside them, and [`demo`] runs the
+//! zombie race against an in-memory backend.
+//!
 //! The binary is a thin shell around [`run`]: tests bind port 0 and run the same server
 //! in-process.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod admin;
+pub mod app;
 pub mod config;
 pub mod demo;
-pub mod error;
 pub mod fence;
+#[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
-mod handler;
-pub mod live;
+mod listener;
 pub mod logging;
-pub mod memstore;
-pub mod metrics;
-pub mod path;
-mod pool;
-pub mod proxy;
-pub mod refusals;
-pub mod server;
+pub mod request;
 pub mod store;
 pub mod tls;
-pub mod token;
+pub mod upstream;
 
+pub use app::{Proxy, run};
 pub use config::Config;
-pub use error::Error;
-pub use live::Reload;
-pub use server::{Proxy, run};
+pub use config::reload::Reload;
+pub use request::refusal::Error;

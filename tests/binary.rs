@@ -6,7 +6,7 @@ mod common;
 use std::process::{Command, Output};
 
 use common::process::{BIN, Running, data_dir, put, write_config};
-use fencegate::memstore::MemStore;
+use fencegate::demo::MemBackend;
 
 fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(BIN);
@@ -19,7 +19,7 @@ fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
 
 #[tokio::test]
 async fn a_second_instance_on_the_same_data_dir_exits_at_once_with_a_clear_message() {
-    let backend = MemStore::start().await.unwrap();
+    let backend = MemBackend::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), &backend.url(), "");
     let first = Running::start(&config);
@@ -82,7 +82,7 @@ fn demo_replays_the_race_shows_it_defeated_and_exits_zero() {
 
 #[tokio::test]
 async fn inspect_reads_a_data_dir_without_a_proxy_and_refuses_while_one_runs() {
-    let backend = MemStore::start().await.unwrap();
+    let backend = MemBackend::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), &backend.url(), "");
     let proxy = Running::start(&config);
@@ -110,7 +110,7 @@ async fn inspect_reads_a_data_dir_without_a_proxy_and_refuses_while_one_runs() {
 
 #[tokio::test]
 async fn refused_writes_are_logged_once_per_resource_and_interval_with_a_count_of_the_rest() {
-    let backend = MemStore::start().await.unwrap();
+    let backend = MemBackend::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let extra = "[log]\nformat = \"json\"\nrefusal_interval = \"700ms\"";
     let config = write_config(dir.path(), &backend.url(), extra);

@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::process::{BIN, Running, data_dir, put, put_response, write_config};
 use common::raw_request;
-use fencegate::memstore::MemStore;
+use fencegate::demo::MemBackend;
 
 /// xorshift64*: enough randomness for kill moments, and reproducible from a printed seed.
 struct Rng(u64);
@@ -37,7 +37,7 @@ async fn sigkill_at_random_moments_never_loses_a_forwarded_advance() {
     let seed = env_u64("FG_CRASH_SEED")
         .unwrap_or_else(|| SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64 | 1);
     let mut rng = Rng(seed);
-    let backend = Arc::new(MemStore::start().await.unwrap());
+    let backend = Arc::new(MemBackend::start().await.unwrap());
     let dir = tempfile::tempdir().unwrap();
     // Tiny segments, so kills also land in rotations and compactions.
     let config = write_config(dir.path(), &backend.url(), "segment_bytes = 4096\n[fence]\nquarantine = \"100ms\"");
@@ -96,7 +96,7 @@ async fn sigkill_at_random_moments_never_loses_a_forwarded_advance() {
 
 #[tokio::test]
 async fn sigkill_while_a_write_is_at_the_backend_keeps_its_advance_and_quarantines_the_resource() {
-    let backend = Arc::new(MemStore::start().await.unwrap());
+    let backend = Arc::new(MemBackend::start().await.unwrap());
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), &backend.url(), "[fence]\nquarantine = \"1500ms\"");
     let proxy = Running::start(&config);
@@ -133,7 +133,7 @@ async fn sigkill_while_a_write_is_at_the_backend_keeps_its_advance_and_quarantin
 
 #[tokio::test]
 async fn a_failed_log_write_closes_fenced_writes_keeps_reads_flowing_and_loses_nothing() {
-    let backend = Arc::new(MemStore::start().await.unwrap());
+    let backend = Arc::new(MemBackend::start().await.unwrap());
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), &backend.url(), "");
     // A real write failure: files may not grow past 8 KiB (EFBIG), and the signal that would

@@ -8,7 +8,7 @@ use std::time::Duration;
 use common::Harness;
 use common::process::{Running, put, put_response, write_config};
 use fencegate::config::EqualToken;
-use fencegate::memstore::MemStore;
+use fencegate::demo::MemBackend;
 
 #[tokio::test]
 async fn a_reload_changes_the_fence_policy_for_the_next_write() {
@@ -83,7 +83,7 @@ async fn a_reload_rotates_the_admin_token() {
 /// The operator's path: edit the file, send SIGHUP, read what changed in the log.
 #[tokio::test]
 async fn sighup_reloads_the_file_applies_what_it_can_and_refuses_a_broken_one() {
-    let backend = MemStore::start().await.unwrap();
+    let backend = MemBackend::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), &backend.url(), "");
     let original = std::fs::read_to_string(&config).unwrap();
@@ -171,7 +171,7 @@ async fn a_refused_reload_applies_nothing() {
 async fn a_reload_can_move_the_backend() {
     let h = Harness::start().await;
     assert_eq!(h.put("/doc", 5, "a").await.status, 200);
-    let other = MemStore::start().await.unwrap();
+    let other = MemBackend::start().await.unwrap();
     let mut config = h.config.clone();
     config.backend.url = other.url().parse().unwrap();
     let report = h.proxy.reload(config).unwrap();
@@ -187,7 +187,7 @@ async fn a_reload_can_move_the_backend() {
 #[tokio::test]
 async fn sighup_during_start_up_is_applied_once_the_proxy_is_up() {
     use std::io::{BufRead, BufReader};
-    let backend = MemStore::start().await.unwrap();
+    let backend = MemBackend::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), &backend.url(), "");
     let mut child = std::process::Command::new(common::process::BIN)

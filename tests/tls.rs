@@ -10,7 +10,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use common::Harness;
 use fencegate::config::{BackendTls, ServerTls};
-use fencegate::memstore::MemStore;
+use fencegate::demo::MemBackend;
 use http::Request;
 use http_body_util::{BodyExt, Full};
 use hyper_rustls::HttpsConnectorBuilder;
@@ -116,7 +116,7 @@ async fn an_https_backend_is_reached_with_mtls() {
     let backend_tls =
         fencegate::tls::server_config(&pki.path("server.pem"), &pki.path("server-key.pem"), Some(&pki.path("ca.pem")))
             .unwrap();
-    let backend = MemStore::start_tls(backend_tls).await.unwrap();
+    let backend = MemBackend::start_tls(backend_tls).await.unwrap();
     let url: http::Uri = format!("https://localhost:{}", backend.addr().port()).parse().unwrap();
     let with = |cert: bool| {
         let url = url.clone();

@@ -10,9 +10,10 @@ use http::header::HeaderName;
 use http::{Method, Uri};
 use serde::{Serialize, Serializer};
 
-use crate::path::{self, EscapedSlashes, MatrixParams, PathPolicy, TrailingSlash};
+use crate::fence::path::{self, EscapedSlashes, MatrixParams, PathPolicy, TrailingSlash};
 
 mod raw;
+pub mod reload;
 use raw::{RawAdmin, RawConfig, RawLimits, RawPaths, RawScope};
 
 /// A configuration that could not be loaded; the message names the offending key.

@@ -33,7 +33,7 @@ pub struct StoreOptions {
     pub segment_bytes: u64,
     /// New resources beyond this many are refused.
     pub max_resources: usize,
-    /// The rules that map requests to keys ([`crate::path::keying`]); a directory written
+    /// The rules that map requests to keys ([`crate::fence::path::keying`]); a directory written
     /// under other rules refuses to open.
     pub keying: String,
     /// Called after each batch that made advances durable (metrics).
@@ -57,7 +57,7 @@ impl Default for StoreOptions {
             sync: SyncMode::Always,
             segment_bytes: 64 << 20,
             max_resources: 10_000_000,
-            keying: crate::path::keying(&crate::path::PathPolicy::default(), &[]),
+            keying: crate::fence::path::keying(&crate::fence::path::PathPolicy::default(), &[]),
             on_commit: None,
         }
     }
@@ -110,7 +110,7 @@ pub struct FileStore {
     tx: mpsc::UnboundedSender<Msg>,
     /// Answered writes, logged with the next batch: recording one wakes the writer at most once
     /// per batch.
-    dones: Arc<std::sync::Mutex<Vec<(String, u64)>>>,
+    answers: Arc<std::sync::Mutex<Vec<(String, u64)>>>,
     table: Arc<Table>,
     healthy: Arc<AtomicBool>,
     in_flight_at_start: Vec<(String, u64)>,
@@ -146,11 +146,11 @@ impl FileStore {
             );
         }
         let (tx, rx) = mpsc::unbounded_channel();
-        let dones = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let answers = Arc::new(std::sync::Mutex::new(Vec::new()));
         // The writer holds the directory's lock, so it is released only once it can write no
         // more: a store dropped without close() still logs what it knew, and no second store
         // may append meanwhile.
-        let writer = Writer::new(log, Arc::clone(&table), Arc::clone(&healthy), options, Arc::clone(&dones), lock);
+        let writer = Writer::new(log, Arc::clone(&table), Arc::clone(&healthy), options, Arc::clone(&answers), lock);
         match tokio::runtime::Handle::try_current() {
             // The writer runs beside the requests it serves (see `writer` for why).
             Ok(runtime) => drop(runtime.spawn(writer.run(rx))),
@@ -164,7 +164,7 @@ impl FileStore {
                     .map_err(|e| io_err(dir, e))?;
             }
         }
-        Ok(FileStore { tx, dones, table, healthy, in_flight_at_start })
+        Ok(FileStore { tx, answers, table, healthy, in_flight_at_start })
     }
 
     /// The table this store keeps current.
@@ -196,11 +196,11 @@ impl Store for FileStore {
         self.send(|done| Msg::Advance { key: key.to_owned(), token, done })
     }
 
-    fn done(&self, key: &str, token: u64) {
-        let mut dones = self.dones.lock().unwrap_or_else(|e| e.into_inner());
-        dones.push((key.to_owned(), token));
-        if dones.len() == 1 {
-            let _ = self.tx.send(Msg::DonesWaiting);
+    fn answered(&self, key: &str, token: u64) {
+        let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
+        answers.push((key.to_owned(), token));
+        if answers.len() == 1 {
+            let _ = self.tx.send(Msg::AnswersWaiting);
         }
     }
 

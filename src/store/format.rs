@@ -42,7 +42,7 @@ pub enum Kind {
     /// `max_seen[key] >= token`, and a write with this token is on its way to the backend.
     Advance = 2,
     /// The write with this token has been answered by the backend: no longer in flight.
-    Done = 3,
+    Answered = 3,
     /// Closes a batch; the token field holds the batch's start offset, the 8-byte payload the
     /// file length known durable when the batch was written.
     Commit = 4,
@@ -55,7 +55,7 @@ impl Kind {
         Some(match b {
             1 => Kind::State,
             2 => Kind::Advance,
-            3 => Kind::Done,
+            3 => Kind::Answered,
             4 => Kind::Commit,
             5 => Kind::Trailer,
             _ => return None,
@@ -64,7 +64,7 @@ impl Kind {
 
     fn payload_ok(self, len: usize) -> bool {
         match self {
-            Kind::State | Kind::Advance | Kind::Done => len > 0,
+            Kind::State | Kind::Advance | Kind::Answered => len > 0,
             Kind::Commit => len == 8,
             Kind::Trailer => len == 0,
         }
@@ -239,13 +239,13 @@ mod tests {
     fn records_round_trip_and_are_eight_byte_aligned() {
         let mut buf = Vec::new();
         encode(&mut buf, 7, Kind::Advance, "/a", 5);
-        encode(&mut buf, 7, Kind::Done, "/accounts/42", u64::MAX);
+        encode(&mut buf, 7, Kind::Answered, "/accounts/42", u64::MAX);
         encode_commit(&mut buf, 7, 40, 32);
         assert_eq!(buf.len() % 8, 0);
         let r = decode(&buf, 7).unwrap();
         assert_eq!((r.kind, r.key, r.token, r.used), (Kind::Advance, "/a", 5, 24));
         let r = decode(&buf[24..], 7).unwrap();
-        assert_eq!((r.kind, r.key, r.token, r.used), (Kind::Done, "/accounts/42", u64::MAX, 32));
+        assert_eq!((r.kind, r.key, r.token, r.used), (Kind::Answered, "/accounts/42", u64::MAX, 32));
         let commit = decode(&buf[56..], 7).unwrap();
         assert_eq!((commit.kind, commit.token, commit.durable), (Kind::Commit, 40, 32));
     }

@@ -1,6 +1,6 @@
 //! Model-based test of the file store's durability.
 //!
-//! Random programs of advances, dones, commits, unsynced writes, rotations, compactions
+//! Random programs of advances, answers, commits, unsynced writes, rotations, compactions
 //! interrupted at any stage, and crashes run against the real `Log` and recovery on a real
 //! directory. A crash keeps what was synced; of the bytes written since, it may cut any
 //! suffix, lose any subset of 64-byte sectors (pages land in any order), and leave zeros or
@@ -29,7 +29,7 @@ enum Op {
     /// Buffer an advance of `key` to a token above its last one.
     Advance { key: usize, step: u64 },
     /// Buffer the backend's answer to `key`'s latest advance.
-    Done { key: usize },
+    Answered { key: usize },
     /// Write buffered records without syncing: at risk until the next sync.
     Write,
     /// Write and sync: every buffered advance is acknowledged.
@@ -49,7 +49,7 @@ fn op() -> impl Strategy<Value = Op> {
         prop_oneof![Just(vec![]), prop::collection::vec(Just(0u8), 1..64), prop::collection::vec(any::<u8>(), 1..64)];
     prop_oneof![
         8 => (0..KEYS.len(), 1..5u64).prop_map(|(key, step)| Op::Advance { key, step }),
-        3 => (0..KEYS.len()).prop_map(|key| Op::Done { key }),
+        3 => (0..KEYS.len()).prop_map(|key| Op::Answered { key }),
         2 => Just(Op::Write),
         4 => Just(Op::Commit),
         1 => Just(Op::Rotate),
@@ -68,7 +68,7 @@ struct Model {
     acked: HashMap<&'static str, u64>,
     /// Per key, the last acknowledged advance, and whether a done for it was ever written.
     last_acked: HashMap<&'static str, (u64, bool)>,
-    /// Dones written for (key, token), durable or not.
+    /// Answers written for (key, token), durable or not.
     answered: HashSet<(&'static str, u64)>,
     /// Buffered and written-but-unsynced advances.
     unacked: Vec<(&'static str, u64)>,
@@ -141,13 +141,13 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 m.unacked.push((k, t));
                 m.written.insert(k, t);
             }
-            Op::Done { key } => {
+            Op::Answered { key } => {
                 let k = KEYS[key];
                 if let Some(&(t, _)) = m.last_acked.get(k) {
-                    w.log.append(Kind::Done, k, t);
+                    w.log.append(Kind::Answered, k, t);
                     m.answered.insert((k, t));
                     m.last_acked.insert(k, (t, true));
-                    w.table.answer(k, t);
+                    w.table.answered(k, t);
                 }
             }
             Op::Write => w.log.write().unwrap(),

@@ -241,7 +241,7 @@ fn apply(table: &Table, kind: Kind, key: &str, token: u64) {
     match kind {
         Kind::State => table.raise(key, token),
         Kind::Advance => table.advance(key, token),
-        Kind::Done => table.answer(key, token),
+        Kind::Answered => table.answered(key, token),
         Kind::Commit | Kind::Trailer => {}
     }
 }
@@ -296,7 +296,7 @@ fn replay_segment(
     let mut records = 0u64;
     let stop = scan(path, seed, |r, at| {
         match r.kind {
-            Kind::Advance | Kind::Done => {
+            Kind::Advance | Kind::Answered => {
                 pending.push((r.kind, r.token, keys.len(), r.key.len()));
                 keys.extend_from_slice(r.key.as_bytes());
             }

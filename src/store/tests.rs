@@ -265,8 +265,8 @@ async fn writes_in_flight_at_a_crash_are_reported_and_answered_ones_are_not() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
     write(&store, &[("/answered", 1), ("/pending", 2), ("/old", 3)]).await;
-    store.done("/answered", 1);
-    store.done("/old", 2); // an answer for an earlier token does not clear a later write
+    store.answered("/answered", 1);
+    store.answered("/old", 2); // an answer for an earlier token does not clear a later write
     store.close().await.unwrap();
     drop(store);
     let store = open(dir.path());
@@ -280,7 +280,7 @@ async fn a_directory_written_under_other_key_rules_refuses_to_open() {
     let dir = tempfile::tempdir().unwrap();
     write_and_close(dir.path(), &[("/buckets/b1/obj", 50)]).await;
     let scope = crate::config::Scope { prefix: "/buckets/".into(), segments: Some(2) };
-    let scoped = crate::path::keying(&crate::path::PathPolicy::default(), &[scope]);
+    let scoped = crate::fence::path::keying(&crate::fence::path::PathPolicy::default(), &[scope]);
     let err = FileStore::open(dir.path(), StoreOptions { keying: scoped, ..options(4096) }).unwrap_err();
     assert!(matches!(err, StoreError::KeyingChanged { .. }), "{err}");
     assert!(err.to_string().contains("scope /buckets/ segments 2"), "{err}");
@@ -292,7 +292,7 @@ async fn an_answer_reaches_the_log_soon_even_when_no_advance_follows() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
     write(&store, &[("/a", 1), ("/b", 2)]).await;
-    store.done("/a", 1);
+    store.answered("/a", 1);
     tokio::time::sleep(Duration::from_millis(600)).await;
     // Read the log as it is, while the store still runs.
     let (_, found) = as_a_crash_would_leave(dir.path());
@@ -305,7 +305,7 @@ async fn an_earlier_answer_does_not_clear_a_later_write_with_the_same_token() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
     store.advance("/a", 6).await.unwrap(); // write A
-    store.done("/a", 6); // A answered; its turn is released after this
+    store.answered("/a", 6); // A answered; its turn is released after this
     store.advance("/a", 6).await.unwrap(); // write B, an equal token accepted, now at the backend
     assert_eq!(store.table().entry("/a"), Some((6, true)), "B is in flight in memory");
     tokio::time::sleep(Duration::from_millis(400)).await;
@@ -366,7 +366,7 @@ async fn on_a_multi_thread_runtime_the_writer_commits_rotates_and_closes() {
                     store.advance(&key, t).await.unwrap();
                     assert_eq!(store.table().get(&key), Some(t), "raised before the answer");
                     if t < 20 {
-                        store.done(&key, t);
+                        store.answered(&key, t);
                     }
                 }
             })
@@ -396,7 +396,7 @@ fn a_store_whose_runtime_shut_down_fails_closed_and_keeps_its_answers() {
     let store = opener.block_on(async { FileStore::open(dir.path(), options(64 << 20)).unwrap() });
     user.block_on(store.advance("/a", 1)).unwrap();
     user.block_on(store.advance("/b", 1)).unwrap();
-    store.done("/a", 1);
+    store.answered("/a", 1);
     drop(opener);
     let after = user.block_on(async { tokio::time::timeout(Duration::from_secs(5), store.advance("/a", 2)).await });
     assert!(matches!(after, Ok(Err(StoreError::Closed))), "fails closed, does not hang: {after:?}");
@@ -415,7 +415,7 @@ async fn a_store_dropped_without_close_keeps_its_directory_until_its_last_write(
         store.advance(k, 1).await.unwrap();
     }
     for k in &keys {
-        store.done(k, 1); // answers the writer logs when it notices the drop
+        store.answered(k, 1); // answers the writer logs when it notices the drop
     }
     drop(store);
     // The old writer has not run yet (one thread, no await since the drop): the lock is its.

@@ -43,7 +43,7 @@ pub(super) enum Msg {
         done: oneshot::Sender<Result<(), StoreError>>,
     },
     /// The first answered write since the writer last took them: it must not wait forever.
-    DonesWaiting,
+    AnswersWaiting,
     Close(oneshot::Sender<Result<(), StoreError>>),
 }
 
@@ -57,8 +57,8 @@ fn blocking<R>(work: impl FnOnce() -> R) -> R {
 }
 
 pub(super) struct Writer {
-    dones: Arc<std::sync::Mutex<Vec<(String, u64)>>>,
-    /// When answered writes waiting in `dones` are written even if no advance comes.
+    answers: Arc<std::sync::Mutex<Vec<(String, u64)>>>,
+    /// When answered writes waiting in `answers` are written even if no advance comes.
     flush_by: Option<Instant>,
     log: Log,
     table: Arc<Table>,
@@ -66,7 +66,7 @@ pub(super) struct Writer {
     options: StoreOptions,
     failed: Option<String>,
     snapshot_bytes: Arc<AtomicU64>,
-    /// Advances and dones of the batch being built, in arrival order.
+    /// Advances and answers of the batch being built, in arrival order.
     batch: Vec<Op>,
     /// Advances in the batch, counted as they join.
     advances_in_batch: usize,
@@ -80,21 +80,21 @@ pub(super) struct Writer {
 
 enum Op {
     Advance { key: String, token: u64, done: oneshot::Sender<Result<(), StoreError>> },
-    Done { key: String, token: u64 },
+    Answered { key: String, token: u64 },
 }
 
 impl Writer {
-    /// A writer for `log`, raising `table`; answered writes come in through `dones`.
+    /// A writer for `log`, raising `table`; answered writes come in through `answers`.
     pub(super) fn new(
         log: Log,
         table: Arc<Table>,
         healthy: Arc<AtomicBool>,
         options: StoreOptions,
-        dones: Arc<Mutex<Vec<(String, u64)>>>,
+        answers: Arc<Mutex<Vec<(String, u64)>>>,
         lock: std::fs::File,
     ) -> Writer {
         Writer {
-            dones,
+            answers,
             flush_by: None,
             log,
             table,
@@ -134,7 +134,7 @@ impl Writer {
                 }
                 Err(true) => {} // answers waited DONE_FLUSH: write them now
                 Err(false) => {
-                    self.take_dones(); // dropped without close(): keep what is known
+                    self.take_answers(); // dropped without close(): keep what is known
                     blocking(|| self.commit());
                     break;
                 }
@@ -145,7 +145,7 @@ impl Writer {
             for _ in 0..GATHER_ROUNDS {
                 tokio::task::yield_now().await;
                 let before = self.batch.len();
-                self.take_dones();
+                self.take_answers();
                 while closing.is_none() && self.batch.len() < MAX_BATCH {
                     match rx.try_recv() {
                         Ok(msg) => closing = self.take(msg),
@@ -185,14 +185,14 @@ impl Writer {
                 // The answer to the previous write of this resource was recorded before this
                 // advance was sent; logged after it, an answer for an equal token (equal_token =
                 // "accept", or an operator's advance) would clear this write's in-flight mark.
-                self.take_dones();
+                self.take_answers();
                 self.admit(key, token, done)
             }
-            Msg::DonesWaiting => {
+            Msg::AnswersWaiting => {
                 self.flush_by.get_or_insert_with(|| Instant::now() + DONE_FLUSH);
             }
             Msg::Close(done) => {
-                self.take_dones();
+                self.take_answers();
                 return Some(done);
             }
         }
@@ -200,14 +200,14 @@ impl Writer {
     }
 
     /// Adds the answered writes recorded since the last batch.
-    fn take_dones(&mut self) {
-        let dones = std::mem::take(&mut *self.dones.lock().unwrap_or_else(|e| e.into_inner()));
+    fn take_answers(&mut self) {
+        let answers = std::mem::take(&mut *self.answers.lock().unwrap_or_else(|e| e.into_inner()));
         if self.failed.is_some() {
             return;
         }
-        for (key, token) in dones {
-            self.log.append(Kind::Done, &key, token);
-            self.batch.push(Op::Done { key, token });
+        for (key, token) in answers {
+            self.log.append(Kind::Answered, &key, token);
+            self.batch.push(Op::Answered { key, token });
         }
     }
 
@@ -254,7 +254,7 @@ impl Writer {
                     }
                     let _ = done.send(outcome.clone());
                 }
-                Op::Done { key, token } => self.table.answer(&key, token),
+                Op::Answered { key, token } => self.table.answered(&key, token),
             }
         }
     }
@@ -331,7 +331,7 @@ impl Drop for Writer {
         if self.finished || self.failed.is_some() {
             return;
         }
-        self.take_dones();
+        self.take_answers();
         if !self.batch.is_empty()
             && let Err(e) = self.log.write()
         {

@@ -1,4 +1,4 @@
-//! Shared harness: a real in-memory backend, fencegate in front of it on port 0, and clients
+//! State harness: a real in-memory backend, fencegate in front of it on port 0, and clients
 //! that speak real HTTP over loopback.
 #![allow(dead_code)]
 
@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use fencegate::Config;
-use fencegate::memstore::MemStore;
-use fencegate::server::Proxy;
+use fencegate::app::Proxy;
+use fencegate::demo::MemBackend;
 use http::{HeaderMap, Method, Request};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
@@ -20,7 +20,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-pub use fencegate::memstore::DELAY_HEADER;
+pub use fencegate::demo::DELAY_HEADER;
 
 pub mod process;
 
@@ -60,7 +60,7 @@ pub fn config_for(backend_url: &str, dir: &std::path::Path) -> Config {
 }
 
 pub struct Harness {
-    pub backend: MemStore,
+    pub backend: MemBackend,
     pub addr: SocketAddr,
     pub proxy: Proxy,
     pub dir: tempfile::TempDir,
@@ -78,7 +78,7 @@ impl Harness {
 
     /// Backend plus proxy, with `tweak` applied to the configuration first.
     pub async fn start_with(tweak: impl FnOnce(&mut Config)) -> Harness {
-        let backend = MemStore::start().await.unwrap();
+        let backend = MemBackend::start().await.unwrap();
         let dir = tempfile::tempdir().unwrap();
         let mut config = config_for(&backend.url(), dir.path());
         tweak(&mut config);

@@ -13,9 +13,9 @@ use http_body_util::Full;
 use serde_json::{Value, json};
 
 use crate::config::ConfigError;
-use crate::path::PathError;
+use crate::fence::path::PathError;
+use crate::fence::token::TokenError;
 use crate::store::StoreError;
-use crate::token::TokenError;
 
 /// Header naming the reason on every response fencegate makes itself.
 pub const ERROR_HEADER: &str = "fencegate-error";

@@ -1,6 +1,9 @@
 //! One request's path through fencegate:
 //! accept → canonicalise → check and reserve → persist → forward → release.
 
+pub mod refusal;
+pub(crate) mod throttle;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -10,58 +13,45 @@ use http::{Method, Request, Response};
 use hyper::body::Body;
 use hyper::body::Incoming;
 
+use crate::admin::metrics::Metrics;
+use crate::app::{Settings, State};
 use crate::config::{Config, LimitsConfig, MissingToken};
-use crate::error::Error;
-use crate::fence::FenceTable;
-use crate::live::{Live, Slot};
-use crate::metrics::Metrics;
-use crate::path;
-use crate::proxy::{Forwarder, Peer, ProxyBody, full_body};
-use crate::refusals::RefusalLog;
-use crate::store::{Store, StoreError};
-use crate::token::{self, TokenError};
+use crate::fence::path;
+use crate::fence::token::{self, TokenError};
+use crate::request::refusal::Error;
+use crate::request::throttle::RefusalThrottle;
+use crate::store::StoreError;
+pub use crate::upstream::ResponseBody;
+use crate::upstream::{Peer, Upstream, full_body};
 
-/// What every connection's requests share.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    /// The settings in force; a request reads them once, when it arrives.
-    pub(crate) live: Slot,
-    pub(crate) table: Arc<FenceTable>,
-    pub(crate) store: Arc<dyn Store>,
-    pub(crate) refusals: RefusalLog,
-    pub(crate) metrics: Arc<Metrics>,
-}
-
-impl Shared {
-    /// Forwards and times the wait for the backend's response head.
-    async fn forward(
-        &self,
-        forwarder: &Forwarder,
-        req: Request<Incoming>,
-        target: PathAndQuery,
-        client: Peer,
-        body_limit: Option<u64>,
-    ) -> Result<Response<ProxyBody>, Error> {
-        let started = Instant::now();
-        let result = forwarder.forward(req, target, &client, body_limit).await;
-        self.metrics.backend_latency.observe(started.elapsed().as_secs_f64());
-        result
-    }
+/// Forwards and times the wait for the backend's response head.
+async fn forward(
+    state: &State,
+    upstream: &Upstream,
+    req: Request<Incoming>,
+    target: PathAndQuery,
+    client: Peer,
+    body_limit: Option<u64>,
+) -> Result<Response<ResponseBody>, Error> {
+    let started = Instant::now();
+    let result = upstream.forward(req, target, &client, body_limit).await;
+    state.metrics.backend_latency.observe(started.elapsed().as_secs_f64());
+    result
 }
 
 /// Handles one request; every failure becomes fencegate's own JSON response.
-pub(crate) async fn handle(shared: Arc<Shared>, req: Request<Incoming>, client: Peer) -> Response<ProxyBody> {
+pub(crate) async fn handle(state: Arc<State>, req: Request<Incoming>, client: Peer) -> Response<ResponseBody> {
     let method = req.method().clone();
     // One snapshot of the settings for the whole request, however long it takes.
-    let live = shared.live.get();
-    match route(Arc::clone(&shared), Arc::clone(&live), req, client.clone()).await {
+    let live = state.settings.get();
+    match route(Arc::clone(&state), Arc::clone(&live), req, client.clone()).await {
         Ok(resp) => {
-            shared.metrics.request(&method, "forwarded");
+            state.metrics.request(&method, "forwarded");
             resp
         }
         Err(err) => {
-            shared.metrics.request(&method, err.code());
-            log_refusal(&shared.refusals, live.config.log.refusal_interval, &err, &method, &client);
+            state.metrics.request(&method, err.code());
+            log_refusal(&state.refusals, live.config.log.refusal_interval, &err, &method, &client);
             err.response().map(full_body)
         }
     }
@@ -108,16 +98,16 @@ fn check_fenced(req: &Request<Incoming>, limits: &LimitsConfig) -> Result<Option
 }
 
 async fn route(
-    shared: Arc<Shared>,
-    live: Arc<Live>,
+    state: Arc<State>,
+    live: Arc<Settings>,
     req: Request<Incoming>,
     client: Peer,
-) -> Result<Response<ProxyBody>, Error> {
+) -> Result<Response<ResponseBody>, Error> {
     let config = &live.config;
     check_limits(&req, &config.limits)?;
     if !is_fenced(config, req.method()) {
         let target = req.uri().path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
-        return shared.forward(&live.forwarder, req, target, client, None).await;
+        return forward(&state, &live.upstream, req, target, client, None).await;
     }
     let body_limit = check_fenced(&req, &config.limits)?;
 
@@ -134,7 +124,7 @@ async fn route(
     let token = match token::from_headers(req.headers(), &config.fence.header) {
         Ok(token) => token,
         Err(TokenError::Missing) if config.fence.missing_token == MissingToken::Forward => {
-            return shared.forward(&live.forwarder, req, target, client, body_limit).await;
+            return forward(&state, &live.upstream, req, target, client, body_limit).await;
         }
         Err(TokenError::Missing) => {
             return Err(Error::MissingToken { header: config.fence.header.to_string() });
@@ -143,10 +133,10 @@ async fn route(
     };
 
     // Check and reserve. Waiting for the turn may be abandoned if the client goes away...
-    shared.table.precheck(&key, token, config.fence.equal_token)?;
+    state.fence.precheck(&key, token, config.fence.equal_token)?;
     let waiting = Instant::now();
-    let turn = shared.table.acquire(&key, config.fence.queue_timeout).await;
-    shared.metrics.queue_wait.observe(waiting.elapsed().as_secs_f64());
+    let turn = state.fence.acquire(&key, config.fence.queue_timeout).await;
+    state.metrics.queue_wait.observe(waiting.elapsed().as_secs_f64());
     let mut turn = turn?;
 
     // ...but once the turn is ours, the write runs to completion in its own task. Were it
@@ -154,18 +144,18 @@ async fn route(
     let critical = tokio::spawn(async move {
         turn.check(token, live.config.fence.equal_token)?;
         // Persist: durable, and the table raised, before a byte goes to the backend.
-        shared.store.advance(turn.key(), token).await?;
-        let _flying = InFlight::new(&shared.metrics);
+        state.store.advance(turn.key(), token).await?;
+        let _flying = InFlight::new(&state.metrics);
         // Boxed: the forward's state (request, pool checkout, timer) would otherwise make up
         // most of this task's future, which the spawn copies several times.
-        let result = Box::pin(shared.forward(&live.forwarder, req, target, client, body_limit)).await;
+        let result = Box::pin(forward(&state, &live.upstream, req, target, client, body_limit)).await;
         match &result {
             // The backend may have (part of) the write and apply it late: keep the next one
             // out. It stays in flight in the log too, so a restart quarantines it again.
             Err(Error::BackendTimeout(_) | Error::BackendFailed(_) | Error::BodyTooLarge { .. }) => {
                 turn.quarantine(live.config.fence.quarantine)
             }
-            _ => shared.store.done(turn.key(), token),
+            _ => state.store.answered(turn.key(), token),
         }
         result
         // `turn` drops here: the next write to this resource may go.
@@ -175,7 +165,7 @@ async fn route(
 
 /// One line per refusal, at most one per resource (or reason) and interval: a zombie
 /// retrying in a loop must not flood the log.
-fn log_refusal(refusals: &RefusalLog, interval: Duration, err: &Error, method: &Method, client: &Peer) {
+fn log_refusal(refusals: &RefusalThrottle, interval: Duration, err: &Error, method: &Method, client: &Peer) {
     let key = match err {
         Error::StaleToken { resource, .. }
         | Error::QueueTimeout { resource, .. }

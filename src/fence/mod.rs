@@ -5,8 +5,8 @@
 //! that have a write waiting, in flight, or quarantined. A gate is dropped from the map by the last task to
 //! leave it, which the map's shard lock makes race-free (see [`Turn`]'s `Drop`).
 //!
-//! A write's life: [`FenceTable::precheck`] (cheap, lock-free, may refuse early) →
-//! [`FenceTable::acquire`] (wait for the resource's turn) → [`Turn::check`] (the authoritative
+//! A write's life: [`Fence::precheck`] (cheap, lock-free, may refuse early) →
+//! [`Fence::acquire`] (wait for the resource's turn) → [`Turn::check`] (the authoritative
 //! check, quarantine included) → the store persists and raises the table → forward → drop the turn.
 
 use std::sync::Arc;
@@ -16,8 +16,11 @@ use dashmap::DashMap;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use crate::config::EqualToken;
-use crate::error::Error;
+use crate::request::refusal::Error;
 use crate::store::Table;
+
+pub mod path;
+pub mod token;
 
 /// Per-gate state, only ever touched by the holder of the resource's turn.
 #[derive(Debug, Default)]
@@ -29,17 +32,17 @@ type Gate = Arc<Mutex<GateState>>;
 
 /// `max_seen` for every resource, plus the turns of resources with writes in progress.
 #[derive(Debug)]
-pub struct FenceTable {
+pub struct Fence {
     max_seen: Arc<Table>,
     /// Hashed with foldhash, like [`Table`] and for its reasons: each fenced write hashes its
     /// key here twice, to take its turn and to give it back.
     gates: DashMap<Box<str>, Gate, foldhash::quality::RandomState>,
 }
 
-impl FenceTable {
+impl Fence {
     /// Fences against `max_seen`, the table a store keeps current.
     pub fn new(max_seen: Arc<Table>) -> Self {
-        FenceTable { max_seen, gates: DashMap::default() }
+        Fence { max_seen, gates: DashMap::default() }
     }
 
     /// The highest token `key` has accepted, if any.
@@ -131,7 +134,7 @@ fn stale(key: &str, token: u64, max_seen: u64) -> Error {
 /// the next waiting write proceed.
 #[derive(Debug)]
 pub struct Turn {
-    table: Arc<FenceTable>,
+    table: Arc<Fence>,
     key: Box<str>,
     guard: Option<OwnedMutexGuard<GateState>>,
 }
@@ -180,10 +183,10 @@ mod tests {
 
     const STRICT: EqualToken = EqualToken::Reject;
 
-    fn table() -> Arc<FenceTable> {
+    fn table() -> Arc<Fence> {
         let max_seen = Arc::new(Table::new());
         max_seen.raise("/a", 34);
-        Arc::new(FenceTable::new(max_seen))
+        Arc::new(Fence::new(max_seen))
     }
 
     #[test]

@@ -1,12 +1,11 @@
 //! Forwarding to the backend: pooled HTTP/1.1 connections (`pool`), hop-by-hop headers
 //! stripped both ways, bodies streamed without buffering.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{Request, Response, Uri, Version};
 use http_body_util::combinators::BoxBody;
@@ -14,95 +13,31 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use rustls_pki_types::ServerName;
 
+mod headers;
+mod pool;
+
 use crate::config::BackendConfig;
-use crate::error::{ERROR_HEADER, Error};
-use crate::pool::{Pool, SendError};
+use crate::request::refusal::{ERROR_HEADER, Error};
+use headers::append_forwarded_for;
+pub use headers::{Peer, strip_hop_by_hop};
+use pool::{Pool, SendError};
 
 /// The body type of every response fencegate sends: relayed or made here.
-pub type ProxyBody = BoxBody<Bytes, hyper::Error>;
+pub type ResponseBody = BoxBody<Bytes, hyper::Error>;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The body type of every request sent to the backend: the client's, streamed, perhaps limited.
 type ClientBody = BoxBody<Bytes, BoxError>;
 
-/// Whether `name` describes one connection, not the message (RFC 9110 §7.6.1), or is one of
-/// the legacy connection headers proxies have always stripped.
-fn is_hop_by_hop(name: &HeaderName) -> bool {
-    // Names are lowercase; a match on the string costs less than comparing against a list
-    // of `HeaderName`s, which would be built and dropped on every call.
-    matches!(
-        name.as_str(),
-        "connection"
-            | "keep-alive"
-            | "proxy-connection"
-            | "proxy-authenticate"
-            | "proxy-authorization"
-            | "te"
-            | "trailer"
-            | "transfer-encoding"
-            | "upgrade"
-    )
-}
-
-/// Removes hop-by-hop headers, including every header the `Connection` header names.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Most messages carry no `Connection`, or only `Connection: keep-alive`, whose name is
-    // removed anyway: then nothing is allocated, and one pass over the names finds the rest.
-    let (mut listed, mut connection) = (Vec::<HeaderName>::new(), false);
-    for value in headers.get_all(header::CONNECTION) {
-        connection = true;
-        for name in value.to_str().unwrap_or_default().split(',').map(str::trim) {
-            if name.is_empty() || name.eq_ignore_ascii_case("keep-alive") {
-                continue;
-            }
-            // Host names the resource's origin: no client may have it dropped on the way.
-            if let Ok(name) = HeaderName::from_bytes(name.as_bytes())
-                && name != header::HOST
-            {
-                listed.push(name);
-            }
-        }
-    }
-    if connection {
-        headers.remove(header::CONNECTION);
-    }
-    let doomed: Vec<HeaderName> = headers.keys().filter(|k| is_hop_by_hop(k) || listed.contains(k)).cloned().collect();
-    for name in &doomed {
-        headers.remove(name);
-    }
-}
-
 /// Wraps a body made here into the common response body type.
-pub fn full_body(body: http_body_util::Full<Bytes>) -> ProxyBody {
+pub fn full_body(body: http_body_util::Full<Bytes>) -> ResponseBody {
     body.map_err(|never| match never {}).boxed()
-}
-
-/// The client at the other end of a connection, with its `X-Forwarded-For` entry made once.
-#[derive(Debug, Clone)]
-pub struct Peer {
-    /// Its address.
-    pub addr: SocketAddr,
-    ip: HeaderValue,
-}
-
-impl Peer {
-    /// The peer at `addr`.
-    pub fn new(addr: SocketAddr) -> Self {
-        let ip = HeaderValue::from_str(&addr.ip().to_string()).unwrap_or_else(|_| HeaderValue::from_static("unknown"));
-        Peer { addr, ip }
-    }
-}
-
-impl std::fmt::Display for Peer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.addr.fmt(f)
-    }
 }
 
 /// Sends requests to the configured backend.
 #[derive(Debug, Clone)]
-pub struct Forwarder {
+pub struct Upstream {
     pool: Arc<Pool<ClientBody>>,
     /// `Host` for requests that arrive without one (HTTP/1.0).
     host: HeaderValue,
@@ -110,7 +45,7 @@ pub struct Forwarder {
     bytes_in: prometheus_client::metrics::counter::Counter,
 }
 
-impl Forwarder {
+impl Upstream {
     /// Prepares connections to `backend` (none is opened until the first request).
     pub fn new(backend: &BackendConfig, bytes_in: prometheus_client::metrics::counter::Counter) -> Result<Self, Error> {
         let invalid = |e: String| Error::Io(std::io::Error::other(e));
@@ -128,7 +63,7 @@ impl Forwarder {
         };
         let pool = Pool::new(host, port, tls, backend.connect_timeout, Duration::from_secs(60));
         let host = HeaderValue::from_str(authority.as_str()).map_err(|e| invalid(e.to_string()))?;
-        Ok(Forwarder { pool, host, timeout: backend.request_timeout, bytes_in })
+        Ok(Upstream { pool, host, timeout: backend.request_timeout, bytes_in })
     }
 
     /// Closes backend connections that are closed or have been idle for a minute; requests
@@ -146,7 +81,7 @@ impl Forwarder {
         path: PathAndQuery,
         client: &Peer,
         body_limit: Option<u64>,
-    ) -> Result<Response<ProxyBody>, Error> {
+    ) -> Result<Response<ResponseBody>, Error> {
         let bytes_in = self.bytes_in.clone();
         let mut req = req.map(|body| {
             let counted = body.map_frame(move |frame| {
@@ -200,23 +135,6 @@ pub(crate) fn backend_addr(url: &Uri) -> (String, u16) {
     (host, port)
 }
 
-fn append_forwarded_for(headers: &mut HeaderMap, client: &Peer) {
-    const FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-    match headers.entry(FORWARDED_FOR) {
-        header::Entry::Vacant(entry) => {
-            entry.insert(client.ip.clone());
-        }
-        header::Entry::Occupied(mut entry) => {
-            // Every earlier hop, on however many lines they came, then this client.
-            let mut joined: Vec<&str> = entry.iter().filter_map(|v| v.to_str().ok()).collect();
-            joined.push(client.ip.to_str().unwrap_or_default());
-            if let Ok(value) = HeaderValue::from_str(&joined.join(", ")) {
-                entry.insert(value);
-            }
-        }
-    }
-}
-
 fn caused_by<E: std::error::Error + 'static>(e: &(dyn std::error::Error + 'static)) -> bool {
     let mut cause = Some(e);
     while let Some(c) = cause {
@@ -244,28 +162,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn hop_by_hop_headers_and_those_connection_names_are_removed() {
-        let mut h = HeaderMap::new();
-        for (k, v) in [
-            ("connection", "keep-alive, x-secret-hop"),
-            ("keep-alive", "timeout=5"),
-            ("x-secret-hop", "1"),
-            ("te", "trailers"),
-            ("transfer-encoding", "chunked"),
-            ("upgrade", "h2c"),
-            ("proxy-authorization", "Basic x"),
-            ("content-type", "text/plain"),
-            ("fencing-token", "34"),
-        ] {
-            h.append(k, HeaderValue::from_static(v));
-        }
-        strip_hop_by_hop(&mut h);
-        let mut left: Vec<_> = h.keys().map(|k| k.as_str()).collect();
-        left.sort_unstable(); // distinct fields have no order (RFC 9110 §5.3)
-        assert_eq!(left, ["content-type", "fencing-token"]);
-    }
-
-    #[test]
     fn backend_addresses_default_the_port_by_scheme_and_drop_ipv6_brackets() {
         let addr = |u: &str| backend_addr(&u.parse().unwrap());
         assert_eq!(addr("http://127.0.0.1:9000"), ("127.0.0.1".into(), 9000));
@@ -273,19 +169,5 @@ mod tests {
         assert_eq!(addr("https://backend.internal"), ("backend.internal".into(), 443));
         assert_eq!(addr("http://[::1]"), ("::1".into(), 80));
         assert_eq!(addr("https://[::1]:8443"), ("::1".into(), 8443));
-    }
-
-    #[test]
-    fn forwarded_for_is_appended() {
-        let mut h = HeaderMap::new();
-        let peer = Peer::new("127.0.0.9:1".parse().unwrap());
-        append_forwarded_for(&mut h, &peer);
-        assert_eq!(h["x-forwarded-for"], "127.0.0.9");
-        append_forwarded_for(&mut h, &peer);
-        assert_eq!(h["x-forwarded-for"], "127.0.0.9, 127.0.0.9");
-        h.append("x-forwarded-for", HeaderValue::from_static("10.0.0.1"));
-        append_forwarded_for(&mut h, &peer);
-        let all: Vec<_> = h.get_all("x-forwarded-for").iter().collect();
-        assert_eq!(all, ["127.0.0.9, 127.0.0.9, 10.0.0.1, 127.0.0.9"], "every earlier line is kept, in order");
     }
 }

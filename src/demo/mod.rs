@@ -18,9 +18,11 @@ use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::config::Config;
-use crate::error::Error;
-use crate::memstore::MemStore;
-use crate::server::Proxy;
+use crate::request::refusal::Error;
+pub use backend::{DELAY_HEADER, MemBackend, Received};
+
+mod backend;
+use crate::app::Proxy;
 
 const RESOURCE: &str = "/accounts/42";
 
@@ -102,8 +104,8 @@ impl<W: Write> Checker<'_, W> {
 
 /// Runs the demo, printing to `out`. Returns whether every step behaved as expected.
 pub async fn run(out: &mut impl Write) -> Result<bool, Error> {
-    let backend = MemStore::start().await?;
-    let dir = tempfile::tempdir()?;
+    let backend = MemBackend::start().await?;
+    let dir = DataDir::create()?;
     let config = Config::from_toml_str(&format!(
         "[server]\nlisten = \"127.0.0.1:0\"\n[backend]\nurl = \"{}\"\n[store]\ndir = {:?}\n",
         backend.url(),
@@ -176,4 +178,27 @@ pub async fn run(out: &mut impl Write) -> Result<bool, Error> {
         c.line("\nresult: FAILED: some step did not behave as the fencing pattern requires.")?;
     }
     Ok(c.all_ok)
+}
+
+/// The demo's data directory: a fresh one under the system's temporary directory, removed
+/// when the demo ends.
+struct DataDir(std::path::PathBuf);
+
+impl DataDir {
+    fn create() -> std::io::Result<Self> {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        let path = std::env::temp_dir().join(format!("fencegate-demo-{}-{nanos}", std::process::id()));
+        std::fs::create_dir(&path)?;
+        Ok(DataDir(path))
+    }
+
+    fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for DataDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }

@@ -55,24 +55,24 @@ struct State {
 
 /// A running in-memory store on a loopback port; stops when dropped.
 #[derive(Debug)]
-pub struct MemStore {
+pub struct MemBackend {
     addr: SocketAddr,
     state: Arc<Mutex<State>>,
     stop: watch::Sender<bool>,
 }
 
-impl MemStore {
+impl MemBackend {
     /// Binds `127.0.0.1:0` and starts serving plain HTTP.
-    pub async fn start() -> std::io::Result<MemStore> {
-        MemStore::start_with(None).await
+    pub async fn start() -> std::io::Result<MemBackend> {
+        MemBackend::start_with(None).await
     }
 
     /// Binds `127.0.0.1:0` and starts serving HTTPS with `tls`.
-    pub async fn start_tls(tls: Arc<rustls::ServerConfig>) -> std::io::Result<MemStore> {
-        MemStore::start_with(Some(tokio_rustls::TlsAcceptor::from(tls))).await
+    pub async fn start_tls(tls: Arc<rustls::ServerConfig>) -> std::io::Result<MemBackend> {
+        MemBackend::start_with(Some(tokio_rustls::TlsAcceptor::from(tls))).await
     }
 
-    async fn start_with(acceptor: Option<tokio_rustls::TlsAcceptor>) -> std::io::Result<MemStore> {
+    async fn start_with(acceptor: Option<tokio_rustls::TlsAcceptor>) -> std::io::Result<MemBackend> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let state = Arc::new(Mutex::new(State::default()));
@@ -113,7 +113,7 @@ impl MemStore {
                 });
             }
         });
-        Ok(MemStore { addr, state, stop })
+        Ok(MemBackend { addr, state, stop })
     }
 
     /// The address it listens on.
@@ -154,7 +154,7 @@ impl MemStore {
     }
 }
 
-impl Drop for MemStore {
+impl Drop for MemBackend {
     fn drop(&mut self) {
         let _ = self.stop.send(true);
     }

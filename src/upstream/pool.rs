@@ -38,10 +38,13 @@ pub(crate) struct Pool<B> {
     tls: Option<(TlsConnector, ServerName<'static>)>,
     connect_timeout: Duration,
     idle_timeout: Duration,
-    idle: Mutex<Vec<Idle<B>>>,
+    /// Kept-alive connections, most recently listed last: idle ones, and ones whose response
+    /// body is still being read (they become ready again once it has been).
+    listed: Mutex<Vec<Listed<B>>>,
 }
 
-struct Idle<B> {
+/// A connection in the list, and when it was listed.
+struct Listed<B> {
     sender: SendRequest<B>,
     since: Instant,
 }
@@ -67,7 +70,7 @@ where
         idle_timeout: Duration,
     ) -> Arc<Self> {
         let tls = tls.map(|(config, name)| (TlsConnector::from(config), name));
-        Arc::new(Pool { host, port, tls, connect_timeout, idle_timeout, idle: Mutex::new(Vec::new()) })
+        Arc::new(Pool { host, port, tls, connect_timeout, idle_timeout, listed: Mutex::new(Vec::new()) })
     }
 
     /// Sends `req` (origin-form target, `Host` set) and returns the response head. A request
@@ -99,17 +102,17 @@ where
     /// go. Only a candidate's age is checked (the heartbeat's `prune` ages out the rest once
     /// a second), which spares each request a time computation per listed connection.
     fn checkout(&self) -> Option<SendRequest<B>> {
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let mut listed = self.listed.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
         // From the end, so that what `swap_remove` moves into place was already looked at.
-        for i in (0..idle.len()).rev() {
-            if idle[i].sender.is_ready() {
-                let candidate = idle.swap_remove(i);
+        for i in (0..listed.len()).rev() {
+            if listed[i].sender.is_ready() {
+                let candidate = listed.swap_remove(i);
                 if now.duration_since(candidate.since) < self.idle_timeout {
                     return Some(candidate.sender);
                 }
-            } else if idle[i].sender.is_closed() {
-                idle.swap_remove(i);
+            } else if listed[i].sender.is_closed() {
+                listed.swap_remove(i);
             }
         }
         None
@@ -117,23 +120,23 @@ where
 
     /// Closes connections the backend closed or that have been idle too long.
     pub(crate) fn prune(&self) {
-        self.drop_stale(&mut self.idle.lock().unwrap_or_else(|e| e.into_inner()));
+        self.drop_stale(&mut self.listed.lock().unwrap_or_else(|e| e.into_inner()));
     }
 
-    fn drop_stale(&self, idle: &mut Vec<Idle<B>>) {
+    fn drop_stale(&self, listed: &mut Vec<Listed<B>>) {
         let now = Instant::now();
-        idle.retain(|c| !c.sender.is_closed() && now.duration_since(c.since) < self.idle_timeout);
+        listed.retain(|c| !c.sender.is_closed() && now.duration_since(c.since) < self.idle_timeout);
     }
 
     /// Lists a connection as soon as its response head is in: it becomes ready again once the
     /// response body has been read.
     fn checkin(&self, sender: SendRequest<B>) {
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        if idle.len() >= MAX_IDLE {
-            self.drop_stale(&mut idle); // never turn a live one away for dead or stale ones
+        let mut listed = self.listed.lock().unwrap_or_else(|e| e.into_inner());
+        if listed.len() >= MAX_IDLE {
+            self.drop_stale(&mut listed); // never turn a live one away for dead or stale ones
         }
-        if idle.len() < MAX_IDLE {
-            idle.push(Idle { sender, since: Instant::now() });
+        if listed.len() < MAX_IDLE {
+            listed.push(Listed { sender, since: Instant::now() });
         }
     }
 
@@ -214,7 +217,7 @@ mod tests {
         let req = Request::get("/").header("host", "backend").body(Empty::new()).unwrap();
         pool.send(req).await.unwrap().into_body().collect().await.unwrap();
         for _ in 0..1000 {
-            if pool.idle.lock().unwrap().iter().all(|c| c.sender.is_ready() || c.sender.is_closed()) {
+            if pool.listed.lock().unwrap().iter().all(|c| c.sender.is_ready() || c.sender.is_closed()) {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
@@ -230,7 +233,7 @@ mod tests {
         get(&pool).await;
         assert_eq!(accepted.load(SeqCst), 1, "a fresh idle connection is reused");
         // Listed 61 s ago, as far as the pool can tell; the heartbeat has not pruned it.
-        for c in pool.idle.lock().unwrap().iter_mut() {
+        for c in pool.listed.lock().unwrap().iter_mut() {
             c.since = c.since.checked_sub(Duration::from_secs(61)).unwrap();
         }
         get(&pool).await;
@@ -248,6 +251,6 @@ mod tests {
         }
         assert_eq!(accepted.load(SeqCst), 20, "a closed connection is never reused");
         // Each request's checkout removed the closed connections before it; only the last is left.
-        assert_eq!(pool.idle.lock().unwrap().len(), 1);
+        assert_eq!(pool.listed.lock().unwrap().len(), 1);
     }
 }

@@ -21,13 +21,15 @@ use serde_json::{Value, json};
 use subtle::ConstantTimeEq;
 use tokio::net::TcpListener;
 
-use crate::error::{Error, json_response};
-use crate::handler::Shared;
+pub(crate) mod metrics;
+
+use crate::app::State;
+use crate::request::refusal::{Error, json_response};
 
 /// Serves the admin API on `listener` until `shutdown` resolves.
-pub(crate) async fn serve(shared: Arc<Shared>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
+pub(crate) async fn serve(state: Arc<State>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
     if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, writes = shared.live.get().config.admin.token.is_some(), "admin API listening");
+        tracing::info!(%addr, writes = state.settings.get().config.admin.token.is_some(), "admin API listening");
     }
     let builder = auto::Builder::new(TokioExecutor::new());
     tokio::pin!(shutdown);
@@ -37,13 +39,13 @@ pub(crate) async fn serve(shared: Arc<Shared>, listener: TcpListener, shutdown: 
             accepted = listener.accept() => accepted,
         };
         let Ok((stream, _)) = accepted else { continue };
-        let shared = Arc::clone(&shared);
+        let state = Arc::clone(&state);
         let builder = builder.clone();
         tokio::spawn(async move {
             let service = service_fn(move |req| {
-                let shared = Arc::clone(&shared);
+                let state = Arc::clone(&state);
                 async move {
-                    let resp = route(&shared, req).await.unwrap_or_else(|e| e.response());
+                    let resp = route(&state, req).await.unwrap_or_else(|e| e.response());
                     Ok::<_, Infallible>(resp)
                 }
             });
@@ -52,39 +54,39 @@ pub(crate) async fn serve(shared: Arc<Shared>, listener: TcpListener, shutdown: 
     }
 }
 
-async fn route(shared: &Shared, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Error> {
+async fn route(state: &State, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Error> {
     let path = req.uri().path().to_owned();
     match (req.method(), path.as_str()) {
         (&Method::GET, "/healthz") => Ok(json_response(StatusCode::OK, &json!({ "status": "ok" }))),
-        (&Method::GET, "/readyz") => Ok(readiness(shared).await),
+        (&Method::GET, "/readyz") => Ok(readiness(state).await),
         (&Method::GET, "/metrics") => {
-            shared.metrics.resources.set(i64::try_from(shared.table.len()).unwrap_or(i64::MAX));
-            let mut resp = Response::new(Full::new(Bytes::from(shared.metrics.encode())));
+            state.metrics.resources.set(i64::try_from(state.fence.len()).unwrap_or(i64::MAX));
+            let mut resp = Response::new(Full::new(Bytes::from(state.metrics.encode())));
             let kind = "application/openmetrics-text; version=1.0.0; charset=utf-8";
             resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(kind));
             Ok(resp)
         }
         (&Method::GET, p) if p.starts_with("/fences/") => {
-            let key = fence_key(shared, &p["/fences".len()..])?;
-            let max_seen = shared.table.max_seen(&key).ok_or_else(|| Error::NotFound(key.clone()))?;
+            let key = fence_key(state, &p["/fences".len()..])?;
+            let max_seen = state.fence.max_seen(&key).ok_or_else(|| Error::NotFound(key.clone()))?;
             Ok(json_response(StatusCode::OK, &json!({ "resource": key, "max_seen": max_seen })))
         }
         (&Method::POST, p) if p.starts_with("/fences/") && p.ends_with(":advance") => {
-            let key = fence_key(shared, &p["/fences".len()..p.len() - ":advance".len()])?;
-            authorize(shared, &req)?;
+            let key = fence_key(state, &p["/fences".len()..p.len() - ":advance".len()])?;
+            authorize(state, &req)?;
             let to = requested_token(req).await?;
-            advance(shared, key, to).await
+            advance(state, key, to).await
         }
         _ => Err(Error::NotFound(path)),
     }
 }
 
 /// Ready when the store accepts advances and the backend accepts a connection.
-async fn readiness(shared: &Shared) -> Response<Full<Bytes>> {
-    let store = shared.store.healthy();
-    let live = shared.live.get();
+async fn readiness(state: &State) -> Response<Full<Bytes>> {
+    let store = state.store.healthy();
+    let live = state.settings.get();
     let backend = &live.config.backend;
-    let connect = tokio::net::TcpStream::connect(crate::proxy::backend_addr(&backend.url));
+    let connect = tokio::net::TcpStream::connect(crate::upstream::backend_addr(&backend.url));
     let reachable = matches!(tokio::time::timeout(backend.connect_timeout, connect).await, Ok(Ok(_)));
     let checks = json!({ "store": store, "backend": reachable });
     if store && reachable {
@@ -94,8 +96,8 @@ async fn readiness(shared: &Shared) -> Response<Full<Bytes>> {
     }
 }
 
-fn authorize(shared: &Shared, req: &Request<Incoming>) -> Result<(), Error> {
-    let live = shared.live.get();
+fn authorize(state: &State, req: &Request<Incoming>) -> Result<(), Error> {
+    let live = state.settings.get();
     let Some(expected) = live.config.admin.token.as_deref() else { return Err(Error::AdminWritesDisabled) };
     let given = req.headers().get(AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
     // Constant time, so the comparison does not leak how much of a guess was right.
@@ -113,15 +115,15 @@ async fn requested_token(req: Request<Incoming>) -> Result<u64, Error> {
 
 /// The fence key an admin path names, found exactly as for a write to that path, so an
 /// operator acts on the key writes use (canonical form, scopes).
-fn fence_key(shared: &Shared, path: &str) -> Result<String, Error> {
-    let config = &shared.live.get().config;
-    let canonical = crate::path::canonicalize(path, &config.paths)?;
-    Ok(crate::path::resource_key(&canonical, &config.fence.scopes).to_owned())
+fn fence_key(state: &State, path: &str) -> Result<String, Error> {
+    let config = &state.settings.get().config;
+    let canonical = crate::fence::path::canonicalize(path, &config.paths)?;
+    Ok(crate::fence::path::resource_key(&canonical, &config.fence.scopes).to_owned())
 }
 
-async fn advance(shared: &Shared, key: String, to: u64) -> Result<Response<Full<Bytes>>, Error> {
-    let turn = shared.table.acquire(&key, shared.live.get().config.fence.queue_timeout).await?;
-    let (store, table) = (Arc::clone(&shared.store), Arc::clone(&shared.table));
+async fn advance(state: &State, key: String, to: u64) -> Result<Response<Full<Bytes>>, Error> {
+    let turn = state.fence.acquire(&key, state.settings.get().config.fence.queue_timeout).await?;
+    let (store, table) = (Arc::clone(&state.store), Arc::clone(&state.fence));
     // Like a write, it runs to the end once it holds the turn, whoever hangs up.
     let critical = tokio::spawn(async move {
         let previous = table.entry(&key);
@@ -133,7 +135,7 @@ async fn advance(shared: &Shared, key: String, to: u64) -> Result<Response<Full<
             // Nothing was forwarded for this advance. But a write that is still in flight
             // (its answer never came) must stay marked, or a restart would not quarantine it.
             if !previous.is_some_and(|(_, in_flight)| in_flight) {
-                store.done(turn.key(), to);
+                store.answered(turn.key(), to);
             }
             tracing::warn!(resource = %key, previous = ?previous.map(|(m, _)| m), max_seen = to,
                 "max_seen raised by an operator: every holder of a lower token is cut off");

@@ -20,14 +20,14 @@ struct Window {
 
 /// Decides which refusals get a log line.
 #[derive(Debug, Default)]
-pub struct RefusalLog {
+pub struct RefusalThrottle {
     windows: DashMap<Box<str>, Window>,
 }
 
-impl RefusalLog {
+impl RefusalThrottle {
     /// An empty log.
     pub fn new() -> Self {
-        RefusalLog { windows: DashMap::new() }
+        RefusalThrottle { windows: DashMap::new() }
     }
 
     /// `Some(n)` if a refusal for `key` should be logged now, at most one line per `interval`,
@@ -57,7 +57,7 @@ mod tests {
 
     #[test]
     fn one_line_per_key_per_interval_and_the_next_line_counts_the_rest() {
-        let log = RefusalLog::new();
+        let log = RefusalThrottle::new();
         let i = Duration::from_millis(50);
         assert_eq!(log.admit("/a", i), Some(0));
         for _ in 0..5 {

@@ -1,0 +1,178 @@
+//! The running application: opens the store, starts the listener and the admin API, applies
+//! reloads, and drains on shutdown.
+
+pub(crate) mod settings;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::admin;
+use crate::admin::metrics::Metrics;
+use crate::config::reload::{self, Reload};
+use crate::config::{Config, MissingToken};
+use crate::fence::Fence;
+use crate::fence::path;
+use crate::listener;
+use crate::request::refusal::Error;
+use crate::request::throttle::RefusalThrottle;
+use crate::store::{FileStore, Store, StoreOptions};
+pub(crate) use settings::{Settings, SettingsSlot};
+
+/// What the listener, every request and the admin API share.
+#[derive(Debug)]
+pub(crate) struct State {
+    /// The settings in force; a request reads them once, when it arrives.
+    pub(crate) settings: SettingsSlot,
+    pub(crate) fence: Arc<Fence>,
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) refusals: RefusalThrottle,
+    pub(crate) metrics: Arc<Metrics>,
+}
+
+/// An opened proxy: store recovered and locked, ready to serve.
+#[derive(Debug, Clone)]
+pub struct Proxy {
+    state: Arc<State>,
+}
+
+impl Proxy {
+    /// Locks the data directory, recovers `max_seen` from disk and prepares the backend client.
+    /// Serve it on the runtime that opened it: the store's writer is a task there.
+    pub async fn open(config: Config) -> Result<Self, Error> {
+        let metrics = Arc::new(Metrics::default());
+        let observed = Arc::clone(&metrics);
+        let options = StoreOptions {
+            sync: config.store.sync,
+            segment_bytes: config.store.segment_bytes,
+            max_resources: config.store.max_resources,
+            keying: path::keying(&config.paths, &config.fence.scopes),
+            on_commit: Some(Arc::new(move |took, advances| observed.commit(took, advances))),
+        };
+        if config.fence.missing_token == MissingToken::Forward {
+            warn_forwarding_tokenless();
+        }
+        tracing::info!(dir = %config.store.dir.display(), "opening the fence store");
+        let store = FileStore::open(&config.store.dir, options)?;
+        let fence = Arc::new(Fence::new(Arc::clone(store.table())));
+        // The backend may still apply writes the previous process had in flight.
+        for (key, token) in store.in_flight_at_start() {
+            tracing::warn!(resource = %key, token, quarantine = ?config.fence.quarantine,
+                "a write was in flight when fencegate stopped: resource quarantined");
+            fence.quarantine(key, config.fence.quarantine);
+        }
+        let refusals = RefusalThrottle::new();
+        let settings = SettingsSlot::new(Settings::build(config, metrics.bytes_in.clone(), None)?);
+        let state = State { settings, fence, store: Arc::new(store), refusals, metrics };
+        Ok(Proxy { state: Arc::new(state) })
+    }
+
+    /// Applies `config` as far as a running proxy can: fence policy, timeouts, limits, log
+    /// level, backend and TLS certificates (read anew even if their paths did not change).
+    /// Settings in [`reload::RESTART_ONLY`] keep their running values and are reported. If anything
+    /// fails to build, nothing changes.
+    pub fn reload(&self, config: Config) -> Result<Reload, Error> {
+        let _one_at_a_time = self.state.settings.lock();
+        let current = self.state.settings.get();
+        let (config, report) = reload::merge(&current.config, config);
+        let next = Settings::build(config, self.state.metrics.bytes_in.clone(), Some(&current))?;
+        let (old, new) = (&current.config.fence, &next.config.fence);
+        let unfenced: Vec<&str> = old.methods.iter().filter(|m| !new.methods.contains(m)).map(|m| m.as_str()).collect();
+        if !unfenced.is_empty() {
+            tracing::warn!(methods = ?unfenced, "reload: these methods are no longer fenced; their writes pass unchecked");
+        }
+        if new.missing_token == MissingToken::Forward
+            && (old.missing_token != MissingToken::Forward || old.header != new.header)
+        {
+            warn_forwarding_tokenless();
+        }
+        let (old_level, new_level) = (current.config.log.level.clone(), next.config.log.level.clone());
+        self.state.settings.set(next, report.renew_connections);
+        crate::logging::change_level(&old_level, &new_level, || reload::log(&report));
+        Ok(report)
+    }
+
+    /// The highest token the resource `key` has accepted (keys are canonical paths).
+    pub fn max_seen(&self, key: &str) -> Option<u64> {
+        self.state.fence.max_seen(key)
+    }
+
+    /// Serves the admin API on `listener` until `shutdown` resolves.
+    pub async fn serve_admin(self, listener: TcpListener, shutdown: impl Future<Output = ()>) {
+        admin::serve(self.state, listener, shutdown).await
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> Config {
+        self.state.settings.get().config.clone()
+    }
+
+    /// Serves `listener` until `shutdown` resolves, then stops accepting, lets in-flight
+    /// requests finish within `server.shutdown_grace`, and closes the store.
+    pub async fn serve(self, listener: TcpListener, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
+        let heartbeat = tokio::spawn(heartbeat(Arc::clone(&self.state)));
+        listener::serve(Arc::clone(&self.state), listener, shutdown).await;
+        heartbeat.abort();
+        self.state.store.close().await?;
+        tracing::info!("fence store closed");
+        Ok(())
+    }
+}
+
+/// Once a second: closes stale idle backend connections, and keeps the timer wheel's next
+/// deadline within a second. Every request sets timers (header read, backend response) seconds
+/// away; when one is earlier than the wheel's next deadline, tokio wakes its own driver with an
+/// `eventfd` write, one system call per request for nothing. With this tick that happens only
+/// for timeouts configured under a second.
+async fn heartbeat(state: Arc<State>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        state.settings.get().upstream.prune();
+    }
+}
+
+/// Opens the proxy for `config` and serves `listener` (and the admin API, if configured)
+/// until `shutdown` resolves.
+pub async fn run(listener: TcpListener, config: Config, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
+    Proxy::open(config).await?.run(listener, shutdown).await
+}
+
+impl Proxy {
+    /// Serves `listener`, and the admin API if `admin.listen` is set, until `shutdown` resolves.
+    pub async fn run(self, listener: TcpListener, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
+        let (stop, stopped) = watch::channel(false);
+        let admin = match self.state.settings.get().config.admin.listen {
+            Some(addr) => {
+                let admin_listener = TcpListener::bind(addr).await?;
+                let mut stopped = stopped.clone();
+                let until = async move {
+                    let _ = stopped.wait_for(|s| *s).await;
+                };
+                Some(tokio::spawn(self.clone().serve_admin(admin_listener, until)))
+            }
+            None => None,
+        };
+        let result = self
+            .serve(listener, async move {
+                shutdown.await;
+                let _ = stop.send(true);
+            })
+            .await;
+        if let Some(admin) = admin {
+            let _ = admin.await;
+        }
+        result
+    }
+}
+
+fn warn_forwarding_tokenless() {
+    tracing::warn!(
+        "fence.missing_token = \"forward\": writes without a token pass unchecked, so a zombie \
+        that omits the header is not fenced; use this only while clients migrate"
+    );
+}

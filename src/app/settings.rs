@@ -1,0 +1,117 @@
+//! The settings in force, and everything built from them: swapped whole on reload (SIGHUP).
+//!
+//! A request takes one snapshot when it arrives and keeps it to the end, so it never sees half
+//! of an old config and half of a new one. A connection keeps the listener settings (TLS,
+//! HTTP limits, keep-alive) it was accepted with; connections accepted after a reload get the
+//! new ones. What decides a resource's key, or where and how `max_seen` lives, cannot change
+//! under a running proxy: a reload reports such changes and leaves them alone.
+
+use std::sync::Arc;
+
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper_util::server::conn::auto;
+use prometheus_client::metrics::counter::Counter;
+use tokio_rustls::TlsAcceptor;
+
+use crate::config::Config;
+use crate::request::refusal::Error;
+use crate::tls;
+use crate::upstream::Upstream;
+
+/// A config and what is built from it.
+pub(crate) struct Settings {
+    pub(crate) config: Config,
+    pub(crate) upstream: Upstream,
+    pub(crate) acceptor: Option<TlsAcceptor>,
+    pub(crate) http: auto::Builder<TokioExecutor>,
+}
+
+impl Settings {
+    /// Builds the backend client, TLS acceptor and HTTP settings; reads certificate files anew.
+    /// The backend client of `previous` is kept, with its pool, if nothing about it changed.
+    pub(crate) fn build(config: Config, bytes_in: Counter, previous: Option<&Settings>) -> Result<Self, Error> {
+        let upstream = match previous {
+            Some(p) if !reads_files(&config) && same(&p.config.backend, &config.backend) => p.upstream.clone(),
+            _ => Upstream::new(&config.backend, bytes_in)?,
+        };
+        let acceptor = match &config.server.tls {
+            Some(t) => Some(TlsAcceptor::from(
+                tls::server_config(&t.cert, &t.key, t.client_ca.as_deref())
+                    .map_err(|e| Error::Io(std::io::Error::other(e)))?,
+            )),
+            None => None,
+        };
+        let limits = &config.limits;
+        let mut http = auto::Builder::new(TokioExecutor::new());
+        // hyper's own limits sit above ours, so that what we refuse gets our tagged answer.
+        http.http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_read_timeout)
+            .max_buf_size((limits.max_header_bytes * 2).max(8192));
+        http.http2()
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(limits.h2_max_concurrent_streams)
+            // HTTP/2 counts 32 bytes of overhead per header field (RFC 9113 §6.5.2).
+            .max_header_list_size(u32::try_from(limits.max_header_bytes * 2 + 32 * 100).unwrap_or(u32::MAX));
+        Ok(Settings { config, upstream, acceptor, http })
+    }
+}
+
+impl std::fmt::Debug for Settings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Settings").field("config", &self.config).field("tls", &self.acceptor.is_some()).finish()
+    }
+}
+
+/// Whether the backend client reads certificate files, which a reload must read again.
+fn reads_files(config: &Config) -> bool {
+    config.backend.url.scheme_str() == Some("https")
+}
+
+fn same<T: serde::Serialize>(a: &T, b: &T) -> bool {
+    matches!((serde_json::to_value(a), serde_json::to_value(b)), (Ok(a), Ok(b)) if a == b)
+}
+
+/// A snapshot slot: readers clone the `Arc` under a read lock held for nanoseconds.
+#[derive(Debug)]
+pub(crate) struct SettingsSlot {
+    live: std::sync::RwLock<Arc<Settings>>,
+    /// Bumped when connections accepted earlier should close; each connection watches it.
+    renew: tokio::sync::watch::Sender<u64>,
+    /// Reloads run one at a time.
+    reloading: std::sync::Mutex<()>,
+}
+
+impl SettingsSlot {
+    pub(crate) fn new(live: Settings) -> Self {
+        SettingsSlot {
+            live: std::sync::RwLock::new(Arc::new(live)),
+            renew: tokio::sync::watch::Sender::new(0),
+            reloading: std::sync::Mutex::new(()),
+        }
+    }
+
+    /// The settings in force now.
+    pub(crate) fn get(&self) -> Arc<Settings> {
+        // A poisoned lock only means a panic elsewhere while swapping an Arc: the value is whole.
+        Arc::clone(&self.live.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Holds off other reloads while alive.
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.reloading.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Puts `live` in force; with `renew`, connections accepted before are asked to close.
+    pub(crate) fn set(&self, live: Settings, renew: bool) {
+        *self.live.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(live);
+        if renew {
+            self.renew.send_modify(|generation| *generation += 1);
+        }
+    }
+
+    /// Fires when connections accepted before now should close.
+    pub(crate) fn renewals(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.renew.subscribe()
+    }
+}

@@ -1,0 +1,133 @@
+//! Headers on the way through: hop-by-hop headers stripped both ways (RFC 9110 §7.6.1), and
+//! the client's address appended to `X-Forwarded-For`.
+
+use std::net::SocketAddr;
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+
+/// Whether `name` describes one connection, not the message (RFC 9110 §7.6.1), or is one of
+/// the legacy connection headers proxies have always stripped.
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    // Names are lowercase; a match on the string costs less than comparing against a list
+    // of `HeaderName`s, which would be built and dropped on every call.
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+    )
+}
+
+/// Removes hop-by-hop headers, including every header the `Connection` header names.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Most messages carry no `Connection`, or only `Connection: keep-alive`, whose name is
+    // removed anyway: then nothing is allocated, and one pass over the names finds the rest.
+    let (mut listed, mut connection) = (Vec::<HeaderName>::new(), false);
+    for value in headers.get_all(header::CONNECTION) {
+        connection = true;
+        for name in value.to_str().unwrap_or_default().split(',').map(str::trim) {
+            if name.is_empty() || name.eq_ignore_ascii_case("keep-alive") {
+                continue;
+            }
+            // Host names the resource's origin: no client may have it dropped on the way.
+            if let Ok(name) = HeaderName::from_bytes(name.as_bytes())
+                && name != header::HOST
+            {
+                listed.push(name);
+            }
+        }
+    }
+    if connection {
+        headers.remove(header::CONNECTION);
+    }
+    let doomed: Vec<HeaderName> = headers.keys().filter(|k| is_hop_by_hop(k) || listed.contains(k)).cloned().collect();
+    for name in &doomed {
+        headers.remove(name);
+    }
+}
+
+/// The client at the other end of a connection, with its `X-Forwarded-For` entry made once.
+#[derive(Debug, Clone)]
+pub struct Peer {
+    /// Its address.
+    pub addr: SocketAddr,
+    ip: HeaderValue,
+}
+
+impl Peer {
+    /// The peer at `addr`.
+    pub fn new(addr: SocketAddr) -> Self {
+        let ip = HeaderValue::from_str(&addr.ip().to_string()).unwrap_or_else(|_| HeaderValue::from_static("unknown"));
+        Peer { addr, ip }
+    }
+}
+
+impl std::fmt::Display for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.addr.fmt(f)
+    }
+}
+
+pub(super) fn append_forwarded_for(headers: &mut HeaderMap, client: &Peer) {
+    const FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+    match headers.entry(FORWARDED_FOR) {
+        header::Entry::Vacant(entry) => {
+            entry.insert(client.ip.clone());
+        }
+        header::Entry::Occupied(mut entry) => {
+            // Every earlier hop, on however many lines they came, then this client.
+            let mut joined: Vec<&str> = entry.iter().filter_map(|v| v.to_str().ok()).collect();
+            joined.push(client.ip.to_str().unwrap_or_default());
+            if let Ok(value) = HeaderValue::from_str(&joined.join(", ")) {
+                entry.insert(value);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_and_those_connection_names_are_removed() {
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            ("connection", "keep-alive, x-secret-hop"),
+            ("keep-alive", "timeout=5"),
+            ("x-secret-hop", "1"),
+            ("te", "trailers"),
+            ("transfer-encoding", "chunked"),
+            ("upgrade", "h2c"),
+            ("proxy-authorization", "Basic x"),
+            ("content-type", "text/plain"),
+            ("fencing-token", "34"),
+        ] {
+            h.append(k, HeaderValue::from_static(v));
+        }
+        strip_hop_by_hop(&mut h);
+        let mut left: Vec<_> = h.keys().map(|k| k.as_str()).collect();
+        left.sort_unstable(); // distinct fields have no order (RFC 9110 §5.3)
+        assert_eq!(left, ["content-type", "fencing-token"]);
+    }
+
+    #[test]
+    fn forwarded_for_is_appended() {
+        let mut h = HeaderMap::new();
+        let peer = Peer::new("127.0.0.9:1".parse().unwrap());
+        append_forwarded_for(&mut h, &peer);
+        assert_eq!(h["x-forwarded-for"], "127.0.0.9");
+        append_forwarded_for(&mut h, &peer);
+        assert_eq!(h["x-forwarded-for"], "127.0.0.9, 127.0.0.9");
+        h.append("x-forwarded-for", HeaderValue::from_static("10.0.0.1"));
+        append_forwarded_for(&mut h, &peer);
+        let all: Vec<_> = h.get_all("x-forwarded-for").iter().collect();
+        assert_eq!(all, ["127.0.0.9, 127.0.0.9, 10.0.0.1, 127.0.0.9"], "every earlier line is kept, in order");
+    }
+}
