@@ -100,6 +100,11 @@ impl Proxy {
         self.state.fence.max_seen(key)
     }
 
+    /// Number of writes holding or waiting for the turn of the resource `key`.
+    pub fn queue_len(&self, key: &str) -> usize {
+        self.state.fence.queue_len(key)
+    }
+
     /// Serves the admin API on `listener` until `shutdown` resolves.
     pub async fn serve_admin(self, listener: TcpListener, shutdown: impl Future<Output = ()>) {
         admin::serve(self.state, listener, shutdown).await

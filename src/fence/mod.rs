@@ -65,6 +65,12 @@ impl Fence {
         self.gates.len()
     }
 
+    /// Number of writes holding or waiting for `key`'s turn.
+    pub fn queue_len(&self, key: &str) -> usize {
+        // Each holder and each waiter holds a clone of the gate; the map holds one more.
+        self.gates.get(key).map_or(0, |g| Arc::strong_count(g.value()) - 1)
+    }
+
     /// Refuses a stale token without waiting for the resource's turn. Never wrong to refuse:
     /// `max_seen` only climbs, so a token stale now is stale when its turn would come.
     /// `equal` is the policy of the request's settings, so a reload never changes it midway.
