@@ -9,10 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use fencegate::config::EqualToken;
-use fencegate::fence::Fence;
-use fencegate::fence::path;
-use fencegate::store::Table;
+use fencegate::fence::{EqualToken, Fence, path};
+use fencegate::store::{FileStore, StoreOptions, SyncMode};
 
 fn parsing(c: &mut Criterion) {
     c.bench_function("token_parse", |b| b.iter(|| fencegate::fence::token::parse(black_box(b"18446744073709551615"))));
@@ -36,8 +34,14 @@ async fn reserve(table: &Arc<Fence>, key: &str, token: u64, equal: EqualToken) {
     black_box(turn.check(token, equal)).unwrap();
 }
 
-fn fence_table() -> Arc<Fence> {
-    Arc::new(Fence::new(Arc::new(Table::new())))
+/// A fence over a real store (never synced: only the in-memory part is measured here). The
+/// directory lives as long as the bench.
+fn fence_table(rt: &tokio::runtime::Runtime) -> Arc<Fence> {
+    let dir = tempfile::tempdir().unwrap();
+    let options = StoreOptions { sync: SyncMode::Never, ..StoreOptions::default() };
+    let store = rt.block_on(async { FileStore::open(dir.path(), options) }).unwrap();
+    std::mem::forget(dir);
+    Arc::new(Fence::new(Arc::clone(store.table()), Arc::new(store)))
 }
 
 fn check_and_reserve(c: &mut Criterion) {
@@ -45,7 +49,7 @@ fn check_and_reserve(c: &mut Criterion) {
     let mut g = c.benchmark_group("check_and_reserve");
     g.throughput(Throughput::Elements(1));
     g.bench_function("uncontended", |b| {
-        let table = fence_table();
+        let table = fence_table(&rt);
         let mut token = 0;
         b.iter(|| {
             token += 1;
@@ -57,7 +61,7 @@ fn check_and_reserve(c: &mut Criterion) {
             let name = if shared_key { "one_key" } else { "distinct_keys" };
             g.bench_function(BenchmarkId::new(name, tasks), |b| {
                 b.iter_custom(|iters| {
-                    let table = fence_table();
+                    let table = fence_table(&rt);
                     let per_task = iters.div_ceil(tasks);
                     let start = Instant::now();
                     rt.block_on(async {

@@ -6,9 +6,8 @@
 
 use std::sync::Arc;
 
-use fencegate::config::SyncMode;
 use fencegate::fence::Fence;
-use fencegate::store::{FileStore, Store, StoreOptions};
+use fencegate::store::{FileStore, Store, StoreOptions, SyncMode};
 
 const RESOURCES: u64 = 1_000_000;
 
@@ -28,8 +27,8 @@ fn rt() -> tokio::runtime::Runtime {
 fn measure(dir: &std::path::Path) {
     let before = status("VmRSS:");
     let rt = rt();
-    let store = FileStore::open(dir, StoreOptions::default()).unwrap();
-    let fence = Fence::new(Arc::clone(store.table()));
+    let store = Arc::new(rt.block_on(async { FileStore::open(dir, StoreOptions::default()) }).unwrap());
+    let fence = Fence::new(Arc::clone(store.table()), Arc::clone(&store) as Arc<dyn Store>);
     let rss = status("VmRSS:");
     let peak = status("VmHWM:");
     println!("resources          {}", fence.len());

@@ -8,8 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use fencegate::config::SyncMode;
-use fencegate::store::{FileStore, Store, StoreOptions};
+use fencegate::store::{FileStore, Store, StoreOptions, SyncMode};
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()

@@ -40,7 +40,7 @@ pub fn path(data: &[u8]) {
     assert!(policy.trailing_slash == TrailingSlash::Distinct || c == "/" || !c.ends_with('/'), "{c:?}");
     // What is forwarded must be a valid request target, and exactly the key.
     assert!(http::uri::PathAndQuery::try_from(c.as_str()).is_ok(), "unforwardable: {c:?}");
-    assert_eq!(path::resource_key(&c, &[]), c);
+    assert_eq!(crate::fence::keys::resource_key(&c, &[]), c);
 }
 
 /// A configuration either fails with an error or yields settings that load back the same.

@@ -31,7 +31,7 @@ pub mod store;
 pub mod tls;
 pub mod upstream;
 
+pub use app::Error;
 pub use app::{Proxy, run};
 pub use config::Config;
 pub use config::reload::Reload;
-pub use request::refusal::Error;

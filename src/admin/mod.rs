@@ -1,30 +1,26 @@
 //! The operators' listener (`[admin] listen`): liveness, readiness, metrics, and `max_seen`
-//! per resource, read and raised.
-//!
-//! Raising `max_seen` by hand cuts off every current lock holder at once: the same effect as a
-//! new holder's first write, without a write. It takes the resource's turn like a write, is
-//! durable like one, and is logged. It never lowers `max_seen`.
+//! per resource, read and raised (`fences`).
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue};
+use http::header::{CONTENT_TYPE, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
-use serde_json::{Value, json};
-use subtle::ConstantTimeEq;
+use serde_json::json;
 use tokio::net::TcpListener;
 
 pub(crate) mod metrics;
-
 use crate::app::State;
-use crate::request::refusal::{Error, json_response};
+use crate::request::refusal::{Refusal, json_response};
+
+mod fences;
 
 /// Serves the admin API on `listener` until `shutdown` resolves.
 pub(crate) async fn serve(state: Arc<State>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
@@ -54,7 +50,7 @@ pub(crate) async fn serve(state: Arc<State>, listener: TcpListener, shutdown: im
     }
 }
 
-async fn route(state: &State, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Error> {
+async fn route(state: &State, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Refusal> {
     let path = req.uri().path().to_owned();
     match (req.method(), path.as_str()) {
         (&Method::GET, "/healthz") => Ok(json_response(StatusCode::OK, &json!({ "status": "ok" }))),
@@ -66,18 +62,11 @@ async fn route(state: &State, req: Request<Incoming>) -> Result<Response<Full<By
             resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(kind));
             Ok(resp)
         }
-        (&Method::GET, p) if p.starts_with("/fences/") => {
-            let key = fence_key(state, &p["/fences".len()..])?;
-            let max_seen = state.fence.max_seen(&key).ok_or_else(|| Error::NotFound(key.clone()))?;
-            Ok(json_response(StatusCode::OK, &json!({ "resource": key, "max_seen": max_seen })))
-        }
+        (&Method::GET, p) if p.starts_with("/fences/") => fences::read(state, &p["/fences".len()..]),
         (&Method::POST, p) if p.starts_with("/fences/") && p.ends_with(":advance") => {
-            let key = fence_key(state, &p["/fences".len()..p.len() - ":advance".len()])?;
-            authorize(state, &req)?;
-            let to = requested_token(req).await?;
-            advance(state, key, to).await
+            fences::advance(state, &p["/fences".len()..p.len() - ":advance".len()], req).await
         }
-        _ => Err(Error::NotFound(path)),
+        _ => Err(Refusal::NotFound(path)),
     }
 }
 
@@ -94,55 +83,4 @@ async fn readiness(state: &State) -> Response<Full<Bytes>> {
     } else {
         json_response(StatusCode::SERVICE_UNAVAILABLE, &json!({ "status": "not_ready", "checks": checks }))
     }
-}
-
-fn authorize(state: &State, req: &Request<Incoming>) -> Result<(), Error> {
-    let live = state.settings.get();
-    let Some(expected) = live.config.admin.token.as_deref() else { return Err(Error::AdminWritesDisabled) };
-    let given = req.headers().get(AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-    // Constant time, so the comparison does not leak how much of a guess was right.
-    match given {
-        Some(given) if bool::from(given.as_bytes().ct_eq(expected.as_bytes())) => Ok(()),
-        _ => Err(Error::Unauthorized),
-    }
-}
-
-async fn requested_token(req: Request<Incoming>) -> Result<u64, Error> {
-    let body = Limited::new(req.into_body(), 4096).collect().await.map_err(|e| Error::BadRequest(e.to_string()))?;
-    let v: Value = serde_json::from_slice(&body.to_bytes()).map_err(|e| Error::BadRequest(e.to_string()))?;
-    v.get("to").and_then(Value::as_u64).ok_or_else(|| Error::BadRequest("expected {\"to\": <u64>}".into()))
-}
-
-/// The fence key an admin path names, found exactly as for a write to that path, so an
-/// operator acts on the key writes use (canonical form, scopes).
-fn fence_key(state: &State, path: &str) -> Result<String, Error> {
-    let config = &state.settings.get().config;
-    let canonical = crate::fence::path::canonicalize(path, &config.paths)?;
-    Ok(crate::fence::path::resource_key(&canonical, &config.fence.scopes).to_owned())
-}
-
-async fn advance(state: &State, key: String, to: u64) -> Result<Response<Full<Bytes>>, Error> {
-    let turn = state.fence.acquire(&key, state.settings.get().config.fence.queue_timeout).await?;
-    let (store, table) = (Arc::clone(&state.store), Arc::clone(&state.fence));
-    // Like a write, it runs to the end once it holds the turn, whoever hangs up.
-    let critical = tokio::spawn(async move {
-        let previous = table.entry(&key);
-        if let Some((max_seen, _)) = previous.filter(|(m, _)| *m > to) {
-            return Err(Error::WouldLower { resource: key, max_seen, to });
-        }
-        if previous.map(|(m, _)| m) != Some(to) {
-            store.advance(turn.key(), to).await?;
-            // Nothing was forwarded for this advance. But a write that is still in flight
-            // (its answer never came) must stay marked, or a restart would not quarantine it.
-            if !previous.is_some_and(|(_, in_flight)| in_flight) {
-                store.answered(turn.key(), to);
-            }
-            tracing::warn!(resource = %key, previous = ?previous.map(|(m, _)| m), max_seen = to,
-                "max_seen raised by an operator: every holder of a lower token is cut off");
-        }
-        drop(turn);
-        let previous = previous.map(|(m, _)| m);
-        Ok(json_response(StatusCode::OK, &json!({ "resource": key, "max_seen": to, "previous": previous })))
-    });
-    critical.await.map_err(|e| Error::Io(std::io::Error::other(format!("admin task failed: {e}"))))?
 }

@@ -12,15 +12,34 @@ use tokio::sync::watch;
 
 use crate::admin;
 use crate::admin::metrics::Metrics;
+use crate::config::ConfigError;
 use crate::config::reload::{self, Reload};
 use crate::config::{Config, MissingToken};
-use crate::fence::Fence;
-use crate::fence::path;
+use crate::fence::{Fence, keys};
 use crate::listener;
-use crate::request::refusal::Error;
 use crate::request::throttle::RefusalThrottle;
-use crate::store::{FileStore, Store, StoreOptions};
+use crate::store::{FileStore, Store, StoreError, StoreOptions};
 pub(crate) use settings::{Settings, SettingsSlot};
+
+/// Why the proxy could not start, apply a reload, or close its store.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The store could not be opened, recovered or closed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The backend settings cannot be used (`backend.url`, `backend.tls`).
+    #[error("backend: {0}")]
+    Backend(String),
+    /// The listener's certificate files cannot be used (`server.tls`).
+    #[error("server.tls: {0}")]
+    ServerTls(String),
+    /// A socket could not be bound, or other I/O outside the store failed.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
 
 /// What the listener, every request and the admin API share.
 #[derive(Debug)]
@@ -49,7 +68,7 @@ impl Proxy {
             sync: config.store.sync,
             segment_bytes: config.store.segment_bytes,
             max_resources: config.store.max_resources,
-            keying: path::keying(&config.paths, &config.fence.scopes),
+            keying: keys::keying(&config.paths, &config.fence.scopes),
             on_commit: Some(Arc::new(move |took, advances| observed.commit(took, advances))),
         };
         if config.fence.missing_token == MissingToken::Forward {
@@ -57,16 +76,19 @@ impl Proxy {
         }
         tracing::info!(dir = %config.store.dir.display(), "opening the fence store");
         let store = FileStore::open(&config.store.dir, options)?;
-        let fence = Arc::new(Fence::new(Arc::clone(store.table())));
+        let table = Arc::clone(store.table());
+        let in_flight = store.in_flight_at_start().to_vec();
+        let store: Arc<dyn Store> = Arc::new(store);
+        let fence = Arc::new(Fence::new(table, Arc::clone(&store)));
         // The backend may still apply writes the previous process had in flight.
-        for (key, token) in store.in_flight_at_start() {
+        for (key, token) in &in_flight {
             tracing::warn!(resource = %key, token, quarantine = ?config.fence.quarantine,
                 "a write was in flight when fencegate stopped: resource quarantined");
             fence.quarantine(key, config.fence.quarantine);
         }
         let refusals = RefusalThrottle::new();
         let settings = SettingsSlot::new(Settings::build(config, metrics.bytes_in.clone(), None)?);
-        let state = State { settings, fence, store: Arc::new(store), refusals, metrics };
+        let state = State { settings, fence, store, refusals, metrics };
         Ok(Proxy { state: Arc::new(state) })
     }
 

@@ -8,13 +8,14 @@
 
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::server::conn::auto;
 use prometheus_client::metrics::counter::Counter;
 use tokio_rustls::TlsAcceptor;
 
+use super::Error;
 use crate::config::Config;
-use crate::request::refusal::Error;
 use crate::tls;
 use crate::upstream::Upstream;
 
@@ -31,13 +32,12 @@ impl Settings {
     /// The backend client of `previous` is kept, with its pool, if nothing about it changed.
     pub(crate) fn build(config: Config, bytes_in: Counter, previous: Option<&Settings>) -> Result<Self, Error> {
         let upstream = match previous {
-            Some(p) if !reads_files(&config) && same(&p.config.backend, &config.backend) => p.upstream.clone(),
-            _ => Upstream::new(&config.backend, bytes_in)?,
+            Some(p) if !reads_files(&config) && p.config.backend == config.backend => p.upstream.clone(),
+            _ => Upstream::new(&config.backend, bytes_in).map_err(Error::Backend)?,
         };
         let acceptor = match &config.server.tls {
             Some(t) => Some(TlsAcceptor::from(
-                tls::server_config(&t.cert, &t.key, t.client_ca.as_deref())
-                    .map_err(|e| Error::Io(std::io::Error::other(e)))?,
+                tls::server_config(&t.cert, &t.key, t.client_ca.as_deref()).map_err(Error::ServerTls)?,
             )),
             None => None,
         };
@@ -68,14 +68,10 @@ fn reads_files(config: &Config) -> bool {
     config.backend.url.scheme_str() == Some("https")
 }
 
-fn same<T: serde::Serialize>(a: &T, b: &T) -> bool {
-    matches!((serde_json::to_value(a), serde_json::to_value(b)), (Ok(a), Ok(b)) if a == b)
-}
-
-/// A snapshot slot: readers clone the `Arc` under a read lock held for nanoseconds.
+/// The settings in force: readers take the current `Arc` without a lock, a reload swaps it.
 #[derive(Debug)]
 pub(crate) struct SettingsSlot {
-    live: std::sync::RwLock<Arc<Settings>>,
+    current: ArcSwap<Settings>,
     /// Bumped when connections accepted earlier should close; each connection watches it.
     renew: tokio::sync::watch::Sender<u64>,
     /// Reloads run one at a time.
@@ -83,9 +79,9 @@ pub(crate) struct SettingsSlot {
 }
 
 impl SettingsSlot {
-    pub(crate) fn new(live: Settings) -> Self {
+    pub(crate) fn new(settings: Settings) -> Self {
         SettingsSlot {
-            live: std::sync::RwLock::new(Arc::new(live)),
+            current: ArcSwap::from_pointee(settings),
             renew: tokio::sync::watch::Sender::new(0),
             reloading: std::sync::Mutex::new(()),
         }
@@ -93,18 +89,18 @@ impl SettingsSlot {
 
     /// The settings in force now.
     pub(crate) fn get(&self) -> Arc<Settings> {
-        // A poisoned lock only means a panic elsewhere while swapping an Arc: the value is whole.
-        Arc::clone(&self.live.read().unwrap_or_else(|e| e.into_inner()))
+        self.current.load_full()
     }
 
     /// Holds off other reloads while alive.
     pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        // A poisoned lock only means a reload panicked; the settings it guards are whole.
         self.reloading.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Puts `live` in force; with `renew`, connections accepted before are asked to close.
-    pub(crate) fn set(&self, live: Settings, renew: bool) {
-        *self.live.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(live);
+    /// Puts `settings` in force; with `renew`, connections accepted before are asked to close.
+    pub(crate) fn set(&self, settings: Settings, renew: bool) {
+        self.current.store(Arc::new(settings));
         if renew {
             self.renew.send_modify(|generation| *generation += 1);
         }

@@ -5,17 +5,20 @@ use std::collections::BTreeMap;
 
 use super::Config;
 
-/// Settings a reload cannot apply: they decide keys, storage or sockets already bound.
-/// Each entry is a dotted key or a whole section (`store`).
-pub const RESTART_ONLY: [&str; 8] = [
-    "server.listen",
-    "server.workers",
-    "admin.listen",
-    "store",
-    "paths",
-    "fence.scopes",
-    "log.format",
-    "limits.max_connections",
+/// A setting a reload cannot apply, and how to keep its running value in a new config.
+type Keep = fn(&mut Config, &Config);
+
+/// Settings a reload cannot apply: they decide keys, storage or sockets already bound. Each
+/// entry is a dotted key or a whole section (`store`), with what puts the running value back.
+pub const RESTART_ONLY: [(&str, Keep); 8] = [
+    ("server.listen", |new, old| new.server.listen = old.server.listen),
+    ("server.workers", |new, old| new.server.workers = old.server.workers),
+    ("admin.listen", |new, old| new.admin.listen = old.admin.listen),
+    ("store", |new, old| new.store = old.store.clone()),
+    ("paths", |new, old| new.paths = old.paths.clone()),
+    ("fence.scopes", |new, old| new.fence.scopes = old.fence.scopes.clone()),
+    ("log.format", |new, old| new.log.format = old.log.format),
+    ("limits.max_connections", |new, old| new.limits.max_connections = old.limits.max_connections),
 ];
 
 /// What a reload did.
@@ -60,21 +63,15 @@ pub(crate) fn merge(old: &Config, new: Config) -> (Config, Reload) {
         .applied
         .iter()
         .any(|l| ["server.", "limits."].iter().any(|p| l.starts_with(p)) && !l.starts_with("server.shutdown_grace"));
-    // Every key in RESTART_ONLY, as the test `every_restart_only_setting_keeps_its_value` checks.
     let mut merged = new;
-    merged.server.listen = old.server.listen;
-    merged.server.workers = old.server.workers;
-    merged.admin.listen = old.admin.listen;
-    merged.store = old.store.clone();
-    merged.paths = old.paths.clone();
-    merged.fence.scopes = old.fence.scopes.clone();
-    merged.log.format = old.log.format;
-    merged.limits.max_connections = old.limits.max_connections;
+    for (_, keep) in RESTART_ONLY {
+        keep(&mut merged, old);
+    }
     (merged, report)
 }
 
 fn restart_only(key: &str) -> bool {
-    RESTART_ONLY.iter().any(|r| key == *r || key.strip_prefix(r).is_some_and(|rest| rest.starts_with('.')))
+    RESTART_ONLY.iter().any(|(r, _)| key == *r || key.strip_prefix(r).is_some_and(|rest| rest.starts_with('.')))
 }
 
 /// Dotted key → value, as `fencegate check` names them. Lists (methods, scopes) stay whole

@@ -17,8 +17,8 @@ use tokio::net::TcpListener;
 use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
 
+use crate::app::Error;
 use crate::config::Config;
-use crate::request::refusal::Error;
 pub use backend::{DELAY_HEADER, MemBackend, Received};
 
 mod backend;
@@ -60,7 +60,7 @@ async fn put(client: &HttpClient, base: &str, token: u64, body: &str) -> Result<
         .header("fencing-token", token)
         .body(Full::new(Bytes::from(body.to_owned())))
         .map_err(|e| Error::Io(std::io::Error::other(e)))?;
-    let resp = client.request(req).await.map_err(|e| Error::BackendFailed(e.to_string()))?;
+    let resp = client.request(req).await.map_err(|e| Error::Io(std::io::Error::other(e)))?;
     let status = resp.status();
     let code = resp.headers().get("fencegate-error").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
     let _ = resp.into_body().collect().await;

@@ -1,26 +1,84 @@
-//! The fence: `max_seen` per resource, and the per-resource turn that serialises writes.
+//! The fence: keys, tokens, and the per-resource turn that serialises writes.
 //!
-//! Two maps keep memory proportional to what is happening: the store's [`Table`] holds one
-//! integer for every resource ever written, while `gates` holds a FIFO mutex only for resources
-//! that have a write waiting, in flight, or quarantined. A gate is dropped from the map by the last task to
-//! leave it, which the map's shard lock makes race-free (see [`Turn`]'s `Drop`).
+//! [`Fence`] reads `max_seen` from the store's [`Table`] and keeps a FIFO gate only for
+//! resources that have a write waiting, in flight, or quarantined, so memory follows what is
+//! happening. A gate leaves the map with the last task that touches it (see [`turn`]).
 //!
 //! A write's life: [`Fence::precheck`] (cheap, lock-free, may refuse early) →
-//! [`Fence::acquire`] (wait for the resource's turn) → [`Turn::check`] (the authoritative
-//! check, quarantine included) → the store persists and raises the table → forward → drop the turn.
+//! [`Fence::acquire`] (wait for the resource's turn) → [`Turn::finish`], which owns the rest
+//! in this order: the authoritative check, the durable advance, the forward, then "answered"
+//! or quarantine, and only then the next write's turn. The fence knows nothing of HTTP: the
+//! forward is a future it is handed.
+
+pub mod keys;
+pub mod path;
+pub mod token;
+mod turn;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
-use tokio::sync::{Mutex, OwnedMutexGuard};
+use serde::Serialize;
+use tokio::sync::Mutex;
 
-use crate::config::EqualToken;
-use crate::request::refusal::Error;
-use crate::store::Table;
+use crate::store::{Store, Table};
+pub use keys::Scope;
+pub use turn::{Outcome, Raised, Turn};
 
-pub mod path;
-pub mod token;
+/// What to do with a token equal to `max_seen`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EqualToken {
+    /// Refuse it: each lock holder's token admits exactly one accepted write (the default).
+    Reject,
+    /// Accept it: the current holder may write many times with the same token.
+    Accept,
+}
+
+/// Why the fence refused or stopped a write.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FenceError {
+    /// The token is not above the highest one this resource has accepted.
+    #[error("token {token} is stale: {resource} has already accepted {max_seen}")]
+    Stale {
+        /// The fence key.
+        resource: String,
+        /// The token the write carried.
+        token: u64,
+        /// The resource's `max_seen`.
+        max_seen: u64,
+    },
+    /// The write waited too long behind earlier writes to the same resource.
+    #[error("{resource} is busy: earlier writes were still in flight after {waited:?}")]
+    QueueTimeout {
+        /// The fence key.
+        resource: String,
+        /// How long the write waited.
+        waited: Duration,
+    },
+    /// An earlier write's outcome is unknown, so the resource is closed for a while.
+    #[error("{resource} is closed because an earlier write timed out and may still be applied")]
+    Quarantined {
+        /// The fence key.
+        resource: String,
+        /// Time until the resource reopens.
+        retry_after: Duration,
+    },
+    /// An operator asked to lower `max_seen`, which never happens.
+    #[error("max_seen of {resource} is {max_seen}; it is never lowered to {to}")]
+    WouldLower {
+        /// The fence key.
+        resource: String,
+        /// Its current `max_seen`.
+        max_seen: u64,
+        /// The value asked for.
+        to: u64,
+    },
+    /// The task that ran a write's turn ended without an answer (it panicked).
+    #[error("the write's task failed: {0}")]
+    TaskFailed(String),
+}
 
 /// Per-gate state, only ever touched by the holder of the resource's turn.
 #[derive(Debug, Default)]
@@ -30,19 +88,20 @@ struct GateState {
 
 type Gate = Arc<Mutex<GateState>>;
 
-/// `max_seen` for every resource, plus the turns of resources with writes in progress.
+/// `max_seen` for every resource, and the turns of resources with writes in progress.
 #[derive(Debug)]
 pub struct Fence {
     max_seen: Arc<Table>,
+    store: Arc<dyn Store>,
     /// Hashed with foldhash, like [`Table`] and for its reasons: each fenced write hashes its
     /// key here twice, to take its turn and to give it back.
     gates: DashMap<Box<str>, Gate, foldhash::quality::RandomState>,
 }
 
 impl Fence {
-    /// Fences against `max_seen`, the table a store keeps current.
-    pub fn new(max_seen: Arc<Table>) -> Self {
-        Fence { max_seen, gates: DashMap::default() }
+    /// Fences against `max_seen`, the table `store` keeps current, and advances through `store`.
+    pub fn new(max_seen: Arc<Table>, store: Arc<dyn Store>) -> Self {
+        Fence { max_seen, store, gates: DashMap::default() }
     }
 
     /// The highest token `key` has accepted, if any.
@@ -74,19 +133,14 @@ impl Fence {
     /// Refuses a stale token without waiting for the resource's turn. Never wrong to refuse:
     /// `max_seen` only climbs, so a token stale now is stale when its turn would come.
     /// `equal` is the policy of the request's settings, so a reload never changes it midway.
-    pub fn precheck(&self, key: &str, token: u64, equal: EqualToken) -> Result<(), Error> {
+    pub fn precheck(&self, key: &str, token: u64, equal: EqualToken) -> Result<(), FenceError> {
         admit(key, token, self.max_seen(key), equal)
-    }
-
-    /// `max_seen` of `key` and whether a write to it is still in flight.
-    pub fn entry(&self, key: &str) -> Option<(u64, bool)> {
-        self.max_seen.entry(key)
     }
 
     /// Closes `key` to writes for `period` from now, without taking its turn: for writes that
     /// were in flight when the previous process stopped. Called before serving starts; a gate
     /// someone holds is never replaced.
-    pub(crate) fn quarantine(&self, key: &str, period: Duration) {
+    pub fn quarantine(&self, key: &str, period: Duration) {
         let until = quarantine_end(period);
         let gate = self.gates.entry(key.into()).or_default().clone();
         if let Ok(mut state) = gate.try_lock() {
@@ -102,19 +156,6 @@ impl Fence {
             Arc::strong_count(g) == 1 && g.try_lock().is_ok_and(|s| s.quarantined_until.is_none())
         });
     }
-
-    /// Waits (FIFO, at most `wait`) until no earlier write to `key` is in flight.
-    pub async fn acquire(self: &Arc<Self>, key: &str, wait: Duration) -> Result<Turn, Error> {
-        let gate = self.gates.entry(key.into()).or_default().clone();
-        match tokio::time::timeout(wait, gate.lock_owned()).await {
-            Ok(guard) => Ok(Turn { table: Arc::clone(self), key: key.into(), guard: Some(guard) }),
-            Err(_) => {
-                // Our clone is gone with the future; if we were the last, clean up.
-                self.release_gate(key);
-                Err(Error::QueueTimeout { resource: key.to_owned(), waited: wait })
-            }
-        }
-    }
 }
 
 /// When a quarantine of `period` that starts now ends (a day, should `period` overflow).
@@ -124,7 +165,7 @@ fn quarantine_end(period: Duration) -> Instant {
 }
 
 /// Refuses `token` unless it is above `max_seen` (or equal to it, if `equal` accepts that).
-fn admit(key: &str, token: u64, max_seen: Option<u64>, equal: EqualToken) -> Result<(), Error> {
+fn admit(key: &str, token: u64, max_seen: Option<u64>, equal: EqualToken) -> Result<(), FenceError> {
     match (max_seen, equal) {
         (Some(m), EqualToken::Reject) if token <= m => Err(stale(key, token, m)),
         (Some(m), EqualToken::Accept) if token < m => Err(stale(key, token, m)),
@@ -132,121 +173,22 @@ fn admit(key: &str, token: u64, max_seen: Option<u64>, equal: EqualToken) -> Res
     }
 }
 
-fn stale(key: &str, token: u64, max_seen: u64) -> Error {
-    Error::StaleToken { resource: key.to_owned(), token, max_seen }
-}
-
-/// Exclusive right to check, advance and forward one write to a resource. Dropping it lets
-/// the next waiting write proceed.
-#[derive(Debug)]
-pub struct Turn {
-    table: Arc<Fence>,
-    key: Box<str>,
-    guard: Option<OwnedMutexGuard<GateState>>,
-}
-
-impl Turn {
-    /// The fence key this turn is for.
-    pub fn key(&self) -> &str {
-        &self.key
-    }
-
-    /// The authoritative check, made while no other write to the resource can move `max_seen`.
-    pub fn check(&mut self, token: u64, equal: EqualToken) -> Result<(), Error> {
-        if let Some(state) = self.guard.as_mut() {
-            match state.quarantined_until {
-                Some(until) if until > Instant::now() => {
-                    return Err(Error::Quarantined {
-                        resource: self.key.to_string(),
-                        retry_after: until - Instant::now(),
-                    });
-                }
-                Some(_) => state.quarantined_until = None,
-                None => {}
-            }
-        }
-        admit(&self.key, token, self.table.max_seen(&self.key), equal)
-    }
-
-    /// Closes the resource to writes for `period`: an earlier write may still be applied late.
-    pub fn quarantine(&mut self, period: Duration) {
-        if let Some(state) = self.guard.as_mut() {
-            state.quarantined_until = Some(quarantine_end(period));
-        }
-    }
-}
-
-impl Drop for Turn {
-    fn drop(&mut self) {
-        drop(self.guard.take());
-        self.table.release_gate(&self.key);
-    }
+fn stale(key: &str, token: u64, max_seen: u64) -> FenceError {
+    FenceError::Stale { resource: key.to_owned(), token, max_seen }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const STRICT: EqualToken = EqualToken::Reject;
-
-    fn table() -> Arc<Fence> {
-        let max_seen = Arc::new(Table::new());
-        max_seen.raise("/a", 34);
-        Arc::new(Fence::new(max_seen))
-    }
-
     #[test]
     fn equal_tokens_follow_the_policy() {
-        let t = table();
-        assert!(matches!(t.precheck("/a", 34, STRICT), Err(Error::StaleToken { max_seen: 34, .. })));
-        assert!(t.precheck("/a", 35, STRICT).is_ok());
-        assert!(t.precheck("/new", 0, STRICT).is_ok());
+        let (t, _dir) = turn::tests::fence();
+        let strict = EqualToken::Reject;
+        assert!(matches!(t.precheck("/a", 34, strict), Err(FenceError::Stale { max_seen: 34, .. })));
+        assert!(t.precheck("/a", 35, strict).is_ok());
+        assert!(t.precheck("/new", 0, strict).is_ok());
         assert!(t.precheck("/a", 34, EqualToken::Accept).is_ok());
         assert!(t.precheck("/a", 33, EqualToken::Accept).is_err());
-    }
-
-    #[tokio::test]
-    async fn a_higher_token_that_took_its_turn_first_makes_a_waiter_stale() {
-        let t = table();
-        let mut first = t.acquire("/a", Duration::from_secs(1)).await.unwrap();
-        first.check(40, STRICT).unwrap();
-        let waiter = {
-            let t = Arc::clone(&t);
-            tokio::spawn(async move {
-                let mut turn = t.acquire("/a", Duration::from_secs(5)).await.unwrap();
-                turn.check(35, STRICT)
-            })
-        };
-        tokio::task::yield_now().await;
-        t.max_seen.raise("/a", 40); // what the store does once the advance is durable
-        drop(first);
-        assert!(matches!(waiter.await.unwrap(), Err(Error::StaleToken { max_seen: 40, .. })));
-        assert_eq!(t.active_gates(), 0, "gates of idle resources are dropped");
-    }
-
-    #[tokio::test]
-    async fn waiting_longer_than_the_bound_is_a_queue_timeout() {
-        let t = table();
-        let _held = t.acquire("/a", Duration::from_secs(1)).await.unwrap();
-        let err = t.acquire("/a", Duration::from_millis(20)).await.unwrap_err();
-        assert!(matches!(err, Error::QueueTimeout { .. }));
-        let _other = t.acquire("/b", Duration::from_millis(20)).await.expect("other resources never wait");
-    }
-
-    #[tokio::test]
-    async fn quarantine_closes_the_resource_until_it_expires() {
-        let t = table();
-        let mut turn = t.acquire("/a", Duration::from_secs(1)).await.unwrap();
-        turn.quarantine(Duration::from_millis(50));
-        drop(turn);
-        assert_eq!(t.active_gates(), 1, "a quarantined gate is kept");
-        let mut turn = t.acquire("/a", Duration::from_secs(1)).await.unwrap();
-        assert!(matches!(turn.check(99, STRICT), Err(Error::Quarantined { .. })));
-        drop(turn);
-        tokio::time::sleep(Duration::from_millis(60)).await;
-        let mut turn = t.acquire("/a", Duration::from_secs(1)).await.unwrap();
-        assert!(turn.check(99, STRICT).is_ok());
-        drop(turn);
-        assert_eq!(t.active_gates(), 0);
     }
 }

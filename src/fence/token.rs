@@ -1,12 +1,9 @@
-//! Reading the fencing token from a request.
+//! Reading a fencing token from the values of its header.
 //!
 //! The grammar is deliberately narrow: exactly one header line whose value is ASCII decimal
 //! digits fitting a u64. Anything a lenient parser might "fix" (a sign, hex, inner spaces, a
 //! comma list, a second header line) is refused, because two components that read the same
 //! header differently are how fences get bypassed.
-
-use http::HeaderMap;
-use http::header::HeaderName;
 
 /// Why a token header was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -28,14 +25,13 @@ pub enum TokenError {
     Overflow,
 }
 
-/// Parses the token carried in `name`.
-pub fn from_headers(headers: &HeaderMap, name: &HeaderName) -> Result<u64, TokenError> {
-    let mut values = headers.get_all(name).iter();
+/// Parses the token from every value its header was sent with: there must be exactly one.
+pub fn from_values<'a>(mut values: impl Iterator<Item = &'a [u8]>) -> Result<u64, TokenError> {
     let value = values.next().ok_or(TokenError::Missing)?;
     if values.next().is_some() {
         return Err(TokenError::Repeated);
     }
-    parse(value.as_bytes())
+    parse(value)
 }
 
 /// Parses one header value.
@@ -54,7 +50,6 @@ pub fn parse(value: &[u8]) -> Result<u64, TokenError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::HeaderValue;
     use proptest::prelude::*;
 
     #[test]
@@ -77,13 +72,10 @@ mod tests {
 
     #[test]
     fn counts_header_lines() {
-        let name = HeaderName::from_static("fencing-token");
-        let mut h = HeaderMap::new();
-        assert_eq!(from_headers(&h, &name), Err(TokenError::Missing));
-        h.append(&name, HeaderValue::from_static("7"));
-        assert_eq!(from_headers(&h, &name), Ok(7));
-        h.append(&name, HeaderValue::from_static("7"));
-        assert_eq!(from_headers(&h, &name), Err(TokenError::Repeated));
+        let values = |v: &[&'static str]| from_values(v.iter().map(|s| s.as_bytes()).collect::<Vec<_>>().into_iter());
+        assert_eq!(values(&[]), Err(TokenError::Missing));
+        assert_eq!(values(&["7"]), Ok(7));
+        assert_eq!(values(&["7", "7"]), Err(TokenError::Repeated));
     }
 
     proptest! {

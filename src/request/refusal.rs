@@ -1,10 +1,10 @@
-//! The one error type, and its one mapping to HTTP responses.
+//! Every answer fencegate makes itself, and its one mapping to HTTP.
 //!
-//! Every response fencegate makes itself (rather than relays from the backend) comes from
-//! [`Error::response`]: a JSON body whose `error` field is a stable code, and the same code in
-//! the `fencegate-error` header so clients can tell it apart from a backend's answer.
-
-use std::time::Duration;
+//! A [`Refusal`] is why a request (to the proxy or to the admin API) was not served as asked.
+//! [`Refusal::response`] is the only place such an answer is built: a JSON body whose `error`
+//! field is a stable code, and the same code in the `fencegate-error` header so clients can
+//! tell it apart from a backend's answer. The modules below keep their own error types; this
+//! is where they meet HTTP.
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER, WWW_AUTHENTICATE};
@@ -12,17 +12,18 @@ use http::{Response, StatusCode};
 use http_body_util::Full;
 use serde_json::{Value, json};
 
-use crate::config::ConfigError;
+use crate::fence::FenceError;
 use crate::fence::path::PathError;
 use crate::fence::token::TokenError;
 use crate::store::StoreError;
+use crate::upstream::UpstreamError;
 
 /// Header naming the reason on every response fencegate makes itself.
 pub const ERROR_HEADER: &str = "fencegate-error";
 
-/// Everything that can go wrong, at start-up or while handling a request.
+/// Why fencegate answered a request itself.
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
+pub enum Refusal {
     /// A fenced write without the token header.
     #[error("this method is fenced: send the lock's fencing token in the {header} header")]
     MissingToken {
@@ -57,7 +58,7 @@ pub enum Error {
         /// The limit.
         limit: usize,
     },
-    /// A fenced write's body is larger than `limits.max_body_bytes`.
+    /// A fenced write's declared body is larger than `limits.max_body_bytes`.
     #[error("request body exceeds the limit of {limit} bytes")]
     BodyTooLarge {
         /// The limit.
@@ -75,83 +76,51 @@ pub enum Error {
     /// An admin request that cannot be understood.
     #[error("invalid request: {0}")]
     BadRequest(String),
-    /// An operator asked to lower `max_seen`, which never happens.
-    #[error("max_seen of {resource} is {max_seen}; it is never lowered to {to}")]
-    WouldLower {
-        /// The fence key.
-        resource: String,
-        /// Its current `max_seen`.
-        max_seen: u64,
-        /// The value asked for.
-        to: u64,
-    },
-    /// The token is not above the highest one this resource has accepted.
-    #[error("token {token} is stale: {resource} has already accepted {max_seen}")]
-    StaleToken {
-        /// The fence key.
-        resource: String,
-        /// The token the request carried.
-        token: u64,
-        /// The resource's `max_seen`.
-        max_seen: u64,
-    },
-    /// The write waited too long behind earlier writes to the same resource.
-    #[error("{resource} is busy: earlier writes were still in flight after {waited:?}")]
-    QueueTimeout {
-        /// The fence key.
-        resource: String,
-        /// How long the request waited.
-        waited: Duration,
-    },
-    /// An earlier write's outcome is unknown, so the resource is closed for a while.
-    #[error("{resource} is closed because an earlier write timed out and may still be applied")]
-    Quarantined {
-        /// The fence key.
-        resource: String,
-        /// Time until the resource reopens.
-        retry_after: Duration,
-    },
+    /// The fence refused the write (stale token, busy or quarantined resource).
+    #[error(transparent)]
+    Fence(FenceError),
     /// The durable store cannot record an advance; nothing is forwarded without durability.
     #[error("the fence store is unavailable: {0}")]
     Store(StoreError),
-    /// No connection to the backend could be made; the request was not sent.
-    #[error("backend unreachable: {0}")]
-    BackendUnreachable(String),
-    /// The backend connection failed after the request may have been sent.
-    #[error("backend failed: {0}")]
-    BackendFailed(String),
-    /// The backend did not answer within the request timeout.
-    #[error("backend did not answer within {0:?}")]
-    BackendTimeout(Duration),
-    /// The configuration is invalid.
+    /// The backend could not be reached, failed, or did not answer in time.
     #[error(transparent)]
-    Config(#[from] ConfigError),
-    /// An I/O error outside the store, such as binding the listener.
-    #[error(transparent)]
-    Io(#[from] std::io::Error),
+    Upstream(UpstreamError),
 }
 
 // Written out rather than `#[from]`: the message already includes the cause, and a `source`
-// would make error-chain printers (anyhow's `{:#}`) say it twice.
-impl From<TokenError> for Error {
+// would make error-chain printers say it twice.
+impl From<TokenError> for Refusal {
     fn from(e: TokenError) -> Self {
-        Error::InvalidToken(e)
+        Refusal::InvalidToken(e)
     }
 }
 
-impl From<PathError> for Error {
+impl From<PathError> for Refusal {
     fn from(e: PathError) -> Self {
-        Error::InvalidPath(e)
+        Refusal::InvalidPath(e)
     }
 }
 
-impl From<StoreError> for Error {
+impl From<FenceError> for Refusal {
+    fn from(e: FenceError) -> Self {
+        Refusal::Fence(e)
+    }
+}
+
+impl From<StoreError> for Refusal {
     fn from(e: StoreError) -> Self {
-        Error::Store(e)
+        Refusal::Store(e)
     }
 }
 
-/// A JSON response made by fencegate itself.
+impl From<UpstreamError> for Refusal {
+    fn from(e: UpstreamError) -> Self {
+        Refusal::Upstream(e)
+    }
+}
+
+/// A JSON response made by fencegate itself, for answers that are not refusals (health, the
+/// fences API).
 pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response<Full<Bytes>> {
     let mut resp = Response::new(Full::new(Bytes::from(body.to_string())));
     *resp.status_mut() = status;
@@ -159,69 +128,72 @@ pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response<Full<B
     resp
 }
 
-impl Error {
+impl Refusal {
+    /// The status fencegate answers with, and the stable code of the answer.
+    pub fn status_and_code(&self) -> (StatusCode, &'static str) {
+        use StatusCode as S;
+        match self {
+            Refusal::MissingToken { .. } => (S::PRECONDITION_REQUIRED, "missing_token"),
+            Refusal::InvalidToken(_) => (S::BAD_REQUEST, "invalid_token"),
+            Refusal::InvalidPath(_) => (S::BAD_REQUEST, "invalid_path"),
+            Refusal::MethodNotAllowed(_) => (S::METHOD_NOT_ALLOWED, "method_not_allowed"),
+            Refusal::UpgradeRefused(_) => (S::BAD_REQUEST, "upgrade_refused"),
+            Refusal::HeadersTooLarge { .. } => (S::REQUEST_HEADER_FIELDS_TOO_LARGE, "headers_too_large"),
+            Refusal::UriTooLong { .. } => (S::URI_TOO_LONG, "uri_too_long"),
+            Refusal::BodyTooLarge { .. } | Refusal::Upstream(UpstreamError::BodyTooLarge { .. }) => {
+                (S::PAYLOAD_TOO_LARGE, "body_too_large")
+            }
+            Refusal::Unauthorized => (S::UNAUTHORIZED, "unauthorized"),
+            Refusal::AdminWritesDisabled => (S::FORBIDDEN, "admin_writes_disabled"),
+            Refusal::NotFound(_) => (S::NOT_FOUND, "not_found"),
+            Refusal::BadRequest(_) => (S::BAD_REQUEST, "invalid_request"),
+            Refusal::Fence(FenceError::Stale { .. }) => (S::CONFLICT, "stale_token"),
+            Refusal::Fence(FenceError::WouldLower { .. }) => (S::CONFLICT, "would_lower"),
+            Refusal::Fence(FenceError::QueueTimeout { .. }) => (S::SERVICE_UNAVAILABLE, "queue_timeout"),
+            Refusal::Fence(FenceError::Quarantined { .. }) => (S::SERVICE_UNAVAILABLE, "resource_quarantined"),
+            Refusal::Fence(FenceError::TaskFailed(_)) => (S::INTERNAL_SERVER_ERROR, "internal"),
+            Refusal::Store(StoreError::Full(_)) => (S::SERVICE_UNAVAILABLE, "resource_limit"),
+            Refusal::Store(_) => (S::SERVICE_UNAVAILABLE, "store_unavailable"),
+            Refusal::Upstream(UpstreamError::Unreachable(_)) => (S::BAD_GATEWAY, "backend_unreachable"),
+            Refusal::Upstream(UpstreamError::Failed(_)) => (S::BAD_GATEWAY, "backend_error"),
+            Refusal::Upstream(UpstreamError::Timeout(_)) => (S::GATEWAY_TIMEOUT, "backend_timeout"),
+        }
+    }
+
     /// The status fencegate answers with.
     pub fn status(&self) -> StatusCode {
-        match self {
-            Error::MissingToken { .. } => StatusCode::PRECONDITION_REQUIRED,
-            Error::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
-            Error::Unauthorized => StatusCode::UNAUTHORIZED,
-            Error::AdminWritesDisabled => StatusCode::FORBIDDEN,
-            Error::NotFound(_) => StatusCode::NOT_FOUND,
-            Error::BadRequest(_) => StatusCode::BAD_REQUEST,
-            Error::WouldLower { .. } => StatusCode::CONFLICT,
-            Error::UpgradeRefused(_) => StatusCode::BAD_REQUEST,
-            Error::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            Error::UriTooLong { .. } => StatusCode::URI_TOO_LONG,
-            Error::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Error::InvalidToken(_) | Error::InvalidPath(_) => StatusCode::BAD_REQUEST,
-            Error::StaleToken { .. } => StatusCode::CONFLICT,
-            Error::QueueTimeout { .. } | Error::Quarantined { .. } | Error::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
-            Error::BackendUnreachable(_) | Error::BackendFailed(_) => StatusCode::BAD_GATEWAY,
-            Error::BackendTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
-            Error::Config(_) | Error::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
-        }
+        self.status_and_code().0
     }
 
     /// The stable machine-readable code: the `error` field and the `fencegate-error` header.
     pub fn code(&self) -> &'static str {
+        self.status_and_code().1
+    }
+
+    /// The resource a refusal is about, if it is about one.
+    pub fn resource(&self) -> Option<&str> {
         match self {
-            Error::MissingToken { .. } => "missing_token",
-            Error::MethodNotAllowed(_) => "method_not_allowed",
-            Error::Unauthorized => "unauthorized",
-            Error::AdminWritesDisabled => "admin_writes_disabled",
-            Error::NotFound(_) => "not_found",
-            Error::BadRequest(_) => "invalid_request",
-            Error::WouldLower { .. } => "would_lower",
-            Error::UpgradeRefused(_) => "upgrade_refused",
-            Error::HeadersTooLarge { .. } => "headers_too_large",
-            Error::UriTooLong { .. } => "uri_too_long",
-            Error::BodyTooLarge { .. } => "body_too_large",
-            Error::InvalidToken(_) => "invalid_token",
-            Error::InvalidPath(_) => "invalid_path",
-            Error::StaleToken { .. } => "stale_token",
-            Error::QueueTimeout { .. } => "queue_timeout",
-            Error::Quarantined { .. } => "resource_quarantined",
-            Error::Store(StoreError::Full(_)) => "resource_limit",
-            Error::Store(_) => "store_unavailable",
-            Error::BackendUnreachable(_) => "backend_unreachable",
-            Error::BackendFailed(_) => "backend_error",
-            Error::BackendTimeout(_) => "backend_timeout",
-            Error::Config(_) | Error::Io(_) => "internal",
+            Refusal::Fence(
+                FenceError::Stale { resource, .. }
+                | FenceError::QueueTimeout { resource, .. }
+                | FenceError::Quarantined { resource, .. }
+                | FenceError::WouldLower { resource, .. },
+            ) => Some(resource),
+            _ => None,
         }
     }
 
     fn body(&self) -> Value {
         let mut body = json!({ "error": self.code(), "message": self.to_string() });
         let extra = match self {
-            Error::StaleToken { resource, token, max_seen } => {
+            Refusal::Fence(FenceError::Stale { resource, token, max_seen }) => {
                 json!({ "resource": resource, "token": token, "max_seen": max_seen })
             }
-            Error::QueueTimeout { resource, .. } => json!({ "resource": resource }),
-            Error::WouldLower { resource, max_seen, to } => {
+            Refusal::Fence(FenceError::QueueTimeout { resource, .. }) => json!({ "resource": resource }),
+            Refusal::Fence(FenceError::WouldLower { resource, max_seen, to }) => {
                 json!({ "resource": resource, "max_seen": max_seen, "to": to })
             }
-            Error::Quarantined { resource, retry_after } => {
+            Refusal::Fence(FenceError::Quarantined { resource, retry_after }) => {
                 json!({ "resource": resource, "retry_after_ms": retry_after.as_millis() as u64 })
             }
             _ => return body,
@@ -238,15 +210,17 @@ impl Error {
         let headers = resp.headers_mut();
         headers.insert(ERROR_HEADER, HeaderValue::from_static(self.code()));
         let retry = match self {
-            Error::Quarantined { retry_after, .. } => Some(retry_after.as_secs_f64().ceil().max(1.0) as u64),
+            Refusal::Fence(FenceError::Quarantined { retry_after, .. }) => {
+                Some(retry_after.as_secs_f64().ceil().max(1.0) as u64)
+            }
             // Not for Store: a failed store stays failed until restart.
-            Error::QueueTimeout { .. } => Some(1),
+            Refusal::Fence(FenceError::QueueTimeout { .. }) => Some(1),
             _ => None,
         };
         if let Some(secs) = retry {
             headers.insert(RETRY_AFTER, HeaderValue::from(secs));
         }
-        if matches!(self, Error::Unauthorized) {
+        if matches!(self, Refusal::Unauthorized) {
             headers.insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         resp
@@ -255,34 +229,38 @@ impl Error {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use http_body_util::BodyExt;
 
-    fn examples() -> Vec<(Error, u16, &'static str)> {
+    fn examples() -> Vec<(Refusal, u16, &'static str)> {
         let d = Duration::from_secs(3);
+        let fence = |e| Refusal::Fence(e);
         vec![
-            (Error::MissingToken { header: "fencing-token".into() }, 428, "missing_token"),
-            (Error::MethodNotAllowed("CONNECT".into()), 405, "method_not_allowed"),
-            (Error::Unauthorized, 401, "unauthorized"),
-            (Error::AdminWritesDisabled, 403, "admin_writes_disabled"),
-            (Error::NotFound("/x".into()), 404, "not_found"),
-            (Error::BadRequest("x".into()), 400, "invalid_request"),
-            (Error::WouldLower { resource: "/a".into(), max_seen: 5, to: 4 }, 409, "would_lower"),
-            (Error::UpgradeRefused("websocket".into()), 400, "upgrade_refused"),
-            (Error::HeadersTooLarge { size: 9, limit: 8 }, 431, "headers_too_large"),
-            (Error::UriTooLong { size: 9, limit: 8 }, 414, "uri_too_long"),
-            (Error::BodyTooLarge { limit: 8 }, 413, "body_too_large"),
-            (Error::InvalidToken(TokenError::NotDecimal), 400, "invalid_token"),
-            (Error::InvalidPath(PathError::EscapedSlash), 400, "invalid_path"),
-            (Error::StaleToken { resource: "/a".into(), token: 33, max_seen: 34 }, 409, "stale_token"),
-            (Error::QueueTimeout { resource: "/a".into(), waited: d }, 503, "queue_timeout"),
-            (Error::Quarantined { resource: "/a".into(), retry_after: d }, 503, "resource_quarantined"),
-            (Error::Store(StoreError::Failed("fsync: EIO".into())), 503, "store_unavailable"),
-            (Error::Store(StoreError::Full(10)), 503, "resource_limit"),
-            (Error::BackendUnreachable("refused".into()), 502, "backend_unreachable"),
-            (Error::BackendFailed("reset".into()), 502, "backend_error"),
-            (Error::BackendTimeout(d), 504, "backend_timeout"),
-            (Error::Io(std::io::Error::other("x")), 500, "internal"),
+            (Refusal::MissingToken { header: "fencing-token".into() }, 428, "missing_token"),
+            (Refusal::MethodNotAllowed("CONNECT".into()), 405, "method_not_allowed"),
+            (Refusal::Unauthorized, 401, "unauthorized"),
+            (Refusal::AdminWritesDisabled, 403, "admin_writes_disabled"),
+            (Refusal::NotFound("/x".into()), 404, "not_found"),
+            (Refusal::BadRequest("x".into()), 400, "invalid_request"),
+            (fence(FenceError::WouldLower { resource: "/a".into(), max_seen: 5, to: 4 }), 409, "would_lower"),
+            (Refusal::UpgradeRefused("websocket".into()), 400, "upgrade_refused"),
+            (Refusal::HeadersTooLarge { size: 9, limit: 8 }, 431, "headers_too_large"),
+            (Refusal::UriTooLong { size: 9, limit: 8 }, 414, "uri_too_long"),
+            (Refusal::BodyTooLarge { limit: 8 }, 413, "body_too_large"),
+            (Refusal::Upstream(UpstreamError::BodyTooLarge { limit: 8 }), 413, "body_too_large"),
+            (Refusal::InvalidToken(TokenError::NotDecimal), 400, "invalid_token"),
+            (Refusal::InvalidPath(PathError::EscapedSlash), 400, "invalid_path"),
+            (fence(FenceError::Stale { resource: "/a".into(), token: 33, max_seen: 34 }), 409, "stale_token"),
+            (fence(FenceError::QueueTimeout { resource: "/a".into(), waited: d }), 503, "queue_timeout"),
+            (fence(FenceError::Quarantined { resource: "/a".into(), retry_after: d }), 503, "resource_quarantined"),
+            (fence(FenceError::TaskFailed("panic".into())), 500, "internal"),
+            (Refusal::Store(StoreError::Failed("fsync: EIO".into())), 503, "store_unavailable"),
+            (Refusal::Store(StoreError::Full(10)), 503, "resource_limit"),
+            (Refusal::Upstream(UpstreamError::Unreachable("refused".into())), 502, "backend_unreachable"),
+            (Refusal::Upstream(UpstreamError::Failed("reset".into())), 502, "backend_error"),
+            (Refusal::Upstream(UpstreamError::Timeout(d)), 504, "backend_timeout"),
         ]
     }
 
@@ -302,7 +280,7 @@ mod tests {
 
     #[tokio::test]
     async fn stale_body_names_resource_token_and_max_seen() {
-        let err = Error::StaleToken { resource: "/accounts/42".into(), token: 33, max_seen: 34 };
+        let err = Refusal::Fence(FenceError::Stale { resource: "/accounts/42".into(), token: 33, max_seen: 34 });
         let body = err.response().into_body().collect().await.unwrap().to_bytes();
         let v: Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(v["resource"], "/accounts/42");

@@ -8,6 +8,12 @@
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
+use http::Method;
+
+use super::refusal::Refusal;
+use crate::fence::FenceError;
+use crate::store::StoreError;
+use crate::upstream::{Peer, UpstreamError};
 
 /// Beyond this many keys, windows that have expired are swept before adding another.
 const SWEEP_AT: usize = 10_000;
@@ -48,6 +54,26 @@ impl RefusalThrottle {
         }
         self.windows.insert(key.into(), Window { opened: now, suppressed: 0 });
         Some(0)
+    }
+}
+
+/// Logs a refusal, at most one line per resource (or reason) and `interval`.
+pub(crate) fn log(throttle: &RefusalThrottle, interval: Duration, refusal: &Refusal, method: &Method, client: &Peer) {
+    let key = refusal.resource().unwrap_or_else(|| refusal.code());
+    let Some(suppressed) = throttle.admit(key, interval) else { return };
+    match refusal {
+        Refusal::Fence(FenceError::Stale { resource, token, max_seen }) => {
+            tracing::warn!(%resource, token, max_seen, %client, %method, suppressed, "refused stale token");
+        }
+        Refusal::Store(StoreError::Full(_)) => {
+            tracing::warn!(error = %refusal, %client, %method, suppressed, "refused a write to a new resource");
+        }
+        Refusal::Store(_)
+        | Refusal::Fence(FenceError::TaskFailed(_))
+        | Refusal::Upstream(UpstreamError::Unreachable(_) | UpstreamError::Failed(_) | UpstreamError::Timeout(_)) => {
+            tracing::error!(error = %refusal, %client, %method, suppressed, "request failed");
+        }
+        _ => tracing::info!(code = refusal.code(), error = %refusal, %client, %method, suppressed, "refused request"),
     }
 }
 

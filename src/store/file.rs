@@ -9,12 +9,12 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
+use super::SyncMode;
 use super::format::MAX_KEY_LEN;
 use super::log::{self, Log};
 use super::recovery::{self, Mode, io_err};
 use super::writer::{Msg, Writer};
 use super::{Store, StoreError, StoreFuture, Table};
-use crate::config::SyncMode;
 
 /// Name of the lock file in a data directory.
 pub(crate) const LOCK_FILE: &str = "LOCK";
@@ -33,8 +33,8 @@ pub struct StoreOptions {
     pub segment_bytes: u64,
     /// New resources beyond this many are refused.
     pub max_resources: usize,
-    /// The rules that map requests to keys ([`crate::fence::path::keying`]); a directory written
-    /// under other rules refuses to open.
+    /// A description of the rules that made the keys, recorded in a new directory; a directory
+    /// that recorded other rules refuses to open (keys made under them would not match).
     pub keying: String,
     /// Called after each batch that made advances durable (metrics).
     pub on_commit: Option<CommitHook>,
@@ -57,7 +57,7 @@ impl Default for StoreOptions {
             sync: SyncMode::Always,
             segment_bytes: 64 << 20,
             max_resources: 10_000_000,
-            keying: crate::fence::path::keying(&crate::fence::path::PathPolicy::default(), &[]),
+            keying: String::new(),
             on_commit: None,
         }
     }

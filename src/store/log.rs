@@ -10,10 +10,10 @@ use std::io::{self, BufWriter, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use super::SyncMode;
 use super::Table;
 use super::format::{self, FileKind, Header, Kind};
 use super::recovery::{Recovered, file_seq, segment_name, snapshot_name};
-use crate::config::SyncMode;
 
 /// The current segment, open for appending.
 #[derive(Debug)]

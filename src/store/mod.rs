@@ -23,6 +23,16 @@ pub use file::{CommitHook, FileStore, StoreOptions};
 pub use recovery::{Inspection, inspect};
 pub use table::Table;
 
+/// Whether an advance is made durable with `fdatasync` before it resolves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SyncMode {
+    /// fdatasync before resolving: survives power loss (the default).
+    Always,
+    /// Leave it to the page cache: survives a process crash only. For benchmarks.
+    Never,
+}
+
 /// A boxed future returned by [`Store`] methods.
 pub type StoreFuture<'a> = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
 

@@ -19,7 +19,7 @@ use super::format::{HEADER_LEN, Kind};
 use super::log::{self, Log};
 use super::recovery::{self, Mode, Recovered, snapshot_name};
 use super::*;
-use crate::config::SyncMode;
+use crate::store::SyncMode;
 
 const KEYS: [&str; 5] = ["/a", "/b", "/c/d", "/accounts/42", "/e/f/g"];
 const SECTOR: u64 = 64;

@@ -10,7 +10,7 @@ use std::time::Duration;
 use super::format::{FileKind, Header, Kind};
 use super::recovery::{segment_name, snapshot_name};
 use super::*;
-use crate::config::SyncMode;
+use crate::store::SyncMode;
 
 fn options(segment_bytes: u64) -> StoreOptions {
     StoreOptions { segment_bytes, max_resources: 1_000, ..StoreOptions::default() }
@@ -279,8 +279,7 @@ async fn writes_in_flight_at_a_crash_are_reported_and_answered_ones_are_not() {
 async fn a_directory_written_under_other_key_rules_refuses_to_open() {
     let dir = tempfile::tempdir().unwrap();
     write_and_close(dir.path(), &[("/buckets/b1/obj", 50)]).await;
-    let scope = crate::config::Scope { prefix: "/buckets/".into(), segments: Some(2) };
-    let scoped = crate::fence::path::keying(&crate::fence::path::PathPolicy::default(), &[scope]);
+    let scoped = "scope /buckets/ segments 2\n".to_owned();
     let err = FileStore::open(dir.path(), StoreOptions { keying: scoped, ..options(4096) }).unwrap_err();
     assert!(matches!(err, StoreError::KeyingChanged { .. }), "{err}");
     assert!(err.to_string().contains("scope /buckets/ segments 2"), "{err}");

@@ -17,10 +17,29 @@ mod headers;
 mod pool;
 
 use crate::config::BackendConfig;
-use crate::request::refusal::{ERROR_HEADER, Error};
 use headers::append_forwarded_for;
 pub use headers::{Peer, strip_hop_by_hop};
 use pool::{Pool, SendError};
+
+/// Why a request did not get the backend's response head.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum UpstreamError {
+    /// No connection to the backend could be made; nothing was sent.
+    #[error("backend unreachable: {0}")]
+    Unreachable(String),
+    /// The connection failed after the request may have been (partly) sent.
+    #[error("backend failed: {0}")]
+    Failed(String),
+    /// The backend did not answer within the request timeout.
+    #[error("backend did not answer within {0:?}")]
+    Timeout(Duration),
+    /// The request body was longer than its limit; what was sent of it may have arrived.
+    #[error("request body exceeds the limit of {limit} bytes")]
+    BodyTooLarge {
+        /// The limit.
+        limit: u64,
+    },
+}
 
 /// The body type of every response fencegate sends: relayed or made here.
 pub type ResponseBody = BoxBody<Bytes, hyper::Error>;
@@ -46,23 +65,25 @@ pub struct Upstream {
 }
 
 impl Upstream {
-    /// Prepares connections to `backend` (none is opened until the first request).
-    pub fn new(backend: &BackendConfig, bytes_in: prometheus_client::metrics::counter::Counter) -> Result<Self, Error> {
-        let invalid = |e: String| Error::Io(std::io::Error::other(e));
+    /// Prepares connections to `backend` (none is opened until the first request); the error
+    /// says which setting cannot be used.
+    pub fn new(
+        backend: &BackendConfig,
+        bytes_in: prometheus_client::metrics::counter::Counter,
+    ) -> Result<Self, String> {
         let url = &backend.url;
-        let authority = url.authority().ok_or_else(|| invalid(format!("{url}: no host")))?;
+        let authority = url.authority().ok_or_else(|| format!("{url}: no host"))?;
         let (host, port) = backend_addr(url);
         let tls = if url.scheme_str() == Some("https") {
             let t = &backend.tls;
-            let config =
-                crate::tls::client_config(t.ca.as_deref(), t.cert.as_deref(), t.key.as_deref()).map_err(invalid)?;
-            let name = ServerName::try_from(host.clone()).map_err(|e| invalid(format!("{host}: {e}")))?;
+            let config = crate::tls::client_config(t.ca.as_deref(), t.cert.as_deref(), t.key.as_deref())?;
+            let name = ServerName::try_from(host.clone()).map_err(|e| format!("{host}: {e}"))?;
             Some((Arc::new(config), name))
         } else {
             None
         };
         let pool = Pool::new(host, port, tls, backend.connect_timeout, Duration::from_secs(60));
-        let host = HeaderValue::from_str(authority.as_str()).map_err(|e| invalid(e.to_string()))?;
+        let host = HeaderValue::from_str(authority.as_str()).map_err(|e| e.to_string())?;
         Ok(Upstream { pool, host, timeout: backend.request_timeout, bytes_in })
     }
 
@@ -81,7 +102,7 @@ impl Upstream {
         path: PathAndQuery,
         client: &Peer,
         body_limit: Option<u64>,
-    ) -> Result<Response<ResponseBody>, Error> {
+    ) -> Result<Response<ResponseBody>, UpstreamError> {
         let bytes_in = self.bytes_in.clone();
         let mut req = req.map(|body| {
             let counted = body.map_frame(move |frame| {
@@ -111,18 +132,16 @@ impl Upstream {
         *req.version_mut() = Version::HTTP_11;
 
         let resp = match tokio::time::timeout(self.timeout, self.pool.send(req)).await {
-            Err(_) => return Err(Error::BackendTimeout(self.timeout)),
-            Ok(Err(SendError::Connect(e))) => return Err(Error::BackendUnreachable(e)),
+            Err(_) => return Err(UpstreamError::Timeout(self.timeout)),
+            Ok(Err(SendError::Connect(e))) => return Err(UpstreamError::Unreachable(e)),
             Ok(Err(SendError::Http(e))) if caused_by::<LengthLimitError>(&e) => {
-                return Err(Error::BodyTooLarge { limit: body_limit.unwrap_or_default() });
+                return Err(UpstreamError::BodyTooLarge { limit: body_limit.unwrap_or_default() });
             }
-            Ok(Err(SendError::Http(e))) => return Err(Error::BackendFailed(error_chain(&e))),
+            Ok(Err(SendError::Http(e))) => return Err(UpstreamError::Failed(error_chain(&e))),
             Ok(Ok(resp)) => resp,
         };
         let (mut parts, body) = resp.into_parts();
         strip_hop_by_hop(&mut parts.headers);
-        // Only fencegate may say a response is fencegate's own.
-        parts.headers.remove(ERROR_HEADER);
         Ok(Response::from_parts(parts, body.boxed()))
     }
 }

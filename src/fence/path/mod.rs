@@ -16,8 +16,6 @@ use fluent_uri::Uri;
 use fluent_uri::normalize::Normalizer;
 use serde::Serialize;
 
-use crate::config::Scope;
-
 /// Why a request target cannot be fenced.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PathError {
@@ -280,47 +278,6 @@ fn lowercase_outside_escapes(path: &str) -> String {
         }
     }
     out
-}
-
-/// Version of the canonicalisation rules: bump it whenever any path's canonical form changes.
-pub const CANONICAL_VERSION: u32 = 1;
-
-/// A description of every rule that maps paths to fence keys. A data directory remembers the
-/// one it was written with: if it changes, existing `max_seen` values would sit under keys no
-/// request maps to any more, and stale writes would pass.
-pub fn keying(policy: &PathPolicy, scopes: &[Scope]) -> String {
-    let p = policy;
-    let mut text = format!(
-        "canonical paths v{CANONICAL_VERSION}\nescaped_slashes {:?}, merge_slashes {}, case_sensitive {}, \
-         trailing_slash {:?}, matrix_params {:?}\n",
-        p.escaped_slashes, p.merge_slashes, p.case_sensitive, p.trailing_slash, p.matrix_params
-    );
-    for s in scopes {
-        match s.segments {
-            Some(n) => text.push_str(&format!("scope {} segments {n}\n", s.prefix)),
-            None => text.push_str(&format!("scope {}\n", s.prefix)),
-        }
-    }
-    text
-}
-
-/// The fence key of a canonical path: the path itself, or the part of it that the first
-/// matching scope names.
-pub fn resource_key<'a>(path: &'a str, scopes: &'a [Scope]) -> &'a str {
-    let Some(scope) = scopes.iter().find(|s| in_scope(path, &s.prefix)) else {
-        return path;
-    };
-    match scope.segments {
-        // The (n+1)-th slash starts the first segment past the key.
-        Some(n) => path.match_indices('/').nth(n).map_or(path, |(i, _)| &path[..i]),
-        None => scope.prefix.strip_suffix('/').filter(|p| !p.is_empty()).unwrap_or(&scope.prefix),
-    }
-}
-
-/// Prefix match on segment boundaries, so `/db` covers `/db/x` but not `/dbx`.
-fn in_scope(path: &str, prefix: &str) -> bool {
-    path.starts_with(prefix)
-        && (prefix.ends_with('/') || path.len() == prefix.len() || path.as_bytes()[prefix.len()] == b'/')
 }
 
 #[cfg(test)]

@@ -73,19 +73,6 @@ fn ambiguous_spellings_are_refused() {
 }
 
 #[test]
-fn scopes_map_paths_to_keys_on_segment_boundaries() {
-    let scopes =
-        vec![Scope { prefix: "/buckets/".into(), segments: Some(2) }, Scope { prefix: "/db".into(), segments: None }];
-    assert_eq!(resource_key("/buckets/b1/obj/x", &scopes), "/buckets/b1");
-    assert_eq!(resource_key("/buckets/b1", &scopes), "/buckets/b1");
-    assert_eq!(resource_key("/buckets/b1/", &scopes), "/buckets/b1");
-    assert_eq!(resource_key("/db/t/1", &scopes), "/db");
-    assert_eq!(resource_key("/db", &scopes), "/db");
-    assert_eq!(resource_key("/dbx/1", &scopes), "/dbx/1");
-    assert_eq!(resource_key("/other", &scopes), "/other");
-}
-
-#[test]
 fn each_policy_changes_exactly_what_it_names() {
     let decode = PathPolicy { escaped_slashes: EscapedSlashes::Decode, ..strict() };
     assert_eq!(canonicalize("/a%2Fb/%2e%2e%2Fc", &decode).as_deref(), Ok("/a/c"));
@@ -100,15 +87,6 @@ fn each_policy_changes_exactly_what_it_names() {
     assert_eq!(canonicalize("/a/b/", &strip).as_deref(), Ok("/a/b"));
     assert_eq!(canonicalize("/a/b/.", &strip).as_deref(), Ok("/a/b"));
     assert_eq!(canonicalize("/", &strip).as_deref(), Ok("/"));
-}
-
-#[test]
-fn keying_names_every_rule() {
-    let k = keying(&strict(), &[Scope { prefix: "/b/".into(), segments: Some(2) }]);
-    for part in ["v1", "escaped_slashes Reject", "merge_slashes true", "case_sensitive true", "scope /b/ segments 2"] {
-        assert!(k.contains(part), "{k}");
-    }
-    assert_ne!(k, keying(&PathPolicy { case_sensitive: false, ..strict() }, &[]));
 }
 
 fn policy() -> impl Strategy<Value = PathPolicy> {
@@ -183,7 +161,7 @@ proptest! {
         }
         prop_assert_eq!(canonicalize(&alias, &policy), Ok(key.clone()), "{} vs {}", alias, plain);
         // What is forwarded is exactly what was fenced.
-        prop_assert_eq!(resource_key(&key, &[]), key.as_str());
+        prop_assert_eq!(crate::fence::keys::resource_key(&key, &[]), key.as_str());
     }
 
     #[test]

@@ -1,0 +1,88 @@
+//! Fence keys: the canonical path itself, or the part of it a scope names, and the record of
+//! the rules that made them.
+
+use serde::Serialize;
+
+use super::path::PathPolicy;
+
+/// One `[[fence.scopes]]` entry: many paths share one fence key.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Scope {
+    /// Canonical path prefix, matched on segment boundaries.
+    pub prefix: String,
+    /// Keep this many leading path segments as the key; `None` makes the whole prefix one key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub segments: Option<usize>,
+}
+
+/// Version of the canonicalisation rules: bump it whenever any path's canonical form changes.
+pub const CANONICAL_VERSION: u32 = 1;
+
+/// A description of every rule that maps paths to fence keys. A data directory remembers the
+/// one it was written with: if it changes, existing `max_seen` values would sit under keys no
+/// request maps to any more, and stale writes would pass.
+pub fn keying(policy: &PathPolicy, scopes: &[Scope]) -> String {
+    let p = policy;
+    let mut text = format!(
+        "canonical paths v{CANONICAL_VERSION}\nescaped_slashes {:?}, merge_slashes {}, case_sensitive {}, \
+         trailing_slash {:?}, matrix_params {:?}\n",
+        p.escaped_slashes, p.merge_slashes, p.case_sensitive, p.trailing_slash, p.matrix_params
+    );
+    for s in scopes {
+        match s.segments {
+            Some(n) => text.push_str(&format!("scope {} segments {n}\n", s.prefix)),
+            None => text.push_str(&format!("scope {}\n", s.prefix)),
+        }
+    }
+    text
+}
+
+/// The fence key of a canonical path: the path itself, or the part of it that the first
+/// matching scope names.
+pub fn resource_key<'a>(path: &'a str, scopes: &'a [Scope]) -> &'a str {
+    let Some(scope) = scopes.iter().find(|s| in_scope(path, &s.prefix)) else {
+        return path;
+    };
+    match scope.segments {
+        // The (n+1)-th slash starts the first segment past the key.
+        Some(n) => path.match_indices('/').nth(n).map_or(path, |(i, _)| &path[..i]),
+        None => scope.prefix.strip_suffix('/').filter(|p| !p.is_empty()).unwrap_or(&scope.prefix),
+    }
+}
+
+/// Prefix match on segment boundaries, so `/db` covers `/db/x` but not `/dbx`.
+fn in_scope(path: &str, prefix: &str) -> bool {
+    path.starts_with(prefix)
+        && (prefix.ends_with('/') || path.len() == prefix.len() || path.as_bytes()[prefix.len()] == b'/')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scopes_map_paths_to_keys_on_segment_boundaries() {
+        let scopes = vec![
+            Scope { prefix: "/buckets/".into(), segments: Some(2) },
+            Scope { prefix: "/db".into(), segments: None },
+        ];
+        assert_eq!(resource_key("/buckets/b1/obj/x", &scopes), "/buckets/b1");
+        assert_eq!(resource_key("/buckets/b1", &scopes), "/buckets/b1");
+        assert_eq!(resource_key("/buckets/b1/", &scopes), "/buckets/b1");
+        assert_eq!(resource_key("/db/t/1", &scopes), "/db");
+        assert_eq!(resource_key("/db", &scopes), "/db");
+        assert_eq!(resource_key("/dbx/1", &scopes), "/dbx/1");
+        assert_eq!(resource_key("/other", &scopes), "/other");
+    }
+
+    #[test]
+    fn keying_names_every_rule() {
+        let k = keying(&PathPolicy::default(), &[Scope { prefix: "/b/".into(), segments: Some(2) }]);
+        for part in
+            ["v1", "escaped_slashes Reject", "merge_slashes true", "case_sensitive true", "scope /b/ segments 2"]
+        {
+            assert!(k.contains(part), "{k}");
+        }
+        assert_ne!(k, keying(&PathPolicy { case_sensitive: false, ..PathPolicy::default() }, &[]));
+    }
+}

@@ -1,0 +1,330 @@
+//! A resource's turn: one write at a time, first come first served, from its authoritative
+//! check until the backend has answered it (or the resource is quarantined).
+//!
+//! [`Turn::finish`] owns the sequence a fenced write goes through once its turn has come, and
+//! [`Turn::raise`] the one an operator's raise goes through, so that no caller can reorder
+//! them: each runs in a task of its own, which finishes even if whoever waits for it leaves.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::OwnedMutexGuard;
+
+use super::{EqualToken, Fence, FenceError, GateState, admit, quarantine_end};
+use crate::store::StoreError;
+
+/// How a forwarded write ended, as far as the fence is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The backend answered (with any status), or was never sent a byte: the write is over.
+    Answered,
+    /// The backend may hold (part of) the write and apply it late: quarantine the resource.
+    Unknown,
+}
+
+/// What an operator's raise did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Raised {
+    /// `max_seen` before the raise, if the resource had one.
+    pub previous: Option<u64>,
+}
+
+/// Exclusive right to check, advance and forward one write to a resource. Dropping it lets
+/// the next waiting write proceed.
+#[derive(Debug)]
+pub struct Turn {
+    fence: Arc<Fence>,
+    key: Box<str>,
+    guard: Option<OwnedMutexGuard<GateState>>,
+}
+
+/// Releases a resource's gate when a wait for its turn ends without one (timed out, or the
+/// waiting future dropped: an HTTP/2 reset, a shutdown deadline).
+struct Leaving<'a> {
+    fence: &'a Fence,
+    key: &'a str,
+    armed: bool,
+}
+
+impl Drop for Leaving<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.fence.release_gate(self.key);
+        }
+    }
+}
+
+impl Fence {
+    /// Waits (FIFO, at most `wait`) until no earlier write to `key` is in flight.
+    pub async fn acquire(self: &Arc<Self>, key: &str, wait: Duration) -> Result<Turn, FenceError> {
+        // Made before the gate is cloned, so it is dropped after the clone (a future's locals
+        // are dropped in reverse order): whoever leaves last finds the count that lets the gate go.
+        let mut leaving = Leaving { fence: self, key, armed: true };
+        let gate = self.gates.entry(key.into()).or_default().clone();
+        match tokio::time::timeout(wait, gate.lock_owned()).await {
+            Ok(guard) => {
+                leaving.armed = false; // the turn releases the gate when it drops
+                Ok(Turn { fence: Arc::clone(self), key: key.into(), guard: Some(guard) })
+            }
+            Err(_) => Err(FenceError::QueueTimeout { resource: key.to_owned(), waited: wait }),
+        }
+    }
+}
+
+impl Turn {
+    /// The fence key this turn is for.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The authoritative check, made while no other write to the resource can move `max_seen`.
+    pub fn check(&mut self, token: u64, equal: EqualToken) -> Result<(), FenceError> {
+        if let Some(state) = self.guard.as_mut() {
+            match state.quarantined_until {
+                Some(until) if until > Instant::now() => {
+                    return Err(FenceError::Quarantined {
+                        resource: self.key.to_string(),
+                        retry_after: until - Instant::now(),
+                    });
+                }
+                Some(_) => state.quarantined_until = None,
+                None => {}
+            }
+        }
+        admit(&self.key, token, self.fence.max_seen(&self.key), equal)
+    }
+
+    /// Closes the resource to writes for `period`: an earlier write may still be applied late.
+    pub fn quarantine(&mut self, period: Duration) {
+        if let Some(state) = self.guard.as_mut() {
+            state.quarantined_until = Some(quarantine_end(period));
+        }
+    }
+
+    /// Runs a fenced write to its end, in this order: the authoritative check of `token`, its
+    /// durable advance, `write` (the forward), then marking it answered or, when `outcome`
+    /// says the backend may still apply it, quarantining the resource for `quarantine`. Only
+    /// then does the next write to the resource get its turn.
+    pub async fn finish<T, E, W>(
+        self,
+        token: u64,
+        equal: EqualToken,
+        quarantine: Duration,
+        write: W,
+        outcome: fn(&Result<T, E>) -> Outcome,
+    ) -> Result<T, E>
+    where
+        W: Future<Output = Result<T, E>> + Send + 'static,
+        T: Send + 'static,
+        E: From<FenceError> + From<StoreError> + Send + 'static,
+    {
+        // In a task of its own: were it cancelled mid-forward, the backend could still apply
+        // the write after the next one was sent.
+        let task = tokio::spawn(async move {
+            let mut turn = self;
+            turn.check(token, equal)?;
+            // Durable, and the table raised, before the write goes anywhere.
+            turn.fence.store.advance(&turn.key, token).await?;
+            let result = write.await;
+            match outcome(&result) {
+                Outcome::Answered => turn.fence.store.answered(&turn.key, token),
+                // It stays in flight in the log too, so a restart quarantines it again.
+                Outcome::Unknown => turn.quarantine(quarantine),
+            }
+            result
+            // `turn` drops here: the next write to this resource may go.
+        });
+        task.await.unwrap_or_else(|e| Err(FenceError::TaskFailed(e.to_string()).into()))
+    }
+
+    /// Raises `max_seen` to `to` by hand: durable like a write's advance, without a write. Never
+    /// lowers it; raising it to its current value changes nothing.
+    pub async fn raise<E>(self, to: u64) -> Result<Raised, E>
+    where
+        E: From<FenceError> + From<StoreError> + Send + 'static,
+    {
+        let task = tokio::spawn(async move {
+            let (fence, key) = (&self.fence, &self.key);
+            let previous = fence.max_seen.entry(key);
+            if let Some((max_seen, _)) = previous.filter(|(m, _)| *m > to) {
+                return Err(FenceError::WouldLower { resource: key.to_string(), max_seen, to }.into());
+            }
+            if previous.map(|(m, _)| m) != Some(to) {
+                fence.store.advance(key, to).await?;
+                // Nothing was forwarded for this advance. But a write that is still in flight
+                // (its answer never came) must stay marked, or a restart would not quarantine it.
+                if !previous.is_some_and(|(_, in_flight)| in_flight) {
+                    fence.store.answered(key, to);
+                }
+            }
+            Ok(Raised { previous: previous.map(|(m, _)| m) })
+        });
+        task.await.unwrap_or_else(|e| Err(FenceError::TaskFailed(e.to_string()).into()))
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        self.fence.release_gate(&self.key);
+    }
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use std::pin::pin;
+    use std::task::{Context, Waker};
+
+    use super::*;
+    use crate::store::{FileStore, StoreOptions, SyncMode};
+
+    const STRICT: EqualToken = EqualToken::Reject;
+
+    /// A fence whose store is a real one, in a directory removed when the test drops it.
+    pub(in crate::fence) fn fence() -> (Arc<Fence>, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStore::open(dir.path(), StoreOptions { sync: SyncMode::Never, ..StoreOptions::default() });
+        let store = store.unwrap();
+        store.table().raise("/a", 34);
+        let table = Arc::clone(store.table());
+        (Arc::new(Fence::new(table, Arc::new(store))), dir)
+    }
+
+    #[tokio::test]
+    async fn a_higher_token_that_took_its_turn_first_makes_a_waiter_stale() {
+        let (t, _dir) = fence();
+        let mut first = t.acquire("/a", Duration::from_secs(1)).await.unwrap();
+        first.check(40, STRICT).unwrap();
+        let waiter = {
+            let t = Arc::clone(&t);
+            tokio::spawn(async move {
+                let mut turn = t.acquire("/a", Duration::from_secs(5)).await.unwrap();
+                turn.check(35, STRICT)
+            })
+        };
+        while t.queue_len("/a") < 2 {
+            tokio::task::yield_now().await;
+        }
+        t.max_seen.raise("/a", 40); // what the store does once the advance is durable
+        drop(first);
+        assert!(matches!(waiter.await.unwrap(), Err(FenceError::Stale { max_seen: 40, .. })));
+        assert_eq!(t.active_gates(), 0, "gates of idle resources are dropped");
+    }
+
+    #[tokio::test]
+    async fn waiting_longer_than_the_bound_is_a_queue_timeout() {
+        let (t, _dir) = fence();
+        let _held = t.acquire("/a", Duration::from_secs(1)).await.unwrap();
+        let err = t.acquire("/a", Duration::from_millis(20)).await.unwrap_err();
+        assert!(matches!(err, FenceError::QueueTimeout { .. }));
+        let _other = t.acquire("/b", Duration::from_millis(20)).await.expect("other resources never wait");
+    }
+
+    #[tokio::test]
+    async fn a_waiter_dropped_after_the_holder_left_releases_the_gate() {
+        let (t, _dir) = fence();
+        let held = t.acquire("/a", Duration::from_secs(1)).await.unwrap();
+        {
+            let mut waiting = pin!(t.acquire("/a", Duration::from_secs(60)));
+            let poll = waiting.as_mut().poll(&mut Context::from_waker(Waker::noop()));
+            assert!(poll.is_pending(), "the turn is held");
+            assert_eq!(t.queue_len("/a"), 2);
+            drop(held); // hands the turn to the waiter, which is never polled again
+        } // the waiter is dropped, as a reset HTTP/2 stream's request would be
+        assert_eq!(t.active_gates(), 0, "no gate is left behind for a resource nobody writes");
+    }
+
+    #[tokio::test]
+    async fn quarantine_closes_the_resource_until_it_expires() {
+        let (t, _dir) = fence();
+        let mut turn = t.acquire("/a", Duration::from_secs(1)).await.unwrap();
+        turn.quarantine(Duration::from_millis(50));
+        drop(turn);
+        assert_eq!(t.active_gates(), 1, "a quarantined gate is kept");
+        let mut turn = t.acquire("/a", Duration::from_secs(1)).await.unwrap();
+        assert!(matches!(turn.check(99, STRICT), Err(FenceError::Quarantined { .. })));
+        drop(turn);
+        // The quarantine's own length is what is tested here: wait it out.
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        let mut turn = t.acquire("/a", Duration::from_secs(1)).await.unwrap();
+        assert!(turn.check(99, STRICT).is_ok());
+        drop(turn);
+        assert_eq!(t.active_gates(), 0);
+    }
+
+    #[derive(Debug, PartialEq)]
+    enum Failed {
+        Fence(FenceError),
+        Store,
+        Backend,
+    }
+
+    impl From<FenceError> for Failed {
+        fn from(e: FenceError) -> Self {
+            Failed::Fence(e)
+        }
+    }
+
+    impl From<StoreError> for Failed {
+        fn from(_: StoreError) -> Self {
+            Failed::Store
+        }
+    }
+
+    fn outcome(r: &Result<u64, Failed>) -> Outcome {
+        if r.is_ok() { Outcome::Answered } else { Outcome::Unknown }
+    }
+
+    #[tokio::test]
+    async fn finish_advances_before_the_write_and_releases_the_turn_after_it() {
+        let (t, _dir) = fence();
+        let turn = t.acquire("/a", Duration::from_secs(1)).await.unwrap();
+        let seen = Arc::clone(&t);
+        let write = async move { Ok(seen.max_seen("/a").unwrap()) };
+        assert_eq!(turn.finish(35, STRICT, Duration::from_secs(9), write, outcome).await, Ok(35), "durable first");
+        assert_eq!(t.active_gates(), 0);
+        // The store clears the in-flight mark when its writer takes the answer in.
+        for _ in 0..5000 {
+            if t.max_seen.entry("/a") == Some((35, false)) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert_eq!(t.max_seen.entry("/a"), Some((35, false)), "answered, no longer in flight");
+
+        let turn = t.acquire("/a", Duration::from_secs(1)).await.unwrap();
+        let refused = turn.finish(35, STRICT, Duration::from_secs(9), async { Ok(0) }, outcome).await;
+        assert!(matches!(refused, Err(Failed::Fence(FenceError::Stale { max_seen: 35, .. }))));
+    }
+
+    #[tokio::test]
+    async fn a_write_with_an_unknown_outcome_stays_in_flight_and_quarantines_the_resource() {
+        let (t, _dir) = fence();
+        let turn = t.acquire("/a", Duration::from_secs(1)).await.unwrap();
+        let lost = turn.finish(36, STRICT, Duration::from_secs(60), async { Err(Failed::Backend) }, outcome).await;
+        assert_eq!(lost, Err(Failed::Backend));
+        assert_eq!(t.max_seen.entry("/a"), Some((36, true)), "a restart would quarantine it again");
+        let mut next = t.acquire("/a", Duration::from_secs(1)).await.unwrap();
+        assert!(matches!(next.check(99, STRICT), Err(FenceError::Quarantined { .. })));
+    }
+
+    #[tokio::test]
+    async fn raise_never_lowers_and_keeps_an_unanswered_write_in_flight() {
+        let (t, _dir) = fence();
+        t.max_seen.advance("/flying", 7); // a write the backend never answered
+        let fence = &t;
+        let raise = |to| async move {
+            fence.acquire("/flying", Duration::from_secs(1)).await.unwrap().raise::<Failed>(to).await
+        };
+        let lower = raise(6).await;
+        assert!(matches!(lower, Err(Failed::Fence(FenceError::WouldLower { max_seen: 7, to: 6, .. }))));
+        assert_eq!(raise(7).await, Ok(Raised { previous: Some(7) }), "the same value changes nothing");
+        assert_eq!(raise(9).await, Ok(Raised { previous: Some(7) }));
+        assert_eq!(t.max_seen.entry("/flying"), Some((9, true)), "still in flight: a restart quarantines it");
+        assert_eq!(raise(10).await, Ok(Raised { previous: Some(9) }));
+        assert_eq!(t.max_seen.entry("/a"), Some((34, false)));
+        t.max_seen.answered("/flying", 10);
+        assert_eq!(t.max_seen.entry("/flying"), Some((10, false)));
+    }
+}

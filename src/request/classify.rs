@@ -1,0 +1,213 @@
+//! Classification: what a request asks of the fence, decided from its head and the settings
+//! alone, without I/O. Everything a request may be refused for before it waits or touches the
+//! store is refused here.
+
+use http::header::UPGRADE;
+use http::uri::PathAndQuery;
+use http::{Method, Request};
+use hyper::body::Body;
+
+use super::refusal::Refusal;
+use crate::config::{Config, LimitsConfig, MissingToken};
+use crate::fence::token::{self, TokenError};
+use crate::fence::{keys, path};
+
+/// What is done with a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Plan {
+    /// Not a fenced method: forwarded as sent, unchecked.
+    Pass {
+        /// The request target as the client sent it.
+        target: PathAndQuery,
+    },
+    /// A fenced method without a token under `fence.missing_token = "forward"`: forwarded
+    /// unchecked, but at its canonical target and within the body limit.
+    Unchecked {
+        /// The canonical request target.
+        target: PathAndQuery,
+        /// Most body bytes forwarded.
+        body_limit: Option<u64>,
+    },
+    /// A fenced write: checked against, and advancing, every key it touches.
+    Write(Write),
+}
+
+/// A fenced write, as the fence sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Write {
+    /// The token the write carries.
+    pub token: u64,
+    /// Every fence key the backend may change with it.
+    pub touches: Vec<Touch>,
+    /// The canonical `Destination` (WebDAV MOVE and COPY), when the write has one.
+    pub destination: Option<String>,
+    /// The canonical request target that is forwarded (path and query).
+    pub target: PathAndQuery,
+    /// Most body bytes forwarded.
+    pub body_limit: Option<u64>,
+}
+
+/// One fence key a write touches, and how much of the tree below it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Touch {
+    /// The fence key.
+    pub key: String,
+    /// What the write may change there.
+    pub coverage: Coverage,
+}
+
+/// How much of the tree at a key a write may change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Coverage {
+    /// The key itself.
+    Key,
+    /// The key and every key below it.
+    Subtree,
+}
+
+/// Decides what to do with a request, from its method, target, headers and declared body size.
+pub fn classify<B: Body>(req: &Request<B>, config: &Config) -> Result<Plan, Refusal> {
+    check_limits(req, &config.limits)?;
+    if !is_fenced(config, req.method()) {
+        let target = req.uri().path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
+        return Ok(Plan::Pass { target });
+    }
+    let body_limit = check_fenced(req, &config.limits)?;
+
+    // The key and the forwarded path come from the same canonical string.
+    let canonical = path::canonicalize(req.uri().path(), &config.paths)?;
+    let key = keys::resource_key(&canonical, &config.fence.scopes).to_owned();
+    let target = match req.uri().query() {
+        Some(q) => format!("{canonical}?{q}"),
+        None => canonical,
+    };
+    let target = PathAndQuery::try_from(target)
+        .map_err(|e| Refusal::InvalidPath(path::PathError::Unparseable(e.to_string())))?;
+
+    let values = req.headers().get_all(&config.fence.header).iter().map(|v| v.as_bytes());
+    let token = match token::from_values(values) {
+        Ok(token) => token,
+        Err(TokenError::Missing) if config.fence.missing_token == MissingToken::Forward => {
+            return Ok(Plan::Unchecked { target, body_limit });
+        }
+        Err(TokenError::Missing) => return Err(Refusal::MissingToken { header: config.fence.header.to_string() }),
+        Err(e) => return Err(e.into()),
+    };
+    let touches = vec![Touch { key, coverage: Coverage::Key }];
+    Ok(Plan::Write(Write { token, touches, destination: None, target, body_limit }))
+}
+
+fn is_fenced(config: &Config, method: &Method) -> bool {
+    config.fence.methods.iter().any(|m| m.as_str().eq_ignore_ascii_case(method.as_str()))
+}
+
+/// Refuses what no request may carry: tunnels, and heads beyond the configured limits.
+fn check_limits<B>(req: &Request<B>, limits: &LimitsConfig) -> Result<(), Refusal> {
+    if req.method() == Method::CONNECT {
+        return Err(Refusal::MethodNotAllowed(req.method().to_string()));
+    }
+    // The authority counts too (absolute form, HTTP/2's :authority): it becomes Host upstream.
+    let authority = req.uri().authority().map_or(0, |a| a.as_str().len());
+    let uri = authority + req.uri().path_and_query().map_or(0, |pq| pq.as_str().len());
+    if uri > limits.max_uri_bytes {
+        return Err(Refusal::UriTooLong { size: uri, limit: limits.max_uri_bytes });
+    }
+    // As it was sent: request line, then "name: value\r\n" per field.
+    let head = req.method().as_str().len() + uri + 12;
+    let size = head + req.headers().iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum::<usize>();
+    if size > limits.max_header_bytes {
+        return Err(Refusal::HeadersTooLarge { size, limit: limits.max_header_bytes });
+    }
+    Ok(())
+}
+
+/// Refuses a fenced write that asks to switch protocols or declares a body over the limit,
+/// before it can touch `max_seen`; returns the body limit to enforce while forwarding.
+fn check_fenced<B: Body>(req: &Request<B>, limits: &LimitsConfig) -> Result<Option<u64>, Refusal> {
+    if let Some(upgrade) = req.headers().get(UPGRADE) {
+        return Err(Refusal::UpgradeRefused(String::from_utf8_lossy(upgrade.as_bytes()).into_owned()));
+    }
+    let limit = (limits.max_body_bytes > 0).then_some(limits.max_body_bytes);
+    let declared = req.body().size_hint().upper();
+    if let (Some(limit), Some(declared)) = (limit, declared)
+        && declared > limit
+    {
+        return Err(Refusal::BodyTooLarge { limit });
+    }
+    Ok(limit)
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use http_body_util::Full;
+
+    use super::*;
+    use crate::fence::Scope;
+
+    fn config(extra: &str) -> Config {
+        let text = format!("[backend]\nurl = \"http://127.0.0.1:9\"\n[store]\ndir = \"/tmp/x\"\n{extra}");
+        Config::from_toml_str(&text).unwrap()
+    }
+
+    fn request(method: &str, target: &str, headers: &[(&str, &str)], body: &'static str) -> Request<Full<Bytes>> {
+        let mut req = Request::builder().method(method).uri(target);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        req.body(Full::new(Bytes::from_static(body.as_bytes()))).unwrap()
+    }
+
+    fn write(token: u64, key: &str, target: &'static str) -> Plan {
+        Plan::Write(Write {
+            token,
+            touches: vec![Touch { key: key.into(), coverage: Coverage::Key }],
+            destination: None,
+            target: PathAndQuery::from_static(target),
+            body_limit: None,
+        })
+    }
+
+    #[test]
+    fn a_fenced_write_touches_its_canonical_key_and_forwards_the_canonical_target() {
+        let c = config("");
+        let put = request("PUT", "/a/./b//c?x=1", &[("fencing-token", "34")], "v");
+        assert_eq!(classify(&put, &c).unwrap(), write(34, "/a/b/c", "/a/b/c?x=1"));
+        let delete = request("delete", "/a", &[("fencing-token", "7")], "");
+        assert_eq!(classify(&delete, &c).unwrap(), write(7, "/a", "/a"), "methods match whatever their case");
+    }
+
+    #[test]
+    fn a_scope_names_the_key_while_the_target_keeps_the_whole_path() {
+        let mut c = config("");
+        c.fence.scopes.push(Scope { prefix: "/buckets/".into(), segments: Some(2) });
+        let put = request("PUT", "/buckets/b1/obj", &[("fencing-token", "5")], "v");
+        assert_eq!(classify(&put, &c).unwrap(), write(5, "/buckets/b1", "/buckets/b1/obj"));
+    }
+
+    #[test]
+    fn reads_pass_as_sent_and_tokenless_writes_follow_the_missing_token_policy() {
+        let c = config("");
+        let get = request("GET", "/a/../b", &[], "");
+        assert_eq!(classify(&get, &c).unwrap(), Plan::Pass { target: PathAndQuery::from_static("/a/../b") });
+        let put = request("PUT", "/a", &[], "v");
+        assert_eq!(classify(&put, &c).unwrap_err().code(), "missing_token");
+        let forward = config("[fence]\nmissing_token = \"forward\"\n[limits]\nmax_body_bytes = 10\n");
+        let unchecked = Plan::Unchecked { target: PathAndQuery::from_static("/b"), body_limit: Some(10) };
+        assert_eq!(classify(&request("PUT", "/a/../b", &[], "v"), &forward).unwrap(), unchecked);
+    }
+
+    #[test]
+    fn what_cannot_be_fenced_is_refused_before_anything_waits() {
+        let c = config("[limits]\nmax_body_bytes = 4\nmax_uri_bytes = 64\n");
+        let token = [("fencing-token", "1")];
+        let code = |req: Request<Full<Bytes>>| classify(&req, &c).unwrap_err().code();
+        assert_eq!(code(request("CONNECT", "127.0.0.1:1", &[], "")), "method_not_allowed");
+        assert_eq!(code(request("PUT", "/a", &[("fencing-token", "1"), ("fencing-token", "2")], "")), "invalid_token");
+        assert_eq!(code(request("PUT", "/a", &[("fencing-token", "-1")], "")), "invalid_token");
+        assert_eq!(code(request("PUT", "/a%2Fb", &token, "")), "invalid_path");
+        assert_eq!(code(request("PUT", "/a", &token, "too long")), "body_too_large");
+        assert_eq!(code(request("PUT", "/a", &[("fencing-token", "1"), ("upgrade", "h2c")], "")), "upgrade_refused");
+        assert_eq!(code(request("PUT", &format!("/{}", "a".repeat(64)), &token, "")), "uri_too_long");
+    }
+}
