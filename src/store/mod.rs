@@ -10,6 +10,7 @@
 
 mod file;
 pub(crate) mod format;
+mod inspect;
 mod log;
 pub(crate) mod recovery;
 mod table;
@@ -20,7 +21,7 @@ use std::path::PathBuf;
 use std::pin::Pin;
 
 pub use file::{CommitHook, FileStore, StoreOptions};
-pub use recovery::{Inspection, inspect};
+pub use inspect::{Inspection, inspect};
 pub use table::Table;
 
 /// Whether an advance is made durable with `fdatasync` before it resolves.

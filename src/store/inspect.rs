@@ -1,0 +1,47 @@
+//! `fencegate inspect`: a data directory read without a proxy and without changing it.
+
+use std::fs;
+use std::path::Path;
+
+use super::recovery::{Mode, io_err, recover, size_hint};
+use super::{StoreError, Table};
+
+/// What `fencegate inspect` reports about a data directory.
+#[derive(Debug)]
+pub struct Inspection {
+    /// The recovered table.
+    pub table: Table,
+    /// Snapshot in use, by the segment it starts from.
+    pub snapshot: Option<u64>,
+    /// Live segments.
+    pub segments: Vec<u64>,
+    /// Records replayed from segments.
+    pub records: u64,
+    /// A torn tail that a proxy would truncate on start, as (segment, offset).
+    pub torn: Option<(u64, u64)>,
+    /// Writes in flight when the last proxy stopped, which it will quarantine on start.
+    pub in_flight: Vec<(String, u64)>,
+    /// Bytes used by the data directory's files.
+    pub bytes: u64,
+}
+
+/// Reads a data directory without changing it. Refuses while a proxy holds its lock, since
+/// the files may be changing underneath.
+pub fn inspect(dir: &Path) -> Result<Inspection, StoreError> {
+    let _lock = super::file::lock(dir, false)?;
+    let table = Table::with_capacity(size_hint(dir));
+    let found = recover(dir, &table, Mode::ReadOnly)?;
+    let mut bytes = 0;
+    for entry in fs::read_dir(dir).map_err(|e| io_err(dir, e))?.flatten() {
+        bytes += entry.metadata().map(|m| m.len()).unwrap_or(0);
+    }
+    Ok(Inspection {
+        table,
+        snapshot: found.snapshot,
+        segments: found.segments,
+        records: found.records,
+        torn: found.torn,
+        in_flight: found.in_flight,
+        bytes,
+    })
+}
