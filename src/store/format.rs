@@ -150,7 +150,7 @@ fn encode_raw(buf: &mut Vec<u8>, seed: u32, kind: Kind, payload: &[u8], token: u
     buf.resize(start + record_len(payload.len()), 0);
 }
 
-/// Appends one keyed record (State, Advance or Done) to `buf`.
+/// Appends one keyed record (State, Advance or Answered) to `buf`.
 pub fn encode(buf: &mut Vec<u8>, seed: u32, kind: Kind, key: &str, token: u64) {
     encode_raw(buf, seed, kind, key.as_bytes(), token);
 }

@@ -66,7 +66,7 @@ struct Model {
     written: HashMap<&'static str, u64>,
     /// Highest acknowledged token per key.
     acked: HashMap<&'static str, u64>,
-    /// Per key, the last acknowledged advance, and whether a done for it was ever written.
+    /// Per key, the last acknowledged advance, and whether an answer for it was ever written.
     last_acked: HashMap<&'static str, (u64, bool)>,
     /// Answers written for (key, token), durable or not.
     answered: HashSet<(&'static str, u64)>,

@@ -95,7 +95,7 @@ pub(crate) fn size_hint(dir: &Path) -> usize {
     }
     let from = snapshot.as_ref().map_or(0, |(seq, _)| *seq);
     let counted = snapshot.and_then(|(seq, path)| snapshot_count(&path, seq)).unwrap_or(0);
-    // An advance and its done take about 100 bytes of log for a short key.
+    // An advance and its answer take about 100 bytes of log for a short key.
     let logged: u64 = segment_bytes.iter().filter(|(seq, _)| *seq >= from).map(|(_, len)| len / 64).sum();
     usize::try_from(counted + logged).unwrap_or(usize::MAX)
 }

@@ -232,7 +232,7 @@ impl Writer {
         self.advances_in_batch += 1;
     }
 
-    /// Writes the batch; syncs it if it holds an advance (a lost done only costs a quarantine).
+    /// Writes the batch; syncs it if it holds an advance (a lost answer only costs a quarantine).
     fn commit(&mut self) {
         self.new_in_batch = 0;
         let advances = std::mem::take(&mut self.advances_in_batch);
@@ -276,7 +276,7 @@ impl Writer {
         if self.failed.is_some() || self.log.len() < threshold {
             return;
         }
-        // Rotation syncs the segment it closes (Done-only batches included), so its failures
+        // Rotation syncs the segment it closes (Answered-only batches included), so its failures
         // are sync failures like any other: fail closed.
         match self.log.rotate() {
             Ok(seq) => {
