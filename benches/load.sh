@@ -5,6 +5,7 @@
 #   benches/load.sh                      # 3 rounds of 10 s, at 1, 32 and 64 connections
 #   ROUNDS=5 SECONDS_PER_RUN=10 CONNS="32 64" WORKLOADS="get" benches/load.sh
 #   FLOOR=1 benches/load.sh              # and a bare hyper proxy beside them (below)
+#   BASE_BIN=/path/to/old/fencegate CONNS="32 256" benches/load.sh   # and another build (below)
 #
 # What runs, all on loopback:
 #   backend   nginx serving WebDAV (PUT, DELETE) from tmpfs, 1 worker          127.0.0.1:18081
@@ -26,6 +27,10 @@
 # runtime, a list of idle backend connections), without anything else fencegate does: no
 # fencing, timeouts, HTTP/2 detection, header rewriting, metrics or logging. Against it,
 # fencegate's own share of the cost shows. A PUT through it is forwarded unfenced, unsynced.
+#
+# BASE_BIN=PATH adds a fifth target on 127.0.0.1:18085: another fencegate binary (an earlier
+# commit's, say), configured alike with a data dir of its own, measured in the same
+# interleaved rounds, so that a change is compared with its baseline under the same noise.
 set -euo pipefail
 
 ROUNDS=${ROUNDS:-3}
@@ -50,7 +55,11 @@ if [ "${FLOOR:-0}" = 1 ]; then
     (cd "$ROOT" && cargo build --release --quiet --example hyper_floor)
     TARGETS+=(hyper)
 fi
-declare -A PORT=([direct]=18081 [nginx]=18082 [fencegate]=18083 [hyper]=18084)
+if [ -n "${BASE_BIN:-}" ]; then
+    [ -x "$BASE_BIN" ] || { echo "BASE_BIN=$BASE_BIN is not an executable" >&2; exit 1; }
+    TARGETS+=(baseline)
+fi
+declare -A PORT=([direct]=18081 [nginx]=18082 [fencegate]=18083 [hyper]=18084 [baseline]=18085)
 
 SHM=$(mktemp -d /dev/shm/fencegate-load.XXXXXX)   # the backend's files: tmpfs
 DISK=$(mktemp -d /var/tmp/fencegate-load.XXXXXX)  # fencegate's data dir: a real disk
@@ -62,7 +71,7 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-mkdir -p "$SHM/www/get" "$SHM/body" "$SHM/logs" "$DISK/data"
+mkdir -p "$SHM/www/get" "$SHM/body" "$SHM/logs" "$DISK/data" "$DISK/base"
 head -c 1024 /dev/zero | tr '\0' 'x' >"$SHM/www/get/file"
 chmod -R 777 "$SHM"   # nginx's worker runs as nobody when started by root
 
@@ -122,6 +131,7 @@ level = "warn"
 [admin]
 listen = "127.0.0.1:18183"
 EOF
+sed -e 's/18083/18085/; s/18183/18185/' -e "s#$DISK/data#$DISK/base#" "$SHM/fencegate.toml" >"$SHM/baseline.toml"
 cat >"$SHM/put.lua" <<'EOF'
 -- 1,000 resources in turn; one counter for the run, so every resource's tokens climb. The base
 -- comes from the clock, so a later run's tokens are above an earlier run's.
@@ -139,6 +149,9 @@ EOF
 "$NGINX" -c "$SHM/proxy.conf" -g 'daemon off;' & PIDS+=($!)
 "$BIN" run --config "$SHM/fencegate.toml" 2>"$SHM/logs/fencegate.log" & FG=$!; PIDS+=($FG)
 declare -A PID=([fencegate]=$FG)
+if [ -n "${BASE_BIN:-}" ]; then
+    "$BASE_BIN" run --config "$SHM/baseline.toml" 2>"$SHM/logs/baseline.log" & PID[baseline]=$!; PIDS+=($!)
+fi
 if [ "${FLOOR:-0}" = 1 ]; then
     "$TARGET_DIR/release/examples/hyper_floor" 127.0.0.1:18084 127.0.0.1:18081 & PID[hyper]=$!; PIDS+=($!)
 fi
@@ -150,6 +163,9 @@ for target in "${TARGETS[@]}"; do
 done
 sleep 1
 kill -0 "$FG" 2>/dev/null || { echo "fencegate did not start:" >&2; cat "$SHM/logs/fencegate.log" >&2; exit 1; }
+if [ -n "${PID[baseline]:-}" ] && ! kill -0 "${PID[baseline]}" 2>/dev/null; then
+    echo "the baseline did not start:" >&2; cat "$SHM/logs/baseline.log" >&2; exit 1
+fi
 if [ -n "${PID[hyper]:-}" ] && ! kill -0 "${PID[hyper]}" 2>/dev/null; then
     echo "hyper_floor did not start (is 127.0.0.1:18084 taken?)" >&2
     exit 1
@@ -249,5 +265,16 @@ if any(t == "hyper" for (_, _, t) in runs):
         p50, p99 = ([med([x[i] for x in r]) for r in (h, f)] for i in (1, 2))
         print(f"| {w} | {c} | {rps[2]:,.0f} | {rps[1]/rps[2]:.2f} | {rps[2]/rps[0]:.2f} | {p50[0]:.0f} / {p50[1]:.0f} "
               f"| {p99[0]:.0f} / {p99[1]:.0f} | {cpu[0]:.1f} / {cpu[1]:.1f} | {sum(x[3] for x in h)} |")
+if any(t == "baseline" for (_, _, t) in runs):
+    print("\n| workload | conns | baseline req/s | fencegate req/s | fg/baseline | p50 baseline / fg (µs) "
+          "| p99 baseline / fg (µs) | CPU µs/req baseline / fg | baseline non-2xx |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for w, c in sorted({(w, c) for (w, c, t) in runs if t == "baseline"}):
+        b, f = (runs[(w, c, t)] for t in ("baseline", "fencegate"))
+        rps = [med([x[0] for x in r]) for r in (b, f)]
+        cpu = [sum(x[4] for x in r) / hz / max(1.0, sum(x[0] for x in r) * secs) * 1e6 for r in (b, f)]
+        p50, p99 = ([med([x[i] for x in r]) for r in (b, f)] for i in (1, 2))
+        print(f"| {w} | {c} | {rps[0]:,.0f} | {rps[1]:,.0f} | {rps[1]/rps[0]:.2f} | {p50[0]:.0f} / {p50[1]:.0f} "
+              f"| {p99[0]:.0f} / {p99[1]:.0f} | {cpu[0]:.1f} / {cpu[1]:.1f} | {sum(x[3] for x in b)} |")
 print(f"\nfencegate RSS: idle {idle / 1024:.1f} MB, peak under load {peak / 1024:.1f} MB")
 EOF
