@@ -20,6 +20,17 @@ fn open(dir: &Path) -> FileStore {
     FileStore::open(dir, options(64 << 20)).unwrap()
 }
 
+/// Opens `dir` once whoever holds its lock lets go (within 10 s).
+fn open_when_free(dir: &Path) -> FileStore {
+    for _ in 0..10_000 {
+        match FileStore::open(dir, options(64 << 20)) {
+            Err(StoreError::Locked { .. }) => std::thread::sleep(Duration::from_millis(1)),
+            other => return other.unwrap(),
+        }
+    }
+    panic!("{} stayed locked", dir.display());
+}
+
 fn contents(store: &FileStore) -> HashMap<String, u64> {
     let mut all = HashMap::new();
     store.table().for_each(|k, t, _| {
@@ -158,8 +169,7 @@ async fn snapshot_plus_tail_recovers_and_compaction_keeps_disk_proportional_to_r
         store.advance(&key, t).await.unwrap();
         expect.insert(key, t);
     }
-    // Let the compactor finish its last snapshot.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Closing waits for the compactor to finish the snapshots it was asked for.
     store.close().await.unwrap();
     drop(store);
     let files: Vec<String> =
@@ -292,10 +302,17 @@ async fn an_answer_reaches_the_log_soon_even_when_no_advance_follows() {
     let store = open(dir.path());
     write(&store, &[("/a", 1), ("/b", 2)]).await;
     store.answered("/a", 1);
-    tokio::time::sleep(Duration::from_millis(600)).await;
-    // Read the log as it is, while the store still runs.
-    let (_, found) = as_a_crash_would_leave(dir.path());
-    assert_eq!(found.in_flight, [("/b".to_string(), 2)], "the answer to /a was logged on its own");
+    // Read the log as it is, while the store still runs, until the answer is there.
+    let logged = async {
+        loop {
+            let (_, found) = as_a_crash_would_leave(dir.path());
+            if found.in_flight == [("/b".to_string(), 2)] {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), logged).await.expect("the answer to /a was logged on its own");
     drop(store);
 }
 
@@ -307,10 +324,11 @@ async fn an_earlier_answer_does_not_clear_a_later_write_with_the_same_token() {
     store.answered("/a", 6); // A answered; its turn is released after this
     store.advance("/a", 6).await.unwrap(); // write B, an equal token accepted, now at the backend
     assert_eq!(store.table().entry("/a"), Some((6, true)), "B is in flight in memory");
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Closing writes every answer still pending: one logged after B would clear it.
+    store.close().await.unwrap();
+    drop(store);
     let (_, found) = as_a_crash_would_leave(dir.path());
     assert_eq!(found.in_flight, [("/a".to_string(), 6)], "and in the log");
-    drop(store);
 }
 
 #[tokio::test]
@@ -400,7 +418,8 @@ fn a_store_whose_runtime_shut_down_fails_closed_and_keeps_its_answers() {
     let after = user.block_on(async { tokio::time::timeout(Duration::from_secs(5), store.advance("/a", 2)).await });
     assert!(matches!(after, Ok(Err(StoreError::Closed))), "fails closed, does not hang: {after:?}");
     drop(store);
-    let store = open(dir.path());
+    // The compaction thread, which shares the directory's lock, ends on its own once the writer is gone.
+    let store = open_when_free(dir.path());
     assert_eq!(store.table().get("/a"), Some(1));
     assert_eq!(store.in_flight_at_start(), [("/b".to_string(), 1)], "the answer to /a was logged on the way out");
 }
