@@ -102,7 +102,8 @@ impl Proxy {
         let (config, report) = reload::merge(&current.config, config);
         let next = Settings::build(config, self.state.metrics.bytes_in.clone(), Some(&current))?;
         let (old, new) = (&current.config.fence, &next.config.fence);
-        let unfenced: Vec<&str> = old.methods.iter().filter(|m| !new.methods.contains(m)).map(|m| m.as_str()).collect();
+        let unfenced: Vec<&str> =
+            new.unfenced_methods.iter().filter(|m| !old.unfenced_methods.contains(m)).map(|m| m.as_str()).collect();
         if !unfenced.is_empty() {
             tracing::warn!(methods = ?unfenced, "reload: these methods are no longer fenced; their writes pass unchecked");
         }

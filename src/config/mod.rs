@@ -166,9 +166,10 @@ pub struct FenceConfig {
     /// The request header that carries the token.
     #[serde(serialize_with = "ser_display_header")]
     pub header: HeaderName,
-    /// Fenced methods, upper case; a request method matches case-insensitively.
+    /// Methods forwarded unchecked, matched exactly (method names are case-sensitive); every
+    /// other method is fenced.
     #[serde(serialize_with = "ser_methods")]
-    pub methods: Vec<Method>,
+    pub unfenced_methods: Vec<Method>,
     /// Whether a token equal to `max_seen` is accepted.
     pub equal_token: EqualToken,
     /// Whether a tokenless fenced write is refused or forwarded unchecked.
@@ -227,6 +228,7 @@ impl Config {
             .separator("__")
             .try_parsing(true)
             .list_separator(",")
+            .with_list_parse_key("fence.unfenced_methods")
             .with_list_parse_key("fence.methods")
             .source(env);
         let raw: RawConfig = config::Config::builder()

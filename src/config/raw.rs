@@ -87,7 +87,10 @@ pub(super) fn default_request_timeout() -> String {
 #[serde(deny_unknown_fields, default)]
 pub(super) struct RawFence {
     pub(super) header: String,
-    pub(super) methods: Vec<String>,
+    /// Refused: the fenced methods are every method not in `unfenced_methods`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) methods: Option<Vec<String>>,
+    pub(super) unfenced_methods: Vec<String>,
     pub(super) equal_token: String,
     pub(super) missing_token: String,
     pub(super) queue_timeout: String,
@@ -100,7 +103,8 @@ impl Default for RawFence {
     fn default() -> Self {
         Self {
             header: "Fencing-Token".into(),
-            methods: ["PUT", "POST", "PATCH", "DELETE"].map(String::from).to_vec(),
+            methods: None,
+            unfenced_methods: ["GET", "HEAD", "OPTIONS", "TRACE", "PROPFIND"].map(String::from).to_vec(),
             equal_token: "reject".into(),
             missing_token: "reject".into(),
             queue_timeout: "10s".into(),

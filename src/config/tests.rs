@@ -11,7 +11,8 @@ fn minimal_file_gets_documented_defaults() {
     assert_eq!(c.backend.connect_timeout, Duration::from_secs(2));
     assert_eq!(c.backend.request_timeout, Duration::from_secs(30));
     assert_eq!(c.fence.header.as_str(), "fencing-token");
-    assert_eq!(c.fence.methods, vec![Method::PUT, Method::POST, Method::PATCH, Method::DELETE]);
+    let unfenced: Vec<&str> = c.fence.unfenced_methods.iter().map(Method::as_str).collect();
+    assert_eq!(unfenced, ["GET", "HEAD", "OPTIONS", "TRACE", "PROPFIND"]);
     assert_eq!(c.fence.equal_token, EqualToken::Reject);
     assert_eq!(c.fence.missing_token, MissingToken::Reject);
     assert_eq!(c.fence.quarantine, c.backend.request_timeout);
@@ -40,6 +41,9 @@ fn bad_values_name_their_key() {
         ("[limits]\nmax_header_bytes = 10\n", "limits.max_header_bytes"),
         ("[paths]\ntrailing_slash = \"sometimes\"\n", "paths.trailing_slash"),
         ("[paths]\nmerge_slashes = \"maybe\"\n", "merge_slashes"),
+        ("[fence]\nmethods = [\"PUT\"]\n", "fence.methods: is replaced by fence.unfenced_methods"),
+        ("[fence]\nunfenced_methods = [\"GET\", \"connect\"]\n", "fence.unfenced_methods: CONNECT"),
+        ("[fence]\nunfenced_methods = [\"GE T\"]\n", "fence.unfenced_methods"),
     ] {
         let text = if extra.starts_with("[backend]") { extra.to_string() } else { format!("{MINIMAL}{extra}") };
         let err = Config::from_toml_str(&text).unwrap_err();
@@ -55,12 +59,15 @@ fn environment_overrides_the_file() {
     let env = HashMap::from([
         ("FENCEGATE_FENCE__EQUAL_TOKEN".to_string(), "accept".to_string()),
         ("FENCEGATE_BACKEND__URL".to_string(), "http://127.0.0.1:9100".to_string()),
-        ("FENCEGATE_FENCE__METHODS".to_string(), "PUT,DELETE".to_string()),
+        ("FENCEGATE_FENCE__UNFENCED_METHODS".to_string(), "GET,HEAD".to_string()),
     ]);
     let c = Config::load(&file, Some(env)).unwrap();
     assert_eq!(c.fence.equal_token, EqualToken::Accept);
     assert_eq!(c.backend.url.port_u16(), Some(9100));
-    assert_eq!(c.fence.methods, vec![Method::PUT, Method::DELETE]);
+    assert_eq!(c.fence.unfenced_methods, vec![Method::GET, Method::HEAD]);
+    let old = HashMap::from([("FENCEGATE_FENCE__METHODS".to_string(), "PUT,DELETE".to_string())]);
+    let err = Config::load(&file, Some(old)).unwrap_err().to_string();
+    assert!(err.contains("fence.unfenced_methods"), "the message names the key that replaced it: {err}");
     let typo = HashMap::from([("FENCEGATE_FENCE__EQUAL".to_string(), "accept".to_string())]);
     assert!(Config::load(&file, Some(typo)).is_err());
 }

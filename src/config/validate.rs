@@ -42,17 +42,14 @@ pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
     let f = raw.fence;
     let header = HeaderName::from_bytes(f.header.as_bytes())
         .map_err(|_| invalid("fence.header", format!("{:?} is not a valid header name", f.header)))?;
-    if f.methods.is_empty() {
-        return Err(invalid("fence.methods", "must name at least one method"));
+    if f.methods.is_some() {
+        return Err(invalid(
+            "fence.methods",
+            "is replaced by fence.unfenced_methods: list the methods that are safe to forward unchecked \
+             (default [\"GET\", \"HEAD\", \"OPTIONS\", \"TRACE\", \"PROPFIND\"]); every other method is fenced",
+        ));
     }
-    let methods = f
-        .methods
-        .iter()
-        .map(|m| {
-            Method::from_bytes(m.to_ascii_uppercase().as_bytes())
-                .map_err(|_| invalid("fence.methods", format!("{m:?} is not an HTTP method")))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let unfenced_methods = unfenced_methods(&f.unfenced_methods)?;
     let quarantine = match &f.quarantine {
         Some(q) => duration("fence.quarantine", q)?,
         None => backend.request_timeout,
@@ -61,7 +58,7 @@ pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
     let scopes = f.scopes.iter().enumerate().map(|(i, s)| scope(i, s, &paths)).collect::<Result<_, _>>()?;
     let fence = FenceConfig {
         header,
-        methods,
+        unfenced_methods,
         equal_token: choice(
             "fence.equal_token",
             &f.equal_token,
@@ -126,6 +123,23 @@ fn duration(key: &str, text: &str) -> Result<Duration, ConfigError> {
         return Err(invalid(key, format!("{text:?} is more than the maximum of 365 days")));
     }
     Ok(d)
+}
+
+/// Method names are case-sensitive (RFC 9110 §9.1): each is kept exactly as written.
+fn unfenced_methods(names: &[String]) -> Result<Vec<Method>, ConfigError> {
+    let key = "fence.unfenced_methods";
+    let mut methods = Vec::with_capacity(names.len());
+    for name in names {
+        let method = Method::from_bytes(name.as_bytes())
+            .map_err(|_| invalid(key, format!("{name:?} is not an HTTP method name")))?;
+        if name.eq_ignore_ascii_case("CONNECT") {
+            return Err(invalid(key, "CONNECT is always refused: fencegate is not a tunnel"));
+        }
+        if !methods.contains(&method) {
+            methods.push(method);
+        }
+    }
+    Ok(methods)
 }
 
 fn backend_tls(url: &str, raw: Option<raw::RawBackendTls>) -> Result<BackendTls, ConfigError> {

@@ -2,7 +2,7 @@
 //! alone, without I/O. Everything a request may be refused for before it waits or touches the
 //! store is refused here.
 
-use http::header::UPGRADE;
+use http::header::{HeaderName, UPGRADE};
 use http::uri::PathAndQuery;
 use http::{Method, Request};
 use hyper::body::Body;
@@ -65,10 +65,21 @@ pub enum Coverage {
     Subtree,
 }
 
+/// Headers with which web frameworks let a request claim another method than its own. A
+/// backend that honours one turns a `GET` into a write, so the method they name is fenced as if
+/// it were the request's. Overrides in the query string or the body are not seen here.
+static METHOD_OVERRIDES: [HeaderName; 3] = [
+    HeaderName::from_static("x-http-method-override"),
+    HeaderName::from_static("x-http-method"),
+    HeaderName::from_static("x-method-override"),
+];
+
 /// Decides what to do with a request, from its method, target, headers and declared body size.
 pub fn classify<B: Body>(req: &Request<B>, config: &Config) -> Result<Plan, Refusal> {
     check_limits(req, &config.limits)?;
-    if !is_fenced(config, req.method()) {
+    let overridden = method_override(req)?;
+    let unfenced = |m: &[u8]| config.fence.unfenced_methods.iter().any(|u| u.as_str().as_bytes() == m);
+    if unfenced(req.method().as_str().as_bytes()) && overridden.is_none_or(unfenced) {
         let target = req.uri().path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
         return Ok(Plan::Pass { target });
     }
@@ -97,13 +108,32 @@ pub fn classify<B: Body>(req: &Request<B>, config: &Config) -> Result<Plan, Refu
     Ok(Plan::Write(Write { token, touches, destination: None, target, body_limit }))
 }
 
-fn is_fenced(config: &Config, method: &Method) -> bool {
-    config.fence.methods.iter().any(|m| m.as_str().eq_ignore_ascii_case(method.as_str()))
+/// The one method a request's override headers name, if they name any; more than one value,
+/// or one that is not a method name, is refused: the backend's reading of it is unknowable.
+fn method_override<B>(req: &Request<B>) -> Result<Option<&[u8]>, Refusal> {
+    let mut found: Option<(&HeaderName, &[u8])> = None;
+    for name in &METHOD_OVERRIDES {
+        for value in req.headers().get_all(name) {
+            let bad = |reason: &str| Refusal::InvalidHeader { name: name.to_string(), reason: reason.to_owned() };
+            if let Some((first, _)) = found {
+                let reason = format!("a method override is already given in {first}; send one value in one header");
+                return Err(bad(&reason));
+            }
+            let method = value.as_bytes();
+            if method.is_empty() || Method::from_bytes(method).is_err() || method.contains(&b',') {
+                return Err(bad("not one method name"));
+            }
+            found = Some((name, method));
+        }
+    }
+    Ok(found.map(|(_, method)| method))
 }
 
 /// Refuses what no request may carry: tunnels, and heads beyond the configured limits.
 fn check_limits<B>(req: &Request<B>, limits: &LimitsConfig) -> Result<(), Refusal> {
-    if req.method() == Method::CONNECT {
+    // In any spelling: a backend that reads method names without regard to case could open a
+    // tunnel for `connect`.
+    if req.method().as_str().eq_ignore_ascii_case("CONNECT") {
         return Err(Refusal::MethodNotAllowed(req.method().to_string()));
     }
     // The authority counts too (absolute form, HTTP/2's :authority): it becomes Host upstream.
@@ -173,8 +203,46 @@ mod tests {
         let c = config("");
         let put = request("PUT", "/a/./b//c?x=1", &[("fencing-token", "34")], "v");
         assert_eq!(classify(&put, &c).unwrap(), write(34, "/a/b/c", "/a/b/c?x=1"));
-        let delete = request("delete", "/a", &[("fencing-token", "7")], "");
-        assert_eq!(classify(&delete, &c).unwrap(), write(7, "/a", "/a"), "methods match whatever their case");
+        let delete = request("DELETE", "/a", &[("fencing-token", "7")], "");
+        assert_eq!(classify(&delete, &c).unwrap(), write(7, "/a", "/a"));
+    }
+
+    #[test]
+    fn every_method_not_known_to_be_safe_is_fenced_and_method_names_are_case_sensitive() {
+        let c = config("");
+        for method in ["PUT", "POST", "PATCH", "DELETE", "MKCOL", "PROPPATCH", "LOCK", "UNLOCK", "PURGE", "FROB", "get"] {
+            let tokenless = request(method, "/a", &[], "");
+            assert_eq!(classify(&tokenless, &c).unwrap_err().code(), "missing_token", "{method}");
+            let with_token = request(method, "/a", &[("fencing-token", "3")], "");
+            assert_eq!(classify(&with_token, &c).unwrap(), write(3, "/a", "/a"), "{method}");
+        }
+        for method in ["GET", "HEAD", "OPTIONS", "TRACE", "PROPFIND"] {
+            assert!(matches!(classify(&request(method, "/a", &[], ""), &c), Ok(Plan::Pass { .. })), "{method}");
+        }
+        for connect in ["CONNECT", "connect", "Connect"] {
+            let code = classify(&request(connect, "/a", &[("fencing-token", "3")], ""), &c).unwrap_err().code();
+            assert_eq!(code, "method_not_allowed", "{connect}");
+        }
+    }
+
+    #[test]
+    fn a_method_override_is_fenced_as_the_method_it_names() {
+        let c = config("");
+        for header in ["X-HTTP-Method-Override", "X-HTTP-Method", "X-Method-Override"] {
+            let tokenless = request("GET", "/a", &[(header, "PUT")], "");
+            assert_eq!(classify(&tokenless, &c).unwrap_err().code(), "missing_token", "{header}");
+            let delete = request("GET", "/a", &[(header, "DELETE"), ("fencing-token", "9")], "");
+            assert_eq!(classify(&delete, &c).unwrap(), write(9, "/a", "/a"), "{header}");
+            let safe = request("POST", "/a", &[(header, "GET")], "");
+            assert_eq!(classify(&safe, &c).unwrap_err().code(), "missing_token", "POST stays a write: {header}");
+            let read = request("GET", "/a", &[(header, "HEAD")], "");
+            assert!(matches!(classify(&read, &c), Ok(Plan::Pass { .. })), "{header}");
+        }
+        let code = |headers: &[(&str, &str)]| classify(&request("GET", "/a", headers, ""), &c).unwrap_err().code();
+        assert_eq!(code(&[("X-HTTP-Method-Override", "PUT"), ("X-HTTP-Method-Override", "GET")]), "invalid_header");
+        assert_eq!(code(&[("X-HTTP-Method-Override", "GET"), ("X-HTTP-Method", "GET")]), "invalid_header");
+        assert_eq!(code(&[("X-HTTP-Method-Override", "GET, PUT")]), "invalid_header");
+        assert_eq!(code(&[("X-Method-Override", "")]), "invalid_header");
     }
 
     #[test]

@@ -39,6 +39,15 @@ pub enum Refusal {
     /// CONNECT: fencegate is a reverse proxy, not a tunnel.
     #[error("{0} is not supported by this proxy")]
     MethodNotAllowed(String),
+    /// A header fencegate reads is repeated or unreadable, so the backend's reading of it is
+    /// unknowable.
+    #[error("invalid {name} header: {reason}")]
+    InvalidHeader {
+        /// The header.
+        name: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// A fenced write asked to switch protocols: the fence could not follow what comes next.
     #[error("fenced writes cannot upgrade the connection (Upgrade: {0})")]
     UpgradeRefused(String),
@@ -137,6 +146,7 @@ impl Refusal {
             Refusal::InvalidToken(_) => (S::BAD_REQUEST, "invalid_token"),
             Refusal::InvalidPath(_) => (S::BAD_REQUEST, "invalid_path"),
             Refusal::MethodNotAllowed(_) => (S::METHOD_NOT_ALLOWED, "method_not_allowed"),
+            Refusal::InvalidHeader { .. } => (S::BAD_REQUEST, "invalid_header"),
             Refusal::UpgradeRefused(_) => (S::BAD_REQUEST, "upgrade_refused"),
             Refusal::HeadersTooLarge { .. } => (S::REQUEST_HEADER_FIELDS_TOO_LARGE, "headers_too_large"),
             Refusal::UriTooLong { .. } => (S::URI_TOO_LONG, "uri_too_long"),
@@ -246,6 +256,7 @@ mod tests {
             (Refusal::BadRequest("x".into()), 400, "invalid_request"),
             (fence(FenceError::WouldLower { resource: "/a".into(), max_seen: 5, to: 4 }), 409, "would_lower"),
             (Refusal::UpgradeRefused("websocket".into()), 400, "upgrade_refused"),
+            (Refusal::InvalidHeader { name: "destination".into(), reason: "twice".into() }, 400, "invalid_header"),
             (Refusal::HeadersTooLarge { size: 9, limit: 8 }, 431, "headers_too_large"),
             (Refusal::UriTooLong { size: 9, limit: 8 }, 414, "uri_too_long"),
             (Refusal::BodyTooLarge { limit: 8 }, 413, "body_too_large"),
