@@ -34,14 +34,13 @@ async fn reserve(table: &Arc<Fence>, key: &str, token: u64, equal: EqualToken) {
     black_box(turn.check(token, equal)).unwrap();
 }
 
-/// A fence over a real store (never synced: only the in-memory part is measured here). The
-/// directory lives as long as the bench.
-fn fence_table(rt: &tokio::runtime::Runtime) -> Arc<Fence> {
+/// A fence over a real store (never synced: only the in-memory part is measured here), and
+/// its directory, removed when dropped.
+fn fence_table(rt: &tokio::runtime::Runtime) -> (Arc<Fence>, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let options = StoreOptions { sync: SyncMode::Never, ..StoreOptions::default() };
     let store = rt.block_on(async { FileStore::open(dir.path(), options) }).unwrap();
-    std::mem::forget(dir);
-    Arc::new(Fence::new(Arc::clone(store.table()), Arc::new(store)))
+    (Arc::new(Fence::new(Arc::new(store))), dir)
 }
 
 fn check_and_reserve(c: &mut Criterion) {
@@ -49,7 +48,7 @@ fn check_and_reserve(c: &mut Criterion) {
     let mut g = c.benchmark_group("check_and_reserve");
     g.throughput(Throughput::Elements(1));
     g.bench_function("uncontended", |b| {
-        let table = fence_table(&rt);
+        let (table, _dir) = fence_table(&rt);
         let mut token = 0;
         b.iter(|| {
             token += 1;
@@ -61,7 +60,7 @@ fn check_and_reserve(c: &mut Criterion) {
             let name = if shared_key { "one_key" } else { "distinct_keys" };
             g.bench_function(BenchmarkId::new(name, tasks), |b| {
                 b.iter_custom(|iters| {
-                    let table = fence_table(&rt);
+                    let (table, _dir) = fence_table(&rt);
                     let per_task = iters.div_ceil(tasks);
                     let start = Instant::now();
                     rt.block_on(async {

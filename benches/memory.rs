@@ -28,7 +28,7 @@ fn measure(dir: &std::path::Path) {
     let before = status("VmRSS:");
     let rt = rt();
     let store = Arc::new(rt.block_on(async { FileStore::open(dir, StoreOptions::default()) }).unwrap());
-    let fence = Fence::new(Arc::clone(store.table()), Arc::clone(&store) as Arc<dyn Store>);
+    let fence = Fence::new(Arc::clone(&store) as Arc<dyn Store>);
     let rss = status("VmRSS:");
     let peak = status("VmHWM:");
     println!("resources          {}", fence.len());

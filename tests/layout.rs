@@ -3,22 +3,26 @@
 //! A request flows app → listener → request → fence → upstream → store, with admin and config
 //! beside. The store knows neither HTTP nor fence policy nor config types; the fence knows no
 //! HTTP; upstream knows no tokens; admin uses the fence, never the request path; config is
-//! data. Each rule below is one of these sentences.
+//! data. Each rule below is one of these sentences. Paths are resolved before they are judged
+//! (`super::` and `self::` from the file's own module), string literals and comments are
+//! ignored, and nothing in `src/` may reach the crate through its own name (`fencegate::`).
 
 use std::path::{Path, PathBuf};
 
-/// A module folder (or file) and what its source may name.
+/// A module folder and what its source may name.
 struct Rule {
     module: &'static str,
-    /// `crate::…` paths it may use, as prefixes.
+    /// `crate::…` paths it may use: each one and everything below it.
     may_use: &'static [&'static str],
     /// Crates it must not use at all.
     no_crates: &'static [&'static str],
 }
 
+const HTTP: &[&str] = &["http", "hyper", "hyper_util", "http_body_util", "h2"];
+
 const RULES: &[Rule] = &[
-    Rule { module: "store", may_use: &["crate::store"], no_crates: &["http", "hyper"] },
-    Rule { module: "fence", may_use: &["crate::fence", "crate::store"], no_crates: &["http", "hyper"] },
+    Rule { module: "store", may_use: &["crate::store"], no_crates: HTTP },
+    Rule { module: "fence", may_use: &["crate::fence", "crate::store"], no_crates: HTTP },
     Rule {
         module: "upstream",
         may_use: &["crate::upstream", "crate::config::BackendConfig", "crate::tls"],
@@ -41,7 +45,8 @@ const RULES: &[Rule] = &[
             "crate::config",
             "crate::fence::path",
             "crate::fence::keys",
-            "crate::fence::{EqualToken, Scope}",
+            "crate::fence::EqualToken",
+            "crate::fence::Scope",
             "crate::store::SyncMode",
             "crate::tls",
         ],
@@ -60,32 +65,173 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// Every `crate::…` path and forbidden crate `text` names, outside comments, that `rule` does not allow.
-fn violations(rule: &Rule, text: &str) -> Vec<String> {
-    let mut found = Vec::new();
-    for line in text.lines() {
-        let code = line.split("//").next().unwrap_or_default();
-        let mut rest = code;
-        while let Some(at) = rest.find("crate::") {
-            let named: String = rest[at..]
-                .chars()
-                .take_while(|c| c.is_alphanumeric() || matches!(c, '_' | ':' | '{' | '}' | ',' | ' '))
-                .collect();
-            let named = named.trim_end_matches([' ', ',']);
-            if !rule.may_use.iter().any(|allowed| named.starts_with(allowed)) {
-                found.push(format!("{named}  (in: {})", line.trim()));
+/// The module a source file holds, as a path: `src/fence/turn.rs` is `crate::fence::turn`,
+/// `src/fence/mod.rs` is `crate::fence`.
+fn module_of(file: &Path, src: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(src).unwrap().with_extension("");
+    let mut path = vec!["crate".to_owned()];
+    path.extend(rel.iter().map(|p| p.to_string_lossy().into_owned()));
+    if path.last().is_some_and(|l| l == "mod" || l == "lib") {
+        path.pop();
+    }
+    path
+}
+
+/// The text of `source` without comments and with every string literal emptied, as one line
+/// per source line.
+fn code_only(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut chars = source.chars().peekable();
+    let (mut in_string, mut in_block) = (false, 0);
+    while let Some(c) = chars.next() {
+        match c {
+            '\n' => {
+                out.push('\n');
+                continue;
             }
-            rest = &rest[at + "crate::".len()..];
+            _ if in_block > 0 => {
+                if c == '*' && chars.peek() == Some(&'/') {
+                    chars.next();
+                    in_block -= 1;
+                }
+            }
+            '\\' if in_string => {
+                chars.next();
+            }
+            '"' => {
+                in_string = !in_string;
+                out.push('"');
+            }
+            _ if in_string => {}
+            '/' if chars.peek() == Some(&'/') => {
+                while chars.peek().is_some_and(|&c| c != '\n') {
+                    chars.next();
+                }
+            }
+            '/' if chars.peek() == Some(&'*') => {
+                chars.next();
+                in_block += 1;
+            }
+            // A char literal that is a quote would otherwise open a string.
+            '\'' if chars.peek() == Some(&'"') => {
+                chars.next();
+                out.push_str("'x");
+            }
+            _ => out.push(c),
         }
-        for krate in rule.no_crates {
-            // `krate::` as a path of its own, not the tail of another (`my_http::`, `x::http::`).
-            let path = format!("{krate}::");
-            let used = code
-                .match_indices(&path)
-                .any(|(at, _)| !code[..at].ends_with(|c: char| c.is_alphanumeric() || c == '_' || c == ':'));
-            if used {
-                found.push(format!("{krate}  (in: {})", line.trim()));
+    }
+    out
+}
+
+/// Every path `code` names that starts at `crate`, `super`, `self` or one of `crates`, resolved
+/// against the file's module `here`: `(resolved path, the line it is on)`.
+fn paths(code: &str, here: &[String], crates: &[&str]) -> Vec<(String, usize)> {
+    let mut found = Vec::new();
+    let is_ident = |c: char| c.is_alphanumeric() || c == '_';
+    for (number, line) in code.lines().enumerate() {
+        let mut at = 0;
+        while at < line.len() {
+            let rest = &line[at..];
+            // A path's first segment: not the tail of another path (`x::http`), though a
+            // leading `::` (`::http::X`) still starts one.
+            let before = &line[..at];
+            let start_ok = match before.strip_suffix("::") {
+                Some(head) => !head.ends_with(|c: char| is_ident(c) || c == '>' || c == ':'),
+                None => !before.ends_with(|c: char| is_ident(c) || c == ':'),
+            };
+            let word: String = rest.chars().take_while(|&c| is_ident(c)).collect();
+            if word.is_empty() {
+                at += rest.chars().next().map_or(1, char::len_utf8);
+                continue;
             }
+            let after = &rest[word.len()..];
+            let names_path = after.starts_with("::")
+                || (crates.contains(&word.as_str()) && (after.starts_with(" as ") || after.starts_with(';')));
+            let root =
+                matches!(word.as_str(), "crate" | "super" | "self" | "fencegate") || crates.contains(&word.as_str());
+            if start_ok && names_path && root {
+                // Read the whole path, through `::` and one level of `{…}` lists.
+                let mut segments: Vec<String> = Vec::new();
+                let mut tail = rest;
+                loop {
+                    let seg: String = tail.chars().take_while(|&c| is_ident(c)).collect();
+                    if seg.is_empty() {
+                        if let Some(list) = tail.strip_prefix('{') {
+                            let inner: String = list.chars().take_while(|&c| c != '}').collect();
+                            for item in inner.split(',') {
+                                let item = item.trim().split("::").next().unwrap_or_default().trim();
+                                if !item.is_empty() && item != "self" {
+                                    segments.push(item.to_owned());
+                                    found.push((resolve(&segments, here), number + 1));
+                                    segments.pop();
+                                }
+                            }
+                        }
+                        break;
+                    }
+                    tail = &tail[seg.len()..];
+                    segments.push(seg);
+                    match tail.strip_prefix("::") {
+                        Some(t) => tail = t,
+                        None => break,
+                    }
+                }
+                if !segments.is_empty() {
+                    found.push((resolve(&segments, here), number + 1));
+                }
+                at += rest.len() - tail.len().min(rest.len()) + word.len().min(1);
+                continue;
+            }
+            at += word.len();
+        }
+    }
+    found
+}
+
+/// `super::x` and `self::x` made absolute from the module `here`.
+fn resolve(segments: &[String], here: &[String]) -> String {
+    let mut base: Vec<String> = match segments.first().map(String::as_str) {
+        Some("super" | "self") => here.to_vec(),
+        _ => return segments.join("::"),
+    };
+    let mut rest = segments;
+    while let Some(first) = rest.first() {
+        match first.as_str() {
+            "super" => {
+                base.pop();
+            }
+            "self" => {}
+            _ => break,
+        }
+        rest = &rest[1..];
+    }
+    base.extend(rest.iter().cloned());
+    base.join("::")
+}
+
+/// Whether `path` is `allowed` or lies below it (whole segments only).
+fn within(path: &str, allowed: &str) -> bool {
+    path == allowed || path.strip_prefix(allowed).is_some_and(|rest| rest.starts_with("::"))
+}
+
+/// What `source`, the file at module `here`, names that `rule` does not allow.
+fn violations(rule: &Rule, source: &str, here: &[String]) -> Vec<String> {
+    let code = code_only(source);
+    let mut found = Vec::new();
+    for (path, line) in paths(&code, here, rule.no_crates) {
+        let root = path.split("::").next().unwrap_or_default();
+        let broken = match root {
+            "crate" => {
+                // A path that starts inside the module itself (or one of the allowed ones) and
+                // names something allowed, or a parent of an allowed path (`crate::fence` for
+                // `use crate::fence::{…}`), is fine.
+                !rule.may_use.iter().any(|a| within(&path, a) || within(a, &path))
+            }
+            "fencegate" => true,
+            krate => rule.no_crates.contains(&krate),
+        };
+        if broken {
+            found.push(format!("line {line}: {path}"));
         }
     }
     found
@@ -96,17 +242,12 @@ fn each_module_names_only_what_the_layout_allows() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut broken = Vec::new();
     for rule in RULES {
-        let root = src.join(rule.module);
         let mut files = Vec::new();
-        if root.is_dir() {
-            sources(&root, &mut files);
-        } else {
-            files.push(root.with_extension("rs"));
-        }
+        sources(&src.join(rule.module), &mut files);
         assert!(!files.is_empty(), "no source for module {}", rule.module);
         for file in files {
             let text = std::fs::read_to_string(&file).unwrap();
-            for v in violations(rule, &text) {
+            for v in violations(rule, &text, &module_of(&file, &src)) {
                 broken.push(format!("{}: {v}", file.strip_prefix(&src).unwrap().display()));
             }
         }
@@ -116,13 +257,26 @@ fn each_module_names_only_what_the_layout_allows() {
 
 #[test]
 fn the_rules_catch_what_they_forbid() {
-    let fence = &RULES[1];
-    assert!(violations(fence, "use crate::fence::path;\nuse crate::store::Table;").is_empty());
-    assert_eq!(violations(fence, "use crate::config::EqualToken;").len(), 1);
-    assert_eq!(violations(fence, "use http::HeaderMap;").len(), 1);
-    assert_eq!(violations(fence, "fn f(h: &http::HeaderMap) {}").len(), 1);
-    assert!(violations(fence, "// use crate::request; is forbidden here").is_empty(), "comments are not code");
-    let admin = &RULES[3];
-    assert!(violations(admin, "use crate::request::refusal::{Refusal, json_response};").is_empty());
-    assert_eq!(violations(admin, "use crate::request::classify;").len(), 1, "admin never uses the request path");
+    let at = |m: &str| m.split("::").map(str::to_owned).collect::<Vec<_>>();
+    let (fence, admin) = (&RULES[1], &RULES[3]);
+    let turn = at("crate::fence::turn");
+    let count = |rule: &Rule, text: &str| violations(rule, text, &turn).len();
+    assert_eq!(count(fence, "use crate::fence::path;\nuse crate::store::Table;\nuse super::Fence;"), 0);
+    assert_eq!(count(fence, "use crate::config::EqualToken;"), 1);
+    assert_eq!(count(fence, "use super::super::config::EqualToken;"), 1, "relative paths are resolved");
+    assert_eq!(count(fence, "use crate::storex::Table;"), 1, "whole segments only");
+    for http in ["use http::HeaderMap;", "fn f(h: &http::HeaderMap) {}", "use ::http::HeaderMap;", "use http as h;"] {
+        assert_eq!(count(fence, http), 1, "{http}");
+    }
+    assert_eq!(count(fence, "use hyper_util::rt::TokioIo;"), 1);
+    assert_eq!(count(fence, "use fencegate::request::Refusal;"), 1, "not even through the crate's own name");
+    assert_eq!(count(fence, "// use crate::request; is forbidden here"), 0, "comments are not code");
+    assert_eq!(count(fence, "let url = \"http://x\"; use crate::request::Refusal;"), 1, "a string is not a comment");
+    assert_eq!(count(fence, "let s = \"crate::request::Refusal\";"), 0, "nor code");
+    assert_eq!(count(fence, "struct Myhttp; fn f() -> my_http::X {}"), 0);
+    let fences = at("crate::admin::fences");
+    assert!(violations(admin, "use crate::request::refusal::{Refusal, json_response};", &fences).is_empty());
+    assert!(violations(admin, "use crate::fence::{Raised, keys, path};", &fences).is_empty());
+    assert_eq!(violations(admin, "use crate::request::classify;", &fences).len(), 1, "never the request path");
+    assert_eq!(violations(admin, "use crate::request::{classify, refusal};", &fences).len(), 1);
 }

@@ -35,16 +35,12 @@ pub(super) async fn advance(
     let to = requested_token(req).await?;
     let turn = state.fence.acquire(&key, state.settings.get().config.fence.queue_timeout).await?;
     let Raised { previous } = turn.raise::<Refusal>(to).await?;
-    if previous != Some(to) {
-        tracing::warn!(resource = %key, ?previous, max_seen = to,
-            "max_seen raised by an operator: every holder of a lower token is cut off");
-    }
     Ok(json_response(StatusCode::OK, &json!({ "resource": key, "max_seen": to, "previous": previous })))
 }
 
 fn authorize(state: &State, req: &Request<Incoming>) -> Result<(), Refusal> {
-    let live = state.settings.get();
-    let Some(expected) = live.config.admin.token.as_deref() else { return Err(Refusal::AdminWritesDisabled) };
+    let settings = state.settings.get();
+    let Some(expected) = settings.config.admin.token.as_deref() else { return Err(Refusal::AdminWritesDisabled) };
     let given = req.headers().get(AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
     // Constant time, so the comparison does not leak how much of a guess was right.
     match given {

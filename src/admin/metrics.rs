@@ -39,7 +39,7 @@ pub struct Metrics {
     pub sync_latency: Histogram,
     /// Advances made durable by one sync (group commit at work).
     pub batch_size: Histogram,
-    /// Fenced writes holding their resource's turn.
+    /// Fenced writes at the backend: advanced, not yet answered.
     pub in_flight: Gauge,
     /// Resources with a `max_seen` (set when scraped).
     pub resources: Gauge,
@@ -109,7 +109,11 @@ impl Default for Metrics {
             m.sync_latency.clone(),
         );
         registry.register("store_batch_advances", "Advances made durable by one sync", m.batch_size.clone());
-        registry.register("writes_in_flight", "Fenced writes holding their resource's turn", m.in_flight.clone());
+        registry.register(
+            "writes_in_flight",
+            "Fenced writes at the backend: advanced, not yet answered",
+            m.in_flight.clone(),
+        );
         registry.register("resources", "Resources with a max_seen", m.resources.clone());
         registry.register_with_unit(
             "request_body",

@@ -73,8 +73,8 @@ async fn route(state: &State, req: Request<Incoming>) -> Result<Response<Full<By
 /// Ready when the store accepts advances and the backend accepts a connection.
 async fn readiness(state: &State) -> Response<Full<Bytes>> {
     let store = state.store.healthy();
-    let live = state.settings.get();
-    let backend = &live.config.backend;
+    let settings = state.settings.get();
+    let backend = &settings.config.backend;
     let connect = tokio::net::TcpStream::connect(crate::upstream::backend_addr(&backend.url));
     let reachable = matches!(tokio::time::timeout(backend.connect_timeout, connect).await, Ok(Ok(_)));
     let checks = json!({ "store": store, "backend": reachable });

@@ -76,10 +76,9 @@ impl Proxy {
         }
         tracing::info!(dir = %config.store.dir.display(), "opening the fence store");
         let store = FileStore::open(&config.store.dir, options)?;
-        let table = Arc::clone(store.table());
         let in_flight = store.in_flight_at_start().to_vec();
         let store: Arc<dyn Store> = Arc::new(store);
-        let fence = Arc::new(Fence::new(table, Arc::clone(&store)));
+        let fence = Arc::new(Fence::new(Arc::clone(&store)));
         // The backend may still apply writes the previous process had in flight.
         for (key, token) in &in_flight {
             tracing::warn!(resource = %key, token, quarantine = ?config.fence.quarantine,

@@ -2,7 +2,7 @@
 //!
 //! [`Fence`] reads `max_seen` from the store's [`Table`] and keeps a FIFO gate only for
 //! resources that have a write waiting, in flight, or quarantined, so memory follows what is
-//! happening. A gate leaves the map with the last task that touches it (see [`turn`]).
+//! happening. A gate leaves the map with the last task that touches it.
 //!
 //! A write's life: [`Fence::precheck`] (cheap, lock-free, may refuse early) →
 //! [`Fence::acquire`] (wait for the resource's turn) → [`Turn::finish`], which owns the rest
@@ -75,7 +75,8 @@ pub enum FenceError {
         /// The value asked for.
         to: u64,
     },
-    /// The task that ran a write's turn ended without an answer (it panicked).
+    /// The task that ran a write's turn ended without an answer (it panicked, or its runtime
+    /// shut down).
     #[error("the write's task failed: {0}")]
     TaskFailed(String),
 }
@@ -99,9 +100,9 @@ pub struct Fence {
 }
 
 impl Fence {
-    /// Fences against `max_seen`, the table `store` keeps current, and advances through `store`.
-    pub fn new(max_seen: Arc<Table>, store: Arc<dyn Store>) -> Self {
-        Fence { max_seen, store, gates: DashMap::default() }
+    /// Fences against the table `store` keeps current, and advances through `store`.
+    pub fn new(store: Arc<dyn Store>) -> Self {
+        Fence { max_seen: Arc::clone(store.table()), store, gates: DashMap::default() }
     }
 
     /// The highest token `key` has accepted, if any.
@@ -140,7 +141,7 @@ impl Fence {
     /// Closes `key` to writes for `period` from now, without taking its turn: for writes that
     /// were in flight when the previous process stopped. Called before serving starts; a gate
     /// someone holds is never replaced.
-    pub fn quarantine(&self, key: &str, period: Duration) {
+    pub(crate) fn quarantine(&self, key: &str, period: Duration) {
         let until = quarantine_end(period);
         let gate = self.gates.entry(key.into()).or_default().clone();
         if let Ok(mut state) = gate.try_lock() {

@@ -37,6 +37,9 @@ pub struct Turn {
     fence: Arc<Fence>,
     key: Box<str>,
     guard: Option<OwnedMutexGuard<GateState>>,
+    /// Set while a forwarded write's outcome is open: a turn dropped then (its task panicked)
+    /// quarantines the resource for this long, as for any unknown outcome.
+    unsettled: Option<Duration>,
 }
 
 /// Releases a resource's gate when a wait for its turn ends without one (timed out, or the
@@ -58,14 +61,15 @@ impl Drop for Leaving<'_> {
 impl Fence {
     /// Waits (FIFO, at most `wait`) until no earlier write to `key` is in flight.
     pub async fn acquire(self: &Arc<Self>, key: &str, wait: Duration) -> Result<Turn, FenceError> {
-        // Made before the gate is cloned, so it is dropped after the clone (a future's locals
-        // are dropped in reverse order): whoever leaves last finds the count that lets the gate go.
+        // Made first, so it is dropped last (a future's locals are dropped in reverse order),
+        // after the wait that holds the gate's clone: whoever leaves last finds the count that
+        // lets the gate go.
         let mut leaving = Leaving { fence: self, key, armed: true };
         let gate = self.gates.entry(key.into()).or_default().clone();
         match tokio::time::timeout(wait, gate.lock_owned()).await {
             Ok(guard) => {
                 leaving.armed = false; // the turn releases the gate when it drops
-                Ok(Turn { fence: Arc::clone(self), key: key.into(), guard: Some(guard) })
+                Ok(Turn { fence: Arc::clone(self), key: key.into(), guard: Some(guard), unsettled: None })
             }
             Err(_) => Err(FenceError::QueueTimeout { resource: key.to_owned(), waited: wait }),
         }
@@ -126,7 +130,9 @@ impl Turn {
             turn.check(token, equal)?;
             // Durable, and the table raised, before the write goes anywhere.
             turn.fence.store.advance(&turn.key, token).await?;
+            turn.unsettled = Some(quarantine);
             let result = write.await;
+            turn.unsettled = None;
             match outcome(&result) {
                 Outcome::Answered => turn.fence.store.answered(&turn.key, token),
                 // It stays in flight in the log too, so a restart quarantines it again.
@@ -138,7 +144,8 @@ impl Turn {
         task.await.unwrap_or_else(|e| Err(FenceError::TaskFailed(e.to_string()).into()))
     }
 
-    /// Raises `max_seen` to `to` by hand: durable like a write's advance, without a write. Never
+    /// Raises `max_seen` to `to` by hand: durable like a write's advance, without a write, and
+    /// logged (in the same task, so a caller that leaves cannot lose the audit line). Never
     /// lowers it; raising it to its current value changes nothing.
     pub async fn raise<E>(self, to: u64) -> Result<Raised, E>
     where
@@ -157,6 +164,8 @@ impl Turn {
                 if !previous.is_some_and(|(_, in_flight)| in_flight) {
                     fence.store.answered(key, to);
                 }
+                tracing::warn!(resource = %key, previous = ?previous.map(|(m, _)| m), max_seen = to,
+                    "max_seen raised by an operator: every holder of a lower token is cut off");
             }
             Ok(Raised { previous: previous.map(|(m, _)| m) })
         });
@@ -166,6 +175,9 @@ impl Turn {
 
 impl Drop for Turn {
     fn drop(&mut self) {
+        if let Some(period) = self.unsettled.take() {
+            self.quarantine(period);
+        }
         drop(self.guard.take());
         self.fence.release_gate(&self.key);
     }
@@ -177,7 +189,7 @@ pub(super) mod tests {
     use std::task::{Context, Waker};
 
     use super::*;
-    use crate::store::{FileStore, StoreOptions, SyncMode};
+    use crate::store::{FileStore, Store, StoreOptions, SyncMode};
 
     const STRICT: EqualToken = EqualToken::Reject;
 
@@ -187,8 +199,7 @@ pub(super) mod tests {
         let store = FileStore::open(dir.path(), StoreOptions { sync: SyncMode::Never, ..StoreOptions::default() });
         let store = store.unwrap();
         store.table().raise("/a", 34);
-        let table = Arc::clone(store.table());
-        (Arc::new(Fence::new(table, Arc::new(store))), dir)
+        (Arc::new(Fence::new(Arc::new(store))), dir)
     }
 
     #[tokio::test]
@@ -307,6 +318,17 @@ pub(super) mod tests {
         assert_eq!(t.max_seen.entry("/a"), Some((36, true)), "a restart would quarantine it again");
         let mut next = t.acquire("/a", Duration::from_secs(1)).await.unwrap();
         assert!(matches!(next.check(99, STRICT), Err(FenceError::Quarantined { .. })));
+    }
+
+    #[tokio::test]
+    async fn a_write_whose_task_panics_at_the_backend_quarantines_the_resource() {
+        let (t, _dir) = fence();
+        let turn = t.acquire("/a", Duration::from_secs(1)).await.unwrap();
+        let panics = async { panic!("a bug while forwarding") };
+        let failed: Result<u64, Failed> = turn.finish(37, STRICT, Duration::from_secs(60), panics, outcome).await;
+        assert!(matches!(failed, Err(Failed::Fence(FenceError::TaskFailed(_)))));
+        let mut next = t.acquire("/a", Duration::from_secs(1)).await.unwrap();
+        assert!(matches!(next.check(99, STRICT), Err(FenceError::Quarantined { .. })), "its outcome is unknown");
     }
 
     #[tokio::test]

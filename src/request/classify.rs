@@ -210,7 +210,8 @@ mod tests {
     #[test]
     fn every_method_not_known_to_be_safe_is_fenced_and_method_names_are_case_sensitive() {
         let c = config("");
-        for method in ["PUT", "POST", "PATCH", "DELETE", "MKCOL", "PROPPATCH", "LOCK", "UNLOCK", "PURGE", "FROB", "get"] {
+        for method in ["PUT", "POST", "PATCH", "DELETE", "MKCOL", "PROPPATCH", "LOCK", "UNLOCK", "PURGE", "FROB", "get"]
+        {
             let tokenless = request(method, "/a", &[], "");
             assert_eq!(classify(&tokenless, &c).unwrap_err().code(), "missing_token", "{method}");
             let with_token = request(method, "/a", &[("fencing-token", "3")], "");

@@ -82,7 +82,7 @@ pub enum Refusal {
     /// No such admin endpoint, or no such resource.
     #[error("{0} not found")]
     NotFound(String),
-    /// An admin request that cannot be understood.
+    /// A request that cannot be understood or served as asked.
     #[error("invalid request: {0}")]
     BadRequest(String),
     /// The fence refused the write (stale token, busy or quarantined resource).

@@ -31,7 +31,7 @@ pub struct RefusalThrottle {
 }
 
 impl RefusalThrottle {
-    /// An empty log.
+    /// A throttle that has admitted nothing yet.
     pub fn new() -> Self {
         RefusalThrottle { windows: DashMap::new() }
     }

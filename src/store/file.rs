@@ -34,7 +34,8 @@ pub struct StoreOptions {
     /// New resources beyond this many are refused.
     pub max_resources: usize,
     /// A description of the rules that made the keys, recorded in a new directory; a directory
-    /// that recorded other rules refuses to open (keys made under them would not match).
+    /// that recorded other rules refuses to open (keys made under them would not match). The
+    /// default is empty, which names no rules: a directory a proxy wrote does not open with it.
     pub keying: String,
     /// Called after each batch that made advances durable (metrics).
     pub on_commit: Option<CommitHook>,
@@ -167,11 +168,6 @@ impl FileStore {
         Ok(FileStore { tx, answers, table, healthy, in_flight_at_start })
     }
 
-    /// The table this store keeps current.
-    pub fn table(&self) -> &Arc<Table> {
-        &self.table
-    }
-
     /// Writes that were on their way to the backend when the last process stopped, as
     /// `(key, token)`: the backend may still apply them, so their resources need quarantine.
     pub fn in_flight_at_start(&self) -> &[(String, u64)] {
@@ -189,6 +185,10 @@ impl FileStore {
 }
 
 impl Store for FileStore {
+    fn table(&self) -> &Arc<Table> {
+        &self.table
+    }
+
     fn advance(&self, key: &str, token: u64) -> StoreFuture<'_> {
         if key.is_empty() || key.len() > MAX_KEY_LEN {
             return Box::pin(std::future::ready(Err(StoreError::KeyTooLong(key.len()))));

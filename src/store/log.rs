@@ -97,7 +97,7 @@ impl Log {
         self.dir.join(segment_name(self.seq))
     }
 
-    /// Buffers one record (an advance or a done) for the next write.
+    /// Buffers one record (an advance or an answer) for the next write.
     pub(crate) fn append(&mut self, kind: Kind, key: &str, token: u64) {
         format::encode(&mut self.pending, self.seed, kind, key, token);
     }

@@ -19,6 +19,7 @@ mod writer;
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
+use std::sync::Arc;
 
 pub use file::{CommitHook, FileStore, StoreOptions};
 pub use inspect::{Inspection, inspect};
@@ -39,6 +40,8 @@ pub type StoreFuture<'a> = Pin<Box<dyn Future<Output = Result<(), StoreError>> +
 
 /// Durable memory of `max_seen`.
 pub trait Store: Send + Sync + std::fmt::Debug {
+    /// The table this store raises once each advance is durable.
+    fn table(&self) -> &Arc<Table>;
     /// Records that `key` accepted `token`; resolves once a crash can no longer lose it, with
     /// the store's [`Table`] already raised.
     fn advance(&self, key: &str, token: u64) -> StoreFuture<'_>;

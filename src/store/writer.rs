@@ -34,7 +34,7 @@ const MAX_BATCH: usize = 4096;
 /// Most passes of the event loop a batch waits for more writes, while each pass brings some.
 const GATHER_ROUNDS: usize = 8;
 /// Longest answered writes wait to be logged as such when no advance comes to carry them.
-const DONE_FLUSH: Duration = Duration::from_millis(200);
+const ANSWER_FLUSH: Duration = Duration::from_millis(200);
 
 pub(super) enum Msg {
     Advance {
@@ -117,7 +117,7 @@ impl Writer {
         let mut closing = None;
         while closing.is_none() {
             // Answered writes ride along with the next batch; without one, they are written
-            // on their own DONE_FLUSH after the first of them.
+            // on their own ANSWER_FLUSH after the first of them.
             let received = match self.flush_by {
                 None => rx.recv().await.ok_or(false),
                 Some(by) => match tokio::time::timeout_at(by.into(), rx.recv()).await {
@@ -132,7 +132,7 @@ impl Writer {
                         continue; // only a reminder of answers waiting: keep waiting for company
                     }
                 }
-                Err(true) => {} // answers waited DONE_FLUSH: write them now
+                Err(true) => {} // answers waited ANSWER_FLUSH: write them now
                 Err(false) => {
                     self.take_answers(); // dropped without close(): keep what is known
                     blocking(|| self.commit());
@@ -189,7 +189,7 @@ impl Writer {
                 self.admit(key, token, done)
             }
             Msg::AnswersWaiting => {
-                self.flush_by.get_or_insert_with(|| Instant::now() + DONE_FLUSH);
+                self.flush_by.get_or_insert_with(|| Instant::now() + ANSWER_FLUSH);
             }
             Msg::Close(done) => {
                 self.take_answers();

@@ -1,4 +1,4 @@
-//! Canonical resource paths and fence keys (the rules are written out in `docs/paths.md`).
+//! Canonical resource paths (the rules are written out in `docs/paths.md`).
 //!
 //! A fence keyed on the path is bypassed the moment fencegate and the backend disagree about
 //! which resource a request names (Envoy's CVE-2019-9901 and CVE-2021-29492, Apache's
