@@ -1,6 +1,8 @@
 //! Micro benchmarks of the fence path: token parse, canonicalisation, and in-memory
 //! check-and-reserve (precheck, wait for the resource's turn, check, release), uncontended and
-//! with N tasks on one key or on distinct keys. The store has its own bench (`benches/store.rs`).
+//! with N tasks on one key or on distinct keys; and a write six segments deep into a fence that
+//! holds 1,000,000 keys (`depth6_1m_keys`), its check alone and the whole write but the forward
+//! (store never synced). The store has its own bench (`benches/store.rs`).
 //!
 //! Run: `cargo bench --bench fence`.
 
@@ -9,8 +11,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use fencegate::fence::{EqualToken, Fence, path};
-use fencegate::store::{FileStore, StoreOptions, SyncMode};
+use fencegate::fence::{Coverage, EqualToken, Fence, Outcome, Touch, path};
+use fencegate::store::{FileStore, Store, StoreOptions, SyncMode};
 
 fn parsing(c: &mut Criterion) {
     c.bench_function("token_parse", |b| b.iter(|| fencegate::fence::token::parse(black_box(b"18446744073709551615"))));
@@ -29,9 +31,86 @@ fn rt() -> tokio::runtime::Runtime {
 
 /// The in-memory part of a fenced write: precheck, wait for the turn, check, release.
 async fn reserve(table: &Arc<Fence>, key: &str, token: u64, equal: EqualToken) {
-    table.precheck(key, token, equal).unwrap();
-    let mut turn = table.acquire(key, Duration::from_secs(10)).await.unwrap();
+    let touches = vec![Touch { key: key.to_owned(), coverage: Coverage::Key }];
+    table.precheck(&touches, token, equal).unwrap();
+    let mut turn = table.acquire(touches, Duration::from_secs(10)).await.unwrap();
     black_box(turn.check(token, equal)).unwrap();
+}
+
+/// A whole fenced write but the forward: precheck, turn, check, the durable advance (never
+/// synced) with the tree raised, answered, release.
+async fn write(table: &Arc<Fence>, key: &str, token: u64) {
+    let touches = vec![Touch { key: key.to_owned(), coverage: Coverage::Key }];
+    table.precheck(&touches, token, EqualToken::Reject).unwrap();
+    let turn = table.acquire(touches, Duration::from_secs(10)).await.unwrap();
+    let done = turn.finish(token, EqualToken::Reject, Duration::from_secs(1), async { Ok::<_, Failed>(()) }, answered);
+    done.await.unwrap();
+}
+
+#[derive(Debug)]
+struct Failed;
+
+impl From<fencegate::fence::FenceError> for Failed {
+    fn from(_: fencegate::fence::FenceError) -> Self {
+        Failed
+    }
+}
+
+impl From<fencegate::store::StoreError> for Failed {
+    fn from(_: fencegate::store::StoreError) -> Self {
+        Failed
+    }
+}
+
+fn answered(_: &Result<(), Failed>) -> Outcome {
+    Outcome::Answered
+}
+
+/// Six segments deep: `/t0/t1/t2/t3/t4/k` with ten branches per level.
+fn deep_key(i: u64) -> String {
+    format!("/t{}/t{}/t{}/t{}/t{}/k{i}", i % 10, i / 10 % 10, i / 100 % 10, i / 1000 % 10, i / 10000 % 10)
+}
+
+/// Writes of a key six segments deep into a fence that already holds 1,000,000 such keys,
+/// each with the tree raised, as a proxy that has run a while has.
+fn deep(c: &mut Criterion) {
+    let rt = rt();
+    let dir = tempfile::tempdir().unwrap();
+    let options = StoreOptions { sync: SyncMode::Never, max_resources: 2_000_000, ..StoreOptions::default() };
+    let store = Arc::new(rt.block_on(async { FileStore::open(dir.path(), options) }).unwrap());
+    rt.block_on(async {
+        let tasks: Vec<_> = (0..64u64)
+            .map(|w| {
+                let store = Arc::clone(&store);
+                tokio::spawn(async move {
+                    for i in (w..1_000_000).step_by(64) {
+                        store.advance(&deep_key(i), 1).await.unwrap();
+                        store.answered(&deep_key(i), 1);
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+    });
+    let table = Arc::new(Fence::new(store as Arc<dyn Store>));
+    let mut g = c.benchmark_group("depth6_1m_keys");
+    g.throughput(Throughput::Elements(1));
+    let mut token = 1;
+    g.bench_function("check_and_reserve", |b| {
+        b.iter(|| {
+            token += 1;
+            rt.block_on(reserve(&table, &deep_key(token % 1_000_000), token, EqualToken::Reject))
+        })
+    });
+    g.bench_function("write_without_forward", |b| {
+        b.iter(|| {
+            token += 1;
+            rt.block_on(write(&table, &deep_key(token % 1_000_000), token))
+        })
+    });
+    g.finish();
 }
 
 /// A fence over a real store (never synced: only the in-memory part is measured here), and
@@ -87,5 +166,5 @@ fn check_and_reserve(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, parsing, check_and_reserve);
+criterion_group!(benches, parsing, check_and_reserve, deep);
 criterion_main!(benches);

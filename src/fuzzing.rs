@@ -6,7 +6,7 @@ use crate::config::Config;
 use crate::fence::path::{self, EscapedSlashes, MatrixParams, PathPolicy, TrailingSlash};
 use crate::fence::token;
 use crate::store::Table;
-use crate::store::format::{FileKind, HEADER_LEN, Header};
+use crate::store::format::{FileKind, HEADER_LEN, Header, VERSION};
 use crate::store::recovery::{self, Mode, segment_name};
 
 /// The token parser accepts exactly the decimal u64s.
@@ -57,7 +57,7 @@ pub fn config(data: &[u8]) {
 pub fn recovery(data: &[u8]) {
     let Ok(dir) = tempfile::tempdir() else { return };
     // A fixed salt, so a corpus can hold valid records for the fuzzer to mutate.
-    let header = Header { seq: 1, salt: 0 }.encode(FileKind::Segment);
+    let header = Header { seq: 1, salt: 0, version: VERSION }.encode(FileKind::Segment);
     let mut file = Vec::with_capacity(HEADER_LEN + data.len());
     file.extend_from_slice(&header);
     file.extend_from_slice(data);
@@ -66,7 +66,8 @@ pub fn recovery(data: &[u8]) {
     }
     let contents = |t: &Table| {
         let mut all = Vec::new();
-        t.for_each(|k, v, f| all.push((k.to_owned(), v, f)));
+        t.for_each(|k, v, f| all.push((false, k.to_owned(), v, f)));
+        t.for_each_floor(|p, v, f| all.push((true, p.to_owned(), v, f)));
         all.sort();
         all
     };
@@ -86,7 +87,7 @@ pub fn recovery(data: &[u8]) {
 /// Seed inputs for [`recovery`]: valid batches, and the ways a crash cuts them.
 pub fn recovery_seeds() -> Vec<Vec<u8>> {
     use crate::store::format::{Kind, encode, encode_commit};
-    let seed = Header { seq: 1, salt: 0 }.seed(FileKind::Segment);
+    let seed = Header { seq: 1, salt: 0, version: VERSION }.seed(FileKind::Segment);
     let mut one = Vec::new();
     encode(&mut one, seed, Kind::Advance, "/accounts/42", 34);
     encode(&mut one, seed, Kind::Advance, "/b", 7);
@@ -102,5 +103,16 @@ pub fn recovery_seeds() -> Vec<Vec<u8>> {
     let mut holed = two.clone();
     holed[one.len()..one.len() + 16].fill(0);
     seeds.push(holed);
+    // A batch advancing a floor and a key together, then the floor's answer.
+    let mut floors = two.clone();
+    let start = (HEADER_LEN + two.len()) as u64;
+    encode(&mut floors, seed, Kind::FloorAdvance, "/accounts/", 35);
+    encode(&mut floors, seed, Kind::Advance, "/accounts/42", 35);
+    encode_commit(&mut floors, seed, start, start);
+    let start = (HEADER_LEN + floors.len()) as u64;
+    encode(&mut floors, seed, Kind::FloorAnswered, "/accounts/", 35);
+    encode_commit(&mut floors, seed, start, start);
+    seeds.push(floors[..floors.len() - 40].to_vec());
+    seeds.push(floors);
     seeds
 }

@@ -111,6 +111,7 @@ fn inspect(dir: &std::path::Path, key: Option<&str>, top: usize) -> anyhow::Resu
     }
     println!("data dir   {}", dir.display());
     println!("resources  {}", found.table.len());
+    println!("floors     {}", found.floors);
     match found.snapshot {
         Some(seq) => println!("snapshot   covers every segment before {seq}"),
         None => println!("snapshot   none"),
@@ -130,6 +131,15 @@ fn inspect(dir: &std::path::Path, key: Option<&str>, top: usize) -> anyhow::Resu
         );
         for (key, token) in found.in_flight.iter().take(top) {
             println!("  {token:>20}  {key}");
+        }
+    }
+    if !found.floors_in_flight.is_empty() {
+        println!(
+            "in flight  {} writes under floors unanswered when the proxy stopped (quarantined on start):",
+            found.floors_in_flight.len()
+        );
+        for (p, token) in found.floors_in_flight.iter().take(top) {
+            println!("  {token:>20}  floor {p}");
         }
     }
     println!("disk       {} bytes", found.bytes);

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use subtle::ConstantTimeEq;
 
 use crate::app::State;
-use crate::fence::{Raised, keys, path};
+use crate::fence::{Coverage, Raised, Touch, keys, path};
 use crate::request::refusal::{Refusal, json_response};
 
 /// `max_seen` of the resource `path` names.
@@ -33,7 +33,8 @@ pub(super) async fn advance(
     let key = fence_key(state, path)?;
     authorize(state, &req)?;
     let to = requested_token(req).await?;
-    let turn = state.fence.acquire(&key, state.settings.get().config.fence.queue_timeout).await?;
+    let touch = Touch { key: key.clone(), coverage: Coverage::Key };
+    let turn = state.fence.acquire(vec![touch], state.settings.get().config.fence.queue_timeout).await?;
     let Raised { previous } = turn.raise::<Refusal>(to).await?;
     Ok(json_response(StatusCode::OK, &json!({ "resource": key, "max_seen": to, "previous": previous })))
 }

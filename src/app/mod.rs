@@ -77,6 +77,7 @@ impl Proxy {
         tracing::info!(dir = %config.store.dir.display(), "opening the fence store");
         let store = FileStore::open(&config.store.dir, options)?;
         let in_flight = store.in_flight_at_start().to_vec();
+        let floors_in_flight = store.floors_in_flight_at_start().to_vec();
         let store: Arc<dyn Store> = Arc::new(store);
         let fence = Arc::new(Fence::new(Arc::clone(&store)));
         // The backend may still apply writes the previous process had in flight.
@@ -84,6 +85,11 @@ impl Proxy {
             tracing::warn!(resource = %key, token, quarantine = ?config.fence.quarantine,
                 "a write was in flight when fencegate stopped: resource quarantined");
             fence.quarantine(key, config.fence.quarantine);
+        }
+        for (node, token) in &floors_in_flight {
+            tracing::warn!(subtree = %node, token, quarantine = ?config.fence.quarantine,
+                "a write covering a subtree was in flight when fencegate stopped: subtree quarantined");
+            fence.quarantine_subtree(node, config.fence.quarantine);
         }
         let refusals = RefusalThrottle::new();
         let settings = SettingsSlot::new(Settings::build(config, metrics.bytes_in.clone(), None)?);

@@ -170,6 +170,10 @@ pub struct FenceConfig {
     /// other method is fenced.
     #[serde(serialize_with = "ser_methods")]
     pub unfenced_methods: Vec<Method>,
+    /// Methods whose write covers the whole subtree at its path (and at its Destination), such
+    /// as a collection's DELETE, MOVE or COPY; matched exactly.
+    #[serde(serialize_with = "ser_methods")]
+    pub subtree_methods: Vec<Method>,
     /// Whether a token equal to `max_seen` is accepted.
     pub equal_token: EqualToken,
     /// Whether a tokenless fenced write is refused or forwarded unchecked.
@@ -229,6 +233,7 @@ impl Config {
             .try_parsing(true)
             .list_separator(",")
             .with_list_parse_key("fence.unfenced_methods")
+            .with_list_parse_key("fence.subtree_methods")
             .with_list_parse_key("fence.methods")
             .source(env);
         let raw: RawConfig = config::Config::builder()

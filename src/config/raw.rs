@@ -91,6 +91,7 @@ pub(super) struct RawFence {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) methods: Option<Vec<String>>,
     pub(super) unfenced_methods: Vec<String>,
+    pub(super) subtree_methods: Vec<String>,
     pub(super) equal_token: String,
     pub(super) missing_token: String,
     pub(super) queue_timeout: String,
@@ -105,6 +106,7 @@ impl Default for RawFence {
             header: "Fencing-Token".into(),
             methods: None,
             unfenced_methods: ["GET", "HEAD", "OPTIONS", "TRACE", "PROPFIND"].map(String::from).to_vec(),
+            subtree_methods: ["DELETE", "MOVE", "COPY"].map(String::from).to_vec(),
             equal_token: "reject".into(),
             missing_token: "reject".into(),
             queue_timeout: "10s".into(),

@@ -49,7 +49,8 @@ pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
              (default [\"GET\", \"HEAD\", \"OPTIONS\", \"TRACE\", \"PROPFIND\"]); every other method is fenced",
         ));
     }
-    let unfenced_methods = unfenced_methods(&f.unfenced_methods)?;
+    let unfenced_methods = methods("fence.unfenced_methods", &f.unfenced_methods)?;
+    let subtree_methods = methods("fence.subtree_methods", &f.subtree_methods)?;
     let quarantine = match &f.quarantine {
         Some(q) => duration("fence.quarantine", q)?,
         None => backend.request_timeout,
@@ -59,6 +60,7 @@ pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
     let fence = FenceConfig {
         header,
         unfenced_methods,
+        subtree_methods,
         equal_token: choice(
             "fence.equal_token",
             &f.equal_token,
@@ -126,8 +128,7 @@ fn duration(key: &str, text: &str) -> Result<Duration, ConfigError> {
 }
 
 /// Method names are case-sensitive (RFC 9110 §9.1): each is kept exactly as written.
-fn unfenced_methods(names: &[String]) -> Result<Vec<Method>, ConfigError> {
-    let key = "fence.unfenced_methods";
+fn methods(key: &str, names: &[String]) -> Result<Vec<Method>, ConfigError> {
     let mut methods = Vec::with_capacity(names.len());
     for name in names {
         let method = Method::from_bytes(name.as_bytes())

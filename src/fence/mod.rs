@@ -10,9 +10,12 @@
 //! or quarantine, and only then the next write's turn. The fence knows nothing of HTTP: the
 //! forward is a future it is handed.
 
+mod acquire;
 pub mod keys;
 pub mod path;
+mod subtree;
 pub mod token;
+mod tree;
 mod turn;
 
 use std::sync::Arc;
@@ -24,6 +27,9 @@ use tokio::sync::Mutex;
 
 use crate::store::{Store, Table};
 pub use keys::Scope;
+use subtree::Subtrees;
+pub use tree::{Coverage, Touch};
+use tree::{Tree, level};
 pub use turn::{Outcome, Raised, Turn};
 
 /// What to do with a token equal to `max_seen`.
@@ -97,12 +103,18 @@ pub struct Fence {
     /// Hashed with foldhash, like [`Table`] and for its reasons: each fenced write hashes its
     /// key here twice, to take its turn and to give it back.
     gates: DashMap<Box<str>, Gate, foldhash::quality::RandomState>,
+    /// The highest token below each node, for subtree checks.
+    tree: Tree,
+    /// Subtree writes queued and active, and quarantined subtrees.
+    subtrees: Subtrees,
 }
 
 impl Fence {
     /// Fences against the table `store` keeps current, and advances through `store`.
     pub fn new(store: Arc<dyn Store>) -> Self {
-        Fence { max_seen: Arc::clone(store.table()), store, gates: DashMap::default() }
+        let max_seen = Arc::clone(store.table());
+        let tree = Tree::build(&max_seen);
+        Fence { max_seen, store, gates: DashMap::default(), tree, subtrees: Subtrees::default() }
     }
 
     /// The highest token `key` has accepted, if any.
@@ -131,11 +143,16 @@ impl Fence {
         self.gates.get(key).map_or(0, |g| Arc::strong_count(g.value()) - 1)
     }
 
-    /// Refuses a stale token without waiting for the resource's turn. Never wrong to refuse:
-    /// `max_seen` only climbs, so a token stale now is stale when its turn would come.
-    /// `equal` is the policy of the request's settings, so a reload never changes it midway.
-    pub fn precheck(&self, key: &str, token: u64, equal: EqualToken) -> Result<(), FenceError> {
-        admit(key, token, self.max_seen(key), equal)
+    /// Refuses a stale token without waiting for the turn. Never wrong to refuse: `max_seen`
+    /// and floors only climb, so a token stale now is stale when its turn would come. `equal`
+    /// is the policy of the request's settings, so a reload never changes it midway.
+    pub fn precheck(&self, touches: &[Touch], token: u64, equal: EqualToken) -> Result<(), FenceError> {
+        touches.iter().try_for_each(|t| admit(&t.key, token, level(&self.max_seen, &self.tree, t), equal))
+    }
+
+    /// Nodes in the tree: directories with keys or floors below them.
+    pub fn tree_nodes(&self) -> usize {
+        self.tree.len()
     }
 
     /// Closes `key` to writes for `period` from now, without taking its turn: for writes that
@@ -147,6 +164,12 @@ impl Fence {
         if let Ok(mut state) = gate.try_lock() {
             state.quarantined_until = state.quarantined_until.max(Some(until));
         }
+    }
+
+    /// Closes the subtree at `node` to writes for `period` from now: for subtree writes that
+    /// were in flight when the previous process stopped. Called before serving starts.
+    pub(crate) fn quarantine_subtree(&self, node: &str, period: Duration) {
+        self.subtrees.quarantine(node, quarantine_end(period));
     }
 
     /// Drops `key`'s gate if nobody waits on it, holds it, or needs its quarantine. Under the
@@ -186,10 +209,11 @@ mod tests {
     fn equal_tokens_follow_the_policy() {
         let (t, _dir) = turn::tests::fence();
         let strict = EqualToken::Reject;
-        assert!(matches!(t.precheck("/a", 34, strict), Err(FenceError::Stale { max_seen: 34, .. })));
-        assert!(t.precheck("/a", 35, strict).is_ok());
-        assert!(t.precheck("/new", 0, strict).is_ok());
-        assert!(t.precheck("/a", 34, EqualToken::Accept).is_ok());
-        assert!(t.precheck("/a", 33, EqualToken::Accept).is_err());
+        let key = |k: &str| [Touch { key: k.into(), coverage: Coverage::Key }];
+        assert!(matches!(t.precheck(&key("/a"), 34, strict), Err(FenceError::Stale { max_seen: 34, .. })));
+        assert!(t.precheck(&key("/a"), 35, strict).is_ok());
+        assert!(t.precheck(&key("/new"), 0, strict).is_ok());
+        assert!(t.precheck(&key("/a"), 34, EqualToken::Accept).is_ok());
+        assert!(t.precheck(&key("/a"), 33, EqualToken::Accept).is_err());
     }
 }

@@ -7,9 +7,11 @@ use http::uri::PathAndQuery;
 use http::{Method, Request};
 use hyper::body::Body;
 
+use super::destination::{DESTINATION, Destination, destination};
 use super::refusal::Refusal;
 use crate::config::{Config, LimitsConfig, MissingToken};
 use crate::fence::token::{self, TokenError};
+pub use crate::fence::{Coverage, Touch};
 use crate::fence::{keys, path};
 
 /// What is done with a request.
@@ -40,29 +42,11 @@ pub struct Write {
     /// Every fence key the backend may change with it.
     pub touches: Vec<Touch>,
     /// The canonical `Destination` (WebDAV MOVE and COPY), when the write has one.
-    pub destination: Option<String>,
+    pub destination: Option<Destination>,
     /// The canonical request target that is forwarded (path and query).
     pub target: PathAndQuery,
     /// Most body bytes forwarded.
     pub body_limit: Option<u64>,
-}
-
-/// One fence key a write touches, and how much of the tree below it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Touch {
-    /// The fence key.
-    pub key: String,
-    /// What the write may change there.
-    pub coverage: Coverage,
-}
-
-/// How much of the tree at a key a write may change.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Coverage {
-    /// The key itself.
-    Key,
-    /// The key and every key below it.
-    Subtree,
 }
 
 /// Headers with which web frameworks let a request claim another method than its own. A
@@ -88,6 +72,29 @@ pub fn classify<B: Body>(req: &Request<B>, config: &Config) -> Result<Plan, Refu
     // The key and the forwarded path come from the same canonical string.
     let canonical = path::canonicalize(req.uri().path(), &config.paths)?;
     let key = keys::resource_key(&canonical, &config.fence.scopes).to_owned();
+    let method = overridden.unwrap_or(req.method().as_str().as_bytes());
+    let subtree = config.fence.subtree_methods.iter().any(|m| m.as_str().as_bytes() == method);
+    let touch = |key: String, path: &str| {
+        // A key a scope shortened already holds the whole subtree of the path.
+        let coverage = if subtree && key == path { Coverage::Subtree } else { Coverage::Key };
+        Touch { key, coverage }
+    };
+    let source = touch(key, &canonical);
+    let destination = match method {
+        b"MOVE" | b"COPY" => Some(destination(req, config)?.ok_or_else(|| Refusal::InvalidHeader {
+            name: DESTINATION.to_string(),
+            reason: "MOVE and COPY need one".into(),
+        })?),
+        _ => None,
+    };
+    let mut touches = Vec::with_capacity(2);
+    // COPY only reads its source: fencing it would refuse other locks' holders copying from it.
+    if method != b"COPY" {
+        touches.push(source);
+    }
+    if let Some(d) = &destination {
+        touches.push(touch(keys::resource_key(&d.path, &config.fence.scopes).to_owned(), &d.path));
+    }
     let target = match req.uri().query() {
         Some(q) => format!("{canonical}?{q}"),
         None => canonical,
@@ -104,8 +111,7 @@ pub fn classify<B: Body>(req: &Request<B>, config: &Config) -> Result<Plan, Refu
         Err(TokenError::Missing) => return Err(Refusal::MissingToken { header: config.fence.header.to_string() }),
         Err(e) => return Err(e.into()),
     };
-    let touches = vec![Touch { key, coverage: Coverage::Key }];
-    Ok(Plan::Write(Write { token, touches, destination: None, target, body_limit }))
+    Ok(Plan::Write(Write { token, touches, destination, target, body_limit }))
 }
 
 /// The one method a request's override headers name, if they name any; more than one value,
@@ -189,13 +195,24 @@ mod tests {
     }
 
     fn write(token: u64, key: &str, target: &'static str) -> Plan {
+        touching(token, &[(key, Coverage::Key)], target)
+    }
+
+    fn touching(token: u64, touches: &[(&str, Coverage)], target: &'static str) -> Plan {
         Plan::Write(Write {
             token,
-            touches: vec![Touch { key: key.into(), coverage: Coverage::Key }],
+            touches: touches.iter().map(|(k, coverage)| Touch { key: (*k).into(), coverage: *coverage }).collect(),
             destination: None,
             target: PathAndQuery::from_static(target),
             body_limit: None,
         })
+    }
+
+    /// The touches of a write plan, and its forwarded Destination.
+    fn touches(plan: Plan) -> (Vec<(String, Coverage)>, Option<String>) {
+        let Plan::Write(w) = plan else { panic!("not a write: {plan:?}") };
+        let forwarded = w.destination.map(|d| d.forwarded.to_str().unwrap().to_owned());
+        (w.touches.into_iter().map(|t| (t.key, t.coverage)).collect(), forwarded)
     }
 
     #[test]
@@ -203,8 +220,50 @@ mod tests {
         let c = config("");
         let put = request("PUT", "/a/./b//c?x=1", &[("fencing-token", "34")], "v");
         assert_eq!(classify(&put, &c).unwrap(), write(34, "/a/b/c", "/a/b/c?x=1"));
-        let delete = request("DELETE", "/a", &[("fencing-token", "7")], "");
-        assert_eq!(classify(&delete, &c).unwrap(), write(7, "/a", "/a"));
+        let delete = request("DELETE", "/d/", &[("fencing-token", "7")], "");
+        assert_eq!(classify(&delete, &c).unwrap(), touching(7, &[("/d/", Coverage::Subtree)], "/d/"));
+    }
+
+    #[test]
+    fn move_changes_its_source_and_destination_subtrees_and_copy_only_its_destination() {
+        let c = config("");
+        let token = ("fencing-token", "5");
+        let sub = |k: &str| (k.to_owned(), Coverage::Subtree);
+        let moved = request("MOVE", "/scratch", &[token, ("destination", "/%61cct"), ("host", "h")], "");
+        assert_eq!(touches(classify(&moved, &c).unwrap()), (vec![sub("/scratch"), sub("/acct")], Some("/acct".into())));
+        let copied = request("COPY", "/template/", &[token, ("destination", "http://h/d//x/"), ("host", "h")], "");
+        assert_eq!(touches(classify(&copied, &c).unwrap()), (vec![sub("/d/x/")], Some("http://h/d/x/".into())));
+        let code = |req: Request<Full<Bytes>>| classify(&req, &c).unwrap_err().code();
+        assert_eq!(code(request("MOVE", "/a", &[token], "")), "invalid_header", "a MOVE needs a Destination");
+        assert_eq!(
+            code(request("COPY", "/a", &[token, ("destination", "http://elsewhere/a"), ("host", "h")], "")),
+            "invalid_header"
+        );
+        let overridden = request("POST", "/a", &[token, ("x-http-method-override", "MOVE"), ("destination", "/b")], "");
+        assert_eq!(
+            touches(classify(&overridden, &c).unwrap()).0,
+            [sub("/a"), sub("/b")],
+            "fenced as the method it claims"
+        );
+        let put = request("PUT", "/a", &[token, ("destination", "/b")], "v");
+        assert_eq!(classify(&put, &c).unwrap(), write(5, "/a", "/a"), "only MOVE and COPY name a second resource");
+    }
+
+    #[test]
+    fn subtrees_follow_the_configured_methods_and_compose_with_scopes() {
+        let mut c = config("[fence]\nsubtree_methods = [\"DELETE\"]\n");
+        c.fence.scopes.push(Scope { prefix: "/buckets/".into(), segments: Some(2) });
+        let token = ("fencing-token", "5");
+        let plan = |method: &str, path: &str| {
+            touches(classify(&request(method, path, &[token, ("destination", "/z")], ""), &c).unwrap()).0
+        };
+        assert_eq!(
+            plan("DELETE", "/buckets/"),
+            [("/buckets/".to_owned(), Coverage::Subtree)],
+            "above the scope's keys"
+        );
+        assert_eq!(plan("DELETE", "/buckets/b1/dir/"), [("/buckets/b1".to_owned(), Coverage::Key)], "inside one key");
+        assert_eq!(plan("MOVE", "/a"), [("/a".to_owned(), Coverage::Key), ("/z".to_owned(), Coverage::Key)]);
     }
 
     #[test]
@@ -215,7 +274,8 @@ mod tests {
             let tokenless = request(method, "/a", &[], "");
             assert_eq!(classify(&tokenless, &c).unwrap_err().code(), "missing_token", "{method}");
             let with_token = request(method, "/a", &[("fencing-token", "3")], "");
-            assert_eq!(classify(&with_token, &c).unwrap(), write(3, "/a", "/a"), "{method}");
+            let coverage = if method == "DELETE" { Coverage::Subtree } else { Coverage::Key };
+            assert_eq!(classify(&with_token, &c).unwrap(), touching(3, &[("/a", coverage)], "/a"), "{method}");
         }
         for method in ["GET", "HEAD", "OPTIONS", "TRACE", "PROPFIND"] {
             assert!(matches!(classify(&request(method, "/a", &[], ""), &c), Ok(Plan::Pass { .. })), "{method}");
@@ -233,7 +293,7 @@ mod tests {
             let tokenless = request("GET", "/a", &[(header, "PUT")], "");
             assert_eq!(classify(&tokenless, &c).unwrap_err().code(), "missing_token", "{header}");
             let delete = request("GET", "/a", &[(header, "DELETE"), ("fencing-token", "9")], "");
-            assert_eq!(classify(&delete, &c).unwrap(), write(9, "/a", "/a"), "{header}");
+            assert_eq!(classify(&delete, &c).unwrap(), touching(9, &[("/a", Coverage::Subtree)], "/a"), "{header}");
             let safe = request("POST", "/a", &[(header, "GET")], "");
             assert_eq!(classify(&safe, &c).unwrap_err().code(), "missing_token", "POST stays a write: {header}");
             let read = request("GET", "/a", &[(header, "HEAD")], "");

@@ -3,6 +3,7 @@
 //! becomes fencegate's own answer through [`refusal`].
 
 pub mod classify;
+pub mod destination;
 pub mod refusal;
 pub(crate) mod throttle;
 
@@ -18,7 +19,7 @@ use crate::app::{Settings, State};
 use crate::fence::Outcome;
 pub use crate::upstream::ResponseBody;
 use crate::upstream::{Peer, UpstreamError, full_body};
-use classify::{Coverage, Plan, Touch, Write};
+use classify::{Plan, Write};
 pub use refusal::{ERROR_HEADER, Refusal};
 
 /// Handles one request; every refusal becomes fencegate's own JSON response.
@@ -59,12 +60,16 @@ async fn execute(
         Plan::Write(write) => write,
     };
     let Write { token, touches, destination, target, body_limit } = write;
-    let key = single_key(&touches, destination.as_deref())?;
+    let mut req = req;
+    if let Some(d) = destination {
+        // What the backend is told to change is what was fenced.
+        req.headers_mut().insert(&destination::DESTINATION, d.forwarded);
+    }
     let fence = &settings.config.fence;
     // Refuse early, and wait for the turn: both may be abandoned if the client goes away...
-    state.fence.precheck(key, token, fence.equal_token)?;
+    state.fence.precheck(&touches, token, fence.equal_token)?;
     let waiting = Instant::now();
-    let turn = state.fence.acquire(key, fence.queue_timeout).await;
+    let turn = state.fence.acquire(touches, fence.queue_timeout).await;
     state.metrics.queue_wait.observe(waiting.elapsed().as_secs_f64());
     let turn = turn?;
 
@@ -77,15 +82,6 @@ async fn execute(
         forward(&state, &settings, req, target, client, body_limit).await
     });
     turn.finish(token, equal, quarantine, forwarding, outcome).await
-}
-
-/// The one key a write is fenced on. A plan that names a `Destination`, a subtree or several
-/// keys is refused rather than fenced on part of what it changes.
-fn single_key<'a>(touches: &'a [Touch], destination: Option<&str>) -> Result<&'a str, Refusal> {
-    match (touches, destination) {
-        ([Touch { key, coverage: Coverage::Key }], None) => Ok(key),
-        _ => Err(Refusal::BadRequest("a write that changes more than one resource cannot be fenced".into())),
-    }
 }
 
 /// Whether the backend may still apply a write that got this result.
@@ -130,32 +126,5 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.dec();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_write_is_fenced_on_one_key_or_refused() {
-        let touch = |key: &str, coverage| Touch { key: key.into(), coverage };
-        let write = |touches, destination| Write {
-            token: 1,
-            touches,
-            destination,
-            target: PathAndQuery::from_static("/a"),
-            body_limit: None,
-        };
-        let key = |w: &Write| single_key(&w.touches, w.destination.as_deref()).map(str::to_owned);
-        assert_eq!(key(&write(vec![touch("/a", Coverage::Key)], None)).unwrap(), "/a");
-        for refused in [
-            write(vec![touch("/a", Coverage::Subtree)], None),
-            write(vec![touch("/a", Coverage::Key), touch("/b", Coverage::Key)], None),
-            write(vec![touch("/a", Coverage::Key)], Some("/b".into())),
-            write(vec![], None),
-        ] {
-            assert_eq!(key(&refused).unwrap_err().code(), "invalid_request", "{refused:?}");
-        }
     }
 }

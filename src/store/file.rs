@@ -14,7 +14,10 @@ use super::format::MAX_KEY_LEN;
 use super::log::{self, Log};
 use super::recovery::{self, Mode, io_err};
 use super::writer::{Msg, Writer};
-use super::{Store, StoreError, StoreFuture, Table};
+use super::{MarkKind, Store, StoreError, StoreFuture, Table};
+
+/// Answered writes waiting for the writer's next batch, as `(mark, name, token)`.
+pub(super) type Answers = Arc<std::sync::Mutex<Vec<(MarkKind, String, u64)>>>;
 
 /// Name of the lock file in a data directory.
 pub(crate) const LOCK_FILE: &str = "LOCK";
@@ -31,7 +34,7 @@ pub struct StoreOptions {
     /// A segment is closed, and a snapshot may be taken, once it holds this many bytes (or
     /// the size of the last snapshot, if larger, so compaction costs stay proportional).
     pub segment_bytes: u64,
-    /// New resources beyond this many are refused.
+    /// New marks beyond this many, keys and floors together, are refused.
     pub max_resources: usize,
     /// A description of the rules that made the keys, recorded in a new directory; a directory
     /// that recorded other rules refuses to open (keys made under them would not match). The
@@ -111,10 +114,11 @@ pub struct FileStore {
     tx: mpsc::UnboundedSender<Msg>,
     /// Answered writes, logged with the next batch: recording one wakes the writer at most once
     /// per batch.
-    answers: Arc<std::sync::Mutex<Vec<(String, u64)>>>,
+    answers: Answers,
     table: Arc<Table>,
     healthy: Arc<AtomicBool>,
     in_flight_at_start: Vec<(String, u64)>,
+    floors_in_flight_at_start: Vec<(String, u64)>,
 }
 
 impl FileStore {
@@ -140,9 +144,11 @@ impl FileStore {
         }
         let healthy = Arc::new(AtomicBool::new(true));
         let in_flight_at_start = recovered.in_flight;
-        if !in_flight_at_start.is_empty() {
+        let floors_in_flight_at_start = recovered.floors_in_flight;
+        if !in_flight_at_start.is_empty() || !floors_in_flight_at_start.is_empty() {
             tracing::warn!(
                 writes = in_flight_at_start.len(),
+                floors = floors_in_flight_at_start.len(),
                 "writes were in flight when fencegate last stopped; their resources start quarantined"
             );
         }
@@ -165,13 +171,30 @@ impl FileStore {
                     .map_err(|e| io_err(dir, e))?;
             }
         }
-        Ok(FileStore { tx, answers, table, healthy, in_flight_at_start })
+        Ok(FileStore { tx, answers, table, healthy, in_flight_at_start, floors_in_flight_at_start })
     }
 
     /// Writes that were on their way to the backend when the last process stopped, as
     /// `(key, token)`: the backend may still apply them, so their resources need quarantine.
     pub fn in_flight_at_start(&self) -> &[(String, u64)] {
         &self.in_flight_at_start
+    }
+
+    /// Writes that had raised a floor and were on their way to the backend when the last
+    /// process stopped, as `(p, token)`: everything under `p` needs quarantine.
+    pub fn floors_in_flight_at_start(&self) -> &[(String, u64)] {
+        &self.floors_in_flight_at_start
+    }
+
+    /// Queues answered writes for the writer's next batch; the first since it last took them
+    /// reminds it.
+    fn note_answers(&self, answered: impl IntoIterator<Item = (MarkKind, String, u64)>) {
+        let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
+        let was_empty = answers.is_empty();
+        answers.extend(answered);
+        if was_empty && !answers.is_empty() {
+            let _ = self.tx.send(Msg::AnswersWaiting);
+        }
     }
 
     fn send(&self, make: impl FnOnce(oneshot::Sender<Result<(), StoreError>>) -> Msg) -> StoreFuture<'_> {
@@ -198,10 +221,27 @@ impl Store for FileStore {
 
     fn answered(&self, key: &str, token: u64) {
         let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
-        answers.push((key.to_owned(), token));
+        answers.push((MarkKind::Key, key.to_owned(), token));
         if answers.len() == 1 {
             let _ = self.tx.send(Msg::AnswersWaiting);
         }
+    }
+
+    fn advance_all(&self, mut marks: Vec<(MarkKind, String)>, token: u64) -> StoreFuture<'_> {
+        if let Some((_, name)) = marks.iter().find(|(_, name)| name.is_empty() || name.len() > MAX_KEY_LEN) {
+            return Box::pin(std::future::ready(Err(StoreError::KeyTooLong(name.len()))));
+        }
+        if marks.is_empty() {
+            return Box::pin(std::future::ready(Ok(())));
+        }
+        // A mark named twice is one mark: logged once, counted once against max_resources.
+        marks.sort_unstable();
+        marks.dedup();
+        self.send(|done| Msg::AdvanceAll { marks, token, done })
+    }
+
+    fn answered_all(&self, marks: &[(MarkKind, String)], token: u64) {
+        self.note_answers(marks.iter().map(|(mark, name)| (*mark, name.clone(), token)));
     }
 
     fn close(&self) -> StoreFuture<'_> {

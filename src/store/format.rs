@@ -5,16 +5,25 @@
 //! key`, zero-padded to a multiple of 8 bytes so a length field never straddles a sector. Record
 //! checksums are seeded with the file's identity and salt: bytes from another file, or a record
 //! a client forged inside its own key, never validate.
+//!
+//! Version 2 added the floor records (kinds 6 to 8); version 1 files, which cannot hold them,
+//! are still read.
 
 use std::hash::BuildHasher;
 use std::io::{self, Write};
+
+use super::MarkKind;
 
 /// Size of every file header.
 pub const HEADER_LEN: usize = 40;
 /// Longest key a record may hold.
 pub const MAX_KEY_LEN: usize = 64 * 1024;
-/// Current format version of both file kinds.
-pub const VERSION: u32 = 1;
+/// Format version of the files this build writes.
+pub const VERSION: u32 = 2;
+/// Oldest format version this build reads.
+pub const MIN_VERSION: u32 = 1;
+/// The first version whose files may hold floor records.
+pub const FLOORS_SINCE: u32 = 2;
 
 /// The two kinds of file in a data directory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +57,13 @@ pub enum Kind {
     Commit = 4,
     /// Ends a snapshot; the token field holds its record count.
     Trailer = 5,
+    /// `floor[key] >= token`, and a write with this token, covering everything under `key`, is
+    /// on its way to the backend. Version 2 on.
+    FloorAdvance = 6,
+    /// The write with this token that raised the floor `key` has been answered. Version 2 on.
+    FloorAnswered = 7,
+    /// `floor[key] >= token` (snapshots). Version 2 on.
+    FloorState = 8,
 }
 
 impl Kind {
@@ -58,16 +74,52 @@ impl Kind {
             3 => Kind::Answered,
             4 => Kind::Commit,
             5 => Kind::Trailer,
+            6 => Kind::FloorAdvance,
+            7 => Kind::FloorAnswered,
+            8 => Kind::FloorState,
             _ => return None,
         })
     }
 
     fn payload_ok(self, len: usize) -> bool {
         match self {
-            Kind::State | Kind::Advance | Kind::Answered => len > 0,
             Kind::Commit => len == 8,
             Kind::Trailer => len == 0,
+            _ => len > 0,
         }
+    }
+
+    /// The record that advances a mark of this kind.
+    pub fn advance(mark: MarkKind) -> Kind {
+        match mark {
+            MarkKind::Key => Kind::Advance,
+            MarkKind::Floor => Kind::FloorAdvance,
+        }
+    }
+
+    /// The record that notes an answer to a write that advanced a mark of this kind.
+    pub fn answered(mark: MarkKind) -> Kind {
+        match mark {
+            MarkKind::Key => Kind::Answered,
+            MarkKind::Floor => Kind::FloorAnswered,
+        }
+    }
+
+    /// The oldest format version whose files may hold this kind of record.
+    pub fn since(self) -> u32 {
+        match self {
+            Kind::FloorAdvance | Kind::FloorAnswered | Kind::FloorState => FLOORS_SINCE,
+            _ => MIN_VERSION,
+        }
+    }
+}
+
+/// The versions this build reads, as an error message names them.
+fn readable_versions() -> String {
+    match VERSION - MIN_VERSION {
+        0 => format!("{VERSION}"),
+        1 => format!("{MIN_VERSION} and {VERSION}"),
+        _ => format!("{MIN_VERSION} to {VERSION}"),
     }
 }
 
@@ -78,6 +130,8 @@ pub struct Header {
     pub seq: u64,
     /// Random per-file salt.
     pub salt: u64,
+    /// Format version: [`VERSION`] for every file this build creates.
+    pub version: u32,
 }
 
 impl Header {
@@ -85,7 +139,7 @@ impl Header {
     pub fn new(seq: u64) -> Header {
         // RandomState is keyed from the OS's randomness; no extra dependency needed.
         let salt = std::collections::hash_map::RandomState::new().hash_one(seq);
-        Header { seq, salt }
+        Header { seq, salt, version: VERSION }
     }
 
     /// Checksum seed of the records in this file.
@@ -98,7 +152,7 @@ impl Header {
     pub fn encode(&self, kind: FileKind) -> [u8; HEADER_LEN] {
         let mut h = [0u8; HEADER_LEN];
         h[..8].copy_from_slice(kind.magic());
-        h[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        h[8..12].copy_from_slice(&self.version.to_le_bytes());
         h[16..24].copy_from_slice(&self.seq.to_le_bytes());
         h[24..32].copy_from_slice(&self.salt.to_le_bytes());
         let crc = crc32c::crc32c(&h[..32]);
@@ -116,11 +170,14 @@ impl Header {
             return Err("header checksum mismatch".into());
         }
         let version = u32::from_le_bytes([h[8], h[9], h[10], h[11]]);
-        if version != VERSION {
-            return Err(format!("format version {version} is not supported (this build reads {VERSION})"));
+        if !(MIN_VERSION..=VERSION).contains(&version) {
+            return Err(format!(
+                "format version {version} is not supported (this build reads {})",
+                readable_versions()
+            ));
         }
         let u64_at = |at: usize| h[at..at + 8].iter().rev().fold(0u64, |acc, b| acc << 8 | u64::from(*b));
-        Ok(Header { seq: u64_at(16), salt: u64_at(24) })
+        Ok(Header { seq: u64_at(16), salt: u64_at(24), version })
     }
 }
 
@@ -150,7 +207,7 @@ fn encode_raw(buf: &mut Vec<u8>, seed: u32, kind: Kind, payload: &[u8], token: u
     buf.resize(start + record_len(payload.len()), 0);
 }
 
-/// Appends one keyed record (State, Advance or Answered) to `buf`.
+/// Appends one keyed record (a key's or a floor's State, Advance or Answered) to `buf`.
 pub fn encode(buf: &mut Vec<u8>, seed: u32, kind: Kind, key: &str, token: u64) {
     encode_raw(buf, seed, kind, key.as_bytes(), token);
 }
@@ -287,11 +344,48 @@ mod tests {
     #[test]
     fn headers_name_their_kind_version_and_salt() {
         let h = Header::new(9);
+        assert_eq!(h.version, 2);
         let bytes = h.encode(FileKind::Snapshot);
+        assert_eq!(bytes[8..12], [2, 0, 0, 0]);
         assert_eq!(Header::parse(FileKind::Snapshot, &bytes), Ok(h));
         assert!(Header::parse(FileKind::Segment, &bytes).is_err());
         let mut bad = bytes;
-        bad[8] = 2;
+        bad[8] = 3;
         assert!(Header::parse(FileKind::Snapshot, &bad).unwrap_err().contains("checksum"));
+    }
+
+    #[test]
+    fn version_one_is_read_and_an_unknown_version_is_refused_by_name() {
+        let old = Header { version: 1, ..Header::new(4) };
+        assert_eq!(Header::parse(FileKind::Segment, &old.encode(FileKind::Segment)), Ok(old));
+        for (version, named) in [(3, "format version 3"), (0, "format version 0"), (u32::MAX, "4294967295")] {
+            let newer = Header { version, ..Header::new(4) };
+            let err = Header::parse(FileKind::Segment, &newer.encode(FileKind::Segment)).unwrap_err();
+            assert!(err.contains(named) && err.contains("not supported (this build reads 1 and 2)"), "{err}");
+        }
+    }
+
+    #[test]
+    fn floor_records_round_trip_and_only_version_two_may_hold_them() {
+        let mut buf = Vec::new();
+        for (i, kind) in [Kind::FloorAdvance, Kind::FloorAnswered, Kind::FloorState].into_iter().enumerate() {
+            encode(&mut buf, 7, kind, "/dir/", 40 + i as u64);
+        }
+        let mut at = 0;
+        for (i, kind) in [Kind::FloorAdvance, Kind::FloorAnswered, Kind::FloorState].into_iter().enumerate() {
+            let r = decode(&buf[at..], 7).unwrap();
+            assert_eq!((r.kind, r.key, r.token), (kind, "/dir/", 40 + i as u64));
+            assert_eq!((kind as u8, kind.since()), (6 + i as u8, 2));
+            at += r.used;
+        }
+        assert_eq!(Kind::advance(MarkKind::Floor), Kind::FloorAdvance);
+        assert_eq!(Kind::answered(MarkKind::Key), Kind::Answered);
+        assert_eq!(Kind::Advance.since(), 1);
+        let mut unknown = Vec::new();
+        encode(&mut unknown, 7, Kind::Advance, "/a", 1);
+        unknown[16] = 9;
+        let crc = checksum(7, &unknown[..19]);
+        unknown[4..8].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(decode(&unknown, 7), Err(Bad::Malformed), "kind 9 is not a record");
     }
 }

@@ -19,8 +19,13 @@ pub struct Inspection {
     pub records: u64,
     /// A torn tail that a proxy would truncate on start, as (segment, offset).
     pub torn: Option<(u64, u64)>,
-    /// Writes in flight when the last proxy stopped, which it will quarantine on start.
+    /// Writes in flight when the last proxy stopped, which it will quarantine on start, by key.
     pub in_flight: Vec<(String, u64)>,
+    /// Floors recovered (the table's keys are its `len()`).
+    pub floors: usize,
+    /// Writes that had raised a floor and were in flight when the last proxy stopped, as
+    /// `(p, token)`: everything under `p` is quarantined on start.
+    pub floors_in_flight: Vec<(String, u64)>,
     /// Bytes used by the data directory's files.
     pub bytes: u64,
 }
@@ -36,6 +41,8 @@ pub fn inspect(dir: &Path) -> Result<Inspection, StoreError> {
         bytes += entry.metadata().map(|m| m.len()).unwrap_or(0);
     }
     Ok(Inspection {
+        floors: table.floors_len(),
+        floors_in_flight: found.floors_in_flight,
         table,
         snapshot: found.snapshot,
         segments: found.segments,

@@ -1,6 +1,6 @@
 //! The synchronous core of the file store: appending to the current segment, committing
-//! (one write, one `fdatasync`), rotating to a new segment, and writing snapshots. No threads
-//! here, so the model-based tests can drive every step, and crash between any two.
+//! (one write, one `fdatasync`) and rotating to a new segment (snapshots are `compact`'s). No
+//! threads here, so the model-based tests can drive every step, and crash between any two.
 //!
 //! Every file is created the same way: write a temp file, fsync it, rename it into place,
 //! fsync the directory. A name that exists therefore always has a complete header.
@@ -11,9 +11,8 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use super::SyncMode;
-use super::Table;
 use super::format::{self, FileKind, Header, Kind};
-use super::recovery::{Recovered, file_seq, segment_name, snapshot_name};
+use super::recovery::{Recovered, segment_name};
 
 /// The current segment, open for appending.
 #[derive(Debug)]
@@ -34,7 +33,7 @@ pub(crate) struct Log {
     pending: Vec<u8>,
 }
 
-fn sync_dir(dir: &Path) -> io::Result<()> {
+pub(super) fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
@@ -60,7 +59,16 @@ impl Log {
     pub(crate) fn open(dir: &Path, sync: SyncMode, recovered: &Recovered, ahead: u64) -> io::Result<Log> {
         // Recovery has already read and checked the last segment's header.
         let (header, len) = match recovered.last_header {
-            Some(header) => (header, recovered.last_end),
+            Some(header) if header.version == format::VERSION => (header, recovered.last_end),
+            // Written by an older build: closed as a rotation would close it, and the records
+            // go on in a new segment of this version. An older build then refuses the directory
+            // by the version it does not know, rather than meet records it cannot read.
+            Some(old) => {
+                let file = OpenOptions::new().write(true).open(dir.join(segment_name(old.seq)))?;
+                file.set_len(recovered.last_end)?;
+                file.sync_all()?;
+                (create_segment(dir, old.seq + 1)?, format::HEADER_LEN as u64)
+            }
             None => (create_segment(dir, recovered.snapshot.unwrap_or(1))?, format::HEADER_LEN as u64),
         };
         let file = OpenOptions::new().write(true).open(dir.join(segment_name(header.seq)))?;
@@ -97,7 +105,7 @@ impl Log {
         self.dir.join(segment_name(self.seq))
     }
 
-    /// Buffers one record (an advance or an answer) for the next write.
+    /// Buffers one record (an advance or an answer, of a key or a floor) for the next write.
     pub(crate) fn append(&mut self, kind: Kind, key: &str, token: u64) {
         format::encode(&mut self.pending, self.seed, kind, key, token);
     }
@@ -180,54 +188,4 @@ fn create_segment(dir: &Path, seq: u64) -> io::Result<Header> {
     let header = Header::new(seq);
     create_durably(dir, &segment_name(seq), |w| w.write_all(&header.encode(FileKind::Segment)))?;
     Ok(header)
-}
-
-/// Writes the snapshot that replaces every segment below `seq`, from `table`. Returns its size.
-///
-/// `table` may already hold advances from segment `seq` onwards; replay takes the maximum,
-/// so those are harmless. It must hold every record of the segments below `seq`, which the
-/// store guarantees by raising the table before it acknowledges or rotates.
-pub(crate) fn write_snapshot(dir: &Path, seq: u64, table: &Table) -> io::Result<u64> {
-    let header = Header::new(seq);
-    let seed = header.seed(FileKind::Snapshot);
-    let mut size = 0u64;
-    create_durably(dir, &snapshot_name(seq), |w| {
-        w.write_all(&header.encode(FileKind::Snapshot))?;
-        let mut buf = Vec::with_capacity(64 * 1024);
-        let mut count = 0u64;
-        let mut result = Ok(());
-        let mut put = |kind: Kind, key: &str, token: u64| {
-            format::encode(&mut buf, seed, kind, key, token);
-            count += 1;
-            if buf.len() >= 60 * 1024 && result.is_ok() {
-                result = w.write_all(&buf);
-                buf.clear();
-            }
-        };
-        // An unanswered write must stay in flight across the compaction.
-        table.for_each(|key, token, in_flight| put(if in_flight { Kind::Advance } else { Kind::State }, key, token));
-        result?;
-        w.write_all(&buf)?;
-        format::write_trailer(w, seed, count)?;
-        size = w.get_ref().metadata()?.len() + w.buffer().len() as u64;
-        Ok(())
-    })?;
-    Ok(size)
-}
-
-/// Deletes the segments and snapshots that the snapshot `seq` made obsolete.
-pub(crate) fn remove_covered(dir: &Path, seq: u64) -> io::Result<usize> {
-    let mut removed = 0;
-    for entry in fs::read_dir(dir)? {
-        let entry = entry?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if file_seq(&name).is_some_and(|s| s < seq) {
-            fs::remove_file(entry.path())?;
-            removed += 1;
-        }
-    }
-    if removed > 0 {
-        sync_dir(dir)?;
-    }
-    Ok(removed)
 }

@@ -1,18 +1,25 @@
 //! Durable `max_seen`: the [`Store`] trait, the in-memory [`Table`] it keeps current, and
 //! [`FileStore`], a log-structured store in the tradition of etcd's WAL.
 //!
-//! The proxy calls [`Store::advance`] and waits for it before forwarding. An implementation
+//! The store keeps two kinds of mark ([`MarkKind`]): a key's `max_seen`, and floors, each the
+//! highest token a write covering everything under a string was accepted with. Both are opaque
+//! strings to the store, in separate maps: a floor and a key spelled alike are different marks.
+//!
+//! The proxy calls [`Store::advance`] (one key) or [`Store::advance_all`] (several marks, in one
+//! atomic batch) and waits for it before forwarding. An implementation
 //! must resolve only once the advance would survive a crash, and must have raised the
 //! [`Table`] by then. Because the store itself raises the table, and only after the advance is
 //! durable, the table is always an image of durable state: a snapshot taken from it can never
 //! miss a record of the segments it replaces. A store shared through etcd can be added behind
 //! the same trait.
 
+mod compact;
 mod file;
 pub(crate) mod format;
 mod inspect;
 mod log;
 pub(crate) mod recovery;
+mod replay;
 mod table;
 mod writer;
 
@@ -35,6 +42,16 @@ pub enum SyncMode {
     Never,
 }
 
+/// What one record raises: a key's `max_seen`, or a floor (the highest token a write covering
+/// everything under a string was accepted with).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum MarkKind {
+    /// A key: `max_seen` of one resource.
+    Key,
+    /// A floor: the highest token of a write that covered everything under the string.
+    Floor,
+}
+
 /// A boxed future returned by [`Store`] methods.
 pub type StoreFuture<'a> = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
 
@@ -49,6 +66,12 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// so it is no longer in flight. Need not be durable: if lost, a restart quarantines the
     /// resource once more than needed.
     fn answered(&self, key: &str, token: u64);
+    /// Raises every mark in `marks` to `token` in one committed batch: all of them are durable,
+    /// and the table raised, before this resolves, or none is (never split across batches,
+    /// whatever MAX_BATCH says). Each is in flight until answered.
+    fn advance_all(&self, marks: Vec<(MarkKind, String)>, token: u64) -> StoreFuture<'_>;
+    /// Notes that the write that advanced `marks` to `token` was answered.
+    fn answered_all(&self, marks: &[(MarkKind, String)], token: u64);
     /// Flushes everything and stops; later advances fail with [`StoreError::Closed`].
     fn close(&self) -> StoreFuture<'_>;
     /// Whether the store still accepts advances (false after a write or sync failure).
@@ -85,7 +108,7 @@ pub enum StoreError {
     /// A write or sync failed; the store accepts no more advances until restarted.
     #[error("store failed and refuses further advances until restart: {0}")]
     Failed(String),
-    /// The table holds `store.max_resources` resources; new ones are refused.
+    /// The table holds `store.max_resources` marks (keys and floors); new ones are refused.
     #[error("the fence table is full ({0} resources, store.max_resources); only known resources accept writes")]
     Full(usize),
     /// The data directory's keys were made under other key rules (scopes, canonicalisation).
@@ -109,6 +132,10 @@ pub enum StoreError {
 }
 
 #[cfg(test)]
+mod mark_tests;
+#[cfg(test)]
 mod model_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod writer_tests;

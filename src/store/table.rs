@@ -1,107 +1,95 @@
-//! [`Table`]: the in-memory image of every resource's durable `max_seen`.
+//! [`Table`]: the in-memory image of every durable mark: each key's `max_seen`, and each
+//! floor (the highest token a write covering everything under a string was accepted with).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use dashmap::DashMap;
+use dashmap::mapref::entry::Entry as Slot;
 
-/// One resource in the [`Table`].
+/// One mark in the [`Table`].
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     token: u64,
     /// The write that raised `token` is on its way to the backend, not yet answered. (Under
-    /// the fence a key's latest advance is also its maximum, so one flag per key suffices.)
+    /// the fence a mark's latest advance is also its maximum, so one flag per mark suffices.)
     in_flight: bool,
 }
 
-/// The in-memory image of every resource's durable `max_seen`, and of which writes are in
-/// flight.
-///
-/// Hashed with foldhash rather than SipHash: recovery hashes every key at least once per
-/// record, and SipHash was a third of its time. Its per-process random seed keeps clients
-/// from precomputing colliding paths.
+/// One kind of mark: a map from the string to its entry, and how many there are. Entries are
+/// never removed, so the count only grows; keeping it saves visiting every shard to count.
 #[derive(Debug, Default)]
-pub struct Table {
+struct Marks {
     map: DashMap<Box<str>, Entry, foldhash::quality::RandomState>,
+    len: AtomicUsize,
 }
 
-impl Table {
-    /// An empty table.
-    pub fn new() -> Self {
-        Self::default()
+impl Marks {
+    fn with_capacity(capacity: usize) -> Marks {
+        Marks { map: DashMap::with_capacity_and_hasher(capacity, Default::default()), len: AtomicUsize::new(0) }
     }
 
-    /// An empty table with room for `capacity` resources, so loading them never rehashes.
-    pub fn with_capacity(capacity: usize) -> Self {
-        Table { map: DashMap::with_capacity_and_hasher(capacity, Default::default()) }
+    fn entry(&self, name: &str) -> Option<(u64, bool)> {
+        self.map.get(name).map(|e| (e.token, e.in_flight))
     }
 
-    /// The highest durable token of `key`.
-    pub fn get(&self, key: &str) -> Option<u64> {
-        self.map.get(key).map(|e| e.token)
+    fn len(&self) -> usize {
+        self.len.load(Ordering::Relaxed)
     }
 
-    /// The highest durable token of `key`, and whether its write is still in flight.
-    pub fn entry(&self, key: &str) -> Option<(u64, bool)> {
-        self.map.get(key).map(|e| (e.token, e.in_flight))
-    }
-
-    /// Number of resources.
-    pub fn len(&self) -> usize {
-        self.map.len()
-    }
-
-    /// Whether no resource has been seen.
-    pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
-    }
-
-    /// Applies `f` to `key`'s entry, creating it at `token` if new.
-    fn update(&self, key: &str, token: u64, f: impl FnOnce(&mut Entry)) {
-        // Look up before inserting so a known key costs no allocation.
-        if let Some(mut e) = self.map.get_mut(key) {
+    /// Applies `f` to `name`'s entry, creating it at `token` if new.
+    fn update(&self, name: &str, token: u64, f: impl FnOnce(&mut Entry)) {
+        // Look up before inserting so a known mark costs no allocation.
+        if let Some(mut e) = self.map.get_mut(name) {
             f(&mut e);
             return;
         }
-        f(&mut self.map.entry(key.into()).or_insert(Entry { token, in_flight: false }));
+        self.load_with(name, Entry { token, in_flight: false }, f);
     }
 
-    /// Loads a snapshot entry. Snapshot keys are unique, so this goes straight to the entry:
-    /// one probe instead of a lookup and then an insert.
-    pub(crate) fn load(&self, key: &str, token: u64, in_flight: bool) {
-        let mut e = self.map.entry(key.into()).or_insert(Entry { token, in_flight });
-        e.token = e.token.max(token);
-        e.in_flight |= in_flight;
+    /// Applies `f` to `name`'s entry, inserting `new` first if it is missing: one probe.
+    fn load_with(&self, name: &str, new: Entry, f: impl FnOnce(&mut Entry)) {
+        match self.map.entry(name.into()) {
+            Slot::Occupied(mut e) => f(e.get_mut()),
+            Slot::Vacant(v) => {
+                self.len.fetch_add(1, Ordering::Relaxed);
+                f(&mut v.insert(new));
+            }
+        }
     }
 
-    /// Raises `key` to `token` (never lowers it). Only stores call this, once it is durable.
-    pub(crate) fn raise(&self, key: &str, token: u64) {
-        self.update(key, token, |e| e.token = e.token.max(token));
+    fn load(&self, name: &str, token: u64, in_flight: bool) {
+        self.load_with(name, Entry { token, in_flight }, |e| {
+            e.token = e.token.max(token);
+            e.in_flight |= in_flight;
+        });
     }
 
-    /// Raises `key` to `token` and marks its write in flight.
-    pub(crate) fn advance(&self, key: &str, token: u64) {
-        self.update(key, token, |e| {
+    fn raise(&self, name: &str, token: u64) {
+        self.update(name, token, |e| e.token = e.token.max(token));
+    }
+
+    fn advance(&self, name: &str, token: u64) {
+        self.update(name, token, |e| {
             e.token = e.token.max(token);
             e.in_flight = true;
         });
     }
 
-    /// Notes that the backend answered the write of `token` to `key`.
-    pub(crate) fn answered(&self, key: &str, token: u64) {
-        if let Some(mut e) = self.map.get_mut(key)
+    fn answered(&self, name: &str, token: u64) {
+        if let Some(mut e) = self.map.get_mut(name)
             && e.token == token
         {
             e.in_flight = false;
         }
     }
 
-    /// Visits every entry as `(key, max_seen, in_flight)`, in no particular order.
-    pub fn for_each(&self, mut f: impl FnMut(&str, u64, bool)) {
+    fn for_each(&self, mut f: impl FnMut(&str, u64, bool)) {
         for e in self.map.iter() {
             f(e.key(), e.value().token, e.value().in_flight);
         }
     }
 
-    /// Writes still in flight, as `(key, token)`.
-    pub fn in_flight(&self) -> Vec<(String, u64)> {
+    fn in_flight(&self) -> Vec<(String, u64)> {
         let mut flying = Vec::new();
         self.for_each(|k, t, f| {
             if f {
@@ -110,8 +98,129 @@ impl Table {
         });
         flying
     }
+}
 
-    /// The `n` entries with the highest tokens, highest first.
+/// The in-memory image of every durable mark (each key's `max_seen`, each floor), and of which
+/// writes are in flight. Keys and floors are separate maps: a floor and a key spelled alike are
+/// different marks.
+///
+/// Hashed with foldhash rather than SipHash: recovery hashes every key at least once per
+/// record, and SipHash was a third of its time. Its per-process random seed keeps clients
+/// from precomputing colliding paths.
+#[derive(Debug, Default)]
+pub struct Table {
+    keys: Marks,
+    floors: Marks,
+}
+
+impl Table {
+    /// An empty table.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// An empty table with room for `capacity` keys, so loading them never rehashes.
+    pub fn with_capacity(capacity: usize) -> Self {
+        Table { keys: Marks::with_capacity(capacity), floors: Marks::default() }
+    }
+
+    /// The highest durable token of `key`.
+    pub fn get(&self, key: &str) -> Option<u64> {
+        self.keys.map.get(key).map(|e| e.token)
+    }
+
+    /// The highest durable token of `key`, and whether its write is still in flight.
+    pub fn entry(&self, key: &str) -> Option<(u64, bool)> {
+        self.keys.entry(key)
+    }
+
+    /// Number of keys (resources); floors are counted by [`Table::floors_len`].
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Whether no key has been seen.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Loads a snapshot entry. Snapshot keys are unique, so this goes straight to the entry:
+    /// one probe instead of a lookup and then an insert.
+    pub(crate) fn load(&self, key: &str, token: u64, in_flight: bool) {
+        self.keys.load(key, token, in_flight);
+    }
+
+    /// Raises `key` to `token` (never lowers it). Only stores call this, once it is durable.
+    pub(crate) fn raise(&self, key: &str, token: u64) {
+        self.keys.raise(key, token);
+    }
+
+    /// Raises `key` to `token` and marks its write in flight.
+    pub(crate) fn advance(&self, key: &str, token: u64) {
+        self.keys.advance(key, token);
+    }
+
+    /// Notes that the backend answered the write of `token` to `key`.
+    pub(crate) fn answered(&self, key: &str, token: u64) {
+        self.keys.answered(key, token);
+    }
+
+    /// Visits every key as `(key, max_seen, in_flight)`, in no particular order.
+    pub fn for_each(&self, f: impl FnMut(&str, u64, bool)) {
+        self.keys.for_each(f);
+    }
+
+    /// Writes still in flight, as `(key, token)`.
+    pub fn in_flight(&self) -> Vec<(String, u64)> {
+        self.keys.in_flight()
+    }
+
+    /// The highest durable token of a write that covered everything under `p`.
+    pub fn floor(&self, p: &str) -> Option<u64> {
+        self.floors.map.get(p).map(|e| e.token)
+    }
+
+    /// The floor of `p`, and whether the write that raised it is still in flight.
+    pub fn floor_entry(&self, p: &str) -> Option<(u64, bool)> {
+        self.floors.entry(p)
+    }
+
+    /// Visits every floor as `(p, floor, in_flight)`, in no particular order.
+    pub fn for_each_floor(&self, f: impl FnMut(&str, u64, bool)) {
+        self.floors.for_each(f);
+    }
+
+    /// Number of floors.
+    pub fn floors_len(&self) -> usize {
+        self.floors.len()
+    }
+
+    /// Writes that raised a floor and are still in flight, as `(p, token)`.
+    pub fn in_flight_floors(&self) -> Vec<(String, u64)> {
+        self.floors.in_flight()
+    }
+
+    /// Loads a snapshot's floor entry.
+    pub(crate) fn load_floor(&self, p: &str, token: u64, in_flight: bool) {
+        self.floors.load(p, token, in_flight);
+    }
+
+    /// Raises the floor `p` to `token` (never lowers it), once that is durable.
+    pub(crate) fn raise_floor(&self, p: &str, token: u64) {
+        self.floors.raise(p, token);
+    }
+
+    /// Raises the floor `p` to `token` and marks its write in flight.
+    pub(crate) fn advance_floor(&self, p: &str, token: u64) {
+        self.floors.advance(p, token);
+    }
+
+    /// Notes that the backend answered the write of `token` that raised the floor `p`.
+    pub(crate) fn answered_floor(&self, p: &str, token: u64) {
+        self.floors.answered(p, token);
+    }
+
+    /// The `n` keys with the highest tokens, highest first.
     pub fn top(&self, n: usize) -> Vec<(String, u64)> {
         let mut heap = std::collections::BinaryHeap::new();
         self.for_each(|k, t, _| {
@@ -148,5 +257,31 @@ mod tests {
         assert_eq!(t.top(2), vec![("/b".to_string(), 9), ("/c".to_string(), 7)]);
         assert_eq!(t.top(0), vec![]);
         assert_eq!(t.len(), 3);
+    }
+
+    #[test]
+    fn floors_are_marks_of_their_own_beside_the_keys() {
+        let t = Table::new();
+        t.advance("/a", 5);
+        assert_eq!((t.floor("/a"), t.floors_len()), (None, 0), "a key is not a floor");
+        t.advance_floor("/a", 9);
+        t.raise_floor("/a", 4);
+        t.load_floor("/d/", 3, false);
+        t.load_floor("/d/", 2, true);
+        assert_eq!((t.get("/a"), t.floor("/a")), (Some(5), Some(9)), "neither touched the other");
+        assert_eq!(t.floor_entry("/d/"), Some((3, true)), "load keeps the maximum, in flight if either was");
+        t.answered_floor("/a", 8);
+        assert_eq!(t.floor_entry("/a"), Some((9, true)), "an answer for an older token clears nothing");
+        t.answered("/a", 9);
+        assert_eq!(t.floor_entry("/a"), Some((9, true)), "nor does the key's answer");
+        t.answered_floor("/a", 9);
+        assert_eq!(t.floor_entry("/a"), Some((9, false)));
+        assert_eq!(t.in_flight(), [("/a".to_string(), 5)]);
+        assert_eq!(t.in_flight_floors(), [("/d/".to_string(), 3)]);
+        let mut all = Vec::new();
+        t.for_each_floor(|p, token, flying| all.push((p.to_owned(), token, flying)));
+        all.sort();
+        assert_eq!(all, [("/a".to_string(), 9, false), ("/d/".to_string(), 3, true)]);
+        assert_eq!((t.len(), t.floors_len(), t.top(5).len()), (1, 2, 1), "len and top are the keys'");
     }
 }

@@ -1,4 +1,4 @@
-//! The writer (group commit) and the compaction thread it starts.
+//! The writer (group commit), which starts the compaction thread (`compact`).
 //!
 //! The writer is a task on the runtime that serves the requests, not a thread of its own: a
 //! hand-off to another thread and back cost more CPU than the sync itself (two sleeps and two
@@ -8,43 +8,54 @@
 //!
 //! Group commit: the writer takes every advance queued while the previous batch was syncing,
 //! lets every task that is ready queue its own, appends them all, and issues one `fdatasync`
-//! for the lot. Only after the sync does it raise the [`Table`] and answer.
+//! for the lot. Only after the sync does it raise the [`Table`] and answer. An advance of
+//! several marks is one message and one entry of the batch, so its records always share one
+//! commit marker: recovery applies them all or none.
 //!
 //! Failure is closed and final: after a failed write or sync the kernel may have dropped the
 //! dirty pages, so a later sync that "succeeds" proves nothing (PostgreSQL's fsync lesson).
 //! Every later advance fails until the process restarts and recovers from what is on disk.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
-use std::thread::JoinHandle;
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use tokio::runtime::RuntimeFlavor;
 use tokio::sync::{mpsc::UnboundedReceiver, oneshot};
 
-use super::file::StoreOptions;
+use super::compact;
+use super::file::{Answers, StoreOptions};
 use super::format::Kind;
-use super::log::{self, Log};
+use super::log::Log;
 use super::recovery::io_err;
-use super::{StoreError, Table};
+use super::{MarkKind, StoreError, Table};
 
-/// Most advances committed by one write and one sync.
+/// Most advances committed by one write and one sync (an advance of several marks counts once:
+/// it is never split).
 const MAX_BATCH: usize = 4096;
 /// Most passes of the event loop a batch waits for more writes, while each pass brings some.
 const GATHER_ROUNDS: usize = 8;
 /// Longest answered writes wait to be logged as such when no advance comes to carry them.
 const ANSWER_FLUSH: Duration = Duration::from_millis(200);
 
+type Done = oneshot::Sender<Result<(), StoreError>>;
+
 pub(super) enum Msg {
     Advance {
         key: String,
         token: u64,
-        done: oneshot::Sender<Result<(), StoreError>>,
+        done: Done,
+    },
+    /// Several marks, in one batch.
+    AdvanceAll {
+        marks: Vec<(MarkKind, String)>,
+        token: u64,
+        done: Done,
     },
     /// The first answered write since the writer last took them: it must not wait forever.
     AnswersWaiting,
-    Close(oneshot::Sender<Result<(), StoreError>>),
+    Close(Done),
 }
 
 /// Runs blocking file work from the writer task. A multi-threaded runtime is told, so that
@@ -57,7 +68,7 @@ fn blocking<R>(work: impl FnOnce() -> R) -> R {
 }
 
 pub(super) struct Writer {
-    answers: Arc<std::sync::Mutex<Vec<(String, u64)>>>,
+    answers: Answers,
     /// When answered writes waiting in `answers` are written even if no advance comes.
     flush_by: Option<Instant>,
     log: Log,
@@ -68,9 +79,9 @@ pub(super) struct Writer {
     snapshot_bytes: Arc<AtomicU64>,
     /// Advances and answers of the batch being built, in arrival order.
     batch: Vec<Op>,
-    /// Advances in the batch, counted as they join.
+    /// Advance records in the batch, counted as they join.
     advances_in_batch: usize,
-    /// New keys among the batch's advances, for the `max_resources` bound.
+    /// New marks (keys and floors) among the batch's advances, for the `max_resources` bound.
     new_in_batch: usize,
     /// Whether `run` finished; if not, the task was dropped with its runtime (see `Drop`).
     finished: bool,
@@ -79,8 +90,9 @@ pub(super) struct Writer {
 }
 
 enum Op {
-    Advance { key: String, token: u64, done: oneshot::Sender<Result<(), StoreError>> },
-    Answered { key: String, token: u64 },
+    Advance { key: String, token: u64, done: Done },
+    AdvanceAll { marks: Vec<(MarkKind, String)>, token: u64, done: Done },
+    Answered { mark: MarkKind, key: String, token: u64 },
 }
 
 impl Writer {
@@ -90,7 +102,7 @@ impl Writer {
         table: Arc<Table>,
         healthy: Arc<AtomicBool>,
         options: StoreOptions,
-        answers: Arc<Mutex<Vec<(String, u64)>>>,
+        answers: Answers,
         lock: std::fs::File,
     ) -> Writer {
         Writer {
@@ -113,7 +125,8 @@ impl Writer {
     /// Runs until the store is closed or dropped.
     pub(super) async fn run(mut self, mut rx: UnboundedReceiver<Msg>) {
         let (compact_tx, compact_rx) = mpsc::sync_channel::<u64>(1);
-        let compactor = self.spawn_compactor(compact_rx);
+        let dir = self.log.path().parent().map(Path::to_owned).unwrap_or_default();
+        let compactor = compact::spawn(dir, &self.table, &self.snapshot_bytes, self.lock.as_ref(), compact_rx);
         let mut closing = None;
         while closing.is_none() {
             // Answered writes ride along with the next batch; without one, they are written
@@ -179,7 +192,7 @@ impl Writer {
     }
 
     /// Adds one message to the batch; returns the reply channel if it asks to close.
-    fn take(&mut self, msg: Msg) -> Option<oneshot::Sender<Result<(), StoreError>>> {
+    fn take(&mut self, msg: Msg) -> Option<Done> {
         match msg {
             Msg::Advance { key, token, done } => {
                 // The answer to the previous write of this resource was recorded before this
@@ -187,6 +200,10 @@ impl Writer {
                 // "accept", or an operator's advance) would clear this write's in-flight mark.
                 self.take_answers();
                 self.admit(key, token, done)
+            }
+            Msg::AdvanceAll { marks, token, done } => {
+                self.take_answers();
+                self.admit_all(marks, token, done)
             }
             Msg::AnswersWaiting => {
                 self.flush_by.get_or_insert_with(|| Instant::now() + ANSWER_FLUSH);
@@ -205,21 +222,21 @@ impl Writer {
         if self.failed.is_some() {
             return;
         }
-        for (key, token) in answers {
-            self.log.append(Kind::Answered, &key, token);
-            self.batch.push(Op::Answered { key, token });
+        for (mark, key, token) in answers {
+            self.log.append(Kind::answered(mark), &key, token);
+            self.batch.push(Op::Answered { mark, key, token });
         }
     }
 
     /// Queues one advance for this batch, or refuses it at once.
-    fn admit(&mut self, key: String, token: u64, done: oneshot::Sender<Result<(), StoreError>>) {
+    fn admit(&mut self, key: String, token: u64, done: Done) {
         if let Some(f) = &self.failed {
             let _ = done.send(Err(StoreError::Failed(f.clone())));
             return;
         }
         if self.table.get(&key).is_none() {
             // Counting every new key in the batch as distinct can only refuse early, never late.
-            if self.table.len() + self.new_in_batch >= self.options.max_resources {
+            if self.marks() + self.new_in_batch >= self.options.max_resources {
                 tracing::warn!(resource = %key, limit = self.options.max_resources,
                     "store.max_resources reached: refusing a write to a new resource");
                 let _ = done.send(Err(StoreError::Full(self.options.max_resources)));
@@ -230,6 +247,42 @@ impl Writer {
         self.log.append(Kind::Advance, &key, token);
         self.batch.push(Op::Advance { key, token, done });
         self.advances_in_batch += 1;
+    }
+
+    /// Keys and floors in the table, which `max_resources` bounds together.
+    fn marks(&self) -> usize {
+        self.table.len() + self.table.floors_len()
+    }
+
+    /// Queues an advance of several marks for this batch, whole, or refuses it whole at once.
+    fn admit_all(&mut self, marks: Vec<(MarkKind, String)>, token: u64, done: Done) {
+        if let Some(f) = &self.failed {
+            let _ = done.send(Err(StoreError::Failed(f.clone())));
+            return;
+        }
+        let new = marks
+            .iter()
+            .filter(|(mark, name)| match mark {
+                MarkKind::Key => self.table.get(name).is_none(),
+                MarkKind::Floor => self.table.floor(name).is_none(),
+            })
+            .count();
+        if new > 0 && self.marks() + self.new_in_batch + new > self.options.max_resources {
+            tracing::warn!(
+                marks = marks.len(),
+                new,
+                limit = self.options.max_resources,
+                "store.max_resources reached: refusing a write to new resources"
+            );
+            let _ = done.send(Err(StoreError::Full(self.options.max_resources)));
+            return;
+        }
+        self.new_in_batch += new;
+        for (mark, name) in &marks {
+            self.log.append(Kind::advance(*mark), name, token);
+        }
+        self.advances_in_batch += marks.len();
+        self.batch.push(Op::AdvanceAll { marks, token, done });
     }
 
     /// Writes the batch; syncs it if it holds an advance (a lost answer only costs a quarantine).
@@ -254,7 +307,19 @@ impl Writer {
                     }
                     let _ = done.send(outcome.clone());
                 }
-                Op::Answered { key, token } => self.table.answered(&key, token),
+                Op::AdvanceAll { marks, token, done } => {
+                    if outcome.is_ok() {
+                        for (mark, name) in &marks {
+                            match mark {
+                                MarkKind::Key => self.table.advance(name, token),
+                                MarkKind::Floor => self.table.advance_floor(name, token),
+                            }
+                        }
+                    }
+                    let _ = done.send(outcome.clone());
+                }
+                Op::Answered { mark: MarkKind::Key, key, token } => self.table.answered(&key, token),
+                Op::Answered { mark: MarkKind::Floor, key, token } => self.table.answered_floor(&key, token),
             }
         }
     }
@@ -286,39 +351,6 @@ impl Writer {
                 self.fail(e);
             }
         }
-    }
-
-    fn spawn_compactor(&self, rx: mpsc::Receiver<u64>) -> Option<JoinHandle<()>> {
-        let table = Arc::clone(&self.table);
-        let size = Arc::clone(&self.snapshot_bytes);
-        let dir: PathBuf = self.log.path().parent().map(Path::to_owned).unwrap_or_default();
-        // The compactor writes and deletes files in the directory, so it holds the lock too (a
-        // duplicate of the same open file description): a writer dropped with its runtime
-        // must not hand the directory over while a snapshot is still being written.
-        let lock = match self.lock.as_ref().map(std::fs::File::try_clone) {
-            Some(Ok(lock)) => lock,
-            _ => {
-                tracing::error!("cannot share the directory lock with the compaction thread: no compaction");
-                return None;
-            }
-        };
-        let spawned = std::thread::Builder::new().name("fencegate-compact".into()).spawn(move || {
-            let _lock = lock;
-            while let Ok(seq) = rx.recv() {
-                let started = Instant::now();
-                let written = log::write_snapshot(&dir, seq, &table).and_then(|bytes| {
-                    size.store(bytes, Ordering::Relaxed);
-                    log::remove_covered(&dir, seq).map(|removed| (bytes, removed))
-                });
-                match written {
-                    Ok((bytes, removed)) => tracing::info!(seq, bytes, removed, elapsed = ?started.elapsed(),
-                        "snapshot written; covered log segments removed"),
-                    // The segments are still there, so nothing is lost; the next rotation retries.
-                    Err(e) => tracing::error!(seq, error = %e, "snapshot failed; keeping the log segments"),
-                }
-            }
-        });
-        spawned.map_err(|e| tracing::error!(error = %e, "cannot start the compaction thread")).ok()
     }
 }
 

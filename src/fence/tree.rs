@@ -1,0 +1,164 @@
+//! The tree of fence keys: what a write must be above, and how a write raises it.
+//!
+//! Keys are canonical paths (or the prefixes scopes make of them). A *node* is a key without
+//! its trailing slash, so the file `/d` and the collection `/d/` share node `/d`: a backend
+//! serves both from one name. A write that covers a subtree (a collection's DELETE, MOVE or
+//! COPY) leaves a *floor* at its node, kept durably by the store beside the keys; every key at
+//! or below a floor must then be above it. To check a subtree write against everything under
+//! it in O(depth) rather than O(resources), each node above some key keeps `below`: the highest
+//! token of any key or floor strictly below it. It is rebuilt from the store when the fence
+//! starts and raised as writes are made durable.
+
+use dashmap::DashMap;
+
+use crate::store::{MarkKind, Table};
+
+/// How much of the tree at a key a write may change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Coverage {
+    /// The key itself.
+    Key,
+    /// The key's node and everything below it: the key, the key with a trailing slash, and
+    /// every key under it.
+    Subtree,
+}
+
+/// One fence key a write touches, and how much of the tree below it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Touch {
+    /// The fence key.
+    pub key: String,
+    /// What the write may change there.
+    pub coverage: Coverage,
+}
+
+impl Touch {
+    /// The durable mark a write with this touch raises: the key itself, or a floor at its node.
+    pub(crate) fn mark(&self) -> (MarkKind, &str) {
+        match self.coverage {
+            Coverage::Key => (MarkKind::Key, &self.key),
+            Coverage::Subtree => (MarkKind::Floor, node(&self.key)),
+        }
+    }
+}
+
+/// The node of a key: the key without a trailing slash (the root stays `/`).
+pub(crate) fn node(key: &str) -> &str {
+    match key.strip_suffix('/') {
+        Some(rest) if !rest.is_empty() => rest,
+        _ => key,
+    }
+}
+
+/// The nodes strictly above `node`, root first: `/`, `/a`, `/a/b` for `/a/b/c`.
+pub(crate) fn ancestors(node: &str) -> impl Iterator<Item = &str> {
+    let root = (node.len() > 1 && node.starts_with('/')).then_some("/");
+    let inner = node.match_indices('/').skip(1).map(move |(i, _)| &node[..i]);
+    root.into_iter().chain(inner)
+}
+
+/// Whether node `a` is `b` or above it.
+pub(crate) fn covers(a: &str, b: &str) -> bool {
+    a == "/" || b == a || b.strip_prefix(a).is_some_and(|rest| rest.starts_with('/'))
+}
+
+/// The highest token below each node that has keys or floors below it.
+#[derive(Debug, Default)]
+pub(crate) struct Tree {
+    below: DashMap<Box<str>, u64, foldhash::quality::RandomState>,
+}
+
+impl Tree {
+    /// The tree of everything `table` holds.
+    pub(crate) fn build(table: &Table) -> Tree {
+        let tree = Tree::default();
+        table.for_each(|key, token, _| tree.raise(MarkKind::Key, key, token));
+        table.for_each_floor(|path, token, _| tree.raise(MarkKind::Floor, path, token));
+        tree
+    }
+
+    /// Notes that `mark` now stands at `token` (made durable by the store).
+    pub(crate) fn raise(&self, kind: MarkKind, mark: &str, token: u64) {
+        let _ = kind; // keys and floors raise the nodes above them alike
+        for above in ancestors(node(mark)) {
+            if let Some(mut below) = self.below.get_mut(above) {
+                *below = (*below).max(token);
+                continue;
+            }
+            let mut below = self.below.entry(above.into()).or_insert(token);
+            *below = (*below).max(token);
+        }
+    }
+
+    /// The highest token of any key or floor strictly below `node`.
+    pub(crate) fn below(&self, node: &str) -> Option<u64> {
+        self.below.get(node).map(|b| *b)
+    }
+
+    /// Nodes with something below them.
+    pub(crate) fn len(&self) -> usize {
+        self.below.len()
+    }
+}
+
+/// The highest token `touch` must be above (or, by the equal-token policy, not below): the
+/// key's own `max_seen`, every floor at or above its node, and for a subtree everything in it.
+pub(crate) fn level(table: &Table, tree: &Tree, touch: &Touch) -> Option<u64> {
+    let here = node(&touch.key);
+    let mut level = table.get(&touch.key);
+    if table.floors_len() > 0 {
+        for n in ancestors(here).chain(std::iter::once(here)) {
+            level = level.max(table.floor(n));
+        }
+    }
+    if touch.coverage == Coverage::Subtree {
+        level = level.max(table.get(here)).max(tree.below(here));
+        if here != "/" {
+            level = level.max(table.get(&format!("{here}/")));
+        }
+    }
+    level
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nodes_and_their_ancestors() {
+        assert_eq!(node("/d/"), "/d");
+        assert_eq!(node("/d"), "/d");
+        assert_eq!(node("/"), "/");
+        assert_eq!(ancestors("/a/b/c").collect::<Vec<_>>(), ["/", "/a", "/a/b"]);
+        assert_eq!(ancestors("/a").collect::<Vec<_>>(), ["/"]);
+        assert_eq!(ancestors("/").count(), 0);
+        assert!(covers("/", "/x") && covers("/a", "/a") && covers("/a", "/a/b"));
+        assert!(!covers("/a", "/ab") && !covers("/a/b", "/a"));
+    }
+
+    fn touch(key: &str, coverage: Coverage) -> Touch {
+        Touch { key: key.into(), coverage }
+    }
+
+    #[test]
+    fn a_subtree_sees_every_key_below_it_and_a_key_every_floor_above_it() {
+        let table = Table::new();
+        table.raise("/d/f", 1000);
+        table.raise("/d", 7);
+        table.raise("/e/", 9);
+        let tree = Tree::build(&table);
+        assert_eq!(level(&table, &tree, &touch("/d/", Coverage::Key)), None, "a key alone sees only itself");
+        assert_eq!(level(&table, &tree, &touch("/d/", Coverage::Subtree)), Some(1000));
+        assert_eq!(level(&table, &tree, &touch("/d", Coverage::Subtree)), Some(1000), "with or without the slash");
+        assert_eq!(level(&table, &tree, &touch("/e", Coverage::Subtree)), Some(9), "the collection key counts");
+        assert_eq!(level(&table, &tree, &touch("/", Coverage::Subtree)), Some(1000));
+        assert_eq!(level(&table, &tree, &touch("/dx", Coverage::Subtree)), None, "segments, not prefixes");
+
+        table.raise_floor("/d", 2000);
+        tree.raise(MarkKind::Floor, "/d", 2000);
+        assert_eq!(level(&table, &tree, &touch("/d/g/h", Coverage::Key)), Some(2000), "a floor covers new keys too");
+        assert_eq!(level(&table, &tree, &touch("/d/", Coverage::Key)), Some(2000));
+        assert_eq!(level(&table, &tree, &touch("/dx", Coverage::Key)), None);
+        assert_eq!(level(&table, &tree, &touch("/", Coverage::Subtree)), Some(2000), "and the subtrees above it");
+    }
+}
