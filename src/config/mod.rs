@@ -186,7 +186,22 @@ pub struct FenceConfig {
     pub quarantine: Duration,
     /// Prefix scopes that map many paths onto one fence key; first match wins.
     pub scopes: Vec<Scope>,
+    /// Settings per path prefix (the longest matching prefix wins); reloadable.
+    pub rules: Vec<Rule>,
 }
+
+/// One `[[fence.rules]]` entry: settings for the keys under a prefix.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Rule {
+    /// Canonical path prefix, matched on segment boundaries.
+    pub prefix: String,
+    /// The counter the tokens under this prefix come from. Tokens are compared across keys
+    /// (a subtree against what is below it, a MOVE's two keys) only within one domain.
+    pub token_domain: String,
+}
+
+/// The token domain of keys no rule names.
+pub const DEFAULT_DOMAIN: &str = "default";
 
 /// `[store]`
 #[derive(Debug, Clone, PartialEq, Serialize)]

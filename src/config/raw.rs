@@ -98,6 +98,7 @@ pub(super) struct RawFence {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) quarantine: Option<String>,
     pub(super) scopes: Vec<RawScope>,
+    pub(super) rules: Vec<RawRule>,
 }
 
 impl Default for RawFence {
@@ -112,8 +113,17 @@ impl Default for RawFence {
             queue_timeout: "10s".into(),
             quarantine: None,
             scopes: Vec::new(),
+            rules: Vec::new(),
         }
     }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRule {
+    pub(super) prefix: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) token_domain: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

@@ -57,6 +57,7 @@ pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
     };
     let paths = path_policy(&raw.paths)?;
     let scopes = f.scopes.iter().enumerate().map(|(i, s)| scope(i, s, &paths)).collect::<Result<_, _>>()?;
+    let rules = rules(&f.rules, &paths)?;
     let fence = FenceConfig {
         header,
         unfenced_methods,
@@ -74,6 +75,7 @@ pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
         queue_timeout: duration("fence.queue_timeout", &f.queue_timeout)?,
         quarantine,
         scopes,
+        rules,
     };
     if raw.store.dir.as_os_str().is_empty() {
         return Err(invalid("store.dir", "must not be empty"));
@@ -247,6 +249,27 @@ fn limits(raw: &RawLimits) -> Result<LimitsConfig, ConfigError> {
             10_000,
         )?,
     })
+}
+
+fn rules(raw: &[raw::RawRule], policy: &PathPolicy) -> Result<Vec<Rule>, ConfigError> {
+    let mut rules: Vec<Rule> = Vec::with_capacity(raw.len());
+    for (index, r) in raw.iter().enumerate() {
+        let key = format!("fence.rules[{index}].prefix");
+        let canonical =
+            path::canonicalize(&r.prefix, policy).map_err(|e| invalid(&key, format!("{:?}: {e}", r.prefix)))?;
+        if canonical != r.prefix {
+            return Err(invalid(&key, format!("{:?} is not canonical; write {canonical:?}", r.prefix)));
+        }
+        if rules.iter().any(|other| other.prefix == canonical) {
+            return Err(invalid(&key, format!("{canonical:?} has a rule already")));
+        }
+        let domain = r.token_domain.clone().unwrap_or_else(|| DEFAULT_DOMAIN.to_owned());
+        if domain.is_empty() {
+            return Err(invalid(&format!("fence.rules[{index}].token_domain"), "must not be empty"));
+        }
+        rules.push(Rule { prefix: canonical, token_domain: domain });
+    }
+    Ok(rules)
 }
 
 fn scope(index: usize, raw: &RawScope, policy: &PathPolicy) -> Result<Scope, ConfigError> {

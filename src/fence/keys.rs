@@ -51,7 +51,7 @@ pub fn resource_key<'a>(path: &'a str, scopes: &'a [Scope]) -> &'a str {
 }
 
 /// Prefix match on segment boundaries, so `/db` covers `/db/x` but not `/dbx`.
-fn in_scope(path: &str, prefix: &str) -> bool {
+pub fn in_scope(path: &str, prefix: &str) -> bool {
     path.starts_with(prefix)
         && (prefix.ends_with('/') || path.len() == prefix.len() || path.as_bytes()[prefix.len()] == b'/')
 }

@@ -30,6 +30,7 @@ pub use keys::Scope;
 use subtree::Subtrees;
 pub use tree::{Coverage, Touch};
 use tree::{Tree, level};
+pub(crate) use tree::{covers, node};
 pub use turn::{Outcome, Raised, Turn};
 
 /// What to do with a token equal to `max_seen`.

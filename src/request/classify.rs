@@ -9,7 +9,7 @@ use hyper::body::Body;
 
 use super::destination::{DESTINATION, Destination, destination};
 use super::refusal::Refusal;
-use crate::config::{Config, LimitsConfig, MissingToken};
+use crate::config::{Config, DEFAULT_DOMAIN, LimitsConfig, MissingToken, Rule};
 use crate::fence::token::{self, TokenError};
 pub use crate::fence::{Coverage, Touch};
 use crate::fence::{keys, path};
@@ -95,6 +95,7 @@ pub fn classify<B: Body>(req: &Request<B>, config: &Config) -> Result<Plan, Refu
     if let Some(d) = &destination {
         touches.push(touch(keys::resource_key(&d.path, &config.fence.scopes).to_owned(), &d.path));
     }
+    one_domain(&touches, &config.fence.rules)?;
     let target = match req.uri().query() {
         Some(q) => format!("{canonical}?{q}"),
         None => canonical,
@@ -112,6 +113,42 @@ pub fn classify<B: Body>(req: &Request<B>, config: &Config) -> Result<Plan, Refu
         Err(e) => return Err(e.into()),
     };
     Ok(Plan::Write(Write { token, touches, destination, target, body_limit }))
+}
+
+/// Refuses a write whose keys' tokens come from different counters: a subtree that holds keys
+/// of another token domain, or a MOVE between domains. Comparing tokens across them means
+/// nothing, and a floor would lock the other domain's holders out for good.
+fn one_domain(touches: &[Touch], rules: &[Rule]) -> Result<(), Refusal> {
+    if rules.is_empty() {
+        return Ok(());
+    }
+    let domain_of = |key: &str| {
+        let rule = rules.iter().filter(|r| keys::in_scope(key, &r.prefix)).max_by_key(|r| r.prefix.len());
+        rule.map_or(DEFAULT_DOMAIN, |r| r.token_domain.as_str())
+    };
+    let mut first: Option<&str> = None;
+    for touch in touches {
+        let domain = domain_of(&touch.key);
+        if touch.coverage == Coverage::Subtree {
+            let here = crate::fence::node(&touch.key);
+            if let Some(inner) = rules
+                .iter()
+                .find(|r| r.token_domain != domain && crate::fence::covers(here, crate::fence::node(&r.prefix)))
+            {
+                return Err(Refusal::CrossDomain(format!(
+                    "the subtree at {} (token domain {domain}) holds {} (token domain {})",
+                    touch.key, inner.prefix, inner.token_domain
+                )));
+            }
+        }
+        match first {
+            Some(other) if other != domain => {
+                return Err(Refusal::CrossDomain(format!("it changes keys of token domains {other} and {domain}")));
+            }
+            _ => first = Some(domain),
+        }
+    }
+    Ok(())
 }
 
 /// The one method a request's override headers name, if they name any; more than one value,
@@ -247,6 +284,26 @@ mod tests {
         );
         let put = request("PUT", "/a", &[token, ("destination", "/b")], "v");
         assert_eq!(classify(&put, &c).unwrap(), write(5, "/a", "/a"), "only MOVE and COPY name a second resource");
+    }
+
+    #[test]
+    fn a_write_across_token_domains_is_refused() {
+        let c = config(
+            "[[fence.rules]]\nprefix = \"/consul/\"\ntoken_domain = \"consul\"\n\
+             [[fence.rules]]\nprefix = \"/consul/etcd\"\ntoken_domain = \"default\"\n",
+        );
+        let token = ("fencing-token", "5");
+        let code = |method: &str, path: &str, dest: &str| {
+            classify(&request(method, path, &[token, ("destination", dest)], ""), &c).map_err(|e| e.code())
+        };
+        assert!(code("PUT", "/consul/a", "/x").is_ok(), "one key is always in one domain");
+        assert!(code("DELETE", "/consul/a/", "/x").is_ok(), "a subtree within one domain");
+        assert!(code("MOVE", "/consul/a", "/consul/b").is_ok());
+        assert_eq!(code("MOVE", "/consul/a", "/elsewhere").unwrap_err(), "cross_domain_write");
+        assert_eq!(code("DELETE", "/", "/x").unwrap_err(), "cross_domain_write", "a subtree holding another domain");
+        assert_eq!(code("DELETE", "/consul/", "/x").unwrap_err(), "cross_domain_write", "and one nested in it");
+        assert!(code("DELETE", "/consul/etcd/x/", "/x").is_ok(), "the longest prefix names the domain");
+        assert!(code("COPY", "/consul/a", "/b").is_ok(), "a COPY's source is read, not fenced");
     }
 
     #[test]

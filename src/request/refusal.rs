@@ -48,6 +48,9 @@ pub enum Refusal {
         /// What is wrong with it.
         reason: String,
     },
+    /// A write that changes keys whose tokens come from different counters.
+    #[error("this write cannot be fenced: {0}")]
+    CrossDomain(String),
     /// A fenced write asked to switch protocols: the fence could not follow what comes next.
     #[error("fenced writes cannot upgrade the connection (Upgrade: {0})")]
     UpgradeRefused(String),
@@ -148,6 +151,7 @@ impl Refusal {
             Refusal::MethodNotAllowed(_) => (S::METHOD_NOT_ALLOWED, "method_not_allowed"),
             Refusal::InvalidHeader { .. } => (S::BAD_REQUEST, "invalid_header"),
             Refusal::UpgradeRefused(_) => (S::BAD_REQUEST, "upgrade_refused"),
+            Refusal::CrossDomain(_) => (S::BAD_REQUEST, "cross_domain_write"),
             Refusal::HeadersTooLarge { .. } => (S::REQUEST_HEADER_FIELDS_TOO_LARGE, "headers_too_large"),
             Refusal::UriTooLong { .. } => (S::URI_TOO_LONG, "uri_too_long"),
             Refusal::BodyTooLarge { .. } | Refusal::Upstream(UpstreamError::BodyTooLarge { .. }) => {
@@ -256,6 +260,7 @@ mod tests {
             (Refusal::BadRequest("x".into()), 400, "invalid_request"),
             (fence(FenceError::WouldLower { resource: "/a".into(), max_seen: 5, to: 4 }), 409, "would_lower"),
             (Refusal::UpgradeRefused("websocket".into()), 400, "upgrade_refused"),
+            (Refusal::CrossDomain("x".into()), 400, "cross_domain_write"),
             (Refusal::InvalidHeader { name: "destination".into(), reason: "twice".into() }, 400, "invalid_header"),
             (Refusal::HeadersTooLarge { size: 9, limit: 8 }, 431, "headers_too_large"),
             (Refusal::UriTooLong { size: 9, limit: 8 }, 414, "uri_too_long"),
