@@ -108,31 +108,14 @@ impl Fence {
             }
         };
         loop {
-            let mut keys: Vec<&str> = touches.iter().map(|t| t.key.as_str()).collect();
-            // Under a subtree, every key with a write waiting or in flight now; one that comes
-            // later sees the registry and steps back.
-            let under: Vec<Box<str>> = match subtrees.is_empty() {
-                true => Vec::new(),
-                false => self
-                    .gates
-                    .iter()
-                    .filter(|g| subtrees.iter().any(|s| covers(s, node(g.key()))))
-                    .map(|g| g.key().clone())
-                    .collect(),
+            let mut held = match (touches, registered.is_some()) {
+                // The common case, one key and no subtree: no list to build and sort.
+                ([touch], false) => match self.take_gate(&touch.key, deadline).await {
+                    Some(h) => vec![h],
+                    None => return Err(timed_out()),
+                },
+                _ => self.take_all(touches, &subtrees, deadline).await.ok_or_else(timed_out)?,
             };
-            keys.extend(under.iter().map(|k| &**k));
-            keys.sort_unstable();
-            keys.dedup();
-            let mut held = Vec::with_capacity(keys.len());
-            for key in keys {
-                match self.take_gate(key, deadline).await {
-                    Some(h) => held.push(h),
-                    None => {
-                        self.give_back(&mut held);
-                        return Err(timed_out());
-                    }
-                }
-            }
             if registered.is_some() || self.subtrees.is_empty() {
                 return Ok(Taken { held, registered });
             }
@@ -146,6 +129,37 @@ impl Fence {
             self.give_back(&mut held);
             tokio::time::timeout_at(deadline.into(), changed).await.map_err(|_| timed_out())?;
         }
+    }
+
+    /// Takes the turn of every key `touches` names and, under `subtrees`, of every key with a
+    /// write waiting or in flight now, in sorted order; `None` if `deadline` passes first.
+    async fn take_all(&self, touches: &[Touch], subtrees: &[Box<str>], deadline: Instant) -> Option<Vec<Held>> {
+        let mut keys: Vec<&str> = touches.iter().map(|t| t.key.as_str()).collect();
+        // Under a subtree, every key with a write waiting or in flight now; one that comes
+        // later sees the registry and steps back.
+        let under: Vec<Box<str>> = match subtrees.is_empty() {
+            true => Vec::new(),
+            false => self
+                .gates
+                .iter()
+                .filter(|g| subtrees.iter().any(|s| covers(s, node(g.key()))))
+                .map(|g| g.key().clone())
+                .collect(),
+        };
+        keys.extend(under.iter().map(|k| &**k));
+        keys.sort_unstable();
+        keys.dedup();
+        let mut held = Vec::with_capacity(keys.len());
+        for key in keys {
+            match self.take_gate(key, deadline).await {
+                Some(h) => held.push(h),
+                None => {
+                    self.give_back(&mut held);
+                    return None;
+                }
+            }
+        }
+        Some(held)
     }
 }
 

@@ -80,7 +80,10 @@ impl Turn {
         let fence = &self.fence;
         for touch in &self.touches {
             let here = node(&touch.key);
-            if let Some(until) = fence.subtrees.quarantined(here, touch.coverage == Coverage::Subtree) {
+            let subtree = touch.coverage == Coverage::Subtree;
+            if let Some(until) =
+                (!fence.subtrees.is_empty()).then(|| fence.subtrees.quarantined(here, subtree)).flatten()
+            {
                 return Err(FenceError::Quarantined { resource: touch.key.clone(), retry_after: until - now });
             }
             admit(&touch.key, token, level(&fence.max_seen, &fence.tree, touch), equal)?;
