@@ -4,9 +4,11 @@
 mod common;
 
 use std::process::{Command, Output};
+use std::time::Duration;
 
-use common::process::{BIN, Running, data_dir, put, write_config};
-use fencegate::demo::MemBackend;
+use common::builder::{Deployment, write_config};
+use common::process::BIN;
+use common::raw::put;
 
 fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(BIN);
@@ -19,15 +21,11 @@ fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
 
 #[tokio::test]
 async fn a_second_instance_on_the_same_data_dir_exits_at_once_with_a_clear_message() {
-    let backend = MemBackend::start().await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let config = write_config(dir.path(), &backend.url(), "");
-    let first = Running::start(&config);
-    let second = run(&["run", "--config", config.to_str().unwrap()], &[]);
+    let d = Deployment::builder().start().await;
+    let second = run(&["run", "--config", d.config_path.to_str().unwrap()], &[]);
     assert!(!second.status.success());
     let msg = String::from_utf8_lossy(&second.stderr);
     assert!(msg.contains("in use by another fencegate"), "{msg}");
-    first.kill9();
 }
 
 #[test]
@@ -82,18 +80,15 @@ fn demo_replays_the_race_shows_it_defeated_and_exits_zero() {
 
 #[tokio::test]
 async fn inspect_reads_a_data_dir_without_a_proxy_and_refuses_while_one_runs() {
-    let backend = MemBackend::start().await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let config = write_config(dir.path(), &backend.url(), "");
-    let proxy = Running::start(&config);
+    let mut d = Deployment::builder().start().await;
     for (path, token) in [("/a", 5), ("/b", 70), ("/c", 9)] {
-        assert_eq!(put(proxy.addr, path, token).await, 200);
+        assert_eq!(put(d.addr(), path, token).await, 200);
     }
-    let data = data_dir(dir.path());
+    let data = d.data_dir();
     let busy = run(&["inspect", "--dir", data.to_str().unwrap()], &[]);
     assert!(!busy.status.success());
     assert!(String::from_utf8_lossy(&busy.stderr).contains("in use by another fencegate"));
-    proxy.kill9();
+    d.kill9();
 
     let out = run(&["inspect", "--dir", data.to_str().unwrap(), "--top", "2"], &[]);
     let text = String::from_utf8_lossy(&out.stdout);
@@ -110,20 +105,19 @@ async fn inspect_reads_a_data_dir_without_a_proxy_and_refuses_while_one_runs() {
 
 #[tokio::test]
 async fn refused_writes_are_logged_once_per_resource_and_interval_with_a_count_of_the_rest() {
-    let backend = MemBackend::start().await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let extra = "[log]\nformat = \"json\"\nrefusal_interval = \"700ms\"";
-    let config = write_config(dir.path(), &backend.url(), extra);
-    let proxy = Running::start(&config);
-    assert_eq!(put(proxy.addr, "/doc", 5).await, 200);
+    let d = Deployment::builder().config_extra("[log]\nformat = \"json\"\nrefusal_interval = \"700ms\"").start().await;
+    let (proxy, addr) = (d.proxy(), d.addr());
+    assert_eq!(put(addr, "/doc", 5).await, 200);
     for _ in 0..30 {
-        assert_eq!(put(proxy.addr, "/doc", 4).await, 409); // a zombie in a loop
+        assert_eq!(put(addr, "/doc", 4).await, 409); // a zombie in a loop
     }
-    assert_eq!(put(proxy.addr, "/other", 1).await, 200);
-    assert_eq!(put(proxy.addr, "/other", 1).await, 409, "another resource is logged on its own");
-    tokio::time::sleep(std::time::Duration::from_millis(800)).await;
-    assert_eq!(put(proxy.addr, "/doc", 4).await, 409);
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(put(addr, "/other", 1).await, 200);
+    assert_eq!(put(addr, "/other", 1).await, 409, "another resource is logged on its own");
+    // Not a guess: longer than the 700 ms interval since the first line, so the next refusal is logged.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(put(addr, "/doc", 4).await, 409);
+    // Each refusal is logged (or counted) before it is answered: no earlier line can follow.
+    proxy.wait_for_log("refused stale token", 3).await;
     let lines = proxy.log_lines("refused stale token");
     assert_eq!(lines.len(), 3, "{lines:#?}");
     let last: serde_json::Value = serde_json::from_str(lines.last().unwrap()).expect("JSON log lines");
@@ -132,7 +126,6 @@ async fn refused_writes_are_logged_once_per_resource_and_interval_with_a_count_o
     assert_eq!(fields["max_seen"], 5);
     assert_eq!(fields["suppressed"], 29, "the next line counts what was left out");
     assert!(fields["client"].as_str().is_some_and(|c| c.starts_with("127.0.0.1:")), "{last}");
-    proxy.kill9();
 }
 
 #[test]

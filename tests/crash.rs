@@ -7,13 +7,12 @@
 mod common;
 
 use std::collections::HashMap;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::process::{BIN, Running, data_dir, put, put_response, write_config};
-use common::raw_request;
-use fencegate::demo::MemBackend;
+use common::builder::Deployment;
+use common::raw::{put, put_response};
+use common::{eventually, poll_until, raw_request};
 
 /// xorshift64*: enough randomness for kill moments, and reproducible from a printed seed.
 struct Rng(u64);
@@ -37,20 +36,19 @@ async fn sigkill_at_random_moments_never_loses_a_forwarded_advance() {
     let seed = env_u64("FG_CRASH_SEED")
         .unwrap_or_else(|| SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64 | 1);
     let mut rng = Rng(seed);
-    let backend = Arc::new(MemBackend::start().await.unwrap());
-    let dir = tempfile::tempdir().unwrap();
     // Tiny segments, so kills also land in rotations and compactions.
-    let config = write_config(dir.path(), &backend.url(), "segment_bytes = 4096\n[fence]\nquarantine = \"100ms\"");
+    let mut d =
+        Deployment::builder().config_extra("segment_bytes = 4096\n[fence]\nquarantine = \"100ms\"").build().await;
     let resources: Arc<Vec<String>> = Arc::new((0..32).map(|i| format!("/tenant-{}/object-{i}", i % 4)).collect());
     let mut base = 0u64;
     let mut forwarded = 0usize;
     let mut in_flight_at_kill = 0usize;
     for round in 0..rounds {
-        let proxy = Running::start(&config);
+        let addr = d.start().addr;
         // Eight writers, each walking all resources with ever higher tokens.
         let writers: Vec<_> = (0..8u64)
             .map(|w| {
-                let (addr, resources) = (proxy.addr, Arc::clone(&resources));
+                let resources = Arc::clone(&resources);
                 tokio::spawn(async move {
                     for step in 0u64.. {
                         let path = &resources[((step * 8 + w) % resources.len() as u64) as usize];
@@ -64,28 +62,28 @@ async fn sigkill_at_random_moments_never_loses_a_forwarded_advance() {
                 })
             })
             .collect();
+        // Random on purpose: where in the writers' work the kill lands.
         tokio::time::sleep(Duration::from_millis(20 + rng.below(300))).await;
-        proxy.kill9();
+        d.kill9();
         for w in writers {
             let _ = w.await; // each stops once the proxy is gone
         }
 
         // The highest token the backend ever received, per resource, applied or not.
         let mut highest: HashMap<String, u64> = HashMap::new();
-        for r in backend.requests() {
+        for r in d.backend.requests() {
             let e = highest.entry(r.path.clone()).or_default();
             *e = (*e).max(r.token().unwrap());
         }
-        forwarded = backend.requests().len();
-        let proxy = Running::start(&config);
-        if proxy.log_contains("in flight when fencegate stopped") {
+        forwarded = d.backend.requests().len();
+        if d.start().log_contains("in flight when fencegate stopped") {
             in_flight_at_kill += 1;
         }
         for (path, max) in &highest {
-            let status = put(proxy.addr, path, *max).await;
+            let status = put(d.addr(), path, *max).await;
             assert_eq!(status, 409, "seed {seed} round {round}: {path} forgot token {max} (got {status})");
         }
-        proxy.kill9();
+        d.kill9();
         base += 10_000_000;
     }
     eprintln!(
@@ -96,55 +94,37 @@ async fn sigkill_at_random_moments_never_loses_a_forwarded_advance() {
 
 #[tokio::test]
 async fn sigkill_while_a_write_is_at_the_backend_keeps_its_advance_and_quarantines_the_resource() {
-    let backend = Arc::new(MemBackend::start().await.unwrap());
-    let dir = tempfile::tempdir().unwrap();
-    let config = write_config(dir.path(), &backend.url(), "[fence]\nquarantine = \"1500ms\"");
-    let proxy = Running::start(&config);
-    let addr = proxy.addr;
+    let mut d = Deployment::builder().config_extra("[fence]\nquarantine = \"1500ms\"").start().await;
+    let addr = d.addr();
     // The backend holds the write for 1 s: the proxy dies while it is in flight, and the
     // backend applies it after the new proxy is up.
     let held = tokio::spawn(async move {
         let head = format!("PUT /doc HTTP/1.1\r\nHost: x\r\nFencing-Token: 77\r\n{}: 1000", common::DELAY_HEADER);
         raw_request(addr, &head, "v").await
     });
-    while backend.requests().is_empty() {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    proxy.kill9();
+    poll_until("the backend receives the held write", || !d.backend.requests().is_empty()).await;
+    d.kill9();
     held.abort();
-    let proxy = Running::start(&config);
-    assert_eq!(put(proxy.addr, "/doc", 77).await, 409, "the forwarded token's advance survived kill -9");
+    let addr = d.start().addr;
+    assert_eq!(put(addr, "/doc", 77).await, 409, "the forwarded token's advance survived kill -9");
     // 77 may still be applied: a newer write must not overtake it.
-    put_response(proxy.addr, "/doc", 78).await.unwrap().assert_refused(503, "resource_quarantined");
-    assert!(proxy.log_contains("in flight when fencegate stopped"));
-    let mut status = 0;
-    for _ in 0..100 {
-        status = put(proxy.addr, "/doc", 78).await;
-        if status == 200 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(status, 200, "the resource reopens after its quarantine");
-    let applied: Vec<u64> = backend.applied().iter().filter_map(|r| r.token()).collect();
+    put_response(addr, "/doc", 78).await.unwrap().assert_refused(503, "resource_quarantined");
+    assert!(d.proxy().log_contains("in flight when fencegate stopped"));
+    eventually("the resource reopens after its quarantine", async || put(addr, "/doc", 78).await == 200).await;
+    let applied: Vec<u64> = d.backend.applied().iter().filter_map(|r| r.token()).collect();
     assert_eq!(applied, [77, 78], "the backend applied them in token order");
-    proxy.kill9();
 }
 
 #[tokio::test]
 async fn a_failed_log_write_closes_fenced_writes_keeps_reads_flowing_and_loses_nothing() {
-    let backend = Arc::new(MemBackend::start().await.unwrap());
-    let dir = tempfile::tempdir().unwrap();
-    let config = write_config(dir.path(), &backend.url(), "");
+    let mut d = Deployment::builder().build().await;
     // A real write failure: files may not grow past 8 KiB (EFBIG), and the signal that would
     // otherwise kill the process for it is ignored, as it stays across exec.
-    let mut cmd = Command::new("bash");
-    cmd.arg("-c").arg(format!("trap '' XFSZ; ulimit -f 8; exec {BIN} run --config {}", config.display()));
-    let proxy = Running::spawn(cmd);
+    let addr = d.start_in_shell("trap '' XFSZ; ulimit -f 8").addr;
     let mut acked = Vec::new();
     let refusal = loop {
         let path = format!("/objects/{}", acked.len());
-        let r = put_response(proxy.addr, &path, 5).await.unwrap();
+        let r = put_response(addr, &path, 5).await.unwrap();
         if r.status != 200 {
             break r;
         }
@@ -154,21 +134,20 @@ async fn a_failed_log_write_closes_fenced_writes_keeps_reads_flowing_and_loses_n
     refusal.assert_refused(503, "store_unavailable");
     assert!(!acked.is_empty());
     // Failed for good: even a known resource with a higher token is refused now...
-    put_response(proxy.addr, &acked[0], 6).await.unwrap().assert_refused(503, "store_unavailable");
+    put_response(addr, &acked[0], 6).await.unwrap().assert_refused(503, "store_unavailable");
     // ...while reads still flow.
-    let get = raw_request(proxy.addr, &format!("GET {} HTTP/1.1\r\nHost: x", acked[0]), "").await;
+    let get = raw_request(addr, &format!("GET {} HTTP/1.1\r\nHost: x", acked[0]), "").await;
     assert_eq!((get.status, get.fencegate_error()), (200, None));
-    assert!(proxy.log_contains("refusing every fenced write"), "the failure is logged loudly");
-    assert!(proxy.log_contains("cannot write zeros ahead"), "the 1 MiB of zeros ahead failed first, harmlessly");
+    assert!(d.proxy().log_contains("refusing every fenced write"), "the failure is logged loudly");
+    assert!(d.proxy().log_contains("cannot write zeros ahead"), "the 1 MiB of zeros ahead failed first, harmlessly");
     let refused_path = format!("/objects/{}", acked.len());
-    assert!(backend.requests().iter().all(|r| r.path != refused_path), "the failed write was not forwarded");
-    proxy.kill9();
+    assert!(d.backend.requests().iter().all(|r| r.path != refused_path), "the failed write was not forwarded");
 
-    let proxy = Running::start(&config);
+    let addr = d.restart().addr;
     for path in &acked {
-        assert_eq!(put(proxy.addr, path, 5).await, 409, "{path}: an acknowledged advance was lost");
+        assert_eq!(put(addr, path, 5).await, 409, "{path}: an acknowledged advance was lost");
     }
-    assert_eq!(put(proxy.addr, &acked[0], 6).await, 200, "after a restart the store works again");
-    proxy.kill9();
-    assert!(data_dir(dir.path()).join("LOCK").exists());
+    assert_eq!(put(addr, &acked[0], 6).await, 200, "after a restart the store works again");
+    d.kill9();
+    assert!(d.data_dir().join("LOCK").exists());
 }

@@ -7,13 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{Harness, raw_request, send_with};
+use common::{Harness, RawConn, poll_until, raw_request, send_with};
 use http::{Method, Request};
 use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 #[tokio::test]
 async fn headers_over_the_limit_get_431_and_are_not_forwarded() {
@@ -53,15 +51,13 @@ async fn a_chunked_body_that_overruns_the_limit_is_cut_off_and_never_applied() {
     let h = Harness::start_with(|c| c.limits.max_body_bytes = 1024).await;
     let chunk = "x".repeat(800);
     let body = format!("320\r\n{chunk}\r\n320\r\n{chunk}\r\n0\r\n\r\n");
-    let mut stream = TcpStream::connect(h.addr).await.unwrap();
     let head =
         "PUT /doc HTTP/1.1\r\nHost: x\r\nFencing-Token: 1\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n";
-    stream.write_all(format!("{head}{body}").as_bytes()).await.unwrap();
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).await.unwrap();
-    let text = String::from_utf8_lossy(&raw);
-    assert!(text.starts_with("HTTP/1.1 413"), "{text}");
-    assert!(text.contains("fencegate-error: body_too_large"), "{text}");
+    let mut conn = RawConn::open(h.addr).await;
+    conn.send(format!("{head}{body}")).await;
+    conn.read_response().await.assert_refused(413, "body_too_large");
+    // An observation window, not a guess at a state: no state signals that an apply will
+    // never come, so a late one gets this long to show.
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(h.backend.applied().is_empty(), "a cut-off body is never applied");
     // Part of it may have reached the backend: the resource is quarantined like any write
@@ -74,40 +70,36 @@ async fn hundreds_of_half_open_connections_do_not_delay_a_normal_request_and_are
     let h = Harness::start_with(|c| c.limits.header_read_timeout = Duration::from_millis(800)).await;
     let mut slow = Vec::new();
     for _ in 0..300 {
-        let mut s = TcpStream::connect(h.addr).await.unwrap();
-        s.write_all(b"PUT /doc HTTP/1.1\r\nHost: x\r\nFencing-Token: 1\r\n").await.unwrap();
+        let mut s = RawConn::open(h.addr).await;
+        s.send(b"PUT /doc HTTP/1.1\r\nHost: x\r\nFencing-Token: 1\r\n").await;
         slow.push(s);
     }
     assert_eq!(h.put("/doc", 1, "v").await.status, 200, "served despite 300 slowloris connections");
-    // Past the header-read timeout the server has closed them.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let mut closed = 0;
+    // The server closes every one (EOF, or a 408 then EOF): 10 s is ample past the 800 ms
+    // header-read timeout, and short of the 60 s keep-alive timeout that would also close them.
     for s in &mut slow {
-        let mut buf = [0u8; 512];
-        if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_millis(200), s.read(&mut buf)).await {
-            closed += 1; // EOF, or a 408 then EOF
-        }
+        s.read_to_end_within(Duration::from_secs(10)).await;
     }
-    assert_eq!(closed, slow.len());
     assert_eq!(h.applied_tokens("/doc"), [1]);
 }
 
 #[tokio::test]
 async fn beyond_max_connections_new_connections_wait_for_a_free_slot() {
     let h = Harness::start_with(|c| c.limits.max_connections = 2).await;
-    let mut first = TcpStream::connect(h.addr).await.unwrap();
-    let _second = TcpStream::connect(h.addr).await.unwrap();
-    // Make sure both are accepted (each has been served once).
-    first.write_all(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
-    let mut buf = [0u8; 256];
-    let _ = first.read(&mut buf).await.unwrap();
-    let addr = h.addr;
-    let third = tokio::spawn(async move { raw_request(addr, "GET /y HTTP/1.1\r\nHost: x", "").await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!third.is_finished(), "a third connection is not served while two are open");
+    let mut first = RawConn::open(h.addr).await;
+    let _second = RawConn::open(h.addr).await;
+    // The first is accepted (it has been served once); the second, queued before the third,
+    // takes the other slot.
+    first.send(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    first.read_response().await;
+    let mut third = RawConn::open(h.addr).await;
+    third.send(b"GET /y HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await;
+    // An observation window, not a guess at a state: that the request is not served has no
+    // state to poll for, so it gets this long to be served wrongly.
+    let answer = third.read_some_within(Duration::from_millis(300), &mut [0u8; 256]).await;
+    assert_eq!(answer, None, "a third connection is not served while two are open");
     drop(first);
-    let r = tokio::time::timeout(Duration::from_secs(10), third).await.unwrap().unwrap();
-    assert_eq!(r.status, 404, "served once a slot is free");
+    assert_eq!(third.read_response().await.status, 404, "served once a slot is free");
 }
 
 #[tokio::test]
@@ -115,21 +107,20 @@ async fn idle_keep_alive_connections_are_closed_but_busy_ones_are_not() {
     let h = Harness::start_with(|c| c.limits.keepalive_timeout = Duration::from_millis(300)).await;
     // A request the backend holds for three idle periods is answered, and its connection
     // is still good for the next request.
-    let mut busy = TcpStream::connect(h.addr).await.unwrap();
+    let mut busy = RawConn::open(h.addr).await;
     let slow = format!(
         "PUT /doc HTTP/1.1\r\nHost: x\r\nFencing-Token: 1\r\n{}: 900\r\nContent-Length: 1\r\n\r\nv",
         common::DELAY_HEADER
     );
-    busy.write_all(slow.as_bytes()).await.unwrap();
-    let mut buf = vec![0u8; 1024];
-    let n = busy.read(&mut buf).await.unwrap();
-    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"), "{}", String::from_utf8_lossy(&buf[..n]));
-    busy.write_all(b"GET /doc HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
-    let n = busy.read(&mut buf).await.unwrap();
-    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"), "the busy connection was kept");
-    // Then, left idle, it is closed by the server.
-    let n = tokio::time::timeout(Duration::from_secs(5), busy.read(&mut buf)).await.unwrap().unwrap();
-    assert_eq!(n, 0, "the idle connection was closed by the server");
+    busy.send(slow).await;
+    let r = busy.read_response().await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    busy.send(b"GET /doc HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    assert_eq!(busy.read_response().await.status, 200, "the busy connection was kept");
+    // Then, left idle, it is closed by the server: within 5 s, short of the 10 s header-read
+    // timeout that would also close it.
+    let rest = busy.read_to_end_within(Duration::from_secs(5)).await;
+    assert!(rest.is_empty(), "the idle connection was closed by the server: {rest:?}");
 }
 
 /// A proxy with a single connection slot and a short idle limit.
@@ -152,10 +143,9 @@ async fn a_client_that_stops_reading_a_response_loses_its_slot() {
     let h = one_slot().await;
     let big = "x".repeat(16 << 20);
     assert_eq!(h.put("/big", 1, &big).await.status, 200);
-    let mut stalled = TcpStream::connect(h.addr).await.unwrap();
-    stalled.write_all(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
-    let mut buf = [0u8; 4096];
-    let _ = stalled.read(&mut buf).await.unwrap(); // then never read again
+    let mut stalled = RawConn::open(h.addr).await;
+    stalled.send(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    stalled.read_some(&mut [0u8; 4096]).await; // then never read again
     assert_a_new_client_is_served(&h).await;
 }
 
@@ -164,12 +154,13 @@ async fn a_slow_but_steady_download_is_not_cut_off() {
     let h = Harness::start_with(|c| c.limits.keepalive_timeout = Duration::from_millis(300)).await;
     let big = "y".repeat(16 << 20); // more than the socket buffers hold
     assert_eq!(h.put("/big", 1, &big).await.status, 200);
-    let mut reader = TcpStream::connect(h.addr).await.unwrap();
-    reader.write_all(b"GET /big HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.unwrap();
-    // Take 256 KiB every 40 ms: about 2.5 s in all, many idle periods long.
+    let mut reader = RawConn::open(h.addr).await;
+    reader.send(b"GET /big HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await;
+    // Take 256 KiB every 40 ms: about 2.5 s in all, many idle periods long. The pauses are
+    // the slow client under test, not a wait for anything.
     let (mut got, mut buf) = (0usize, vec![0u8; 256 << 10]);
     loop {
-        let n = reader.read(&mut buf).await.unwrap();
+        let n = reader.read_some(&mut buf).await;
         if n == 0 {
             break;
         }
@@ -182,8 +173,8 @@ async fn a_slow_but_steady_download_is_not_cut_off() {
 #[tokio::test]
 async fn a_trickled_http2_preface_does_not_hold_a_slot() {
     let h = one_slot().await;
-    let mut trickle = TcpStream::connect(h.addr).await.unwrap();
-    trickle.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
+    let mut trickle = RawConn::open(h.addr).await;
+    trickle.send(b"PRI * HTTP/2.0\r\n").await;
     assert_a_new_client_is_served(&h).await;
 }
 
@@ -205,8 +196,10 @@ async fn http2_streams_beyond_the_limit_wait_for_their_turn() {
     let first = tokio::spawn(async move { send_with(&c1, a).await });
     h.wait_received("/a", 1).await;
     let second = tokio::spawn(async move { send_with(&c2, b).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(h.backend.requests().iter().all(|r| r.path != "/b"), "a second stream opened while /a's was open");
+    // /b may reach the backend only once /a's stream is over, and so /a applied: the backend
+    // holds /a for a second, far longer than it takes to see /b arrive.
+    poll_until("the backend receives /b", || h.backend.requests().iter().any(|r| r.path == "/b")).await;
+    assert_eq!(h.applied_tokens("/a"), [1], "a second stream opened while /a's was open");
     assert_eq!(first.await.unwrap().status, 200);
     assert_eq!(second.await.unwrap().status, 200);
 }
@@ -232,11 +225,10 @@ async fn connect_is_refused_and_fenced_writes_cannot_upgrade() {
 async fn content_length_with_transfer_encoding_never_reaches_the_backend_as_two_framings() {
     let h = Harness::start().await;
     let head = "PUT /doc HTTP/1.1\r\nHost: x\r\nFencing-Token: 1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked";
-    let mut stream = TcpStream::connect(h.addr).await.unwrap();
-    stream.write_all(format!("{head}\r\n\r\n5\r\nhello\r\n0\r\n\r\n").as_bytes()).await.unwrap();
-    let mut raw = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut raw)).await;
-    assert!(String::from_utf8_lossy(&raw).starts_with("HTTP/1.1 200"));
+    let mut conn = RawConn::open(h.addr).await;
+    conn.send(format!("{head}\r\n\r\n5\r\nhello\r\n0\r\n\r\n")).await;
+    let r = conn.read_response().await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
     // hyper lets Transfer-Encoding win and drops Content-Length (RFC 9112 §6.3).
     let got = h.backend.requests();
     assert_eq!(got.len(), 1);
@@ -248,16 +240,16 @@ async fn content_length_with_transfer_encoding_never_reaches_the_backend_as_two_
 #[tokio::test]
 async fn ended_connections_leave_no_task_behind() {
     let h = Harness::start().await;
+    // The warm-up opens the backend connection, whose tasks stay. It returns once the proxy
+    // has closed the client connection, which the proxy does as that connection's task ends.
     let _ = raw_request(h.addr, "GET /warm HTTP/1.1\r\nHost: x", "").await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
     let metrics = tokio::runtime::Handle::current().metrics();
     let before = metrics.num_alive_tasks();
     for i in 0..200 {
         let _ = raw_request(h.addr, &format!("GET /x{i} HTTP/1.1\r\nHost: x"), "").await;
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let after = metrics.num_alive_tasks();
-    assert!(after <= before + 2, "tasks alive before {before}, after 200 connections {after}");
+    let what = format!("at most {before} + 2 tasks alive after 200 connections");
+    poll_until(&what, || metrics.num_alive_tasks() <= before + 2).await;
 }
 
 #[tokio::test]
@@ -267,17 +259,12 @@ async fn shutdown_closes_an_idle_keep_alive_connection_without_waiting_out_the_g
         c.server.shutdown_grace = Duration::from_secs(30);
     })
     .await;
-    let mut idle = TcpStream::connect(h.addr).await.unwrap();
-    idle.write_all(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
-    let mut seen = vec![0u8; 1024];
-    let n = idle.read(&mut seen).await.unwrap();
-    seen.truncate(n);
+    let mut idle = RawConn::open(h.addr).await;
+    idle.send(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    assert_eq!(idle.read_response().await.status, 404);
+    // Both within 5 s: far short of the 30 s grace, the 60 s keep-alive and the 10 s
+    // header-read timeouts, which would also end it.
     tokio::time::timeout(Duration::from_secs(5), h.shutdown()).await.expect("drained without waiting out the grace");
-    // Whatever of the answer had not arrived yet, then the end: the server closed it.
-    let rest = tokio::time::timeout(Duration::from_secs(5), async {
-        let mut rest = Vec::new();
-        idle.read_to_end(&mut rest).await.map(|_| rest)
-    });
-    seen.extend(rest.await.expect("closed by the server").unwrap());
-    assert!(seen.starts_with(b"HTTP/1.1 404"), "{:?}", String::from_utf8_lossy(&seen));
+    let rest = idle.read_to_end_within(Duration::from_secs(5)).await;
+    assert!(rest.is_empty(), "the server closed it with nothing more to say: {rest:?}");
 }

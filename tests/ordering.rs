@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Harness, Resp};
+use common::{Harness, RawConn, Resp, eventually};
 use tokio::task::JoinHandle;
 
 /// A PUT the backend holds for `delay_ms`, sent in the background.
@@ -36,9 +36,10 @@ async fn a_higher_token_that_takes_its_turn_first_makes_a_waiting_lower_one_stal
     let h = Arc::new(Harness::start().await);
     let first = spawn_slow_put(&h, "/doc", 10, 500);
     h.wait_received("/doc", 10).await;
-    let high = spawn_slow_put(&h, "/doc", 12, 0); // queues behind 10
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let low = spawn_slow_put(&h, "/doc", 11, 0); // queues behind 12, passed the early check (11 > 10)
+    let high = spawn_slow_put(&h, "/doc", 12, 0);
+    h.wait_queue_len("/doc", 2).await; // 12 queued behind 10
+    let low = spawn_slow_put(&h, "/doc", 11, 0);
+    h.wait_queue_len("/doc", 3).await; // 11 passed the early check (11 > 10) and queued behind 12
     assert_eq!(first.await.unwrap().status, 200);
     assert_eq!(high.await.unwrap().status, 200);
     let r = low.await.unwrap();
@@ -118,18 +119,20 @@ async fn a_backend_timeout_is_504_and_quarantines_the_resource() {
     r.assert_refused(503, "resource_quarantined");
     assert!(r.headers.contains_key("retry-after"));
     assert_eq!(h.put("/other", 1, "x").await.status, 200, "only the timed-out resource is closed");
-    tokio::time::sleep(Duration::from_millis(1600)).await;
-    assert_eq!(h.put("/doc", 6, "six").await.status, 200, "reopens after the quarantine");
+    eventually("/doc reopens after the quarantine", async || h.put("/doc", 6, "six").await.status == 200).await;
     assert_eq!(h.applied_tokens("/doc"), [5, 6], "the late write landed before the next one was sent");
 }
 
 #[tokio::test]
 async fn a_write_abandoned_by_its_client_keeps_the_resource_until_the_backend_answers() {
-    let h = Arc::new(Harness::start().await);
-    let abandoned = spawn_slow_put(&h, "/doc", 1, 600);
+    // One connection slot: the next request is served only once the proxy has seen the
+    // hang-up below and closed that connection.
+    let h = Harness::start_with(|c| c.limits.max_connections = 1).await;
+    let mut abandoned = RawConn::open(h.addr).await;
+    let head = format!("PUT /doc HTTP/1.1\r\nHost: x\r\nFencing-Token: 1\r\n{}: 600", common::DELAY_HEADER);
+    abandoned.send(format!("{head}\r\nContent-Length: 1\r\n\r\nv")).await;
     h.wait_received("/doc", 1).await;
-    abandoned.abort(); // the client hangs up mid-request
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    drop(abandoned); // the client hangs up mid-request
     assert_eq!(h.put("/doc", 2, "two").await.status, 200);
     assert_eq!(h.applied_tokens("/doc"), [1, 2], "2 was sent only after the backend answered 1");
 }

@@ -3,7 +3,8 @@
 mod common;
 
 use bytes::Bytes;
-use common::{Harness, Resp, send_with};
+use common::backend::{Reply, StubBackend};
+use common::{Harness, Resp, poll_until, send_with};
 use http::{Method, Request};
 use http_body_util::Full;
 use hyper_util::client::legacy::Client;
@@ -76,50 +77,25 @@ async fn http2_clients_are_fenced_and_relayed_to_an_http1_backend() {
     assert_eq!(applied[0].headers["host"], h.addr.to_string(), "the :authority becomes Host");
 }
 
-/// A backend that answers every request `200 ok`, counts its connections, and closes the
-/// first one right after its first response.
-async fn counting_backend() -> (std::net::SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let accepted = std::sync::Arc::new(AtomicUsize::new(0));
-    let count = std::sync::Arc::clone(&accepted);
-    tokio::spawn(async move {
-        while let Ok((mut sock, _)) = listener.accept().await {
-            let first = count.fetch_add(1, Ordering::SeqCst) == 0;
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 4096];
-                let mut seen = Vec::new();
-                while let Ok(n) = sock.read(&mut buf).await {
-                    if n == 0 {
-                        return;
-                    }
-                    seen.extend_from_slice(&buf[..n]);
-                    while let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
-                        seen.drain(..end + 4);
-                        let _ = sock.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok").await;
-                        if first {
-                            return; // closes the connection
-                        }
-                    }
-                }
-            });
-        }
-    });
-    (addr, accepted)
-}
-
 #[tokio::test]
 async fn backend_connections_are_reused_and_one_the_backend_closed_is_replaced() {
-    let (backend, accepted) = counting_backend().await;
-    let h = Harness::start_with(|c| c.backend.url = format!("http://{backend}").parse().unwrap()).await;
-    for _ in 0..4 {
+    // Closes its first connection right after the first response, without announcing it.
+    let backend = StubBackend::start_with(|seen| match seen.connection {
+        0 => Reply::AnswerThenClose(200, "ok"),
+        _ => Reply::Answer(200, "ok"),
+    })
+    .await;
+    let h = Harness::start_with(|c| c.backend.url = backend.url().parse().unwrap()).await;
+    for i in 0..4 {
         let r = h.get("/x").await;
         assert_eq!((r.status, &r.body[..]), (200, &b"ok"[..]));
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        if i == 0 {
+            // The close itself, not a guess at it; from here on the pool must notice it
+            // rather than send a request into the closed connection.
+            poll_until("the backend closes its first connection", || backend.closed() == 1).await;
+        }
     }
-    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 2, "one replacement, then reuse");
+    assert_eq!(backend.connections(), 2, "one replacement, then reuse");
 }
 
 #[tokio::test]

@@ -3,10 +3,10 @@
 
 mod common;
 
-use std::time::Duration;
-
 use common::Harness;
-use common::process::{Running, put, put_response, write_config};
+use common::builder::Deployment;
+use common::process::Running;
+use common::raw::{put, put_response};
 use fencegate::config::EqualToken;
 use fencegate::demo::MemBackend;
 
@@ -83,23 +83,21 @@ async fn a_reload_rotates_the_admin_token() {
 /// The operator's path: edit the file, send SIGHUP, read what changed in the log.
 #[tokio::test]
 async fn sighup_reloads_the_file_applies_what_it_can_and_refuses_a_broken_one() {
-    let backend = MemBackend::start().await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let config = write_config(dir.path(), &backend.url(), "");
-    let original = std::fs::read_to_string(&config).unwrap();
-    let proxy = Running::start(&config);
+    let d = Deployment::builder().start().await;
+    let (config, proxy) = (&d.config_path, d.proxy());
+    let original = std::fs::read_to_string(config).unwrap();
     assert_eq!(put(proxy.addr, "/doc", 5).await, 200);
     assert_eq!(put(proxy.addr, "/doc", 5).await, 409);
 
     // A file that does not load changes nothing.
-    std::fs::write(&config, format!("{original}[fence]\nequal_token = \"sometimes\"\n")).unwrap();
-    hangup(&proxy, "reload refused", 1).await;
+    std::fs::write(config, format!("{original}[fence]\nequal_token = \"sometimes\"\n")).unwrap();
+    hangup(proxy, "reload refused", 1).await;
     assert_eq!(put(proxy.addr, "/doc", 5).await, 409);
 
     // Accept equal tokens, log only warnings, and ask for a new listen address (needs a restart).
     let edited = original.replace("listen = \"127.0.0.1:0\"", "listen = \"127.0.0.1:1\"");
-    std::fs::write(&config, format!("{edited}[fence]\nequal_token = \"accept\"\n[log]\nlevel = \"warn\"\n")).unwrap();
-    hangup(&proxy, "configuration reloaded", 1).await;
+    std::fs::write(config, format!("{edited}[fence]\nequal_token = \"accept\"\n[log]\nlevel = \"warn\"\n")).unwrap();
+    hangup(proxy, "configuration reloaded", 1).await;
     assert!(proxy.log_contains(r#"fence.equal_token: "reject" -> "accept""#), "{:?}", proxy.log_lines("reload"));
     assert!(proxy.log_contains(r#"log.level: "info" -> "warn""#));
     assert!(proxy.log_lines("needs a restart").iter().any(|l| l.contains("server.listen")));
@@ -110,26 +108,15 @@ async fn sighup_reloads_the_file_applies_what_it_can_and_refuses_a_broken_one() 
     let head = "PUT /doc HTTP/1.1\r\nHost: x";
     assert_eq!(common::raw_request(proxy.addr, head, "v").await.status, 428);
     assert_eq!(put_response(proxy.addr, "/doc", 4).await.unwrap().status, 409);
-    wait_for_log(&proxy, "refused stale token", 1).await;
+    proxy.wait_for_log("refused stale token", 1).await;
     assert_eq!(proxy.log_lines("refused request").len(), before, "info lines are off");
 }
 
 /// Sends SIGHUP to the proxy and waits until `needle` has appeared `count` more times.
 async fn hangup(proxy: &Running, needle: &str, count: usize) {
     let before = proxy.log_lines(needle).len();
-    let status = std::process::Command::new("kill").args(["-HUP", &proxy.pid().to_string()]).status().unwrap();
-    assert!(status.success());
-    wait_for_log(proxy, needle, before + count).await;
-}
-
-async fn wait_for_log(proxy: &Running, needle: &str, count: usize) {
-    for _ in 0..500 {
-        if proxy.log_lines(needle).len() >= count {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("no {needle:?} in the log:\n{}", proxy.log_lines("").join("\n"));
+    proxy.signal("HUP");
+    proxy.wait_for_log(needle, before + count).await;
 }
 
 #[tokio::test]
@@ -142,7 +129,7 @@ async fn a_waiting_write_keeps_the_equal_token_policy_it_arrived_under() {
     };
     let reload = async {
         h.wait_received("/doc", 6).await;
-        tokio::time::sleep(Duration::from_millis(200)).await; // the equal write is queued by now
+        h.wait_queue_len("/doc", 2).await; // 6 at the backend, the equal write queued behind it
         let mut c = h.config.clone();
         c.fence.equal_token = EqualToken::Reject;
         h.proxy.reload(c).unwrap();
@@ -186,34 +173,16 @@ async fn a_reload_can_move_the_backend() {
 /// not do that while the store is still being recovered.
 #[tokio::test]
 async fn sighup_during_start_up_is_applied_once_the_proxy_is_up() {
-    use std::io::{BufRead, BufReader};
-    let backend = MemBackend::start().await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let config = write_config(dir.path(), &backend.url(), "");
-    let mut child = std::process::Command::new(common::process::BIN)
-        .args(["run", "--config"])
-        .arg(&config)
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines().map_while(Result::ok);
-    let mut seen = Vec::new();
-    for line in lines.by_ref() {
-        let opening = line.contains("opening the fence store");
-        seen.push(line);
-        if opening {
-            let pid = child.id().to_string();
-            assert!(std::process::Command::new("kill").args(["-HUP", &pid]).status().unwrap().success());
-            break;
+    let mut d = Deployment::builder().build().await;
+    let mut sent = false;
+    // Spawning waits until the proxy listens: it fails if the signal ended the process.
+    d.start_with(move |line, pid| {
+        if !sent && line.contains("opening the fence store") {
+            sent = true;
+            common::process::signal(pid, "HUP");
         }
-    }
-    let reloaded = lines.take(20).any(|l| {
-        let done = l.contains("configuration reloaded");
-        seen.push(l);
-        done
     });
-    let exited = child.try_wait().unwrap();
-    let _ = child.kill();
-    let _ = child.wait();
-    assert!(exited.is_none() && reloaded, "exit {exited:?}; log:\n{}", seen.join("\n"));
+    let proxy = d.running.as_mut().unwrap();
+    proxy.wait_for_log("configuration reloaded", 1).await;
+    assert_eq!(proxy.exited(), None);
 }

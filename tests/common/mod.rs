@@ -1,5 +1,8 @@
-//! State harness: a real in-memory backend, fencegate in front of it on port 0, and clients
-//! that speak real HTTP over loopback.
+//! The shared test harness. Here: the in-process [`Harness`] (a real in-memory backend,
+//! fencegate in front of it on port 0, and clients that speak real HTTP over loopback) and the
+//! [`Resp`] every helper returns. Beside it: `raw` (raw HTTP/1.1 connections), `backend` (stub
+//! backends), `process`, `logs` and `builder` (the real binary, its log, and a deployment of
+//! it), and `wait` (waiting for a state instead of sleeping).
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
@@ -15,14 +18,25 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 pub use fencegate::demo::DELAY_HEADER;
 
+pub mod backend;
+pub mod builder;
+pub mod logs;
+pub mod nginx;
 pub mod process;
+pub mod raw;
+pub mod wait;
+
+// Each test crate uses its own part of these.
+#[allow(unused_imports)]
+pub use raw::{RawConn, dead_address, raw_request, try_raw_request};
+#[allow(unused_imports)]
+pub use wait::{eventually, poll_until};
 
 /// A response, fully read.
 #[derive(Debug, Clone)]
@@ -169,13 +183,14 @@ impl Harness {
     /// Waits until the backend has received the write of `token` to `path`. Its advance was
     /// durable before it was forwarded, so `max_seen` already counts it.
     pub async fn wait_received(&self, path: &str, token: u64) {
-        for _ in 0..3000 {
-            if self.backend.requests().iter().any(|r| r.path == path && r.token() == Some(token)) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        panic!("the backend never received {path} with token {token}");
+        let what = format!("the backend receives {path} with token {token}");
+        poll_until(&what, || self.backend.requests().iter().any(|r| r.path == path && r.token() == Some(token))).await
+    }
+
+    /// Waits until `n` writes hold or wait for the turn of the resource `key`.
+    pub async fn wait_queue_len(&self, key: &str, n: usize) {
+        let what = format!("{n} writes hold or wait for the turn of {key}");
+        poll_until(&what, || self.proxy.queue_len(key) == n).await
     }
 
     /// Tokens the backend applied to `path`, in the order it applied them.
@@ -193,56 +208,4 @@ pub async fn send_with(client: &Client<HttpConnector, Full<Bytes>>, req: Request
     let headers = resp.headers().clone();
     let body = resp.into_body().collect().await.unwrap().to_bytes();
     Resp { status, headers, body }
-}
-
-/// Raw HTTP/1.1 over TCP, for request targets and header layouts a client library would fix.
-pub async fn raw_request(addr: SocketAddr, head: &str, body: &str) -> Resp {
-    try_raw_request(addr, head, body).await.expect("a complete response")
-}
-
-/// Like [`raw_request`], but `None` when the connection fails or ends without a response
-/// (the proxy was killed).
-pub async fn try_raw_request(addr: SocketAddr, head: &str, body: &str) -> Option<Resp> {
-    let mut stream = TcpStream::connect(addr).await.ok()?;
-    let request = format!("{head}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
-    stream.write_all(request.as_bytes()).await.ok()?;
-    let mut raw = Vec::new();
-    tokio::time::timeout(Duration::from_secs(30), stream.read_to_end(&mut raw)).await.ok()?.ok()?;
-    parse_response(&raw)
-}
-
-fn parse_response(raw: &[u8]) -> Option<Resp> {
-    let split = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
-    let head = std::str::from_utf8(&raw[..split]).unwrap();
-    let mut lines = head.split("\r\n");
-    let status = lines.next().unwrap().split(' ').nth(1).unwrap().parse().unwrap();
-    let mut headers = HeaderMap::new();
-    for line in lines {
-        let (k, v) = line.split_once(':').unwrap();
-        headers.append(http::HeaderName::from_bytes(k.trim().as_bytes()).unwrap(), v.trim().parse().unwrap());
-    }
-    let mut body = raw[split + 4..].to_vec();
-    if headers.get("transfer-encoding").is_some_and(|v| v == "chunked") {
-        body = dechunk(&body)?;
-    }
-    Some(Resp { status, headers, body: body.into() })
-}
-
-fn dechunk(mut b: &[u8]) -> Option<Vec<u8>> {
-    let mut out = Vec::new();
-    loop {
-        let line_end = b.windows(2).position(|w| w == b"\r\n")?;
-        let size = usize::from_str_radix(std::str::from_utf8(&b[..line_end]).ok()?.trim(), 16).ok()?;
-        if size == 0 {
-            return Some(out);
-        }
-        out.extend_from_slice(b.get(line_end + 2..line_end + 2 + size)?);
-        b = b.get(line_end + 2 + size + 2..)?;
-    }
-}
-
-/// An address on which nothing listens (bound, then released).
-pub async fn dead_address() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    l.local_addr().unwrap()
 }

@@ -1,83 +1,82 @@
-//! Running the real `fencegate` binary.
+//! Running the real `fencegate` binary. [`super::builder::Deployment`] sets one up with its
+//! backend, data dir and config.
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::RecvTimeoutError;
 use std::time::Duration;
 
-use super::try_raw_request;
+use super::logs::Log;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_fencegate");
 
-/// Writes a config for a proxy on port 0 in front of `backend`, data in `dir/data`, with
-/// `store_extra` appended to the `[store]` section.
-pub fn write_config(dir: &Path, backend: &str, store_extra: &str) -> PathBuf {
-    let path = dir.join("fencegate.toml");
-    let text = format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\n[backend]\nurl = \"{backend}\"\n[store]\ndir = {:?}\n{store_extra}\n",
-        data_dir(dir).display().to_string()
-    );
-    std::fs::write(&path, text).unwrap();
-    path
-}
-
-pub fn data_dir(dir: &Path) -> PathBuf {
-    dir.join("data")
-}
-
-/// A running `fencegate run` process, the address it reported, and its log lines.
+/// A running `fencegate run` process, the address it reported, and its log. If the test
+/// panics, dropping it prints the log, so a failure shows what the proxy said.
 pub struct Running {
     child: Child,
     pub addr: SocketAddr,
-    log: Arc<Mutex<Vec<String>>>,
+    log: Log,
 }
 
 impl Running {
-    pub fn start(config: &Path) -> Running {
-        let mut cmd = Command::new(BIN);
-        cmd.args(["run", "--config"]).arg(config);
-        Running::spawn(cmd)
+    /// Spawns `cmd` (which must end up exec'ing `fencegate run`) and waits for its address.
+    pub fn spawn(cmd: Command) -> Running {
+        Running::spawn_with(cmd, |_, _| {})
     }
 
-    /// Spawns `cmd` (which must end up exec'ing `fencegate run`) and waits for its address.
-    pub fn spawn(mut cmd: Command) -> Running {
+    /// Like [`Running::spawn`]; `on_line(line, pid)` sees each log line the moment it is
+    /// read, from start-up on (to signal the process at a given point of its start, say).
+    pub fn spawn_with(mut cmd: Command, mut on_line: impl FnMut(&str, u32) + Send + 'static) -> Running {
         let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
-        let stderr = child.stderr.take().unwrap();
+        let pid = child.id();
         let (tx, rx) = std::sync::mpsc::channel();
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let lines = Arc::clone(&log);
-        // Keep draining stderr after the address is found so the child never blocks on it.
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if line.contains("fencegate listening") {
-                    // Text logs say addr=IP:PORT, JSON logs "addr":"IP:PORT".
-                    let text = line.split("addr=").nth(1).and_then(|s| s.split_whitespace().next());
-                    let json = line.split("\"addr\":\"").nth(1).and_then(|s| s.split('"').next());
-                    if let Some(addr) = text.or(json).and_then(|a| a.parse::<SocketAddr>().ok()) {
-                        let _ = tx.send(addr);
-                    }
+        let log = Log::capture(child.stderr.take().unwrap(), move |line| {
+            on_line(line, pid);
+            if line.contains("fencegate listening") {
+                // Text logs say addr=IP:PORT, JSON logs "addr":"IP:PORT".
+                let text = line.split("addr=").nth(1).and_then(|s| s.split_whitespace().next());
+                let json = line.split("\"addr\":\"").nth(1).and_then(|s| s.split('"').next());
+                if let Some(addr) = text.or(json).and_then(|a| a.parse::<SocketAddr>().ok()) {
+                    let _ = tx.send(addr);
                 }
-                lines.lock().unwrap().push(line);
             }
         });
-        let addr = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_else(|_| {
-            panic!("fencegate did not report its address; log:\n{}", log.lock().unwrap().join("\n"))
-        });
-        Running { child, addr, log }
+        // From here on, dropping it (also on the panics below) kills the process and shows its log.
+        let mut running = Running { child, addr: "0.0.0.0:0".parse().unwrap(), log };
+        running.addr = match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(addr) => addr,
+            // Its log ended: it exited.
+            Err(RecvTimeoutError::Disconnected) => panic!("fencegate ended before it listened: {:?}", running.exited()),
+            Err(RecvTimeoutError::Timeout) => panic!("fencegate did not report its address within 30 s"),
+        };
+        running
     }
 
     pub fn log_lines(&self, needle: &str) -> Vec<String> {
-        self.log.lock().unwrap().iter().filter(|l| l.contains(needle)).cloned().collect()
+        self.log.lines(needle)
     }
 
     pub fn log_contains(&self, needle: &str) -> bool {
-        self.log.lock().unwrap().iter().any(|l| l.contains(needle))
+        self.log.contains(needle)
+    }
+
+    /// Waits until `needle` has appeared in `count` log lines in all.
+    pub async fn wait_for_log(&self, needle: &str, count: usize) {
+        self.log.wait_for(needle, count).await
     }
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Sends the signal `name` ("HUP", "TERM", ...).
+    pub fn signal(&self, name: &str) {
+        signal(self.pid(), name);
+    }
+
+    /// The exit status, once the process has ended.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().unwrap()
     }
 
     pub fn kill9(self) {
@@ -90,15 +89,15 @@ impl Drop for Running {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if std::thread::panicking() {
+            self.log.wait_for_end();
+            eprintln!("--- log of fencegate (pid {}) ---\n{}\n--- end of log ---", self.child.id(), self.log.text());
+        }
     }
 }
 
-/// A fenced PUT; 0 when no response came back (the proxy died).
-pub async fn put(addr: SocketAddr, path: &str, token: u64) -> u16 {
-    put_response(addr, path, token).await.map_or(0, |r| r.status)
-}
-
-pub async fn put_response(addr: SocketAddr, path: &str, token: u64) -> Option<super::Resp> {
-    let head = format!("PUT {path} HTTP/1.1\r\nHost: x\r\nFencing-Token: {token}");
-    try_raw_request(addr, &head, "v").await
+/// Sends the signal `name` to process `pid`.
+pub fn signal(pid: u32, name: &str) {
+    let status = Command::new("kill").args(["-s", name, &pid.to_string()]).status().unwrap();
+    assert!(status.success(), "kill -s {name} {pid}: {status}");
 }

@@ -1,0 +1,33 @@
+//! Waiting for a state to appear instead of sleeping for a guessed time.
+
+use std::panic::Location;
+use std::time::{Duration, Instant};
+
+/// How long an awaited state gets to appear: far more than a healthy run needs, even on a
+/// loaded CI machine, so that only a state that never comes fails a test.
+pub const DEADLINE: Duration = Duration::from_secs(20);
+
+/// Between two looks at the state.
+const INTERVAL: Duration = Duration::from_millis(10);
+
+/// Waits until `condition` holds; panics naming `what`, and the line that waited, if it does
+/// not within [`DEADLINE`].
+#[track_caller]
+pub fn poll_until(what: &str, mut condition: impl FnMut() -> bool) -> impl Future<Output = ()> {
+    wait(Location::caller(), what, async move || condition())
+}
+
+/// Like [`poll_until`], for a condition that has to be awaited (a request, a connection).
+#[track_caller]
+pub fn eventually(what: &str, condition: impl AsyncFnMut() -> bool) -> impl Future<Output = ()> {
+    wait(Location::caller(), what, condition)
+}
+
+/// Not an `async fn` above: those cannot report their caller.
+async fn wait(caller: &Location<'_>, what: &str, mut condition: impl AsyncFnMut() -> bool) {
+    let start = Instant::now();
+    while !condition().await {
+        assert!(start.elapsed() < DEADLINE, "{caller}: not within {DEADLINE:?}: {what}");
+        tokio::time::sleep(INTERVAL).await;
+    }
+}
