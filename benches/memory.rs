@@ -1,8 +1,9 @@
 //! Memory of the fence table: RSS of a process that has recovered 1,000,000 resources with
 //! 30-byte keys, as the proxy does at start-up.
 //!
-//! Run: `cargo bench --bench memory`. The parent writes the data directory, then runs itself
-//! again to measure a fresh process that only recovers it.
+//! Run: `cargo bench --bench memory` (`FG_MEMORY_KEYS=deep` for keys six segments deep). The
+//! parent writes the data directory, then runs itself again to measure a fresh process that
+//! only recovers it.
 
 use std::sync::Arc;
 
@@ -10,6 +11,17 @@ use fencegate::fence::Fence;
 use fencegate::store::{FileStore, Store, StoreOptions, SyncMode};
 
 const RESOURCES: u64 = 1_000_000;
+
+/// Two segments (`/bucket-NN/object-N`, 30 bytes), or with `FG_MEMORY_KEYS=deep` six
+/// (`/t0/t1/t2/t3/t4/kN`, ten branches a level: 111,110 directories above the keys).
+fn key(i: u64) -> String {
+    match std::env::var("FG_MEMORY_KEYS").as_deref() {
+        Ok("deep") => {
+            format!("/t{}/t{}/t{}/t{}/t{}/k{i}", i % 10, i / 10 % 10, i / 100 % 10, i / 1000 % 10, i / 10000 % 10)
+        }
+        _ => format!("/bucket-{:02}/object-{:012}", i % 100, i),
+    }
+}
 
 fn status(field: &str) -> u64 {
     let text = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -54,7 +66,7 @@ fn main() {
                 let store = Arc::clone(&store);
                 tokio::spawn(async move {
                     for i in (w..RESOURCES).step_by(64) {
-                        let key = format!("/bucket-{:02}/object-{:012}", i % 100, i);
+                        let key = key(i);
                         store.advance(&key, i + 1).await.unwrap();
                         store.answered(&key, i + 1);
                     }
