@@ -151,7 +151,9 @@ async fn a_client_that_stops_reading_a_response_loses_its_slot() {
 
 #[tokio::test]
 async fn a_slow_but_steady_download_is_not_cut_off() {
-    let h = Harness::start_with(|c| c.limits.keepalive_timeout = Duration::from_millis(300)).await;
+    // The download lasts about 2.5 s, well past the keep-alive timeout; 1 s leaves the reader's
+    // 40 ms pauses room to stretch on a loaded machine.
+    let h = Harness::start_with(|c| c.limits.keepalive_timeout = Duration::from_secs(1)).await;
     let big = "y".repeat(16 << 20); // more than the socket buffers hold
     assert_eq!(h.put("/big", 1, &big).await.status, 200);
     let mut reader = RawConn::open(h.addr).await;
