@@ -1,18 +1,25 @@
 //! Crash and failure tests of the real binary: whatever instant it dies at, and whatever the
 //! disk does, no advance that was forwarded is ever forgotten.
 //!
-//! `FG_CRASH_ROUNDS=N` runs N rounds of the random-kill test instead of 20 (a soak), and
-//! `FG_CRASH_SEED=S` replays the kill moments of a failed run.
+//! `FG_CRASH_ROUNDS=N` runs N rounds of each random-kill test instead of 20 (a soak), and
+//! `FG_CRASH_SEED=S` replays the kill moments (and the collection writers' choice of writes) of
+//! a failed run.
 
 mod common;
+// Only part of the stub's API is used here.
+#[allow(dead_code)]
+#[path = "common/webdav.rs"]
+mod webdav;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::builder::Deployment;
 use common::raw::{put, put_response};
-use common::{eventually, poll_until, raw_request};
+use common::{Resp, eventually, poll_until, raw_request, try_raw_request};
+use webdav::{OP_HEADER, Record, WebDavStub};
 
 /// xorshift64*: enough randomness for kill moments, and reproducible from a printed seed.
 struct Rng(u64);
@@ -150,4 +157,259 @@ async fn a_failed_log_write_closes_fenced_writes_keeps_reads_flowing_and_loses_n
     assert_eq!(put(addr, &acked[0], 6).await, 200, "after a restart the store works again");
     d.kill9();
     assert!(d.data_dir().join("LOCK").exists());
+}
+
+/// The tree the collection writers work in: nested, so that subtrees hold each other's files,
+/// and small, so that writes collide.
+const TREE: [&str; 6] = ["/a", "/a/x", "/a/y", "/b", "/b/x", "/c"];
+
+/// The collections at the top of [`TREE`]. A collection is moved or copied only to one of
+/// these, so no file ever lies deeper than `/top/name`: the files are at most the nine of
+/// `{/a, /b, /c} x {"", /x, /y}`.
+const TOP: [&str; 3] = ["/a", "/b", "/c"];
+
+/// Writers at once in the collection test.
+const WRITERS: u64 = 6;
+
+/// Store and fence settings of the collection test: tiny segments, so kills also land in
+/// rotations and compactions, and a quarantine short enough to wait out in every round.
+const COLLECTION_CONFIG: &str = "segment_bytes = 4096\n[fence]\nquarantine = \"200ms\"";
+
+fn pick(rng: &mut Rng, from: &[&'static str]) -> &'static str {
+    from[rng.below(from.len() as u64) as usize]
+}
+
+/// One random write to [`TREE`]: method, request target, and Destination. Collection
+/// DELETEs come with and without the trailing slash.
+fn random_write(rng: &mut Rng) -> (&'static str, String, Option<&'static str>) {
+    let path = pick(rng, &TREE);
+    match rng.below(10) {
+        0..4 => ("PUT", path.to_owned(), None),
+        4 => ("DELETE", path.to_owned(), None),
+        5 => ("DELETE", format!("{path}/"), None),
+        n => {
+            let method = if n < 8 { "MOVE" } else { "COPY" };
+            // A top-level collection goes to another top-level name; a file (nothing lies
+            // below `/top/name`) anywhere but onto itself.
+            let to: &[&'static str] = if path.matches('/').count() == 1 { &TOP } else { &TREE };
+            let dest = loop {
+                let d = pick(rng, to);
+                if d != path {
+                    break d;
+                }
+            };
+            (method, path.to_owned(), Some(dest))
+        }
+    }
+}
+
+/// A fenced write's head, tagged with `op` in [`OP_HEADER`] so that the stub's record of it can
+/// be found.
+fn write_head(method: &str, target: &str, token: u64, destination: Option<&str>, op: &str) -> String {
+    let mut head = format!("{method} {target} HTTP/1.1\r\nHost: x\r\nFencing-Token: {token}\r\n{OP_HEADER}: {op}");
+    if let Some(dest) = destination {
+        head.push_str(&format!("\r\nDestination: {dest}"));
+    }
+    head
+}
+
+/// The collection whose DELETE removes `file`: `/a/` for `/a/x`, `/` for `/a`.
+fn parent_collection(file: &str) -> String {
+    match file.rfind('/') {
+        Some(0) | None => "/".to_owned(),
+        Some(i) => format!("{}/", &file[..i]),
+    }
+}
+
+/// What the collection test saw, for its summary.
+#[derive(Debug, Default)]
+struct Seen {
+    /// Files checked, summed over the rounds.
+    files_checked: usize,
+    /// ...of which the highest token came from a DELETE, MOVE or COPY, not a PUT of the file:
+    /// only a subtree's floor or a Destination's mark refuses a write to the file with it.
+    by_collection_writes: usize,
+    /// Answers `503 resource_quarantined` waited out.
+    quarantined: usize,
+    /// Restarts that found writes in flight.
+    in_flight_restarts: usize,
+}
+
+/// Sends `head` until the answer is anything but `503 resource_quarantined` (a write in flight at
+/// the kill closes what it touches for `fence.quarantine` after the start), and returns it.
+async fn past_quarantine(addr: SocketAddr, head: &str, body: &str, seen: &mut Seen) -> Resp {
+    let mut answer = None;
+    eventually(&format!("an answer other than resource_quarantined to {head:?}"), async || {
+        let r = raw_request(addr, head, body).await;
+        if r.status == 503 && r.fencegate_error() == Some("resource_quarantined") {
+            seen.quarantined += 1;
+            return false;
+        }
+        answer = Some(r);
+        true
+    })
+    .await;
+    answer.unwrap()
+}
+
+/// Checks the restarted proxy's keys and floors against every file the stub records as
+/// changed: for each file F, with `t` the highest token of an accepted write that changed it
+/// (created, replaced or removed it), a `PUT F` and a `DELETE` of F's parent collection with
+/// `t` are refused as stale (after any quarantine), and neither reaches the stub. Then a `PUT F`
+/// with `above`, a token above everything so far, is applied. Returns what went wrong.
+async fn check_recovered(d: &Deployment<WebDavStub>, label: &str, above: u64, seen: &mut Seen) -> Vec<String> {
+    let addr = d.addr();
+    let records = d.backend.records();
+    let mut highest: BTreeMap<&str, &Record> = BTreeMap::new();
+    for r in &records {
+        for file in &r.changed {
+            let e = highest.entry(file.as_str()).or_insert(r);
+            if e.token() < r.token() {
+                *e = r;
+            }
+        }
+    }
+    let mut problems = Vec::new();
+    for (i, (&file, by)) in highest.iter().enumerate() {
+        let Some(t) = by.token() else {
+            problems.push(format!("{file} was changed by {}, which has no token", by.describe()));
+            continue;
+        };
+        seen.files_checked += 1;
+        seen.by_collection_writes += usize::from(by.method != "PUT");
+        let parent = parent_collection(file);
+        for (method, target, body) in [("PUT", file, "v"), ("DELETE", parent.as_str(), "")] {
+            let head = write_head(method, target, t, None, &format!("check-{label}-{i}"));
+            let r = past_quarantine(addr, &head, body, seen).await;
+            if (r.status, r.fencegate_error()) != (409, Some("stale_token")) {
+                problems.push(format!(
+                    "{method} {target} with token {t} was answered {} {:?} ({:?}), not 409 stale_token: \
+                     {file} was changed by {} before the kill",
+                    r.status,
+                    r.fencegate_error(),
+                    String::from_utf8_lossy(&r.body),
+                    by.describe()
+                ));
+            }
+        }
+    }
+    let leaked = d.backend.records().into_iter().filter(|r| r.op.as_deref().is_some_and(|op| op.starts_with("check-")));
+    problems.extend(leaked.map(|r| format!("a stale check reached the backend: {}", r.describe())));
+    // Once its quarantine is over, every file takes a write with a token above all.
+    for &file in highest.keys() {
+        let head = write_head("PUT", file, above, None, &format!("live-{label}"));
+        let r = past_quarantine(addr, &head, "v", seen).await;
+        if !matches!(r.status, 201 | 204) || r.fencegate_error().is_some() {
+            problems
+                .push(format!("PUT {file} with token {above}, above every token so far, was answered {}", r.status));
+        }
+    }
+    problems
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn collection_writes_survive_kill_9_at_any_moment() {
+    let rounds = env_u64("FG_CRASH_ROUNDS").unwrap_or(20);
+    let seed = env_u64("FG_CRASH_SEED")
+        .unwrap_or_else(|| SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64 | 1);
+    let mut rng = Rng(seed);
+    let stub = WebDavStub::start().await;
+    for path in TREE {
+        stub.seed(path, "seeded");
+    }
+    let url = stub.url();
+    let mut d = Deployment::builder().config_extra(COLLECTION_CONFIG).build_in_front_of(stub, &url);
+    d.start();
+    let mut seen = Seen::default();
+    for round in 0..rounds {
+        let base = (round + 1) * 10_000_000;
+        let addr = d.addr();
+        // Writers mixing PUT with collection DELETE, MOVE and COPY on one small tree, each
+        // with ever higher tokens: many overlap, so floors and turns are busy.
+        let writers: Vec<_> = (0..WRITERS)
+            .map(|w| {
+                let mut rng = Rng(rng.below(u64::MAX) | 1);
+                tokio::spawn(async move {
+                    for step in 0u64.. {
+                        let (method, target, dest) = random_write(&mut rng);
+                        let token = base + 1 + step * WRITERS + w;
+                        let head = write_head(method, &target, token, dest, &format!("r{round}-w{w}-{step}"));
+                        let body = if method == "PUT" { "v" } else { "" };
+                        // None: the proxy is gone. Refusals (stale, quarantined, a queue
+                        // timeout) just move on to the next write.
+                        if try_raw_request(addr, &head, body).await.is_none() {
+                            return;
+                        }
+                    }
+                })
+            })
+            .collect();
+        // Random on purpose: where in the writers' work the kill lands.
+        tokio::time::sleep(Duration::from_millis(20 + rng.below(300))).await;
+        d.kill9();
+        for w in writers {
+            w.await.unwrap();
+        }
+        if d.start().log_contains("in flight when fencegate stopped") {
+            seen.in_flight_restarts += 1;
+        }
+        // Whatever the dead proxy had sent is applied and recorded before the check reads it.
+        poll_until("the stub has applied every write it received", || d.backend.busy() == 0).await;
+        let problems = check_recovered(&d, &format!("r{round}"), base + 5_000_000, &mut seen).await;
+        assert!(problems.is_empty(), "seed {seed} round {round}: after kill -9 and restart:\n{}", problems.join("\n"));
+    }
+    let violations = d.backend.violations();
+    assert!(violations.is_empty(), "seed {seed}: overlapping writes at the backend at once: {violations:?}");
+    assert!(seen.by_collection_writes > 0, "seed {seed}: no file's last change came from a collection write");
+    let records = d.backend.records();
+    let collection = records.iter().filter(|r| r.method != "PUT" && !r.changed.is_empty()).count();
+    eprintln!(
+        "{rounds} kill -9 rounds (seed {seed}): {} writes forwarded, {collection} collection writes that changed \
+         files; {} files checked ({} last changed by a collection write); {} restarts found writes in flight, \
+         {} quarantined answers waited out",
+        records.len(),
+        seen.files_checked,
+        seen.by_collection_writes,
+        seen.in_flight_restarts,
+        seen.quarantined
+    );
+}
+
+/// A known sequence of collection writes, then kill -9 and a restart: the problems
+/// [`check_recovered`] finds with `fence_extra` added to the `[fence]` section.
+async fn known_sequence_problems(fence_extra: &str) -> Vec<String> {
+    let stub = WebDavStub::start().await;
+    for path in TREE {
+        stub.seed(path, "seeded");
+    }
+    let url = stub.url();
+    let config = format!("{COLLECTION_CONFIG}\n{fence_extra}");
+    let mut d = Deployment::builder().config_extra(&config).build_in_front_of(stub, &url);
+    let addr = d.start().addr;
+    // The DELETE removes /a/x above the PUT's token; the MOVE empties /b and fills /c.
+    let writes = [("PUT", "/a/x", None, 1), ("DELETE", "/a/", None, 5), ("MOVE", "/b", Some("/c"), 7)];
+    for (i, (method, target, dest, token)) in writes.into_iter().enumerate() {
+        let head = write_head(method, target, token, dest, &format!("known-{i}"));
+        let r = raw_request(addr, &head, if method == "PUT" { "v" } else { "" }).await;
+        // Each replaces what the seeded stub holds.
+        assert_eq!((r.status, r.fencegate_error()), (204, None), "{head}");
+    }
+    d.kill9();
+    d.start();
+    check_recovered(&d, "known", 1000, &mut Seen::default()).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_known_collection_sequence_keeps_its_floors_across_kill_9() {
+    let problems = known_sequence_problems("").await;
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// With `fence.subtree_methods = []` the DELETE of /a/ leaves no floor, so after the restart a
+/// PUT of /a/x with the DELETE's token reaches the backend, and the check says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_recovery_check_catches_a_proxy_that_leaves_no_floors() {
+    let problems = known_sequence_problems("subtree_methods = []").await;
+    assert!(problems.iter().any(|p| p.starts_with("PUT /a/x with token 5 was answered 2")), "{problems:#?}");
+    assert!(problems.iter().any(|p| p.starts_with("a stale check reached the backend: PUT /a/x")), "{problems:#?}");
 }

@@ -1,5 +1,6 @@
-//! One deployment of the real binary: an in-memory backend, a data dir, a config file, and
-//! the `fencegate run` process serving them, which tests kill and start again at will.
+//! One deployment of the real binary: a backend (the in-memory one, or any a test starts
+//! itself), a data dir, a config file, and the `fencegate run` process serving them, which
+//! tests kill and start again at will.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -39,8 +40,16 @@ impl Builder {
     /// Backend, data dir and config, with no proxy running yet.
     pub async fn build(self) -> Deployment {
         let backend = MemBackend::start().await.unwrap();
+        let url = backend.url();
+        self.build_in_front_of(backend, &url)
+    }
+
+    /// Data dir and config for a proxy in front of `backend`, a server the test started itself
+    /// (the recording WebDAV stub, say) that listens at `url`; no proxy running yet. The
+    /// deployment keeps `backend`, so it lives as long as the deployment.
+    pub fn build_in_front_of<B>(self, backend: B, url: &str) -> Deployment<B> {
         let dir = tempfile::tempdir().unwrap();
-        let config_path = write_config(dir.path(), &backend.url(), &self.config_extra);
+        let config_path = write_config(dir.path(), url, &self.config_extra);
         Deployment { running: None, backend, dir, config_path }
     }
 
@@ -53,11 +62,11 @@ impl Builder {
 }
 
 /// Fields drop in order: the proxy goes before its backend and its data dir.
-pub struct Deployment {
+pub struct Deployment<B = MemBackend> {
     /// The proxy, while one runs.
     pub running: Option<Running>,
     /// Records what the proxy forwarded, across restarts.
-    pub backend: MemBackend,
+    pub backend: B,
     pub dir: tempfile::TempDir,
     pub config_path: PathBuf,
 }
@@ -66,7 +75,9 @@ impl Deployment {
     pub fn builder() -> Builder {
         Builder::default()
     }
+}
 
+impl<B> Deployment<B> {
     /// Where the proxy keeps its store.
     pub fn data_dir(&self) -> PathBuf {
         self.dir.path().join("data")
