@@ -129,3 +129,21 @@ async fn a_method_override_is_fenced_as_the_method_it_claims() {
     }
     assert_eq!(file(&nginx.root, "/doc").as_deref(), Some("v"));
 }
+
+#[tokio::test]
+async fn an_override_does_not_hide_what_the_real_method_changes() {
+    let Some(nginx) = start_nginx().await else { return };
+    let h = proxy(&nginx, |_| {}).await;
+    assert_eq!(write(&h, "PUT", "/acct", 1000, &[], "precious").await.status, 201);
+    assert_eq!(write(&h, "PUT", "/d/f", 1000, &[], "inside").await.status, 201);
+    assert_eq!(write(&h, "PUT", "/scratch", 1, &[], "junk").await.status, 201);
+    // nginx ignores overrides: it would run the MOVE and the DELETE as sent.
+    let moved = [("x-http-method-override", "PUT"), ("destination", "/%61cct")];
+    write(&h, "MOVE", "/scratch", 6, &moved, "").await.assert_refused(409, "stale_token");
+    let deleted = [("x-http-method-override", "GET")];
+    write(&h, "DELETE", "/d/", 7, &deleted, "").await.assert_refused(409, "stale_token");
+    let copied = [("x-http-method-override", "COPY"), ("destination", "/elsewhere")];
+    assert!(write(&h, "MOVE", "/acct", 8, &copied, "").await.status == 409, "the MOVE's source is fenced too");
+    assert_eq!(file(&nginx.root, "/acct").as_deref(), Some("precious"));
+    assert_eq!(file(&nginx.root, "/d/f").as_deref(), Some("inside"));
+}

@@ -44,6 +44,8 @@ fn bad_values_name_their_key() {
         ("[fence]\nmethods = [\"PUT\"]\n", "fence.methods: is replaced by fence.unfenced_methods"),
         ("[fence]\nunfenced_methods = [\"GET\", \"connect\"]\n", "fence.unfenced_methods: CONNECT"),
         ("[fence]\nunfenced_methods = [\"GE T\"]\n", "fence.unfenced_methods"),
+        ("[[fence.scopes]]\nprefix = \"/db\"\n[[fence.rules]]\nprefix = \"/db/q/\"\n", "fence.rules[0].prefix"),
+        ("[[fence.rules]]\nprefix = \"/q/\"\n[[fence.rules]]\nprefix = \"/q/\"\n", "fence.rules[1].prefix"),
     ] {
         let text = if extra.starts_with("[backend]") { extra.to_string() } else { format!("{MINIMAL}{extra}") };
         let err = Config::from_toml_str(&text).unwrap_err();

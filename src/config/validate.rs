@@ -56,8 +56,19 @@ pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
         None => backend.request_timeout,
     };
     let paths = path_policy(&raw.paths)?;
-    let scopes = f.scopes.iter().enumerate().map(|(i, s)| scope(i, s, &paths)).collect::<Result<_, _>>()?;
+    let scopes: Vec<Scope> = f.scopes.iter().enumerate().map(|(i, s)| scope(i, s, &paths)).collect::<Result<_, _>>()?;
     let rules = rules(&f.rules, &paths)?;
+    for (index, rule) in rules.iter().enumerate() {
+        // Inside a scope that shortens paths, every key is the scope's: a rule there would
+        // name keys that do not exist.
+        let key = crate::fence::keys::resource_key(&rule.prefix, &scopes);
+        if key != rule.prefix {
+            return Err(invalid(
+                &format!("fence.rules[{index}].prefix"),
+                format!("{:?} lies inside a scope whose key is {key:?}; give the rule that prefix", rule.prefix),
+            ));
+        }
+    }
     let fence = FenceConfig {
         header,
         unfenced_methods,

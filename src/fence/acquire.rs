@@ -93,7 +93,9 @@ impl Fence {
             false => {
                 subtrees.sort_unstable();
                 subtrees.dedup();
-                let id = self.subtrees.enqueue(subtrees.clone());
+                let points =
+                    touches.iter().filter(|t| t.coverage == Coverage::Key).map(|t| node(&t.key).into()).collect();
+                let id = self.subtrees.enqueue(subtrees.clone(), points);
                 let registered = Registered { fence: Arc::clone(self), id };
                 loop {
                     let changed = self.subtrees.changed();
@@ -149,17 +151,25 @@ impl Fence {
         keys.extend(under.iter().map(|k| &**k));
         keys.sort_unstable();
         keys.dedup();
-        let mut held = Vec::with_capacity(keys.len());
+        // Gives back what it holds if this wait ends early: timed out, or dropped by a client
+        // that went away while it waited for a later key.
+        let mut taking = Taking { fence: self, held: Vec::with_capacity(keys.len()) };
         for key in keys {
-            match self.take_gate(key, deadline).await {
-                Some(h) => held.push(h),
-                None => {
-                    self.give_back(&mut held);
-                    return None;
-                }
-            }
+            taking.held.push(self.take_gate(key, deadline).await?);
         }
-        Some(held)
+        Some(std::mem::take(&mut taking.held))
+    }
+}
+
+/// Key turns taken so far by a wait for several.
+struct Taking<'a> {
+    fence: &'a Fence,
+    held: Vec<Held>,
+}
+
+impl Drop for Taking<'_> {
+    fn drop(&mut self) {
+        self.fence.give_back(&mut self.held);
     }
 }
 
@@ -299,6 +309,21 @@ mod tests {
         for pair in log.chunks(2) {
             assert_eq!(pair[0].replace("start", "end"), pair[1], "overlapping writes never interleave: {log:?}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_wait_for_several_keys_dropped_midway_gives_back_what_it_took() {
+        use std::pin::pin;
+        use std::task::{Context, Waker};
+        let (f, _dir) = fence();
+        let _busy = f.acquire(put("/z"), WAIT).await.unwrap();
+        for i in 0..20 {
+            // A MOVE onto a busy key, whose client goes away while it waits.
+            let moving = touches(&[(&format!("/a{i}"), Coverage::Key), ("/z", Coverage::Key)]);
+            let mut waiting = pin!(f.acquire(moving, WAIT));
+            assert!(waiting.as_mut().poll(&mut Context::from_waker(Waker::noop())).is_pending());
+        }
+        assert_eq!(f.active_gates(), 1, "only the busy key's gate is left");
     }
 
     #[tokio::test]

@@ -28,7 +28,11 @@ enum Stage {
 #[derive(Debug)]
 struct Entry {
     id: u64,
+    /// The subtrees the write covers.
     nodes: Vec<Box<str>>,
+    /// The nodes of the single keys it also touches (a MOVE whose one side a scope shortened
+    /// to a key): they conflict with another write's subtree above them.
+    points: Vec<Box<str>>,
     stage: Stage,
 }
 
@@ -53,6 +57,14 @@ fn overlap(a: &[Box<str>], b: &[Box<str>]) -> bool {
     a.iter().any(|x| b.iter().any(|y| covers(x, y) || covers(y, x)))
 }
 
+/// Whether two subtree writes may change a key in common: their subtrees overlap, or a key one
+/// of them touches lies in a subtree of the other. (Two writes' single keys meet at the keys'
+/// own turns.)
+fn conflict(a: &Entry, b: &Entry) -> bool {
+    let under = |points: &[Box<str>], nodes: &[Box<str>]| points.iter().any(|p| nodes.iter().any(|n| covers(n, p)));
+    overlap(&a.nodes, &b.nodes) || under(&a.points, &b.nodes) || under(&b.points, &a.nodes)
+}
+
 impl Subtrees {
     fn lock(&self) -> std::sync::MutexGuard<'_, Registry> {
         // A poisoned lock means a panic while editing a Vec; its entries are still whole.
@@ -68,13 +80,13 @@ impl Subtrees {
         self.count.load(Ordering::Acquire) == 0
     }
 
-    /// Queues a subtree write on `nodes` and returns its id; it is active once `try_activate`
-    /// says so.
-    pub(crate) fn enqueue(&self, nodes: Vec<Box<str>>) -> u64 {
+    /// Queues a write that covers the subtrees at `nodes` (and touches single keys at
+    /// `points`) and returns its id; it is active once `try_activate` says so.
+    pub(crate) fn enqueue(&self, nodes: Vec<Box<str>>, points: Vec<Box<str>>) -> u64 {
         let mut r = self.lock();
         let id = r.next_id;
         r.next_id += 1;
-        r.entries.push(Entry { id, nodes, stage: Stage::Queued });
+        r.entries.push(Entry { id, nodes, points, stage: Stage::Queued });
         self.recount(&r);
         id
     }
@@ -86,7 +98,7 @@ impl Subtrees {
         let blocked = r.entries[..at]
             .iter()
             .chain(&r.entries[at + 1..])
-            .any(|e| (e.stage == Stage::Active || e.id < id) && overlap(&e.nodes, &r.entries[at].nodes));
+            .any(|e| (e.stage == Stage::Active || e.id < id) && conflict(e, &r.entries[at]));
         if !blocked {
             r.entries[at].stage = Stage::Active;
         }
@@ -149,21 +161,35 @@ mod tests {
     #[test]
     fn overlapping_subtree_writes_take_turns_in_arrival_order() {
         let s = Subtrees::default();
-        let a = s.enqueue(nodes(&["/d"]));
-        let b = s.enqueue(nodes(&["/d/e", "/x"]));
-        let c = s.enqueue(nodes(&["/y"]));
+        let a = s.enqueue(nodes(&["/d"]), vec![]);
+        let b = s.enqueue(nodes(&["/d/e", "/x"]), vec![]);
+        let c = s.enqueue(nodes(&["/y"]), vec![]);
         assert!(!s.try_activate(b), "b overlaps a, which came first");
         assert!(s.try_activate(c), "disjoint writes are independent");
         assert!(s.try_activate(a));
         assert!(s.blocks("/d/e/f") && s.blocks("/y") && !s.blocks("/z"));
         s.remove(a);
         assert!(s.try_activate(b));
-        let late = s.enqueue(nodes(&["/x/1"]));
+        let late = s.enqueue(nodes(&["/x/1"]), vec![]);
         assert!(!s.try_activate(late), "b is active on /x");
         s.remove(b);
         s.remove(c);
         s.remove(late);
         assert!(s.is_empty());
+    }
+
+    #[test]
+    fn a_key_one_subtree_write_touches_conflicts_with_another_subtree_above_it() {
+        let s = Subtrees::default();
+        let delete = s.enqueue(nodes(&["/buckets"]), vec![]);
+        assert!(s.try_activate(delete));
+        // MOVE /tmp/x -> /buckets/b1/obj under a scope keeping two segments: key /buckets/b1.
+        let moving = s.enqueue(nodes(&["/tmp/x"]), nodes(&["/buckets/b1"]));
+        assert!(!s.try_activate(moving), "its key lies in the active DELETE's subtree");
+        s.remove(delete);
+        assert!(s.try_activate(moving));
+        let keys_only = s.enqueue(nodes(&["/z"]), nodes(&["/buckets/b2"]));
+        assert!(s.try_activate(keys_only), "two writes' single keys meet at the keys' own turns");
     }
 
     #[test]

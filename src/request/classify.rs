@@ -72,24 +72,29 @@ pub fn classify<B: Body>(req: &Request<B>, config: &Config) -> Result<Plan, Refu
     // The key and the forwarded path come from the same canonical string.
     let canonical = path::canonicalize(req.uri().path(), &config.paths)?;
     let key = keys::resource_key(&canonical, &config.fence.scopes).to_owned();
-    let method = overridden.unwrap_or(req.method().as_str().as_bytes());
-    let subtree = config.fence.subtree_methods.iter().any(|m| m.as_str().as_bytes() == method);
+    // The backend may act on the request's own method or on the one an override names (web
+    // frameworks upper-case override values; WebDAV servers ignore overrides): fence what
+    // either may change.
+    let real = req.method().as_str().as_bytes();
+    let claimed = overridden.map(<[u8]>::to_ascii_uppercase);
+    let methods = || std::iter::once(real).chain(claimed.as_deref());
+    let subtree = methods().any(|m| config.fence.subtree_methods.iter().any(|s| s.as_str().as_bytes() == m));
     let touch = |key: String, path: &str| {
         // A key a scope shortened already holds the whole subtree of the path.
         let coverage = if subtree && key == path { Coverage::Subtree } else { Coverage::Key };
         Touch { key, coverage }
     };
     let source = touch(key, &canonical);
-    let destination = match method {
-        b"MOVE" | b"COPY" => Some(destination(req, config)?.ok_or_else(|| Refusal::InvalidHeader {
+    let destination = match methods().any(|m| m == b"MOVE" || m == b"COPY") {
+        true => Some(destination(req, config)?.ok_or_else(|| Refusal::InvalidHeader {
             name: DESTINATION.to_string(),
             reason: "MOVE and COPY need one".into(),
         })?),
-        _ => None,
+        false => None,
     };
     let mut touches = Vec::with_capacity(2);
     // COPY only reads its source: fencing it would refuse other locks' holders copying from it.
-    if method != b"COPY" {
+    if !methods().all(|m| m == b"COPY") {
         touches.push(source);
     }
     if let Some(d) = &destination {
@@ -304,6 +309,25 @@ mod tests {
         assert_eq!(code("DELETE", "/consul/", "/x").unwrap_err(), "cross_domain_write", "and one nested in it");
         assert!(code("DELETE", "/consul/etcd/x/", "/x").is_ok(), "the longest prefix names the domain");
         assert!(code("COPY", "/consul/a", "/b").is_ok(), "a COPY's source is read, not fenced");
+    }
+
+    #[test]
+    fn a_write_is_fenced_for_what_its_own_method_and_its_override_may_change() {
+        let c = config("");
+        let token = ("fencing-token", "5");
+        let sub = |k: &str| (k.to_owned(), Coverage::Subtree);
+        let plan = |method: &str, claimed: &str| {
+            let headers = [token, ("x-http-method-override", claimed), ("destination", "/%61cct")];
+            touches(classify(&request(method, "/scratch", &headers, ""), &c).unwrap())
+        };
+        // nginx ignores the override and moves /scratch onto /acct: both are fenced.
+        assert_eq!(plan("MOVE", "PUT"), (vec![sub("/scratch"), sub("/acct")], Some("/acct".into())));
+        assert_eq!(plan("DELETE", "GET").0, [sub("/scratch")], "a DELETE under a safe claim is still a DELETE");
+        assert_eq!(plan("MOVE", "COPY").0, [sub("/scratch"), sub("/acct")], "the MOVE's source is fenced");
+        assert_eq!(plan("COPY", "COPY").0, [sub("/acct")]);
+        // Frameworks upper-case override values before they act on them.
+        assert_eq!(plan("POST", "delete").0, [sub("/scratch")]);
+        assert_eq!(plan("POST", "move"), (vec![sub("/scratch"), sub("/acct")], Some("/acct".into())));
     }
 
     #[test]
