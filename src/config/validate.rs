@@ -262,15 +262,21 @@ fn limits(raw: &RawLimits) -> Result<LimitsConfig, ConfigError> {
     })
 }
 
+/// A prefix as written, which must already be a canonical path: a prefix no request path can
+/// start with would silently match nothing.
+fn canonical_prefix(key: &str, prefix: &str, policy: &PathPolicy) -> Result<String, ConfigError> {
+    let canonical = path::canonicalize(prefix, policy).map_err(|e| invalid(key, format!("{prefix:?}: {e}")))?;
+    if canonical != prefix {
+        return Err(invalid(key, format!("{prefix:?} is not canonical; write {canonical:?}")));
+    }
+    Ok(canonical)
+}
+
 fn rules(raw: &[raw::RawRule], policy: &PathPolicy) -> Result<Vec<Rule>, ConfigError> {
     let mut rules: Vec<Rule> = Vec::with_capacity(raw.len());
     for (index, r) in raw.iter().enumerate() {
         let key = format!("fence.rules[{index}].prefix");
-        let canonical =
-            path::canonicalize(&r.prefix, policy).map_err(|e| invalid(&key, format!("{:?}: {e}", r.prefix)))?;
-        if canonical != r.prefix {
-            return Err(invalid(&key, format!("{:?} is not canonical; write {canonical:?}", r.prefix)));
-        }
+        let canonical = canonical_prefix(&key, &r.prefix, policy)?;
         if rules.iter().any(|other| other.prefix == canonical) {
             return Err(invalid(&key, format!("{canonical:?} has a rule already")));
         }
@@ -284,12 +290,7 @@ fn rules(raw: &[raw::RawRule], policy: &PathPolicy) -> Result<Vec<Rule>, ConfigE
 }
 
 fn scope(index: usize, raw: &RawScope, policy: &PathPolicy) -> Result<Scope, ConfigError> {
-    let key = format!("fence.scopes[{index}].prefix");
-    let canonical =
-        path::canonicalize(&raw.prefix, policy).map_err(|e| invalid(&key, format!("{:?}: {e}", raw.prefix)))?;
-    if canonical != raw.prefix {
-        return Err(invalid(&key, format!("{:?} is not canonical; write {canonical:?}", raw.prefix)));
-    }
+    let canonical = canonical_prefix(&format!("fence.scopes[{index}].prefix"), &raw.prefix, policy)?;
     if let Some(n) = raw.segments {
         let own = canonical.split('/').filter(|s| !s.is_empty()).count();
         if n == 0 || n < own {
