@@ -167,3 +167,12 @@ async fn max_seen_survives_a_graceful_restart_and_answered_writes_leave_nothing_
     // (30 s by default) holds the next holder back.
     assert_eq!(h.put("/doc", 6, "six").await.status, 200);
 }
+
+#[tokio::test]
+async fn whitespace_around_the_token_is_http_s_and_whitespace_inside_is_refused() {
+    let h = Harness::start().await;
+    let r = h.raw("PUT /ows HTTP/1.1\r\nHost: x\r\nFencing-Token: \t 34 \t", "v").await;
+    assert_eq!((r.status, r.fencegate_error()), (200, None), "the parser removes optional whitespace");
+    assert_eq!(h.proxy.max_seen("/ows"), Some(34));
+    h.raw("PUT /ows HTTP/1.1\r\nHost: x\r\nFencing-Token: 3 5", "v").await.assert_refused(400, "invalid_token");
+}

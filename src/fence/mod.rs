@@ -65,12 +65,14 @@ pub enum FenceError {
         waited: Duration,
     },
     /// An earlier write's outcome is unknown, so the resource is closed for a while.
-    #[error("{resource} is closed because an earlier write timed out and may still be applied")]
+    #[error("{resource} is closed for a while: {cause}")]
     Quarantined {
         /// The fence key.
         resource: String,
         /// Time until the resource reopens.
         retry_after: Duration,
+        /// What left the outcome unknown.
+        cause: QuarantineCause,
     },
     /// An operator asked to lower `max_seen`, which never happens.
     #[error("max_seen of {resource} is {max_seen}; it is never lowered to {to}")]
@@ -88,10 +90,34 @@ pub enum FenceError {
     TaskFailed(String),
 }
 
+/// Why a resource is quarantined: a write to it may still be applied by the backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum QuarantineCause {
+    /// The backend did not answer an earlier write (timeout, broken connection, a body cut off).
+    #[default]
+    UnknownOutcome,
+    /// A write to it was in flight when fencegate last stopped.
+    InFlightAtStart,
+}
+
+impl std::fmt::Display for QuarantineCause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            QuarantineCause::UnknownOutcome => {
+                "the backend did not answer an earlier write (it timed out or the connection broke), which it may still apply"
+            }
+            QuarantineCause::InFlightAtStart => {
+                "a write to it was in flight when fencegate last stopped, and the backend may still apply it"
+            }
+        })
+    }
+}
+
 /// Per-gate state, only ever touched by the holder of the resource's turn.
 #[derive(Debug, Default)]
 struct GateState {
     quarantined_until: Option<Instant>,
+    cause: QuarantineCause,
 }
 
 type Gate = Arc<Mutex<GateState>>;
@@ -164,13 +190,14 @@ impl Fence {
         let gate = self.gates.entry(key.into()).or_default().clone();
         if let Ok(mut state) = gate.try_lock() {
             state.quarantined_until = state.quarantined_until.max(Some(until));
+            state.cause = QuarantineCause::InFlightAtStart;
         }
     }
 
     /// Closes the subtree at `node` to writes for `period` from now: for subtree writes that
     /// were in flight when the previous process stopped. Called before serving starts.
     pub(crate) fn quarantine_subtree(&self, node: &str, period: Duration) {
-        self.subtrees.quarantine(node, quarantine_end(period));
+        self.subtrees.quarantine(node, quarantine_end(period), QuarantineCause::InFlightAtStart);
     }
 
     /// Drops `key`'s gate if nobody waits on it, holds it, or needs its quarantine. Under the
@@ -216,5 +243,21 @@ mod tests {
         assert!(t.precheck(&key("/new"), 0, strict).is_ok());
         assert!(t.precheck(&key("/a"), 34, EqualToken::Accept).is_ok());
         assert!(t.precheck(&key("/a"), 33, EqualToken::Accept).is_err());
+    }
+
+    #[tokio::test]
+    async fn a_quarantine_says_what_left_the_outcome_unknown() {
+        let (t, _dir) = turn::tests::fence();
+        let key = |k: &str| vec![Touch { key: k.into(), coverage: Coverage::Key }];
+        t.quarantine("/flying", Duration::from_secs(60));
+        let mut turn = t.acquire(key("/flying"), Duration::from_secs(1)).await.unwrap();
+        let err = turn.check(99, EqualToken::Reject).unwrap_err();
+        assert!(matches!(err, FenceError::Quarantined { cause: QuarantineCause::InFlightAtStart, .. }));
+        assert!(err.to_string().contains("in flight when fencegate last stopped"), "{err}");
+        turn.quarantine(Duration::from_secs(60));
+        drop(turn);
+        let mut turn = t.acquire(key("/flying"), Duration::from_secs(1)).await.unwrap();
+        let err = turn.check(99, EqualToken::Reject).unwrap_err();
+        assert!(err.to_string().contains("did not answer an earlier write"), "{err}");
     }
 }

@@ -16,6 +16,7 @@ use std::time::Instant;
 
 use tokio::sync::Notify;
 
+use super::QuarantineCause;
 use super::tree::covers;
 
 /// Where a subtree write stands.
@@ -40,7 +41,7 @@ struct Entry {
 struct Registry {
     next_id: u64,
     entries: Vec<Entry>,
-    quarantined: Vec<(Box<str>, Instant)>,
+    quarantined: Vec<(Box<str>, Instant, QuarantineCause)>,
 }
 
 /// The subtree writes queued and active, and the quarantined subtrees.
@@ -120,27 +121,27 @@ impl Subtrees {
     }
 
     /// Closes everything under `node` until `until`.
-    pub(crate) fn quarantine(&self, node: &str, until: Instant) {
+    pub(crate) fn quarantine(&self, node: &str, until: Instant, cause: QuarantineCause) {
         let mut r = self.lock();
-        r.quarantined.push((node.into(), until));
+        r.quarantined.push((node.into(), until, cause));
         self.recount(&r);
     }
 
     /// When the latest quarantine covering `node`, or covered by it when `subtree`, ends, if
     /// one still runs. Expired ones are dropped on the way.
-    pub(crate) fn quarantined(&self, node: &str, subtree: bool) -> Option<Instant> {
+    pub(crate) fn quarantined(&self, node: &str, subtree: bool) -> Option<(Instant, QuarantineCause)> {
         let now = Instant::now();
         let mut r = self.lock();
         let before = r.quarantined.len();
-        r.quarantined.retain(|(_, until)| *until > now);
+        r.quarantined.retain(|(_, until, _)| *until > now);
         if r.quarantined.len() != before {
             self.recount(&r);
         }
         r.quarantined
             .iter()
-            .filter(|(q, _)| covers(q, node) || (subtree && covers(node, q)))
-            .map(|(_, until)| *until)
-            .max()
+            .filter(|(q, _, _)| covers(q, node) || (subtree && covers(node, q)))
+            .map(|(_, until, cause)| (*until, *cause))
+            .max_by_key(|(until, _)| *until)
     }
 
     /// A future that resolves at the next change; enable it before looking, so that no change
@@ -196,11 +197,12 @@ mod tests {
     fn a_quarantine_closes_its_subtree_and_expires() {
         let s = Subtrees::default();
         let until = Instant::now() + std::time::Duration::from_secs(60);
-        s.quarantine("/d", until);
-        assert_eq!(s.quarantined("/d/f", false), Some(until));
+        let lost = QuarantineCause::UnknownOutcome;
+        s.quarantine("/d", until, lost);
+        assert_eq!(s.quarantined("/d/f", false), Some((until, lost)));
         assert_eq!(s.quarantined("/", false), None, "a key above is not closed");
-        assert_eq!(s.quarantined("/", true), Some(until), "a subtree above is");
-        s.quarantine("/e", Instant::now());
+        assert_eq!(s.quarantined("/", true), Some((until, lost)), "a subtree above is");
+        s.quarantine("/e", Instant::now(), lost);
         assert_eq!(s.quarantined("/e", false), None);
         assert!(!s.is_empty());
     }

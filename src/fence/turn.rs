@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use super::acquire::{Held, Registered};
 use super::tree::{Coverage, Touch, level, node};
-use super::{EqualToken, Fence, FenceError, admit, quarantine_end};
+use super::{EqualToken, Fence, FenceError, QuarantineCause, admit, quarantine_end};
 use crate::store::{MarkKind, StoreError};
 
 /// How a forwarded write ended, as far as the fence is concerned.
@@ -70,7 +70,8 @@ impl Turn {
             if let Some(state) = h.guard.as_mut() {
                 match state.quarantined_until {
                     Some(until) if until > now => {
-                        return Err(FenceError::Quarantined { resource: h.key.to_string(), retry_after: until - now });
+                        let (resource, retry_after, cause) = (h.key.to_string(), until - now, state.cause);
+                        return Err(FenceError::Quarantined { resource, retry_after, cause });
                     }
                     Some(_) => state.quarantined_until = None,
                     None => {}
@@ -81,10 +82,11 @@ impl Turn {
         for touch in &self.touches {
             let here = node(&touch.key);
             let subtree = touch.coverage == Coverage::Subtree;
-            if let Some(until) =
+            if let Some((until, cause)) =
                 (!fence.subtrees.is_empty()).then(|| fence.subtrees.quarantined(here, subtree)).flatten()
             {
-                return Err(FenceError::Quarantined { resource: touch.key.clone(), retry_after: until - now });
+                let (resource, retry_after) = (touch.key.clone(), until - now);
+                return Err(FenceError::Quarantined { resource, retry_after, cause });
             }
             admit(&touch.key, token, level(&fence.max_seen, &fence.tree, touch), equal)?;
         }
@@ -96,11 +98,14 @@ impl Turn {
         let until = quarantine_end(period);
         for touch in &self.touches {
             match touch.coverage {
-                Coverage::Subtree => self.fence.subtrees.quarantine(node(&touch.key), until),
+                Coverage::Subtree => {
+                    self.fence.subtrees.quarantine(node(&touch.key), until, QuarantineCause::UnknownOutcome)
+                }
                 Coverage::Key => {
                     let held = self.held.iter_mut().find(|h| *h.key == *touch.key);
                     if let Some(state) = held.and_then(|h| h.guard.as_mut()) {
                         state.quarantined_until = Some(until);
+                        state.cause = QuarantineCause::UnknownOutcome;
                     }
                 }
             }

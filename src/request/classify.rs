@@ -2,7 +2,7 @@
 //! alone, without I/O. Everything a request may be refused for before it waits or touches the
 //! store is refused here.
 
-use http::header::{HeaderName, UPGRADE};
+use http::header::{CONNECTION, HeaderName, UPGRADE};
 use http::uri::PathAndQuery;
 use http::{Method, Request};
 use hyper::body::Body;
@@ -61,6 +61,7 @@ static METHOD_OVERRIDES: [HeaderName; 3] = [
 /// Decides what to do with a request, from its method, target, headers and declared body size.
 pub fn classify<B: Body>(req: &Request<B>, config: &Config) -> Result<Plan, Refusal> {
     check_limits(req, &config.limits)?;
+    check_connection(req, config)?;
     let overridden = method_override(req)?;
     let unfenced = |m: &[u8]| config.fence.unfenced_methods.iter().any(|u| u.as_str().as_bytes() == m);
     if unfenced(req.method().as_str().as_bytes()) && overridden.is_none_or(unfenced) {
@@ -180,6 +181,26 @@ fn method_override<B>(req: &Request<B>) -> Result<Option<&[u8]>, Refusal> {
         }
     }
     Ok(found.map(|(_, method)| method))
+}
+
+/// Refuses a `Connection` header that names a header fencegate reads (the token, a method
+/// override, the Destination): hop-by-hop headers are dropped on the way to the backend, after
+/// the check that read them, so the backend would act on another request than the one checked.
+fn check_connection<B>(req: &Request<B>, config: &Config) -> Result<(), Refusal> {
+    for value in req.headers().get_all(CONNECTION) {
+        // A value that is not text names nothing: nothing is dropped for it either.
+        let Ok(text) = value.to_str() else { continue };
+        for name in text.split(',').map(str::trim) {
+            let read = |h: &HeaderName| name.eq_ignore_ascii_case(h.as_str());
+            if read(&config.fence.header) || read(&DESTINATION) || METHOD_OVERRIDES.iter().any(read) {
+                return Err(Refusal::InvalidHeader {
+                    name: CONNECTION.to_string(),
+                    reason: format!("names {name}, which fencegate reads: the header would be dropped after the check"),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Refuses what no request may carry: tunnels, and heads beyond the configured limits.
@@ -390,6 +411,20 @@ mod tests {
         assert_eq!(code(&[("X-HTTP-Method-Override", "GET"), ("X-HTTP-Method", "GET")]), "invalid_header");
         assert_eq!(code(&[("X-HTTP-Method-Override", "GET, PUT")]), "invalid_header");
         assert_eq!(code(&[("X-Method-Override", "")]), "invalid_header");
+    }
+
+    #[test]
+    fn a_connection_header_may_not_drop_a_header_the_check_read() {
+        let c = config("");
+        let token = ("fencing-token", "5");
+        for named in ["Fencing-Token", "destination", "x-http-method-override", "keep-alive, X-Method-Override"] {
+            let req = request("PUT", "/a", &[token, ("connection", named)], "");
+            assert_eq!(classify(&req, &c).unwrap_err().code(), "invalid_header", "{named}");
+            let read = request("GET", "/a", &[("connection", named)], "");
+            assert_eq!(classify(&read, &c).unwrap_err().code(), "invalid_header", "reads too: {named}");
+        }
+        let fine = request("PUT", "/a", &[token, ("connection", "keep-alive, x-trace")], "");
+        assert_eq!(classify(&fine, &c).unwrap(), write(5, "/a", "/a"));
     }
 
     #[test]

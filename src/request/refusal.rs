@@ -207,7 +207,7 @@ impl Refusal {
             Refusal::Fence(FenceError::WouldLower { resource, max_seen, to }) => {
                 json!({ "resource": resource, "max_seen": max_seen, "to": to })
             }
-            Refusal::Fence(FenceError::Quarantined { resource, retry_after }) => {
+            Refusal::Fence(FenceError::Quarantined { resource, retry_after, .. }) => {
                 json!({ "resource": resource, "retry_after_ms": retry_after.as_millis() as u64 })
             }
             _ => return body,
@@ -270,7 +270,11 @@ mod tests {
             (Refusal::InvalidPath(PathError::EscapedSlash), 400, "invalid_path"),
             (fence(FenceError::Stale { resource: "/a".into(), token: 33, max_seen: 34 }), 409, "stale_token"),
             (fence(FenceError::QueueTimeout { resource: "/a".into(), waited: d }), 503, "queue_timeout"),
-            (fence(FenceError::Quarantined { resource: "/a".into(), retry_after: d }), 503, "resource_quarantined"),
+            (
+                fence(FenceError::Quarantined { resource: "/a".into(), retry_after: d, cause: Default::default() }),
+                503,
+                "resource_quarantined",
+            ),
             (fence(FenceError::TaskFailed("panic".into())), 500, "internal"),
             (Refusal::Store(StoreError::Failed("fsync: EIO".into())), 503, "store_unavailable"),
             (Refusal::Store(StoreError::Full(10)), 503, "resource_limit"),
