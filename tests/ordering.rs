@@ -180,3 +180,87 @@ async fn on_a_multi_thread_runtime_writers_racing_one_resource_are_applied_in_or
     assert_eq!(h.put("/hot", 25, "ok").await.status, 200, "nothing left quarantined");
     h.shutdown().await;
 }
+
+/// A backend that answers each request as soon as it has read the head, then reads the body.
+/// It logs `head T` and `body T` for the token T of each request, in the order it sees them.
+async fn early_answering_backend() -> (std::net::SocketAddr, Arc<std::sync::Mutex<Vec<String>>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = Arc::clone(&log);
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            let log = Arc::clone(&seen);
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    let head_end = loop {
+                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break i + 4;
+                        }
+                        let mut chunk = [0u8; 4096];
+                        match tcp.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+                    let field = |name: &str| {
+                        head.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim().to_owned()).unwrap_or_default()
+                    };
+                    let (token, length) = (field("fencing-token:"), field("content-length:").parse().unwrap_or(0));
+                    log.lock().unwrap().push(format!("head {token}"));
+                    buf.drain(..head_end);
+                    if tcp.write_all(b"HTTP/1.1 201 Created\r\ncontent-length: 0\r\n\r\n").await.is_err() {
+                        return;
+                    }
+                    while buf.len() < length {
+                        let mut chunk = [0u8; 4096];
+                        match tcp.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    buf.drain(..length);
+                    log.lock().unwrap().push(format!("body {token}"));
+                }
+            });
+        }
+    });
+    (addr, log)
+}
+
+#[tokio::test]
+async fn an_early_answer_does_not_end_a_write_whose_body_is_still_arriving() {
+    let (backend, log) = early_answering_backend().await;
+    let h = Harness::start_with(|c| c.backend.url = format!("http://{backend}").parse().unwrap()).await;
+    let mut first = RawConn::open(h.addr).await;
+    first.send(b"PUT /r HTTP/1.1\r\nHost: x\r\nFencing-Token: 10\r\nContent-Length: 10\r\n\r\nhalf-").await;
+    common::poll_until("the backend has the first write's head", || log.lock().unwrap().len() == 1).await;
+    let second = tokio::spawn(common::raw_request(h.addr, "PUT /r HTTP/1.1\r\nHost: x\r\nFencing-Token: 20", "later"));
+    common::poll_until("the second write waits, or has reached the backend", || {
+        h.proxy.queue_len("/r") == 2 || log.lock().unwrap().len() > 1
+    })
+    .await;
+    assert_eq!(*log.lock().unwrap(), ["head 10"], "the next write waits until the backend has the whole first one");
+    first.send(b"whole").await;
+    assert_eq!(first.read_response().await.status, 201, "the early answer is relayed once the body is in");
+    assert_eq!(second.await.unwrap().status, 201);
+    common::poll_until("the backend has both bodies", || log.lock().unwrap().len() == 4).await;
+    assert_eq!(*log.lock().unwrap(), ["head 10", "body 10", "head 20", "body 20"]);
+}
+
+#[tokio::test]
+async fn a_write_abandoned_after_an_early_answer_quarantines_its_resource() {
+    let (backend, log) = early_answering_backend().await;
+    let h = Harness::start_with(|c| c.backend.url = format!("http://{backend}").parse().unwrap()).await;
+    let mut first = RawConn::open(h.addr).await;
+    first.send(b"PUT /r HTTP/1.1\r\nHost: x\r\nFencing-Token: 10\r\nContent-Length: 10\r\n\r\nhalf-").await;
+    common::poll_until("the backend has the first write's head", || log.lock().unwrap().len() == 1).await;
+    drop(first); // the client goes away with half its body sent
+    common::poll_until("the abandoned write gives its turn back", || h.proxy.queue_len("/r") == 0).await;
+    let next = common::raw_request(h.addr, "PUT /r HTTP/1.1\r\nHost: x\r\nFencing-Token: 20", "v").await;
+    next.assert_refused(503, "resource_quarantined");
+    assert_eq!(*log.lock().unwrap(), ["head 10"], "nothing more reached the backend");
+}

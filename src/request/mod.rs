@@ -53,9 +53,9 @@ async fn execute(
     client: Peer,
 ) -> Result<Response<ResponseBody>, Refusal> {
     let write = match plan {
-        Plan::Pass { target } => return forward(&state, &settings, req, target, client, None).await,
+        Plan::Pass { target } => return forward(&state, &settings, req, target, client, None, false).await,
         Plan::Unchecked { target, body_limit } => {
-            return forward(&state, &settings, req, target, client, body_limit).await;
+            return forward(&state, &settings, req, target, client, body_limit, false).await;
         }
         Plan::Write(write) => write,
     };
@@ -79,7 +79,8 @@ async fn execute(
     // of the write task's future, which the spawn copies several times.
     let forwarding = Box::pin(async move {
         let _flying = InFlight::new(&state.metrics);
-        forward(&state, &settings, req, target, client, body_limit).await
+        // Whole: the turn is held until the backend has the whole body, not only until it answers.
+        forward(&state, &settings, req, target, client, body_limit, true).await
     });
     turn.finish(token, equal, quarantine, forwarding, outcome).await
 }
@@ -103,9 +104,10 @@ async fn forward(
     target: PathAndQuery,
     client: Peer,
     body_limit: Option<u64>,
+    whole: bool,
 ) -> Result<Response<ResponseBody>, Refusal> {
     let started = Instant::now();
-    let result = settings.upstream.forward(req, target, &client, body_limit).await;
+    let result = settings.upstream.forward(req, target, &client, body_limit, whole).await;
     state.metrics.backend_latency.observe(started.elapsed().as_secs_f64());
     let mut resp = result?;
     // Only fencegate may say a response is fencegate's own.

@@ -15,11 +15,13 @@ use rustls_pki_types::ServerName;
 
 mod headers;
 mod pool;
+mod sent;
 
 use crate::config::BackendConfig;
 use headers::append_forwarded_for;
 pub use headers::{Peer, strip_hop_by_hop};
 use pool::{Pool, SendError};
+use sent::{Ended, Sent};
 
 /// Why a request did not get the backend's response head.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -95,14 +97,26 @@ impl Upstream {
 
     /// Sends `req` to the backend at `path` (already canonical for fenced writes) and returns
     /// the backend's response head. A body longer than `body_limit` is cut off and the request
-    /// fails. Never retries anything that may have reached the backend.
+    /// fails. With `whole`, the response is returned only once the backend's connection has
+    /// also taken the whole body, both within the request timeout: an early answer to a body
+    /// that then fails is a failure, never the early answer. Never retries anything that may
+    /// have reached the backend.
     pub async fn forward(
         &self,
         req: Request<Incoming>,
         path: PathAndQuery,
         client: &Peer,
         body_limit: Option<u64>,
+        whole: bool,
     ) -> Result<Response<ResponseBody>, UpstreamError> {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let (done, ended) = match whole {
+            true => {
+                let (done, ended) = tokio::sync::oneshot::channel();
+                (Some(done), Some(ended))
+            }
+            false => (None, None),
+        };
         let bytes_in = self.bytes_in.clone();
         let mut req = req.map(|body| {
             let counted = body.map_frame(move |frame| {
@@ -111,9 +125,12 @@ impl Upstream {
                 }
                 frame
             });
-            match body_limit {
-                Some(limit) => Limited::new(counted, usize::try_from(limit).unwrap_or(usize::MAX)).boxed(),
-                None => counted.map_err(BoxError::from).boxed(),
+            let limited = |counted, limit: u64| Limited::new(counted, usize::try_from(limit).unwrap_or(usize::MAX));
+            match (body_limit, done) {
+                (Some(limit), Some(done)) => Sent::new(limited(counted, limit), done).boxed(),
+                (Some(limit), None) => limited(counted, limit).boxed(),
+                (None, Some(done)) => Sent::new(counted.map_err(BoxError::from), done).boxed(),
+                (None, None) => counted.map_err(BoxError::from).boxed(),
             }
         });
         // Origin form: the backend is reached directly, not as a proxy.
@@ -131,7 +148,7 @@ impl Upstream {
         append_forwarded_for(headers, client);
         *req.version_mut() = Version::HTTP_11;
 
-        let resp = match tokio::time::timeout(self.timeout, self.pool.send(req)).await {
+        let resp = match tokio::time::timeout_at(deadline, self.pool.send(req)).await {
             Err(_) => return Err(UpstreamError::Timeout(self.timeout)),
             Ok(Err(SendError::Connect(e))) => return Err(UpstreamError::Unreachable(e)),
             Ok(Err(SendError::Http(e))) if caused_by::<LengthLimitError>(&e) => {
@@ -140,6 +157,20 @@ impl Upstream {
             Ok(Err(SendError::Http(e))) => return Err(UpstreamError::Failed(error_chain(&e))),
             Ok(Ok(resp)) => resp,
         };
+        if let Some(ended) = ended {
+            match tokio::time::timeout_at(deadline, ended).await {
+                Err(_) => return Err(UpstreamError::Timeout(self.timeout)),
+                Ok(Ok(Ended::Whole)) => {}
+                Ok(Ok(Ended::Failed { too_large: true })) => {
+                    return Err(UpstreamError::BodyTooLarge { limit: body_limit.unwrap_or_default() });
+                }
+                // Dropping the response closes the connection it came on: the backend is not
+                // left holding half a write for the next one.
+                Ok(Ok(Ended::Failed { too_large: false }) | Err(_)) => {
+                    return Err(UpstreamError::Failed("the request body did not reach the backend whole".into()));
+                }
+            }
+        }
         let (mut parts, body) = resp.into_parts();
         strip_hop_by_hop(&mut parts.headers);
         Ok(Response::from_parts(parts, body.boxed()))
