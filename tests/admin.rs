@@ -3,8 +3,9 @@
 mod common;
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
-use common::{Harness, Resp, eventually, raw_request};
+use common::{Harness, RawConn, Resp, eventually, raw_request};
 
 const TOKEN: &str = "an-admin-token-of-some-length";
 
@@ -146,4 +147,53 @@ async fn metrics_count_outcomes_group_commit_and_bytes() {
     assert_eq!(value("fencegate_backend_request_duration_seconds_count"), 2.0);
     assert_eq!(value("fencegate_request_body_bytes_total"), 5.0, "hello");
     assert!(value("fencegate_response_body_bytes_total") >= 5.0);
+}
+
+/// The admin listener's connection limit, fixed in `src/admin`.
+const ADMIN_MAX_CONNECTIONS: usize = 64;
+
+/// Long past the 300 ms timeouts these tests configure, and short of the 10 s header-read and
+/// 60 s keep-alive defaults, which would also close a connection.
+const CLOSED_WITHIN: Duration = Duration::from_secs(5);
+
+#[tokio::test]
+async fn an_admin_connection_that_sends_nothing_is_closed_after_the_header_read_timeout() {
+    let h = Harness::start_with(|c| c.limits.header_read_timeout = Duration::from_millis(300)).await;
+    let mut silent = RawConn::open(h.start_admin().await).await;
+    let rest = silent.read_to_end_within(Duration::from_secs(10)).await;
+    assert!(rest.is_empty(), "closed with nothing to say: {rest:?}");
+}
+
+#[tokio::test]
+async fn an_idle_admin_connection_is_closed_after_the_keep_alive_timeout() {
+    let h = Harness::start_with(|c| c.limits.keepalive_timeout = Duration::from_millis(300)).await;
+    let mut conn = RawConn::open(h.start_admin().await).await;
+    conn.send(b"GET /healthz HTTP/1.1\r\nHost: admin\r\n\r\n").await;
+    assert_eq!(conn.read_response().await.status, 200);
+    let rest = conn.read_to_end_within(CLOSED_WITHIN).await;
+    assert!(rest.is_empty(), "closed with nothing more to say: {rest:?}");
+}
+
+#[tokio::test]
+async fn admin_connections_beyond_the_limit_wait_for_a_free_slot() {
+    let h = Harness::start().await;
+    let a = h.start_admin().await;
+    // Each is served once, so each holds a slot (until the 60 s keep-alive timeout).
+    let mut held = Vec::new();
+    for _ in 0..ADMIN_MAX_CONNECTIONS {
+        let mut conn = RawConn::open(a).await;
+        conn.send(b"GET /healthz HTTP/1.1\r\nHost: admin\r\n\r\n").await;
+        assert_eq!(conn.read_response().await.status, 200);
+        held.push(conn);
+    }
+    let mut extra = RawConn::open(a).await;
+    extra.send(b"GET /healthz HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n").await;
+    // An observation window, not a guess at a state: that the request is not served has no
+    // state to poll for, so it gets this long to be served wrongly.
+    let answer = extra.read_some_within(Duration::from_millis(300), &mut [0u8; 256]).await;
+    assert_eq!(answer, None, "served beyond {ADMIN_MAX_CONNECTIONS} open admin connections");
+    held.pop();
+    assert_eq!(extra.read_response().await.status, 200, "served once a slot is free");
+    // The proxy's own listener does not share the admin's slots.
+    assert_eq!(h.get("/missing").await.status, 404);
 }

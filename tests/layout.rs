@@ -34,6 +34,7 @@ const RULES: &[Rule] = &[
             "crate::admin",
             "crate::app::State",
             "crate::fence",
+            "crate::listener",
             "crate::request::refusal",
             "crate::upstream::backend_addr",
         ],

@@ -270,3 +270,73 @@ async fn shutdown_closes_an_idle_keep_alive_connection_without_waiting_out_the_g
     let rest = idle.read_to_end_within(Duration::from_secs(5)).await;
     assert!(rest.is_empty(), "the server closed it with nothing more to say: {rest:?}");
 }
+
+/// A proxy with a short header-read timeout, the keep-alive timeout left at its 60 s default,
+/// and `tweak` applied on top.
+async fn short_header_timeout(tweak: impl FnOnce(&mut fencegate::Config)) -> Harness {
+    Harness::start_with(|c| {
+        c.limits.header_read_timeout = Duration::from_millis(300);
+        tweak(c);
+    })
+    .await
+}
+
+/// Long past the 300 ms header-read timeout and far short of the 60 s keep-alive timeout,
+/// which would also close a connection.
+const CLOSED_WITHIN: Duration = Duration::from_secs(10);
+
+#[tokio::test]
+async fn connections_that_send_nothing_are_closed_after_the_header_read_timeout() {
+    let h = short_header_timeout(|c| c.limits.max_connections = 2).await;
+    let mut silent = [RawConn::open(h.addr).await, RawConn::open(h.addr).await];
+    // Both slots are held by connections that never send a byte; they must not lock a new
+    // client out until the keep-alive timeout.
+    assert_a_new_client_is_served(&h).await;
+    for s in &mut silent {
+        let rest = s.read_to_end_within(CLOSED_WITHIN).await;
+        assert!(rest.is_empty(), "closed with nothing to say: {rest:?}");
+    }
+}
+
+#[tokio::test]
+async fn an_http2_preface_that_stops_or_a_connection_without_a_request_is_closed_after_the_header_read_timeout() {
+    let h = short_header_timeout(|_| {}).await;
+    let mut partial = RawConn::open(h.addr).await;
+    partial.send(b"PRI * HTTP/2.0\r\n").await;
+    let mut preface_only = RawConn::open(h.addr).await;
+    preface_only.send(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await;
+    let mut one_byte = RawConn::open(h.addr).await;
+    one_byte.send(b"G").await;
+    partial.read_to_end_within(CLOSED_WITHIN).await;
+    // The server may have sent its SETTINGS and a GOAWAY first.
+    preface_only.read_to_end_within(CLOSED_WITHIN).await;
+    let rest = one_byte.read_to_end_within(CLOSED_WITHIN).await;
+    let rest = String::from_utf8_lossy(&rest);
+    assert!(rest.is_empty() || rest.starts_with("HTTP/1.1 408"), "closed, perhaps with a 408: {rest:?}");
+}
+
+#[tokio::test]
+async fn a_first_request_that_takes_longer_than_the_header_read_timeout_is_not_cut_off() {
+    let h = short_header_timeout(|_| {}).await;
+    // The backend holds the write for three header-read timeouts; the head came in time.
+    let mut conn = RawConn::open(h.addr).await;
+    let slow = format!(
+        "PUT /doc HTTP/1.1\r\nHost: x\r\nFencing-Token: 1\r\n{}: 900\r\nContent-Length: 1\r\n\r\nv",
+        common::DELAY_HEADER
+    );
+    conn.send(slow).await;
+    let r = conn.read_response().await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    conn.send(b"GET /doc HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    assert_eq!(conn.read_response().await.status, 200, "the connection is still good");
+    // Over HTTP/2 too: the first stream's head came in time.
+    let client = Client::builder(TokioExecutor::new()).http2_only(true).build_http::<Full<Bytes>>();
+    let req = Request::builder()
+        .method(Method::PUT)
+        .uri(h.url("/h2"))
+        .header("fencing-token", "1")
+        .header(common::DELAY_HEADER, "900")
+        .body(Full::new(Bytes::from_static(b"v")))
+        .unwrap();
+    assert_eq!(send_with(&client, req).await.status, 200);
+}

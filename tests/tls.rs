@@ -211,3 +211,24 @@ async fn a_reload_closes_connections_made_under_the_old_client_ca() {
     let what = "the revoked client's old connection is closed, and it cannot make a new one";
     eventually(what, async || get().await.is_err()).await;
 }
+
+#[tokio::test]
+async fn a_connection_that_sends_nothing_after_the_handshake_is_closed_after_the_header_read_timeout() {
+    let pki = Pki::new();
+    let h = Harness::start_with(|c| {
+        c.server.tls = Some(pki.server_tls(false));
+        c.limits.header_read_timeout = std::time::Duration::from_millis(300);
+    })
+    .await;
+    let tcp = tokio::net::TcpStream::connect(h.addr).await.unwrap();
+    let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+    let mut tls =
+        tokio_rustls::TlsConnector::from(Arc::new(client_config(&pki, false))).connect(name, tcp).await.unwrap();
+    // Within 10 s: long past the 300 ms header-read timeout, far short of the 60 s keep-alive
+    // timeout that would also close it.
+    let mut rest = Vec::new();
+    let read = tokio::io::AsyncReadExt::read_to_end(&mut tls, &mut rest);
+    let closed = tokio::time::timeout(std::time::Duration::from_secs(10), read).await;
+    assert!(closed.is_ok(), "the server did not close the connection within 10 s");
+    assert!(rest.is_empty(), "closed with nothing to say: {rest:?}");
+}

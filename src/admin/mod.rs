@@ -1,8 +1,10 @@
 //! The operators' listener (`[admin] listen`): liveness, readiness, metrics, and `max_seen`
-//! per resource, read and raised (`fences`).
+//! per resource, read and raised (`fences`). It runs on the proxy's listener code, so it has
+//! the same header-read and keep-alive timeouts, accept back-off and shutdown drain, with a
+//! connection limit of its own.
 
-use std::convert::Infallible;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -10,43 +12,45 @@ use http::header::{CONTENT_TYPE, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
 use serde_json::json;
 use tokio::net::TcpListener;
 
 pub(crate) mod metrics;
 use crate::app::State;
+use crate::listener::{self, Handler, Listening};
 use crate::request::refusal::{Refusal, json_response};
 
 mod fences;
 
-/// Serves the admin API on `listener` until `shutdown` resolves.
+/// Admin connections served at once; more wait in the kernel's accept queue. Fixed rather
+/// than `limits.max_connections`: probes and scrapes need a handful, a pool of its own keeps
+/// the proxy's clients from starving them (and them from taking the proxy's slots), and 64
+/// bounds the descriptors an admin client can hold far below the proxy's 4096 default.
+const MAX_CONNECTIONS: usize = 64;
+
+/// Serves the admin API on `listener` until `shutdown` resolves, then stops accepting and lets
+/// in-flight requests finish within `server.shutdown_grace`.
 pub(crate) async fn serve(state: Arc<State>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, writes = state.settings.get().config.admin.token.is_some(), "admin API listening");
     }
-    let builder = auto::Builder::new(TokioExecutor::new());
-    tokio::pin!(shutdown);
-    loop {
-        let accepted = tokio::select! {
-            () = &mut shutdown => return,
-            accepted = listener.accept() => accepted,
-        };
-        let Ok((stream, _)) = accepted else { continue };
-        let state = Arc::clone(&state);
-        let builder = builder.clone();
-        tokio::spawn(async move {
-            let service = service_fn(move |req| {
-                let state = Arc::clone(&state);
-                async move {
-                    let resp = route(&state, req).await.unwrap_or_else(|e| e.response());
-                    Ok::<_, Infallible>(resp)
-                }
-            });
-            let _ = builder.serve_connection(TokioIo::new(stream), service).await;
-        });
+    // Plain HTTP: `server.tls` is the proxy's.
+    let listening = Listening { name: "admin", max_connections: MAX_CONNECTIONS, tls: false };
+    listener::serve_with(Admin(Arc::clone(&state)), listening, state, listener, shutdown).await;
+}
+
+/// The admin API as its listener serves it.
+#[derive(Clone)]
+struct Admin(Arc<State>);
+
+impl Handler for Admin {
+    type Client = ();
+    type Body = Full<Bytes>;
+
+    fn client(&self, _: SocketAddr) {}
+
+    async fn handle(self, req: Request<Incoming>, (): ()) -> Response<Full<Bytes>> {
+        route(&self.0, req).await.unwrap_or_else(|e| e.response())
     }
 }
 

@@ -1,12 +1,19 @@
-//! One client connection: HTTP/1.1 or HTTP/2 (over TLS when configured), closed when idle
-//! past the keep-alive timeout, renewed after a reload that changed listener settings, and
-//! given the shutdown grace to finish when the proxy stops.
+//! One client connection: HTTP/1.1 or HTTP/2 (over TLS when configured), closed when its
+//! first request does not arrive within the header-read timeout or when idle past the
+//! keep-alive timeout, renewed after a reload that changed listener settings, and given the
+//! shutdown grace to finish when the proxy stops.
+//!
+//! hyper's HTTP/1 header-read timeout runs only once hyper-util's `auto` builder has read
+//! enough bytes to tell HTTP/1 from the HTTP/2 preface, and HTTP/2 has none: a connection
+//! that sends nothing, or part of the preface, would wait for the keep-alive timeout. So the
+//! first request gets its own deadline here, watched beside the keep-alive timeout and not on
+//! the request path.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -14,56 +21,60 @@ use bytes::Bytes;
 use hyper::body::{Body, Frame, SizeHint};
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
+use prometheus_client::metrics::counter::Counter;
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot, watch};
 
+use super::Handler;
 use crate::app::{Settings, State};
-use crate::request::{self, ResponseBody};
-use crate::upstream::Peer;
 
 /// One client connection and what it holds while it lives.
-pub(super) struct Conn {
+pub(super) struct Conn<H> {
     /// The listener settings this connection was accepted with.
     pub(super) settings: Arc<Settings>,
     /// Fires when a reload changed them: then the connection finishes its request and closes.
     pub(super) renewals: watch::Receiver<u64>,
+    /// Whether this listener terminates TLS (when `server.tls` is configured).
+    pub(super) tls: bool,
     pub(super) state: Arc<State>,
+    pub(super) handler: H,
     pub(super) client: SocketAddr,
     pub(super) stop: watch::Receiver<bool>,
     pub(super) _permit: OwnedSemaphorePermit,
     pub(super) _alive: mpsc::Sender<()>,
 }
 
-impl Conn {
+impl<H: Handler> Conn<H> {
     pub(super) async fn serve(self, stream: TcpStream) {
         let _ = stream.set_nodelay(true);
-        match self.settings.acceptor.clone() {
-            // The handshake counts against the header-read timeout: a stalled handshake is
-            // slowloris too.
-            Some(acceptor) => {
-                let timeout = self.settings.config.limits.header_read_timeout;
-                match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
-                    Ok(Ok(tls)) => self.serve_io(tls).await,
-                    Ok(Err(e)) => tracing::debug!(client = %self.client, error = %e, "TLS handshake failed"),
-                    Err(_) => tracing::debug!(client = %self.client, "TLS handshake timed out"),
-                }
-            }
-            None => self.serve_io(stream).await,
+        // The TLS handshake and the first request's head share one header-read timeout, from
+        // the accept on: a connection that stalls in either is slowloris too.
+        let first_request = Instant::now() + self.settings.config.limits.header_read_timeout;
+        match self.settings.acceptor.clone().filter(|_| self.tls) {
+            Some(acceptor) => match tokio::time::timeout_at(first_request.into(), acceptor.accept(stream)).await {
+                Ok(Ok(tls)) => self.serve_io(tls, first_request).await,
+                Ok(Err(e)) => tracing::debug!(client = %self.client, error = %e, "TLS handshake failed"),
+                Err(_) => tracing::debug!(client = %self.client, "TLS handshake timed out"),
+            },
+            None => self.serve_io(stream, first_request).await,
         }
     }
 
-    async fn serve_io<I>(self, io: I)
+    /// Serves HTTP on `io`; its first request's head must be in by `first_request`.
+    async fn serve_io<I>(self, io: I, first_request: Instant)
     where
         I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
         let activity = Arc::new(Activity::new());
-        let (state, requests) = (Arc::clone(&self.state), Arc::clone(&activity));
-        let (client, peer) = (self.client, Peer::new(self.client));
+        let (handler, requests) = (self.handler.clone(), Arc::clone(&activity));
+        let (client, peer) = (self.client, self.handler.client(self.client));
         let service = service_fn(move |req| {
-            let (state, busy, client) = (Arc::clone(&state), requests.busy(), peer.clone());
+            let (busy, bytes_out) = (requests.busy(), handler.bytes_out().cloned());
+            let (handler, client) = (handler.clone(), peer.clone());
+            // The handler's future is made inside, in place: made out here, it would be
+            // copied into this one, a memcpy of its whole state per request.
             async move {
-                let bytes_out = state.metrics.bytes_out.clone();
-                let resp = request::handle(state, req, client).await;
+                let resp = handler.handle(req, client).await;
                 let activity = Arc::clone(&busy.0);
                 drop(busy);
                 Ok::<_, Infallible>(resp.map(|body| ActiveBody { body, activity, bytes_out }))
@@ -80,13 +91,15 @@ impl Conn {
             conn.as_mut().graceful_shutdown();
             deadline = Some(Instant::now() + grace);
         }
-        // Shutdown, reload and keep-alive are watched by a task of their own: in this select,
-        // they would be polled again on every wake-up of the connection, several per request.
+        // Shutdown, reload, the first request's deadline and keep-alive are watched by a task
+        // of their own: in this select, they would be polled again on every wake-up of the
+        // connection, several per request.
         let (closing, mut asked) = oneshot::channel();
         let mut watching = deadline.is_none();
         if watching {
             let watcher = (self.stop.clone(), self.renewals.clone(), Arc::clone(&self.state));
-            tokio::spawn(watch_connection(watcher, activity, keepalive, grace, closing));
+            let limits = Limits { first_request, keepalive, grace };
+            tokio::spawn(watch_connection(watcher, activity, limits, client, closing));
         }
         loop {
             tokio::select! {
@@ -113,22 +126,38 @@ impl Conn {
     }
 }
 
-/// Waits until a connection should close: shutdown, a reload that renews connections, or
-/// `keepalive` without a request. Sends how long it then gets to finish; ends quietly when
-/// the connection ends first.
+/// What a connection's watcher closes it by.
+struct Limits {
+    /// Its first request's head must have arrived by then.
+    first_request: Instant,
+    /// Without a request this long, it closes.
+    keepalive: Duration,
+    /// Once a reload asks it to close, it gets this long to finish.
+    grace: Duration,
+}
+
+/// Waits until a connection should close: shutdown, a reload that renews connections, no
+/// request by `limits.first_request`, or `limits.keepalive` without a request. Sends how long
+/// it then gets to finish; ends quietly when the connection ends first.
 async fn watch_connection(
     (mut stop, mut renewals, state): (watch::Receiver<bool>, watch::Receiver<u64>, Arc<State>),
     activity: Arc<Activity>,
-    keepalive: Duration,
-    grace: Duration,
+    limits: Limits,
+    client: SocketAddr,
     mut closing: oneshot::Sender<Duration>,
 ) {
     let period = tokio::select! {
         () = closing.closed() => return,
         // The grace in force now: a reload may have changed it.
         _ = stop.changed() => state.settings.get().config.server.shutdown_grace,
-        _ = renewals.changed() => grace,
-        () = activity.idle(keepalive) => keepalive,
+        _ = renewals.changed() => limits.grace,
+        unused = activity.unused(limits.keepalive, limits.first_request) => match unused {
+            Unused::NoRequest => {
+                tracing::debug!(%client, "no request within the header-read timeout");
+                Duration::ZERO // it has nothing to finish
+            }
+            Unused::Idle => limits.keepalive,
+        },
     };
     let _ = closing.send(period);
 }
@@ -147,6 +176,8 @@ struct Activity {
     epoch: Instant,
     last_ms: AtomicU64,
     busy: AtomicUsize,
+    /// Whether a request has arrived.
+    requested: AtomicBool,
 }
 
 /// Marks a request as being handled until dropped.
@@ -163,7 +194,12 @@ impl Drop for Busy {
 
 impl Activity {
     fn new() -> Self {
-        Activity { epoch: Instant::now(), last_ms: AtomicU64::new(0), busy: AtomicUsize::new(0) }
+        Activity {
+            epoch: Instant::now(),
+            last_ms: AtomicU64::new(0),
+            busy: AtomicUsize::new(0),
+            requested: AtomicBool::new(false),
+        }
     }
 
     fn touch(&self) {
@@ -172,45 +208,66 @@ impl Activity {
 
     fn busy(self: &Arc<Self>) -> Busy {
         self.busy.fetch_add(1, Ordering::Relaxed);
+        // A plain store: no read-modify-write on the request path.
+        self.requested.store(true, Ordering::Relaxed);
         Busy(Arc::clone(self))
     }
 
-    /// Resolves once the connection has done nothing (no request, no body read) for `limit`.
-    async fn idle(&self, limit: Duration) {
+    /// Resolves once no request has arrived by `first_request`, or the connection has done
+    /// nothing (no request, no body read) for `keepalive`. One timer for both: a second one
+    /// would cost every connection its own registration.
+    async fn unused(&self, keepalive: Duration, first_request: Instant) -> Unused {
         loop {
             // Acquire, and first: a request that ended is seen with the touch it made.
             let busy = self.busy.load(Ordering::Acquire) > 0;
+            let requested = busy || self.requested.load(Ordering::Relaxed);
+            let now = Instant::now();
+            if !requested && now >= first_request {
+                return Unused::NoRequest;
+            }
             let since = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
-            let idle = self.epoch.elapsed().saturating_sub(since);
-            let wait = if busy {
-                limit // a request is being handled: look again a whole period later
-            } else if idle >= limit {
-                return;
+            let idle = now.saturating_duration_since(self.epoch).saturating_sub(since);
+            let mut wait = if busy {
+                keepalive // a request is being handled: look again a whole period later
+            } else if idle >= keepalive {
+                return Unused::Idle;
             } else {
-                limit - idle
+                keepalive - idle
             };
+            if !requested {
+                wait = wait.min(first_request - now);
+            }
             tokio::time::sleep(wait.max(Duration::from_millis(10))).await;
         }
     }
 }
 
-/// A response body that marks its connection active whenever the client takes a frame.
-struct ActiveBody {
-    body: ResponseBody,
-    activity: Arc<Activity>,
-    bytes_out: prometheus_client::metrics::counter::Counter,
+/// Why a connection is closed for want of requests.
+enum Unused {
+    /// Its first request's head did not arrive within the header-read timeout.
+    NoRequest,
+    /// It did nothing for the keep-alive timeout.
+    Idle,
 }
 
-impl Body for ActiveBody {
-    type Data = Bytes;
-    type Error = hyper::Error;
+/// A response body that marks its connection active whenever the client takes a frame, and
+/// counts the bytes it takes if its listener counts them.
+struct ActiveBody<B> {
+    body: B,
+    activity: Arc<Activity>,
+    bytes_out: Option<Counter>,
+}
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+impl<B: Body<Data = Bytes> + Unpin> Body for ActiveBody<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let polled = Pin::new(&mut self.body).poll_frame(cx);
         if let Poll::Ready(Some(Ok(frame))) = &polled {
             self.activity.touch();
-            if let Some(data) = frame.data_ref() {
-                self.bytes_out.inc_by(data.len() as u64);
+            if let (Some(data), Some(bytes_out)) = (frame.data_ref(), &self.bytes_out) {
+                bytes_out.inc_by(data.len() as u64);
             }
         }
         polled

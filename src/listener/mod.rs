@@ -1,31 +1,102 @@
-//! The listener: accepts connections (at most `limits.max_connections`), hands each to
+//! The listeners: the proxy's, and the admin API's on the same code. Each accepts connections
+//! (at most its own limit; `limits.max_connections` for the proxy), hands each to
 //! [`connection`], and on shutdown stops accepting and drains them within
 //! `server.shutdown_grace`.
 
 mod connection;
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
+use http::{Request, Response};
+use hyper::body::{Body, Incoming};
+use prometheus_client::metrics::counter::Counter;
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, mpsc, watch};
 
 use crate::app::State;
+use crate::request::{self, ResponseBody};
+use crate::upstream::Peer;
 use connection::Conn;
 
-/// Serves `listener` until `shutdown` resolves, then stops accepting and lets in-flight
-/// requests finish within `server.shutdown_grace`.
+/// What a listener's connections serve: the proxy, or the admin API.
+pub(crate) trait Handler: Clone + Send + Sync + 'static {
+    /// What it keeps about a connection's client, made once per connection.
+    type Client: Clone + Send + Sync + 'static;
+    /// The body of its responses.
+    type Body: Body<Data = Bytes, Error: Into<Box<dyn std::error::Error + Send + Sync>>> + Send + Unpin + 'static;
+
+    /// Makes it from the client's address.
+    fn client(&self, addr: SocketAddr) -> Self::Client;
+
+    /// Answers one request; takes its own clones, so that what it returns borrows nothing.
+    fn handle(self, req: Request<Incoming>, client: Self::Client) -> impl Future<Output = Response<Self::Body>> + Send;
+
+    /// Counts the response body bytes its clients take, if it counts them.
+    fn bytes_out(&self) -> Option<&Counter> {
+        None
+    }
+}
+
+/// How a listener differs from another.
+pub(crate) struct Listening {
+    /// Names it in the log.
+    pub(crate) name: &'static str,
+    /// Connections served at once; more wait in the kernel's accept queue.
+    pub(crate) max_connections: usize,
+    /// Whether it terminates TLS when `server.tls` is configured.
+    pub(crate) tls: bool,
+}
+
+/// The proxy itself: every request goes through [`request::handle`].
+#[derive(Clone)]
+struct Proxying(Arc<State>);
+
+impl Handler for Proxying {
+    type Client = Peer;
+    type Body = ResponseBody;
+
+    fn client(&self, addr: SocketAddr) -> Peer {
+        Peer::new(addr)
+    }
+
+    fn handle(self, req: Request<Incoming>, client: Peer) -> impl Future<Output = Response<ResponseBody>> + Send {
+        request::handle(self.0, req, client)
+    }
+
+    fn bytes_out(&self) -> Option<&Counter> {
+        Some(&self.0.metrics.bytes_out)
+    }
+}
+
+/// Serves the proxy on `listener` until `shutdown` resolves, then stops accepting and lets
+/// in-flight requests finish within `server.shutdown_grace`.
 pub(crate) async fn serve(state: Arc<State>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
     let settings = state.settings.get();
     let config = &settings.config;
-    let permits = Arc::new(Semaphore::new(config.limits.max_connections));
-    let (stop, stopping) = watch::channel(false);
-    // Every connection holds a sender; the receiver ends once all are gone.
-    let (alive, mut drained) = mpsc::channel::<()>(1);
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, backend = %config.backend.url, "fencegate listening");
     }
+    let listening = Listening { name: "proxy", max_connections: config.limits.max_connections, tls: true };
+    serve_with(Proxying(Arc::clone(&state)), listening, state, listener, shutdown).await;
+}
+
+/// Serves `handler` on `listener` until `shutdown` resolves, then stops accepting and lets
+/// in-flight requests finish within `server.shutdown_grace`.
+pub(crate) async fn serve_with<H: Handler>(
+    handler: H,
+    listening: Listening,
+    state: Arc<State>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) {
+    let permits = Arc::new(Semaphore::new(listening.max_connections));
+    let (stop, stopping) = watch::channel(false);
+    // Every connection holds a sender; the receiver ends once all are gone.
+    let (alive, mut drained) = mpsc::channel::<()>(1);
     tokio::pin!(shutdown);
     loop {
         let permit = tokio::select! {
@@ -46,7 +117,9 @@ pub(crate) async fn serve(state: Arc<State>, listener: TcpListener, shutdown: im
                 let conn = Conn {
                     renewals: state.settings.renewals(),
                     settings: state.settings.get(),
+                    tls: listening.tls,
                     state: Arc::clone(&state),
+                    handler: handler.clone(),
                     client,
                     stop: stopping.clone(),
                     _permit: permit,
@@ -56,17 +129,17 @@ pub(crate) async fn serve(state: Arc<State>, listener: TcpListener, shutdown: im
             }
             Err(e) => {
                 // Typically EMFILE: back off instead of spinning.
-                tracing::warn!(error = %e, "accept failed");
+                tracing::warn!(listener = listening.name, error = %e, "accept failed");
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
     }
     drop(listener);
     let grace = state.settings.get().config.server.shutdown_grace;
-    tracing::info!(?grace, "shutting down: draining connections");
+    tracing::info!(listener = listening.name, ?grace, "shutting down: draining connections");
     let _ = stop.send(true);
     drop(alive);
     if tokio::time::timeout(grace, drained.recv()).await.is_err() {
-        tracing::warn!("shutdown grace elapsed with requests still in flight");
+        tracing::warn!(listener = listening.name, "shutdown grace elapsed with requests still in flight");
     }
 }
