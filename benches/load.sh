@@ -72,6 +72,13 @@ cleanup() {
 trap cleanup EXIT INT TERM
 
 mkdir -p "$SHM/www/get" "$SHM/body" "$SHM/logs" "$DISK/data" "$DISK/base"
+# A new deployment's data dir, as `fencegate init` makes it (`run` refuses an empty one);
+# builds from before `init` existed start an empty one themselves.
+init_data_dir() { # BINARY DIR
+    if "$1" help init >/dev/null 2>&1; then "$1" init --dir "$2" >/dev/null; fi
+}
+init_data_dir "$BIN" "$DISK/data"
+if [ -n "${BASE_BIN:-}" ]; then init_data_dir "$BASE_BIN" "$DISK/base"; fi
 head -c 1024 /dev/zero | tr '\0' 'x' >"$SHM/www/get/file"
 chmod -R 777 "$SHM"   # nginx's worker runs as nobody when started by root
 

@@ -30,6 +30,18 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// Make a data directory, once, before the first `run`. `run` refuses a missing or empty
+    /// one, which may be a lost one. Refuses a directory that already holds state.
+    Init {
+        /// The data directory (`store.dir`).
+        #[arg(long, short)]
+        dir: PathBuf,
+        /// Every resource starts at max_seen = FLOOR: 0 for a new deployment; after losing a
+        /// data directory, the lock service's current token or above (for etcd, its current
+        /// revision), so that only holders that lock again get through.
+        #[arg(long, default_value_t = 0)]
+        floor: u64,
+    },
     /// Validate a config file and print the effective settings.
     Check {
         /// TOML config file.
@@ -62,6 +74,7 @@ fn main() -> ExitCode {
                 runtime(c.server.workers)?.block_on(serve(config.clone(), c))
             })
         }
+        Command::Init { dir, floor } => init(&dir, floor),
         Command::Inspect { dir, key, top } => inspect(&dir, key.as_deref(), top),
         Command::Demo => {
             fencegate::logging::init("error", LogFormat::Text);
@@ -99,6 +112,19 @@ fn check(path: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn init(dir: &std::path::Path, floor: u64) -> anyhow::Result<()> {
+    fencegate::app::init_data_dir(dir, floor).with_context(|| format!("cannot initialise {}", dir.display()))?;
+    if floor == 0 {
+        println!("initialised {} with no floor, as a new deployment's.", dir.display());
+        println!("If it held state before, do not start fencegate on it: empty it and run init again with --floor");
+        println!("(README: Recovering from a lost volume).");
+    } else {
+        println!("initialised {}: every resource starts at max_seen = {floor}.", dir.display());
+        println!("Writes with a token at or below {floor} are refused: every lock holder must lock again.");
+    }
+    Ok(())
+}
+
 fn inspect(dir: &std::path::Path, key: Option<&str>, top: usize) -> anyhow::Result<()> {
     let found = fencegate::store::inspect(dir).with_context(|| format!("cannot inspect {}", dir.display()))?;
     if let Some(key) = key {
@@ -110,6 +136,15 @@ fn inspect(dir: &std::path::Path, key: Option<&str>, top: usize) -> anyhow::Resu
         return Ok(());
     }
     println!("data dir   {}", dir.display());
+    match found.init_floors.as_deref() {
+        None => println!("init       none recorded (started by an earlier build)"),
+        Some([]) => println!("init       fencegate init, no floor"),
+        Some(floors) => {
+            for (name, token) in floors {
+                println!("init       fencegate init, floor {token} at {name}");
+            }
+        }
+    }
     println!("resources  {}", found.table.len());
     println!("floors     {}", found.floors);
     match found.snapshot {

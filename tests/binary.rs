@@ -1,5 +1,5 @@
-//! The real `fencegate` binary: one instance per data dir, and the `check`, `inspect` and
-//! `demo` commands. Crash tests are in `crash.rs`.
+//! The real `fencegate` binary: one instance per data dir, and the `init`, `check`, `inspect`
+//! and `demo` commands. Crash tests are in `crash.rs`.
 
 mod common;
 
@@ -26,6 +26,56 @@ async fn a_second_instance_on_the_same_data_dir_exits_at_once_with_a_clear_messa
     assert!(!second.status.success());
     let msg = String::from_utf8_lossy(&second.stderr);
     assert!(msg.contains("in use by another fencegate"), "{msg}");
+}
+
+#[test]
+fn run_refuses_a_missing_or_empty_data_dir_and_says_what_to_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "http://127.0.0.1:9000", "");
+    let data = dir.path().join("data");
+    let d = data.display();
+    let out = run(&["run", "--config", config.to_str().unwrap()], &[]);
+    let msg = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{msg}");
+    assert!(msg.contains(&format!("data dir {d} does not exist")), "{msg}");
+    assert!(msg.contains(&format!("`fencegate init --dir {d}`")), "{msg}");
+    assert!(msg.contains(&format!("`fencegate init --dir {d} --floor <that token>`")), "{msg}");
+    assert!(!data.exists(), "run created the data dir");
+
+    std::fs::create_dir(&data).unwrap();
+    let out = run(&["run", "--config", config.to_str().unwrap()], &[]);
+    let msg = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && msg.contains(&format!("data dir {d} holds no fence state")), "{msg}");
+    assert_eq!(std::fs::read_dir(&data).unwrap().count(), 0, "run wrote into the empty data dir");
+}
+
+#[tokio::test]
+async fn init_with_a_floor_then_run_serves_and_init_refuses_the_dir_from_then_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = fencegate::demo::MemBackend::start().await.unwrap();
+    let config = write_config(dir.path(), &backend.url(), "");
+    let data = dir.path().join("data");
+    let init = |floor: &str| run(&["init", "--dir", data.to_str().unwrap(), "--floor", floor], &[]);
+    let out = init("7");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("every resource starts at max_seen = 7"));
+
+    let mut cmd = std::process::Command::new(BIN);
+    cmd.args(["run", "--config", config.to_str().unwrap()]);
+    let proxy = common::process::Running::spawn(cmd);
+    assert_eq!(put(proxy.addr, "/never/written", 7).await, 409);
+    assert_eq!(put(proxy.addr, "/never/written", 8).await, 200);
+    let busy = init("0");
+    assert!(!busy.status.success() && String::from_utf8_lossy(&busy.stderr).contains("in use by another fencegate"));
+    proxy.kill9();
+
+    let again = init("0");
+    let msg = String::from_utf8_lossy(&again.stderr);
+    assert!(!again.status.success() && msg.contains("already holds fence state"), "{msg}");
+    let out = run(&["inspect", "--dir", data.to_str().unwrap()], &[]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("init       fencegate init, floor 7 at /"), "{text}");
+    assert!(text.contains("resources  1") && text.contains("floors     1"), "{text}");
 }
 
 #[test]
@@ -142,4 +192,21 @@ fn the_kubernetes_example_embeds_a_valid_config() {
         .collect();
     let config = fencegate::Config::from_toml_str(&toml).unwrap_or_else(|e| panic!("{e}\n{toml}"));
     assert!(config.admin.listen.is_some(), "the probes need the admin listener");
+}
+
+#[test]
+fn the_kubernetes_init_job_refuses_to_run_until_its_floor_is_chosen() {
+    let yaml =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/kubernetes/fencegate-init.yaml")).unwrap();
+    let line = yaml.lines().find(|l| l.trim_start().starts_with("args:")).unwrap();
+    let args: Vec<String> = serde_json::from_str(line.trim_start().trim_start_matches("args:").trim()).unwrap();
+    assert_eq!(args, ["init", "--dir", "/var/lib/fencegate", "--floor", "SET-ME"]);
+    let dir = tempfile::tempdir().unwrap();
+    let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+    args[2] = dir.path().to_str().unwrap();
+    let out = run(&args, &[]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("SET-ME"));
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    args[4] = "0";
+    assert!(run(&args, &[]).status.success());
 }

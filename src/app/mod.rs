@@ -18,7 +18,7 @@ use crate::config::{Config, MissingToken};
 use crate::fence::{Fence, keys};
 use crate::listener;
 use crate::request::throttle::RefusalThrottle;
-use crate::store::{FileStore, Store, StoreError, StoreOptions};
+use crate::store::{self, FileStore, Store, StoreError, StoreOptions};
 pub(crate) use settings::{Settings, SettingsSlot};
 
 /// Why the proxy could not start, apply a reload, or close its store.
@@ -60,7 +60,8 @@ pub struct Proxy {
 
 impl Proxy {
     /// Locks the data directory, recovers `max_seen` from disk and prepares the backend client.
-    /// Serve it on the runtime that opened it: the store's writer is a task there.
+    /// Serve it on the runtime that opened it: the store's writer is a task there. A data
+    /// directory that is missing or holds no state is refused: [`init_data_dir`] makes one.
     pub async fn open(config: Config) -> Result<Self, Error> {
         let metrics = Arc::new(Metrics::default());
         let observed = Arc::clone(&metrics);
@@ -75,6 +76,8 @@ impl Proxy {
             warn_forwarding_tokenless();
         }
         tracing::info!(dir = %config.store.dir.display(), "opening the fence store");
+        // A missing or empty directory may be a lost one: only `fencegate init` starts one.
+        store::check_initialised(&config.store.dir)?;
         let store = FileStore::open(&config.store.dir, options)?;
         let in_flight = store.in_flight_at_start().to_vec();
         let floors_in_flight = store.floors_in_flight_at_start().to_vec();
@@ -167,6 +170,18 @@ async fn heartbeat(state: Arc<State>) {
         tick.tick().await;
         state.settings.get().upstream.prune();
     }
+}
+
+/// The fence tree's root: a floor there is part of the level of every key (`fence::tree`).
+const ROOT: &str = "/";
+
+/// Makes `dir` a data directory for [`Proxy::open`] (`fencegate init`). With `floor` above 0,
+/// every resource starts at `max_seen = floor`: a floor at the root covers every key, written
+/// or not, so only writes with a token above `floor` pass. Use 0 for a new deployment, and
+/// after losing a data directory the lock service's current token (or above). Refuses a
+/// directory that already holds state.
+pub fn init_data_dir(dir: &std::path::Path, floor: u64) -> Result<(), Error> {
+    Ok(store::init(dir, &[(ROOT, floor)])?)
 }
 
 /// Opens the proxy for `config` and serves `listener` (and the admin API, if configured)

@@ -1,8 +1,9 @@
 //! `fencegate demo`: the canonical zombie race, replayed over real HTTP on loopback.
 //!
 //! One process starts a dumb in-memory store, puts fencegate in front of it with a temporary
-//! data dir, lets two clients race for one resource, then restarts the proxy on the same dir
-//! to show that what it learned survived. Every step is checked, not just printed.
+//! data dir (initialised as `fencegate init` does), lets two clients race for one resource,
+//! then restarts the proxy on the same dir to show that what it learned survived. Every step
+//! is checked, not just printed.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -106,6 +107,9 @@ impl<W: Write> Checker<'_, W> {
 pub async fn run(out: &mut impl Write) -> Result<bool, Error> {
     let backend = MemBackend::start().await?;
     let dir = DataDir::create()?;
+    // A new deployment's data dir, as `fencegate init --dir D` makes it: the proxy refuses an
+    // empty one, which could be a lost one.
+    crate::app::init_data_dir(dir.path(), 0)?;
     let config = Config::from_toml_str(&format!(
         "[server]\nlisten = \"127.0.0.1:0\"\n[backend]\nurl = \"{}\"\n[store]\ndir = {:?}\n",
         backend.url(),
@@ -117,7 +121,11 @@ pub async fn run(out: &mut impl Write) -> Result<bool, Error> {
 
     c.line("fencegate demo: a zombie lock holder against a fenced backend, over real HTTP\n")?;
     c.line(&format!("  backend  {}  an in-memory object store that knows nothing of tokens", backend.url()))?;
-    c.line(&format!("  proxy    {}  fencegate, data dir {}\n", proxy.url, dir.path().display()))?;
+    c.line(&format!(
+        "  proxy    {}  fencegate, data dir {} (made by fencegate init)\n",
+        proxy.url,
+        dir.path().display()
+    ))?;
 
     // The lock service: every acquire returns a strictly larger token.
     let mut next_token = 33u64;

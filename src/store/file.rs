@@ -69,7 +69,7 @@ impl Default for StoreOptions {
 
 /// Creates `dir` if missing and makes its directory entry durable, so a power loss right
 /// after the first start cannot take the whole data directory with it.
-fn create_dir_durably(dir: &Path) -> Result<(), StoreError> {
+pub(super) fn create_dir_durably(dir: &Path) -> Result<(), StoreError> {
     if dir.is_dir() {
         return Ok(());
     }
@@ -78,7 +78,8 @@ fn create_dir_durably(dir: &Path) -> Result<(), StoreError> {
     File::open(parent).and_then(|p| p.sync_all()).map_err(|e| io_err(parent, e))
 }
 
-const KEYING_FILE: &str = "KEYING";
+/// Name of the file recording the key rules a directory's keys were made under.
+pub(super) const KEYING_FILE: &str = "KEYING";
 
 /// Refuses a directory whose keys were made under other rules; records the rules in a new one.
 fn check_keying(dir: &Path, configured: &str) -> Result<(), StoreError> {
@@ -126,6 +127,10 @@ impl FileStore {
     /// the writer and the compaction thread. Opened inside a tokio runtime, the writer is a
     /// task on it, so that runtime needs its timer (`enable_time` or `enable_all`), and once
     /// it shuts down every advance fails with [`StoreError::Closed`].
+    ///
+    /// It opens whatever directory it is given, creating it if missing, as tests and tools
+    /// need. Whoever serves from a directory that may have been lost calls
+    /// [`check_initialised`](super::check_initialised) first, as `Proxy::open` does.
     pub fn open(dir: &Path, options: StoreOptions) -> Result<FileStore, StoreError> {
         create_dir_durably(dir)?;
         let lock = lock(dir, true)?;

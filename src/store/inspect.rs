@@ -3,6 +3,7 @@
 use std::fs;
 use std::path::Path;
 
+use super::init::{check_initialised, init_floors};
 use super::recovery::{Mode, io_err, recover, size_hint};
 use super::{StoreError, Table};
 
@@ -28,11 +29,16 @@ pub struct Inspection {
     pub floors_in_flight: Vec<(String, u64)>,
     /// Bytes used by the data directory's files.
     pub bytes: u64,
+    /// The floors `fencegate init` recorded, as `(name, token)` (empty for floor 0); `None`
+    /// if the directory has no `INIT` file (an earlier build started it by use).
+    pub init_floors: Option<Vec<(String, u64)>>,
 }
 
 /// Reads a data directory without changing it. Refuses while a proxy holds its lock, since
-/// the files may be changing underneath.
+/// the files may be changing underneath, and refuses a directory that holds no state as a
+/// proxy would.
 pub fn inspect(dir: &Path) -> Result<Inspection, StoreError> {
+    check_initialised(dir)?;
     let _lock = super::file::lock(dir, false)?;
     let table = Table::with_capacity(size_hint(dir));
     let found = recover(dir, &table, Mode::ReadOnly)?;
@@ -41,6 +47,7 @@ pub fn inspect(dir: &Path) -> Result<Inspection, StoreError> {
         bytes += entry.metadata().map(|m| m.len()).unwrap_or(0);
     }
     Ok(Inspection {
+        init_floors: init_floors(dir)?,
         floors: table.floors_len(),
         floors_in_flight: found.floors_in_flight,
         table,

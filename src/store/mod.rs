@@ -16,6 +16,7 @@
 mod compact;
 mod file;
 pub(crate) mod format;
+mod init;
 mod inspect;
 mod log;
 pub(crate) mod recovery;
@@ -29,6 +30,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 pub use file::{CommitHook, FileStore, StoreOptions};
+pub use init::{check_initialised, init};
 pub use inspect::{Inspection, inspect};
 pub use table::Table;
 
@@ -114,7 +116,8 @@ pub enum StoreError {
     /// The data directory's keys were made under other key rules (scopes, canonicalisation).
     #[error("{}: its fence keys were made under other key rules (recorded: {recorded:?}; configured: {configured:?}); \
         resources would get new keys without their max_seen and stale writes would pass. Restore the previous \
-        [[fence.scopes]], or, once every lock holder has taken a new token, start with an empty data dir", .dir.display())]
+        [[fence.scopes]], or start on a new data dir made by `fencegate init --dir DIR --floor N` with N at or \
+        above the lock service's current token (for etcd, its current revision)", .dir.display())]
     KeyingChanged {
         /// The data directory.
         dir: PathBuf,
@@ -122,6 +125,25 @@ pub enum StoreError {
         recorded: String,
         /// Rules in the configuration.
         configured: String,
+    },
+    /// The data directory is missing or holds no state. It was never initialised, or its state
+    /// was lost (a volume that was not mounted, a wiped disk): opening it would forget every
+    /// `max_seen`.
+    #[error("{}", not_initialised(.dir, *.missing))]
+    NotInitialised {
+        /// The data directory.
+        dir: PathBuf,
+        /// Whether it does not exist at all (otherwise it exists but holds no state).
+        missing: bool,
+    },
+    /// `init` was asked to start a directory that already holds state.
+    #[error("data dir {} already holds fence state ({found}); refusing to initialise it again, which could lower \
+        max_seen; `fencegate run` opens it as it is", .dir.display())]
+    AlreadyInitialised {
+        /// The data directory.
+        dir: PathBuf,
+        /// The first file found that holds state.
+        found: String,
     },
     /// The key is longer than a record can hold.
     #[error("resource key of {0} bytes is too long")]
@@ -131,6 +153,20 @@ pub enum StoreError {
     Closed,
 }
 
+fn not_initialised(dir: &std::path::Path, missing: bool) -> String {
+    let d = dir.display();
+    let what = if missing { "does not exist" } else { "holds no fence state" };
+    format!(
+        "data dir {d} {what}: it has no max_seen for any resource. If it held state before (a volume that was not \
+        mounted, a wiped disk, a new machine), starting on it would let every stale lock holder write again, so \
+        fencegate does not start on it. A new deployment: `fencegate init --dir {d}`. After losing the state: \
+        with no fencegate serving the backend, read the lock service's current token (for etcd, its current \
+        revision) and run `fencegate init --dir {d} --floor <that token>` (README: Recovering from a lost volume)"
+    )
+}
+
+#[cfg(test)]
+mod init_tests;
 #[cfg(test)]
 mod mark_tests;
 #[cfg(test)]

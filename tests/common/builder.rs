@@ -12,7 +12,7 @@ use super::process::{BIN, Running};
 
 /// Writes `dir/fencegate.toml` for a proxy on port 0 in front of `backend`, with its data in
 /// `dir/data` and `extra` appended after the `[store]` section (more store keys, or further
-/// sections).
+/// sections). It does not make the data dir: `fencegate init` does.
 pub fn write_config(dir: &Path, backend: &str, extra: &str) -> PathBuf {
     let path = dir.join("fencegate.toml");
     let text = format!(
@@ -44,12 +44,14 @@ impl Builder {
         self.build_in_front_of(backend, &url)
     }
 
-    /// Data dir and config for a proxy in front of `backend`, a server the test started itself
-    /// (the recording WebDAV stub, say) that listens at `url`; no proxy running yet. The
-    /// deployment keeps `backend`, so it lives as long as the deployment.
+    /// Data dir (initialised, as `fencegate init` does, with floor 0) and config for a proxy
+    /// in front of `backend`, a server the test started itself (the recording WebDAV stub,
+    /// say) that listens at `url`; no proxy running yet. The deployment keeps `backend`, so it
+    /// lives as long as the deployment.
     pub fn build_in_front_of<B>(self, backend: B, url: &str) -> Deployment<B> {
         let dir = tempfile::tempdir().unwrap();
         let config_path = write_config(dir.path(), url, &self.config_extra);
+        fencegate::app::init_data_dir(&dir.path().join("data"), 0).unwrap();
         Deployment { running: None, backend, dir, config_path }
     }
 

@@ -90,12 +90,20 @@ impl Harness {
         Harness::start_with(|_| {}).await
     }
 
-    /// Backend plus proxy, with `tweak` applied to the configuration first.
+    /// Backend plus proxy, with `tweak` applied to the configuration first. The data dir is
+    /// initialised (`fencegate init`, floor 0) before the proxy opens it.
     pub async fn start_with(tweak: impl FnOnce(&mut Config)) -> Harness {
+        Harness::start_with_floor(0, tweak).await
+    }
+
+    /// Like [`Harness::start_with`], on a data dir initialised with `floor`
+    /// (`fencegate init --floor`).
+    pub async fn start_with_floor(floor: u64, tweak: impl FnOnce(&mut Config)) -> Harness {
         let backend = MemBackend::start().await.unwrap();
         let dir = tempfile::tempdir().unwrap();
         let mut config = config_for(&backend.url(), dir.path());
         tweak(&mut config);
+        fencegate::app::init_data_dir(&config.store.dir, floor).unwrap();
         let mut h = Harness {
             backend,
             addr: "127.0.0.1:0".parse().unwrap(),
