@@ -71,6 +71,7 @@ fn main() -> ExitCode {
         Command::Run { config } => {
             Config::load(&config, None).with_context(|| format!("invalid config {}", config.display())).and_then(|c| {
                 fencegate::logging::init(&c.log.level, c.log.format);
+                raise_open_files_limit();
                 runtime(c.server.workers)?.block_on(serve(config.clone(), c))
             })
         }
@@ -230,4 +231,22 @@ async fn shutdown_signal() {
 async fn demo() -> anyhow::Result<()> {
     let mut out = std::io::stdout();
     if fencegate::demo::run(&mut out).await? { Ok(()) } else { anyhow::bail!("the demo did not behave as expected") }
+}
+
+/// Raises the soft limit on open files to the hard limit, as Go's runtime does: a proxy holds
+/// at least two descriptors per request in flight (client and backend connections), and the
+/// usual soft default of 1024 is reached long before memory or CPU run out. The hard limit
+/// stays the operator's ceiling.
+fn raise_open_files_limit() {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    // An unlimited hard limit cannot be the soft one for descriptors: leave it to the operator.
+    let (Some(soft), Some(hard)) = (limit.current, limit.maximum) else { return };
+    if soft >= hard {
+        return;
+    }
+    match setrlimit(Resource::Nofile, Rlimit { current: Some(hard), maximum: Some(hard) }) {
+        Ok(()) => tracing::info!(from = soft, to = hard, "raised the soft limit on open files to the hard limit"),
+        Err(e) => tracing::warn!(error = %e, soft, hard, "cannot raise the soft limit on open files"),
+    }
 }

@@ -210,3 +210,21 @@ fn the_kubernetes_init_job_refuses_to_run_until_its_floor_is_chosen() {
     args[4] = "0";
     assert!(run(&args, &[]).status.success());
 }
+
+/// The soft and hard "Max open files" of a running process, from /proc.
+fn open_files_limits(pid: u32) -> (String, String) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits.lines().find(|l| l.starts_with("Max open files")).unwrap().to_owned();
+    let mut fields = line.trim_start_matches("Max open files").split_whitespace();
+    (fields.next().unwrap().to_owned(), fields.next().unwrap().to_owned())
+}
+
+#[tokio::test]
+async fn run_raises_the_soft_limit_on_open_files_to_the_hard_limit() {
+    let mut d = Deployment::builder().build().await;
+    // A low soft limit under whatever hard limit the test runs with.
+    let pid = d.start_in_shell("ulimit -Sn 256").pid();
+    let (soft, hard) = open_files_limits(pid);
+    assert_ne!(hard, "256", "the test needs a hard limit above 256");
+    assert_eq!(soft, hard, "the proxy took the descriptors the operator allows");
+}
