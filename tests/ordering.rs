@@ -231,13 +231,20 @@ async fn early_answering_backend() -> (std::net::SocketAddr, Arc<std::sync::Mute
     (addr, log)
 }
 
-#[tokio::test]
-async fn an_early_answer_does_not_end_a_write_whose_body_is_still_arriving() {
+/// fencegate in front of an early-answering backend, and a write of token 10 to `/r` of which
+/// the client has sent half the body; the backend has answered its head.
+async fn a_write_half_sent() -> (Harness, RawConn, Arc<std::sync::Mutex<Vec<String>>>) {
     let (backend, log) = early_answering_backend().await;
     let h = Harness::start_with(|c| c.backend.url = format!("http://{backend}").parse().unwrap()).await;
     let mut first = RawConn::open(h.addr).await;
     first.send(b"PUT /r HTTP/1.1\r\nHost: x\r\nFencing-Token: 10\r\nContent-Length: 10\r\n\r\nhalf-").await;
     common::poll_until("the backend has the first write's head", || log.lock().unwrap().len() == 1).await;
+    (h, first, log)
+}
+
+#[tokio::test]
+async fn an_early_answer_does_not_end_a_write_whose_body_is_still_arriving() {
+    let (h, mut first, log) = a_write_half_sent().await;
     let second = tokio::spawn(common::raw_request(h.addr, "PUT /r HTTP/1.1\r\nHost: x\r\nFencing-Token: 20", "later"));
     common::poll_until("the second write waits, or has reached the backend", || {
         h.proxy.queue_len("/r") == 2 || log.lock().unwrap().len() > 1
@@ -253,11 +260,7 @@ async fn an_early_answer_does_not_end_a_write_whose_body_is_still_arriving() {
 
 #[tokio::test]
 async fn a_write_abandoned_after_an_early_answer_quarantines_its_resource() {
-    let (backend, log) = early_answering_backend().await;
-    let h = Harness::start_with(|c| c.backend.url = format!("http://{backend}").parse().unwrap()).await;
-    let mut first = RawConn::open(h.addr).await;
-    first.send(b"PUT /r HTTP/1.1\r\nHost: x\r\nFencing-Token: 10\r\nContent-Length: 10\r\n\r\nhalf-").await;
-    common::poll_until("the backend has the first write's head", || log.lock().unwrap().len() == 1).await;
+    let (h, first, log) = a_write_half_sent().await;
     drop(first); // the client goes away with half its body sent
     common::poll_until("the abandoned write gives its turn back", || h.proxy.queue_len("/r") == 0).await;
     let next = common::raw_request(h.addr, "PUT /r HTTP/1.1\r\nHost: x\r\nFencing-Token: 20", "v").await;
