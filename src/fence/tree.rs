@@ -72,14 +72,14 @@ impl Tree {
     /// The tree of everything `table` holds.
     pub(crate) fn build(table: &Table) -> Tree {
         let tree = Tree::default();
-        table.for_each(|key, token, _| tree.raise(MarkKind::Key, key, token));
-        table.for_each_floor(|path, token, _| tree.raise(MarkKind::Floor, path, token));
+        table.for_each(|key, token, _| tree.raise(key, token));
+        table.for_each_floor(|path, token, _| tree.raise(path, token));
         tree
     }
 
-    /// Notes that `mark` now stands at `token` (made durable by the store).
-    pub(crate) fn raise(&self, kind: MarkKind, mark: &str, token: u64) {
-        let _ = kind; // keys and floors raise the nodes above them alike
+    /// Notes that `mark`, a key or a floor, now stands at `token` (made durable by the store):
+    /// both raise the nodes above them alike.
+    pub(crate) fn raise(&self, mark: &str, token: u64) {
         for above in ancestors(node(mark)) {
             if let Some(mut below) = self.below.get_mut(above) {
                 *below = (*below).max(token);
@@ -155,7 +155,7 @@ mod tests {
         assert_eq!(level(&table, &tree, &touch("/dx", Coverage::Subtree)), None, "segments, not prefixes");
 
         table.raise_floor("/d", 2000);
-        tree.raise(MarkKind::Floor, "/d", 2000);
+        tree.raise("/d", 2000);
         assert_eq!(level(&table, &tree, &touch("/d/g/h", Coverage::Key)), Some(2000), "a floor covers new keys too");
         assert_eq!(level(&table, &tree, &touch("/d/", Coverage::Key)), Some(2000));
         assert_eq!(level(&table, &tree, &touch("/dx", Coverage::Key)), None);

@@ -117,14 +117,10 @@ impl Turn {
         let store = &self.fence.store;
         match self.touches.as_slice() {
             [Touch { key, coverage: Coverage::Key }] => store.advance(key, token).await?,
-            touches => {
-                let marks = touches.iter().map(|t| t.mark()).map(|(kind, m)| (kind, m.to_owned())).collect();
-                store.advance_all(marks, token).await?;
-            }
+            touches => store.advance_all(marks(touches), token).await?,
         }
         for touch in &self.touches {
-            let (kind, mark) = touch.mark();
-            self.fence.tree.raise(kind, mark, token);
+            self.fence.tree.raise(touch.mark().1, token);
         }
         Ok(())
     }
@@ -134,11 +130,7 @@ impl Turn {
         let store = &self.fence.store;
         match self.touches.as_slice() {
             [Touch { key, coverage: Coverage::Key }] => store.answered(key, token),
-            touches => {
-                let marks: Vec<(MarkKind, String)> =
-                    touches.iter().map(|t| t.mark()).map(|(kind, m)| (kind, m.to_owned())).collect();
-                store.answered_all(&marks, token);
-            }
+            touches => store.answered_all(&marks(touches), token),
         }
     }
 
@@ -195,7 +187,7 @@ impl Turn {
             }
             if previous.map(|(m, _)| m) != Some(to) {
                 fence.store.advance(key, to).await?;
-                fence.tree.raise(MarkKind::Key, key, to);
+                fence.tree.raise(key, to);
                 // Nothing was forwarded for this advance. But a write that is still in flight
                 // (its answer never came) must stay marked, or a restart would not quarantine it.
                 if !previous.is_some_and(|(_, in_flight)| in_flight) {
@@ -208,6 +200,11 @@ impl Turn {
         });
         task.await.unwrap_or_else(|e| Err(FenceError::TaskFailed(e.to_string()).into()))
     }
+}
+
+/// The durable marks a write with `touches` raises, owned, for the store's multi-mark calls.
+fn marks(touches: &[Touch]) -> Vec<(MarkKind, String)> {
+    touches.iter().map(|t| t.mark()).map(|(kind, m)| (kind, m.to_owned())).collect()
 }
 
 impl Drop for Turn {
