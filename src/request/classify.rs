@@ -63,7 +63,7 @@ pub fn classify<B: Body>(req: &Request<B>, config: &Config) -> Result<Plan, Refu
     check_limits(req, &config.limits)?;
     check_connection(req, config)?;
     let overridden = method_override(req)?;
-    let unfenced = |m: &[u8]| config.fence.unfenced_methods.iter().any(|u| u.as_str().as_bytes() == m);
+    let unfenced = |m: &[u8]| listed(&config.fence.unfenced_methods, m);
     if unfenced(req.method().as_str().as_bytes()) && overridden.is_none_or(unfenced) {
         let target = req.uri().path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
         return Ok(Plan::Pass { target });
@@ -79,7 +79,7 @@ pub fn classify<B: Body>(req: &Request<B>, config: &Config) -> Result<Plan, Refu
     let real = req.method().as_str().as_bytes();
     let claimed = overridden.map(<[u8]>::to_ascii_uppercase);
     let methods = || std::iter::once(real).chain(claimed.as_deref());
-    let subtree = methods().any(|m| config.fence.subtree_methods.iter().any(|s| s.as_str().as_bytes() == m));
+    let subtree = methods().any(|m| listed(&config.fence.subtree_methods, m));
     let touch = |key: String, path: &str| {
         // A key a scope shortened already holds the whole subtree of the path.
         let coverage = if subtree && key == path { Coverage::Subtree } else { Coverage::Key };
@@ -119,6 +119,11 @@ pub fn classify<B: Body>(req: &Request<B>, config: &Config) -> Result<Plan, Refu
         Err(e) => return Err(e.into()),
     };
     Ok(Plan::Write(Write { token, touches, destination, target, body_limit }))
+}
+
+/// Whether `method` is one of `methods`, compared exactly: method names are case-sensitive.
+fn listed(methods: &[Method], method: &[u8]) -> bool {
+    methods.iter().any(|m| m.as_str().as_bytes() == method)
 }
 
 /// Refuses a write whose keys' tokens come from different counters: a subtree that holds keys
