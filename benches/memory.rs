@@ -1,14 +1,16 @@
 //! Memory of the fence table: RSS of a process that has recovered 1,000,000 resources with
-//! 30-byte keys, as the proxy does at start-up.
+//! 30-byte keys, as the proxy does at start-up; then of 100,000 gates (quarantined, so that
+//! they stay without a write holding them), against what `store.max_table_bytes` counts.
 //!
-//! Run: `cargo bench --bench memory` (`FG_MEMORY_KEYS=deep` for keys six segments deep). The
-//! parent writes the data directory, then runs itself again to measure a fresh process that
-//! only recovers it.
+//! Run: `cargo bench --bench memory` (`FG_MEMORY_KEYS=deep` for keys six segments deep,
+//! `FG_MEMORY_KEYS=long` for 200-byte keys). The parent writes the data directory, then runs
+//! itself again to measure a fresh process that only recovers it.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use fencegate::fence::Fence;
-use fencegate::store::{FileStore, Store, StoreOptions, SyncMode};
+use fencegate::fence::{Coverage, Fence, GATE_BYTES, Touch};
+use fencegate::store::{FileStore, MARK_BYTES, Store, StoreOptions, SyncMode};
 
 const RESOURCES: u64 = 1_000_000;
 
@@ -19,9 +21,13 @@ fn key(i: u64) -> String {
         Ok("deep") => {
             format!("/t{}/t{}/t{}/t{}/t{}/k{i}", i % 10, i / 10 % 10, i / 100 % 10, i / 1000 % 10, i / 10000 % 10)
         }
+        Ok("long") => format!("/bucket-{:02}/{}/object-{:012}", i % 100, "x".repeat(170), i),
         _ => format!("/bucket-{:02}/object-{:012}", i % 100, i),
     }
 }
+
+/// Gates measured after the table.
+const GATES: u64 = 100_000;
 
 fn status(field: &str) -> u64 {
     let text = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -48,6 +54,21 @@ fn measure(dir: &std::path::Path) {
     println!("RSS after recovery {:>8.1} MB   (target: under 150 MB)", rss as f64 / 1024.0);
     println!("peak RSS           {:>8.1} MB", peak as f64 / 1024.0);
     println!("per resource       {:>8.0} bytes", (rss - before) as f64 * 1024.0 / fence.len() as f64);
+    let key_len = key(0).len() as u64;
+    println!("counted per resource {:>6} bytes   (key length {key_len} + MARK_BYTES)", key_len + MARK_BYTES);
+    let fence = Arc::new(fence);
+    let before = status("VmRSS:");
+    rt.block_on(async {
+        for i in RESOURCES..RESOURCES + GATES {
+            let touch = vec![Touch { key: key(i), coverage: Coverage::Key }];
+            let mut turn = fence.acquire(touch, Duration::from_secs(1)).await.unwrap();
+            turn.quarantine(Duration::from_secs(3600));
+        }
+    });
+    let rss = status("VmRSS:");
+    println!("gates              {}", fence.active_gates());
+    println!("per gate           {:>8.0} bytes", (rss - before) as f64 * 1024.0 / GATES as f64);
+    println!("counted per gate   {:>8} bytes   (key length {key_len} + GATE_BYTES)", key_len + GATE_BYTES);
     rt.block_on(store.close()).unwrap();
 }
 

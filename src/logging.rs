@@ -1,7 +1,13 @@
 //! Logs to stderr, as text or JSON lines, at a level a reload can change.
+//!
+//! Lines are handed to a thread of their own through a bounded queue (`log.buffer_lines`):
+//! writing to stderr blocks when whatever reads it falls behind (a full pipe, a stalled
+//! journal), and a thread that serves requests must never wait for that. When the queue is
+//! full a line is dropped and counted ([`dropped_lines`], `/metrics`).
 
 use std::sync::OnceLock;
 
+use tracing_appender::non_blocking::{ErrorCounter, NonBlockingBuilder, WorkerGuard};
 use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::prelude::*;
 use tracing_subscriber::{Registry, fmt, reload};
@@ -11,20 +17,45 @@ use crate::config::LogFormat;
 /// The level filter of the installed subscriber; unset when the library runs without one (tests).
 static LEVEL: OnceLock<reload::Handle<LevelFilter, Registry>> = OnceLock::new();
 
-/// Installs the process-wide subscriber. Call once, before anything logs.
-pub fn init(level: &str, format: LogFormat) {
+/// Counts the lines the installed subscriber dropped.
+static DROPPED: OnceLock<ErrorCounter> = OnceLock::new();
+
+/// Keeps the log's writer thread; dropping it writes out the lines still queued.
+#[derive(Debug)]
+#[must_use = "lines still queued are lost unless this lives until the process ends"]
+pub struct Flush {
+    _writer: Option<WorkerGuard>,
+}
+
+/// Installs the process-wide subscriber, queueing at most `buffer_lines` lines for stderr.
+/// Call once, before anything logs, and keep what it returns until the end.
+pub fn init(level: &str, format: LogFormat, buffer_lines: usize) -> Flush {
     let (filter, handle) = reload::Layer::new(parse(level));
+    let (writer, guard) = NonBlockingBuilder::default()
+        .lossy(true)
+        .buffered_lines_limit(buffer_lines)
+        .thread_name("fencegate-stderr")
+        .finish(std::io::stderr());
+    let dropped = writer.error_counter();
     let (json, text) = match format {
-        LogFormat::Json => (Some(fmt::layer().json().with_writer(std::io::stderr)), None),
+        LogFormat::Json => (Some(fmt::layer().json().with_writer(writer)), None),
         // Colour codes only for a terminal: logs are also parsed by tools and tests.
         LogFormat::Text => {
             let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-            (None, Some(fmt::layer().with_ansi(ansi).with_writer(std::io::stderr)))
+            (None, Some(fmt::layer().with_ansi(ansi).with_writer(writer)))
         }
     };
     if tracing_subscriber::registry().with(filter).with(json).with(text).try_init().is_ok() {
         let _ = LEVEL.set(handle);
+        let _ = DROPPED.set(dropped);
+        return Flush { _writer: Some(guard) };
     }
+    Flush { _writer: None }
+}
+
+/// Lines dropped because the queue to stderr was full, since the process started.
+pub fn dropped_lines() -> u64 {
+    DROPPED.get().map_or(0, |d| d.dropped_lines() as u64)
 }
 
 /// Changes the level from `old` to `new`, calling `announce` while the more verbose of the

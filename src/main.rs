@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use fencegate::Config;
-use fencegate::config::LogFormat;
+use fencegate::config::{Environment, LogFormat};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 /// mimalloc rather than glibc's malloc: a request makes about two dozen short-lived
@@ -70,7 +70,8 @@ fn main() -> ExitCode {
         Command::Check { config } => check(&config),
         Command::Run { config } => {
             Config::load(&config, None).with_context(|| format!("invalid config {}", config.display())).and_then(|c| {
-                fencegate::logging::init(&c.log.level, c.log.format);
+                let _flush = fencegate::logging::init(&c.log.level, c.log.format, c.log.buffer_lines);
+                log_environment(&Environment::read(None));
                 raise_open_files_limit();
                 runtime(c.server.workers)?.block_on(serve(config.clone(), c))
             })
@@ -78,7 +79,7 @@ fn main() -> ExitCode {
         Command::Init { dir, floor } => init(&dir, floor),
         Command::Inspect { dir, key, top } => inspect(&dir, key.as_deref(), top),
         Command::Demo => {
-            fencegate::logging::init("error", LogFormat::Text);
+            let _flush = fencegate::logging::init("error", LogFormat::Text, 1024);
             runtime(0).and_then(|rt| rt.block_on(demo()))
         }
     };
@@ -108,9 +109,30 @@ fn runtime(workers: usize) -> anyhow::Result<tokio::runtime::Runtime> {
 
 fn check(path: &std::path::Path) -> anyhow::Result<()> {
     let config = Config::load(path, None).with_context(|| format!("invalid config {}", path.display()))?;
+    for name in Environment::read(None).ignored {
+        println!("# warning: {name} is ignored: {NOT_A_SETTING}");
+    }
+    let notes = fencegate::app::preflight(&config).with_context(|| format!("{} would not run", path.display()))?;
+    for note in notes {
+        println!("# {note}");
+    }
     println!("# {}: OK. Effective settings:", path.display());
     print!("{}", config.to_toml());
     Ok(())
+}
+
+/// Why a `FENCEGATE_*` variable without `__` is ignored.
+const NOT_A_SETTING: &str = "settings are FENCEGATE_<SECTION>__<KEY>, with two underscores (FENCEGATE_BACKEND__URL)";
+
+/// Says which `FENCEGATE_*` variables are not settings: Kubernetes service links quietly,
+/// anything else (a typo, most likely) loudly.
+fn log_environment(env: &Environment) {
+    for name in &env.service_links {
+        tracing::debug!(variable = %name, "ignoring a Kubernetes service link variable");
+    }
+    for name in &env.ignored {
+        tracing::warn!(variable = %name, "ignoring an environment variable that is not a setting: {NOT_A_SETTING}");
+    }
 }
 
 fn init(dir: &std::path::Path, floor: u64) -> anyhow::Result<()> {
@@ -192,9 +214,12 @@ async fn serve(path: PathBuf, config: Config) -> anyhow::Result<()> {
     // Before anything slow (recovery can take seconds): SIGHUP's default action is to kill, and
     // `systemctl reload` may come early. One that arrives during start-up is applied after it.
     let hangups = signal(SignalKind::hangup()).context("cannot listen for SIGHUP")?;
-    let listener = tokio::net::TcpListener::bind(config.server.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", config.server.listen))?;
+    let addr = config.server.listen;
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| fencegate::Error::Listen {
+        setting: "server.listen",
+        addr,
+        message: e.to_string(),
+    })?;
     let proxy = fencegate::Proxy::open(config).await?;
     tokio::spawn(reload_on_hangup(proxy.clone(), path, hangups));
     proxy.run(listener, shutdown_signal()).await?;

@@ -149,6 +149,38 @@ async fn metrics_count_outcomes_group_commit_and_bytes() {
     assert!(value("fencegate_response_body_bytes_total") >= 5.0);
 }
 
+#[tokio::test]
+async fn metrics_report_the_table_bytes_by_part_and_their_limit() {
+    use fencegate::fence::{GATE_BYTES, NODE_BYTES};
+    use fencegate::store::MARK_BYTES;
+    let h = Harness::start_with(|c| c.store.max_table_bytes = 4 << 20).await;
+    let a = h.start_admin().await;
+    let scrape = async || String::from_utf8(admin(a, "GET", "/metrics", None, "").await.body.to_vec()).unwrap();
+    let metric = |text: &str, series: &str| -> u64 {
+        let line = text.lines().find(|l| l.starts_with(series)).unwrap_or_else(|| panic!("no {series} in\n{text}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let bytes = |marks: &[&str], each: u64| marks.iter().map(|m| m.len() as u64 + each).sum::<u64>();
+    assert_eq!(h.put("/doc", 5, "hello").await.status, 200);
+    assert_eq!(h.send("DELETE", "/dir/", &[("fencing-token", "6")], "").await.fencegate_error(), None);
+    // While the backend holds a write, its gate counts too.
+    let held = async {
+        h.wait_queue_len("/slow", 1).await;
+        scrape().await
+    };
+    let (slow, text) = tokio::join!(h.slow_put("/slow", 7, 1000), held);
+    assert_eq!(slow.status, 200);
+    assert_eq!(metric(&text, "fencegate_table_limit_bytes "), 4 << 20);
+    assert_eq!(metric(&text, r#"fencegate_table_bytes{part="keys"}"#), bytes(&["/doc", "/slow"], MARK_BYTES));
+    let floors = bytes(&["/dir"], MARK_BYTES);
+    assert_eq!(metric(&text, r#"fencegate_table_bytes{part="floors"}"#), floors, "the DELETE's (init's 0 leaves none)");
+    // The fence's part: the gate, and the tree's one node ("/", above every key written).
+    let fence = r#"fencegate_table_bytes{part="fence"}"#;
+    assert_eq!(metric(&text, fence), bytes(&["/slow"], GATE_BYTES) + NODE_BYTES);
+    let text = scrape().await;
+    assert_eq!(metric(&text, fence), NODE_BYTES, "a gate is given back with its turn");
+}
+
 /// The admin listener's connection limit, fixed in `src/admin`.
 const ADMIN_MAX_CONNECTIONS: usize = 64;
 

@@ -82,12 +82,94 @@ async fn init_with_a_floor_then_run_serves_and_init_refuses_the_dir_from_then_on
 fn check_prints_the_effective_settings_of_a_valid_file() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), "http://127.0.0.1:9000", "");
+    init_data_dir(dir.path());
     let out = run(&["check", "--config", config.to_str().unwrap()], &[("FENCEGATE_FENCE__EQUAL_TOKEN", "accept")]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout);
     for expected in ["equal_token = \"accept\"", "request_timeout = \"30s\"", "header = \"fencing-token\""] {
         assert!(text.contains(expected), "missing {expected:?} in\n{text}");
     }
+}
+
+/// `fencegate init` of the data dir `write_config` names.
+fn init_data_dir(dir: &std::path::Path) {
+    let data = dir.join("data");
+    let out = run(&["init", "--dir", data.to_str().unwrap()], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn check_refuses_what_run_would_refuse() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "http://127.0.0.1:9000", "");
+    let check = |env: &[(&str, &str)]| {
+        let out = run(&["check", "--config", config.to_str().unwrap()], env);
+        (
+            out.status.success(),
+            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)),
+        )
+    };
+    let (ok, text) = check(&[]);
+    assert!(!ok && text.contains("does not exist") && text.contains("fencegate init --dir"), "{text}");
+    init_data_dir(dir.path());
+    let (ok, text) = check(&[]);
+    assert!(ok && text.contains("initialised, same key rules, writable"), "{text}");
+
+    // Keys made under other rules (as a run with other `[[fence.scopes]]` would have recorded).
+    let keying = dir.path().join("data/KEYING");
+    let recorded = std::fs::read_to_string(&keying).ok();
+    std::fs::write(&keying, "recorded under other rules").unwrap();
+    let (ok, text) = check(&[]);
+    assert!(!ok && text.contains("other key rules"), "{text}");
+    match recorded {
+        Some(text) => std::fs::write(&keying, text).unwrap(),
+        None => std::fs::remove_file(&keying).unwrap(),
+    }
+
+    // Listeners on one address, or on the backend's.
+    for (env, says) in [
+        (("FENCEGATE_ADMIN__LISTEN", "127.0.0.1:9100"), "same address"),
+        (("FENCEGATE_BACKEND__URL", "http://127.0.0.1:9100"), "forward to itself"),
+    ] {
+        let (ok, text) = check(&[("FENCEGATE_SERVER__LISTEN", "0.0.0.0:9100"), env]);
+        assert!(!ok && text.contains(says), "{env:?}: {text}");
+    }
+    // A directory given as the config file.
+    let out = run(&["check", "--config", dir.path().to_str().unwrap()], &[]);
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && text.contains("Is a directory"), "{text}");
+}
+
+#[test]
+fn kubernetes_service_links_are_ignored_and_stray_variables_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "http://127.0.0.1:9000", "");
+    init_data_dir(dir.path());
+    let config = config.to_str().unwrap();
+    // What Kubernetes puts into every pod of a namespace with a Service named `fencegate`.
+    let links = [
+        ("FENCEGATE_SERVICE_HOST", "10.96.0.12"),
+        ("FENCEGATE_SERVICE_PORT", "8080"),
+        ("FENCEGATE_PORT", "tcp://10.96.0.12:8080"),
+        ("FENCEGATE_PORT_8080_TCP", "tcp://10.96.0.12:8080"),
+        ("FENCEGATE_PORT_8080_TCP_PROTO", "tcp"),
+        ("FENCEGATE_PORT_8080_TCP_PORT", "8080"),
+        ("FENCEGATE_PORT_8080_TCP_ADDR", "10.96.0.12"),
+    ];
+    let out = run(&["check", "--config", config], &links);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("warning"), "service links are no one's typo");
+
+    let out = run(&["check", "--config", config], &[("FENCEGATE_BACKEND_URL", "http://127.0.0.1:1")]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("# warning: FENCEGATE_BACKEND_URL is ignored"), "{text}");
+    assert!(text.contains("url = \"http://127.0.0.1:9000/\"") || text.contains("127.0.0.1:9000"), "{text}");
+
+    let out = run(&["check", "--config", config], &[("FENCEGATE_BACKEND__URLL", "http://127.0.0.1:1")]);
+    assert!(!out.status.success());
+    let msg = String::from_utf8_lossy(&out.stderr);
+    assert!(msg.contains("environment variable FENCEGATE_BACKEND__URLL"), "names the variable: {msg}");
 }
 
 #[test]
@@ -113,7 +195,10 @@ fn check_names_the_bad_key_and_exits_non_zero() {
 #[test]
 fn the_shipped_sample_config_is_valid() {
     let sample = concat!(env!("CARGO_MANIFEST_DIR"), "/config/fencegate.toml");
-    let out = run(&["check", "--config", sample], &[]);
+    let dir = tempfile::tempdir().unwrap();
+    init_data_dir(dir.path());
+    let data = dir.path().join("data");
+    let out = run(&["check", "--config", sample], &[("FENCEGATE_STORE__DIR", data.to_str().unwrap())]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 

@@ -122,32 +122,113 @@ async fn sigkill_while_a_write_is_at_the_backend_keeps_its_advance_and_quarantin
     assert_eq!(applied, [77, 78], "the backend applied them in token order");
 }
 
+/// Sets the soft limit on the size of files that process `pid` may write (`None`: none), under
+/// the hard limit this test runs with, which it inherited.
+fn limit_file_size(pid: u32, soft: Option<u64>) {
+    use rustix::process::{Pid, Resource, Rlimit, getrlimit, prlimit};
+    let hard = getrlimit(Resource::Fsize).maximum;
+    prlimit(Pid::from_raw(pid as i32), Resource::Fsize, Rlimit { current: soft, maximum: hard }).unwrap();
+}
+
+#[tokio::test]
+async fn no_room_for_the_log_refuses_fenced_writes_as_store_full_until_there_is_and_loses_nothing() {
+    let mut d = Deployment::builder().config_extra("[admin]\nlisten = \"127.0.0.1:0\"").build().await;
+    // No room: files may not grow past 8 KiB (EFBIG, and the signal that would otherwise kill
+    // the process for it is ignored, as it stays across exec). Only the soft limit, so that the
+    // test can lift it again.
+    let (pid, addr) = {
+        let p = d.start_in_shell("trap '' XFSZ; ulimit -S -f 8");
+        (p.pid(), p.addr)
+    };
+    let admin = d.proxy().admin_addr().await;
+    // Fill the log until the same write is refused twice in a row: the first refused batch
+    // also carried the previous write's answer record, which its retry does not. Equal key
+    // lengths make every advance record the same size, so from then on no advance fits.
+    let mut acked = Vec::new();
+    let mut refused: Option<String> = None;
+    let path = loop {
+        let path = format!("/objects/{:05}", acked.len());
+        let r = put_response(addr, &path, 5).await.unwrap();
+        if r.status == 200 {
+            acked.push(path);
+            assert!(acked.len() < 10_000, "the file size limit never bit");
+            continue;
+        }
+        r.assert_refused(503, "store_full");
+        assert!(r.headers.contains_key("retry-after"), "{:?}", r.headers);
+        if refused.as_ref() == Some(&path) {
+            break path;
+        }
+        refused = Some(path);
+    };
+    assert!(!acked.is_empty());
+    // A known resource with a higher token needs room for its record too.
+    put_response(addr, &acked[0], 6).await.unwrap().assert_refused(503, "store_full");
+    // Reads still flow.
+    let get = raw_request(addr, &format!("GET {} HTTP/1.1\r\nHost: x", acked[0]), "").await;
+    assert_eq!((get.status, get.fencegate_error()), (200, None));
+    let ready = raw_request(admin, "GET /readyz HTTP/1.1\r\nHost: x", "").await;
+    assert_eq!(ready.status, 503);
+    assert!(ready.json()["problems"][0].as_str().unwrap().starts_with("store full: no room on disk"), "{ready:?}");
+    assert!(d.backend.requests().iter().all(|r| r.path != path), "the refused write was not forwarded");
+
+    // Not failed: once there is room, the very write that was refused goes through.
+    limit_file_size(pid, None);
+    assert_eq!(put(addr, &path, 5).await, 200);
+    // Logged after every refusal: once it is in, so is every line before it.
+    d.proxy().wait_for_log("the fence log has room again", 1).await;
+    assert_eq!(
+        d.proxy().log_lines("no room on disk for the fence log: fenced writes are refused").len(),
+        1,
+        "said once"
+    );
+    assert!(!d.proxy().log_contains("refusing every fenced write"), "the store did not fail");
+    let ready = raw_request(admin, "GET /readyz HTTP/1.1\r\nHost: x", "").await;
+    assert_eq!(ready.status, 200, "{ready:?}");
+    acked.push(path);
+
+    let addr = d.restart().addr;
+    for path in &acked {
+        assert_eq!(put(addr, path, 5).await, 409, "{path}: an acknowledged advance was lost");
+    }
+    assert_eq!(put(addr, &acked[0], 6).await, 200, "the refused advance of token 6 left nothing behind");
+}
+
 #[tokio::test]
 async fn a_failed_log_write_closes_fenced_writes_keeps_reads_flowing_and_loses_nothing() {
     let mut d = Deployment::builder().build().await;
-    // A real write failure: files may not grow past 8 KiB (EFBIG), and the signal that would
-    // otherwise kill the process for it is ignored, as it stays across exec.
-    let addr = d.start_in_shell("trap '' XFSZ; ulimit -f 8").addr;
-    let mut acked = Vec::new();
-    let refusal = loop {
-        let path = format!("/objects/{}", acked.len());
-        let r = put_response(addr, &path, 5).await.unwrap();
-        if r.status != 200 {
-            break r;
-        }
-        acked.push(path);
-        assert!(acked.len() < 10_000, "the file size limit never bit");
+    // A write past the file size limit fails with EFBIG; the signal that would otherwise kill
+    // the process for it is ignored, as it stays across exec.
+    let (pid, addr) = {
+        let p = d.start_in_shell("trap '' XFSZ");
+        (p.pid(), p.addr)
     };
-    refusal.assert_refused(503, "store_unavailable");
-    assert!(!acked.is_empty());
-    // Failed for good: even a known resource with a higher token is refused now...
+    let mut acked = Vec::new();
+    for i in 0..5 {
+        let path = format!("/objects/{i}");
+        assert_eq!(put(addr, &path, 5).await, 200);
+        acked.push(path);
+    }
+    // The log has written its zeros well ahead of its records, so the next batch needs no new
+    // room: it goes into space the file already has.
+    let segment = d.data_dir().join("segment-00000000000000000001.log");
+    assert!(std::fs::metadata(&segment).unwrap().len() >= 1 << 20, "zeros 1 MiB ahead");
+    // The limit applies to the offset a write starts at, not to the file's size: below the
+    // 40-byte header, every write of log data fails, inside the file.
+    limit_file_size(pid, Some(40));
+    let refused_path = "/objects/refused";
+    put_response(addr, refused_path, 5).await.unwrap().assert_refused(503, "store_unavailable");
+    d.proxy().wait_for_log("refusing every fenced write until fencegate is restarted", 1).await;
+    assert!(!d.proxy().log_contains("no room on disk"), "a failed write is not a full disk");
+    // Failed for good: what was written since the last sync cannot be trusted to a later one,
+    // so even with the limit gone, and for a known resource with a higher token, the store
+    // refuses until a restart...
+    limit_file_size(pid, None);
     put_response(addr, &acked[0], 6).await.unwrap().assert_refused(503, "store_unavailable");
+    put_response(addr, refused_path, 5).await.unwrap().assert_refused(503, "store_unavailable");
     // ...while reads still flow.
     let get = raw_request(addr, &format!("GET {} HTTP/1.1\r\nHost: x", acked[0]), "").await;
     assert_eq!((get.status, get.fencegate_error()), (200, None));
-    assert!(d.proxy().log_contains("refusing every fenced write"), "the failure is logged loudly");
-    assert!(d.proxy().log_contains("cannot write zeros ahead"), "the 1 MiB of zeros ahead failed first, harmlessly");
-    let refused_path = format!("/objects/{}", acked.len());
     assert!(d.backend.requests().iter().all(|r| r.path != refused_path), "the failed write was not forwarded");
 
     let addr = d.restart().addr;

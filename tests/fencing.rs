@@ -158,6 +158,33 @@ async fn past_max_resources_new_resources_get_503_and_known_ones_keep_working() 
 }
 
 #[tokio::test]
+async fn past_max_table_bytes_long_new_resources_get_503_and_known_ones_keep_working() {
+    // The smallest limit `check` accepts, and keys near the longest target the proxy takes:
+    // about 130 of them fill it.
+    let h = Harness::start_with(|c| c.store.max_table_bytes = 1 << 20).await;
+    assert_eq!(h.put("/short", 1, "s").await.status, 200);
+    let long = |i: usize| format!("/{i:04}-{}", "k".repeat(8000));
+    let mut accepted = 0;
+    let refused = loop {
+        let r = h.put(&long(accepted), 1, "x").await;
+        if r.status != 200 {
+            break r;
+        }
+        accepted += 1;
+        assert!(accepted < 200, "{accepted} keys of 8 KB were accepted under a limit of 1 MiB");
+    };
+    refused.assert_refused(503, "resource_limit");
+    assert!(refused.json()["message"].as_str().unwrap().contains("store.max_table_bytes"), "{:?}", refused.body);
+    assert!(accepted > 100, "only {accepted} keys of 8 KB fit in 1 MiB");
+    h.put(&long(accepted + 1), 1, "x").await.assert_refused(503, "resource_limit");
+    assert_eq!(h.put(&long(0), 2, "x2").await.status, 200, "known resources keep working");
+    assert_eq!(h.put("/short", 2, "s2").await.status, 200);
+    let r = h.get(&long(accepted)).await;
+    assert_eq!((r.status, r.fencegate_error()), (404, None), "reads are not limited");
+    assert!(h.backend.applied().iter().all(|r| r.path != long(accepted)), "the refused write was never forwarded");
+}
+
+#[tokio::test]
 async fn max_seen_survives_a_graceful_restart_and_answered_writes_leave_nothing_quarantined() {
     let mut h = Harness::start().await;
     assert_eq!(h.put("/doc", 5, "five").await.status, 200);

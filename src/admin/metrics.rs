@@ -24,6 +24,13 @@ pub struct RequestLabels {
     pub outcome: &'static str,
 }
 
+/// Labels of `fencegate_table_bytes`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TableLabels {
+    /// `keys`, `floors`, or `fence` (the fence's gates and tree nodes).
+    pub part: &'static str,
+}
+
 /// All of fencegate's metrics.
 #[derive(Debug)]
 pub struct Metrics {
@@ -43,10 +50,16 @@ pub struct Metrics {
     pub in_flight: Gauge,
     /// Resources with a `max_seen` (set when scraped).
     pub resources: Gauge,
+    /// Approximate bytes of memory of the fence table, by part (set when scraped).
+    table_bytes: Family<TableLabels, Gauge>,
+    /// Their bound, `store.max_table_bytes` (set when scraped).
+    table_limit: Gauge,
     /// Request body bytes sent to the backend.
     pub bytes_in: Counter,
     /// Response body bytes sent to clients.
     pub bytes_out: Counter,
+    /// Log lines dropped because the queue to stderr was full (brought up to date when scraped).
+    log_dropped: Counter,
 }
 
 /// Methods counted under their own name; others count as `other`, the last entry.
@@ -84,8 +97,11 @@ impl Default for Metrics {
             batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 13)), // 1 .. 4096
             in_flight: Gauge::default(),
             resources: Gauge::default(),
+            table_bytes: Family::default(),
+            table_limit: Gauge::default(),
             bytes_in: Counter::default(),
             bytes_out: Counter::default(),
+            log_dropped: Counter::default(),
             registry: Registry::default(),
         };
         registry.register("requests", "Requests by method and outcome", m.requests.clone());
@@ -116,6 +132,18 @@ impl Default for Metrics {
         );
         registry.register("resources", "Resources with a max_seen", m.resources.clone());
         registry.register_with_unit(
+            "table",
+            "Approximate memory of the fence table, by part: keys, floors, and the fence's gates and tree nodes",
+            Unit::Bytes,
+            m.table_bytes.clone(),
+        );
+        registry.register_with_unit(
+            "table_limit",
+            "Most memory the fence table may take for new resources (store.max_table_bytes)",
+            Unit::Bytes,
+            m.table_limit.clone(),
+        );
+        registry.register_with_unit(
             "request_body",
             "Request body bytes sent to the backend",
             Unit::Bytes,
@@ -126,6 +154,11 @@ impl Default for Metrics {
             "Response body bytes sent to clients",
             Unit::Bytes,
             m.bytes_out.clone(),
+        );
+        registry.register(
+            "log_lines_dropped",
+            "Log lines dropped because the queue to stderr was full",
+            m.log_dropped.clone(),
         );
         Metrics { registry, ..m }
     }
@@ -140,6 +173,20 @@ impl Metrics {
         } else {
             self.requests.get_or_create(&RequestLabels { method: METHODS[method], outcome }).inc();
         }
+    }
+
+    /// Brings the count of dropped log lines up to `dropped`, the process's count so far.
+    pub fn log_dropped(&self, dropped: u64) {
+        self.log_dropped.inc_by(dropped.saturating_sub(self.log_dropped.get()));
+    }
+
+    /// Sets the fence table's bytes by part, and their limit.
+    pub fn table(&self, keys: u64, floors: u64, fence: u64, limit: u64) {
+        let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        for (part, bytes) in [("keys", keys), ("floors", floors), ("fence", fence)] {
+            self.table_bytes.get_or_create(&TableLabels { part }).set(gauge(bytes));
+        }
+        self.table_limit.set(gauge(limit));
     }
 
     /// Records one durable batch.

@@ -19,6 +19,7 @@ pub(crate) mod metrics;
 use crate::app::State;
 use crate::listener::{self, Handler, Listening};
 use crate::request::refusal::{Refusal, json_response};
+use crate::store::Condition;
 
 mod fences;
 
@@ -61,6 +62,9 @@ async fn route(state: &State, req: Request<Incoming>) -> Result<Response<Full<By
         (&Method::GET, "/readyz") => Ok(readiness(state).await),
         (&Method::GET, "/metrics") => {
             state.metrics.resources.set(i64::try_from(state.fence.len()).unwrap_or(i64::MAX));
+            let (table, limit) = state.fence.table_bytes();
+            state.metrics.table(table.keys, table.floors, table.held, limit);
+            state.metrics.log_dropped(crate::logging::dropped_lines());
             let mut resp = Response::new(Full::new(Bytes::from(state.metrics.encode())));
             let kind = "application/openmetrics-text; version=1.0.0; charset=utf-8";
             resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(kind));
@@ -74,17 +78,34 @@ async fn route(state: &State, req: Request<Incoming>) -> Result<Response<Full<By
     }
 }
 
-/// Ready when the store accepts advances and the backend accepts a connection.
+/// Ready when the store accepts advances without a stall and the backend accepts a connection.
+/// `checks` holds one boolean a check; `problems` says what is wrong, for people.
 async fn readiness(state: &State) -> Response<Full<Bytes>> {
-    let store = state.store.healthy();
     let settings = state.settings.get();
+    let store = match state.store.condition() {
+        Condition::Ready => None,
+        Condition::Busy(took) if took < settings.config.store.stall_after => None,
+        Condition::Busy(took) => Some(format!(
+            "store stalled: a write or sync of the fence log has taken {took:.1?} so far (store.stall_after = {:?}); \
+            fenced writes wait for it",
+            settings.config.store.stall_after
+        )),
+        Condition::Full(why) => Some(format!("store full: no room on disk for the fence log ({why})")),
+        Condition::Failed(why) => Some(format!("store failed: {why}; fenced writes are refused until a restart")),
+    };
     let backend = &settings.config.backend;
     let connect = tokio::net::TcpStream::connect(crate::upstream::backend_addr(&backend.url));
     let reachable = matches!(tokio::time::timeout(backend.connect_timeout, connect).await, Ok(Ok(_)));
-    let checks = json!({ "store": store, "backend": reachable });
-    if store && reachable {
-        json_response(StatusCode::OK, &json!({ "status": "ready", "checks": checks }))
-    } else {
-        json_response(StatusCode::SERVICE_UNAVAILABLE, &json!({ "status": "not_ready", "checks": checks }))
+    let checks = json!({ "store": store.is_none(), "backend": reachable });
+    let mut problems: Vec<String> = store.into_iter().collect();
+    if !reachable {
+        problems.push(format!("backend unreachable: no connection within {:?}", backend.connect_timeout));
+    }
+    match problems.is_empty() {
+        true => json_response(StatusCode::OK, &json!({ "status": "ready", "checks": checks })),
+        false => json_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &json!({ "status": "not_ready", "checks": checks, "problems": problems }),
+        ),
     }
 }

@@ -1,6 +1,7 @@
 //! The running application: opens the store, starts the listener and the admin API, applies
 //! reloads, and drains on shutdown.
 
+mod preflight;
 pub(crate) mod settings;
 
 use std::future::Future;
@@ -19,6 +20,7 @@ use crate::fence::{Fence, keys};
 use crate::listener;
 use crate::request::throttle::RefusalThrottle;
 use crate::store::{self, FileStore, Store, StoreError, StoreOptions};
+pub use preflight::preflight;
 pub(crate) use settings::{Settings, SettingsSlot};
 
 /// Why the proxy could not start, apply a reload, or close its store.
@@ -36,7 +38,20 @@ pub enum Error {
     /// The listener's certificate files cannot be used (`server.tls`).
     #[error("server.tls: {0}")]
     ServerTls(String),
-    /// A socket could not be bound, or other I/O outside the store failed.
+    /// A listener could not be bound.
+    #[error("cannot listen on {addr} ({setting}): {message}")]
+    Listen {
+        /// The setting that names the address.
+        setting: &'static str,
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// The OS error.
+        message: String,
+    },
+    /// Settings that cannot work together (two listeners on one address).
+    #[error("{0}")]
+    Conflict(String),
+    /// Other I/O outside the store failed.
     #[error(transparent)]
     Io(#[from] std::io::Error),
 }
@@ -60,7 +75,7 @@ pub struct Proxy {
 
 impl Proxy {
     /// Locks the data directory, recovers `max_seen` from disk and prepares the backend client.
-    /// Serve it on the runtime that opened it: the store's writer is a task there. A data
+    /// Serve it on the runtime that opened it (the backend connections belong to it). A data
     /// directory that is missing or holds no state is refused: [`init_data_dir`] makes one.
     pub async fn open(config: Config) -> Result<Self, Error> {
         let metrics = Arc::new(Metrics::default());
@@ -69,6 +84,7 @@ impl Proxy {
             sync: config.store.sync,
             segment_bytes: config.store.segment_bytes,
             max_resources: config.store.max_resources,
+            max_table_bytes: config.store.max_table_bytes,
             keying: keys::keying(&config.paths, &config.fence.scopes),
             on_commit: Some(Arc::new(move |took, advances| observed.commit(took, advances))),
         };
@@ -122,6 +138,7 @@ impl Proxy {
         }
         let (old_level, new_level) = (current.config.log.level.clone(), next.config.log.level.clone());
         self.state.settings.set(next, report.renew_connections);
+        current.upstream.retire_for(&self.state.settings.get().upstream);
         crate::logging::change_level(&old_level, &new_level, || reload::log(&report));
         Ok(report)
     }
@@ -136,9 +153,28 @@ impl Proxy {
         self.state.fence.queue_len(key)
     }
 
-    /// Serves the admin API on `listener` until `shutdown` resolves.
-    pub async fn serve_admin(self, listener: TcpListener, shutdown: impl Future<Output = ()>) {
-        admin::serve(self.state, listener, shutdown).await
+    /// Serves the admin API on `listener` until `shutdown` resolves, on a thread and runtime of
+    /// its own: liveness probes and scrapes are answered even while the proxy's threads are
+    /// saturated or blocked. [`AdminThread::stopped`] waits for it to finish.
+    pub fn serve_admin(
+        &self,
+        listener: std::net::TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<AdminThread, Error> {
+        listener.set_nonblocking(true)?;
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let state = Arc::clone(&self.state);
+        let (done, stopped) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new().name("fencegate-admin".into()).spawn(move || {
+            runtime.block_on(async move {
+                match TcpListener::from_std(listener) {
+                    Ok(listener) => admin::serve(state, listener, shutdown).await,
+                    Err(e) => tracing::error!(error = %e, "cannot serve the admin API"),
+                }
+            });
+            let _ = done.send(());
+        })?;
+        Ok(AdminThread { stopped })
     }
 
     /// The configuration in force.
@@ -155,6 +191,19 @@ impl Proxy {
         self.state.store.close().await?;
         tracing::info!("fence store closed");
         Ok(())
+    }
+}
+
+/// The admin API's thread, as [`Proxy::serve_admin`] started it.
+#[derive(Debug)]
+pub struct AdminThread {
+    stopped: tokio::sync::oneshot::Receiver<()>,
+}
+
+impl AdminThread {
+    /// Resolves once the admin API has stopped (its shutdown came and its requests drained).
+    pub async fn stopped(self) {
+        let _ = self.stopped.await;
     }
 }
 
@@ -196,12 +245,16 @@ impl Proxy {
         let (stop, stopped) = watch::channel(false);
         let admin = match self.state.settings.get().config.admin.listen {
             Some(addr) => {
-                let admin_listener = TcpListener::bind(addr).await?;
+                let admin_listener = std::net::TcpListener::bind(addr).map_err(|e| Error::Listen {
+                    setting: "admin.listen",
+                    addr,
+                    message: e.to_string(),
+                })?;
                 let mut stopped = stopped.clone();
                 let until = async move {
                     let _ = stopped.wait_for(|s| *s).await;
                 };
-                Some(tokio::spawn(self.clone().serve_admin(admin_listener, until)))
+                Some(self.serve_admin(admin_listener, until)?)
             }
             None => None,
         };
@@ -212,7 +265,7 @@ impl Proxy {
             })
             .await;
         if let Some(admin) = admin {
-            let _ = admin.await;
+            admin.stopped().await;
         }
         result
     }

@@ -33,7 +33,7 @@ impl Settings {
     pub(crate) fn build(config: Config, bytes_in: Counter, previous: Option<&Settings>) -> Result<Self, Error> {
         let upstream = match previous {
             Some(p) if !reads_files(&config) && p.config.backend == config.backend => p.upstream.clone(),
-            _ => Upstream::new(&config.backend, bytes_in).map_err(Error::Backend)?,
+            _ => Upstream::new(&config.backend, bytes_in, previous.map(|p| &p.upstream)).map_err(Error::Backend)?,
         };
         let acceptor = match &config.server.tls {
             Some(t) => Some(TlsAcceptor::from(

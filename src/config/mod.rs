@@ -14,9 +14,12 @@ pub use crate::fence::path::PathPolicy;
 pub use crate::fence::{EqualToken, Scope};
 pub use crate::store::SyncMode;
 
+mod environment;
 mod raw;
 pub mod reload;
 mod validate;
+
+pub use environment::Environment;
 
 use raw::RawConfig;
 
@@ -26,6 +29,23 @@ pub enum ConfigError {
     /// The file could not be read or parsed, or a key is unknown or of the wrong type.
     #[error(transparent)]
     Load(#[from] config::ConfigError),
+    /// The file could not be read (missing, a directory, no permission).
+    #[error("cannot read {}: {message}", .path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        message: String,
+    },
+    /// An environment variable named as a setting (`FENCEGATE_<SECTION>__<KEY>`) is not one, or
+    /// its value is not acceptable.
+    #[error("environment variable {name}: {message}")]
+    Environment {
+        /// The variable.
+        name: String,
+        /// What is wrong.
+        message: String,
+    },
     /// A key parsed but its value is not acceptable.
     #[error("{key}: {message}")]
     Invalid {
@@ -156,6 +176,12 @@ pub struct BackendConfig {
     /// Bound on the backend's response head, measured from sending the request.
     #[serde(serialize_with = "ser_duration")]
     pub request_timeout: Duration,
+    /// Connections to the backend open at once; restart-only, so that the bound never changes
+    /// under requests that count on it.
+    pub max_connections: usize,
+    /// How long a request waits for a free backend connection before a 503.
+    #[serde(serialize_with = "ser_duration")]
+    pub pool_timeout: Duration,
     /// TLS to the backend (only with `https://`).
     pub tls: BackendTls,
 }
@@ -214,6 +240,12 @@ pub struct StoreConfig {
     pub segment_bytes: u64,
     /// Most resources the table holds; writes to new ones are refused beyond it.
     pub max_resources: usize,
+    /// Most bytes of memory the table's keys, floors and gates take; writes to new resources
+    /// are refused beyond it.
+    pub max_table_bytes: u64,
+    /// `/readyz` reports the store stalled once a write or sync of its log has taken this long.
+    #[serde(serialize_with = "ser_duration")]
+    pub stall_after: Duration,
 }
 
 /// `[log]`
@@ -226,6 +258,8 @@ pub struct LogConfig {
     /// At most one line per resource per this interval for refused requests.
     #[serde(serialize_with = "ser_duration")]
     pub refusal_interval: Duration,
+    /// Log lines queued for stderr at most; more are dropped (and counted) rather than wait.
+    pub buffer_lines: usize,
 }
 
 /// How log lines are written.
@@ -240,8 +274,34 @@ pub enum LogFormat {
 
 impl Config {
     /// Loads `path`, then applies `FENCEGATE_<SECTION>__<KEY>` overrides from `env`
-    /// (the process environment when `None`), then validates.
+    /// (the process environment when `None`), then validates. Other `FENCEGATE_*` variables
+    /// are not settings and are left alone ([`Environment`] tells which they are).
     pub fn load(path: &Path, env: Option<HashMap<String, String>>) -> Result<Self, ConfigError> {
+        let settings = Environment::read(env).settings;
+        match Config::load_with(path, settings.clone()) {
+            Ok(config) => Ok(config),
+            // Name the variable that spoils a file that loads on its own.
+            Err(e) if !settings.is_empty() && Config::load_with(path, HashMap::new()).is_ok() => {
+                let mut names: Vec<&String> = settings.keys().collect();
+                names.sort();
+                let culprit = names.into_iter().find(|name| {
+                    let one = settings.get(*name).map(|v| HashMap::from([((*name).clone(), v.clone())]));
+                    one.is_some_and(|one| Config::load_with(path, one).is_err())
+                });
+                match culprit {
+                    Some(name) => Err(ConfigError::Environment { name: name.clone(), message: e.to_string() }),
+                    None => Err(e),
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn load_with(path: &Path, settings: HashMap<String, String>) -> Result<Self, ConfigError> {
+        // Read here rather than by the `config` crate, which reports a file it may not read, or
+        // one in a directory it may not enter, as "not found".
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::Read { path: path.to_owned(), message: e.to_string() })?;
         let environment = config::Environment::with_prefix("FENCEGATE")
             .prefix_separator("_")
             .separator("__")
@@ -250,9 +310,9 @@ impl Config {
             .with_list_parse_key("fence.unfenced_methods")
             .with_list_parse_key("fence.subtree_methods")
             .with_list_parse_key("fence.methods")
-            .source(env);
+            .source(Some(settings));
         let raw: RawConfig = config::Config::builder()
-            .add_source(config::File::from(path).format(config::FileFormat::Toml))
+            .add_source(config::File::from_str(&text, config::FileFormat::Toml))
             .add_source(environment)
             .build()?
             .try_deserialize()?;

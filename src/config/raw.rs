@@ -73,6 +73,10 @@ pub(super) struct RawBackend {
     pub(super) connect_timeout: String,
     #[serde(default = "default_request_timeout")]
     pub(super) request_timeout: String,
+    #[serde(default = "default_backend_max_connections")]
+    pub(super) max_connections: usize,
+    #[serde(default = "default_pool_timeout")]
+    pub(super) pool_timeout: String,
     pub(super) tls: Option<RawBackendTls>,
 }
 
@@ -81,6 +85,12 @@ pub(super) fn default_connect_timeout() -> String {
 }
 pub(super) fn default_request_timeout() -> String {
     "30s".into()
+}
+pub(super) fn default_backend_max_connections() -> usize {
+    1024
+}
+pub(super) fn default_pool_timeout() -> String {
+    "5s".into()
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -141,11 +151,20 @@ pub(super) struct RawStore {
     pub(super) sync: String,
     pub(super) segment_bytes: u64,
     pub(super) max_resources: usize,
+    pub(super) max_table_bytes: u64,
+    pub(super) stall_after: String,
 }
 
 impl Default for RawStore {
     fn default() -> Self {
-        Self { dir: "data".into(), sync: "always".into(), segment_bytes: 64 << 20, max_resources: 10_000_000 }
+        Self {
+            dir: "data".into(),
+            sync: "always".into(),
+            segment_bytes: 64 << 20,
+            max_resources: 10_000_000,
+            max_table_bytes: 1 << 30,
+            stall_after: "2s".into(),
+        }
     }
 }
 
@@ -155,11 +174,12 @@ pub(super) struct RawLog {
     pub(super) level: String,
     pub(super) format: String,
     pub(super) refusal_interval: String,
+    pub(super) buffer_lines: usize,
 }
 
 impl Default for RawLog {
     fn default() -> Self {
-        Self { level: "info".into(), format: "text".into(), refusal_interval: "1s".into() }
+        Self { level: "info".into(), format: "text".into(), refusal_interval: "1s".into(), buffer_lines: 16_384 }
     }
 }
 

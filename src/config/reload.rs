@@ -10,7 +10,7 @@ type Keep = fn(&mut Config, &Config);
 
 /// Settings a reload cannot apply: they decide keys, storage or sockets already bound. Each
 /// entry is a dotted key or a whole section (`store`), with what puts the running value back.
-pub const RESTART_ONLY: [(&str, Keep); 8] = [
+pub const RESTART_ONLY: [(&str, Keep); 10] = [
     ("server.listen", |new, old| new.server.listen = old.server.listen),
     ("server.workers", |new, old| new.server.workers = old.server.workers),
     ("admin.listen", |new, old| new.admin.listen = old.admin.listen),
@@ -18,7 +18,9 @@ pub const RESTART_ONLY: [(&str, Keep); 8] = [
     ("paths", |new, old| new.paths = old.paths.clone()),
     ("fence.scopes", |new, old| new.fence.scopes = old.fence.scopes.clone()),
     ("log.format", |new, old| new.log.format = old.log.format),
+    ("log.buffer_lines", |new, old| new.log.buffer_lines = old.log.buffer_lines),
     ("limits.max_connections", |new, old| new.limits.max_connections = old.limits.max_connections),
+    ("backend.max_connections", |new, old| new.backend.max_connections = old.backend.max_connections),
 ];
 
 /// What a reload did.
@@ -163,10 +165,11 @@ mod tests {
     fn every_restart_only_setting_keeps_its_value() {
         let old = config("");
         let new = config(
-            "[log]\nformat = \"json\"\n[admin]\nlisten = \"127.0.0.1:7\"\n[[fence.scopes]]\nprefix = \"/t\"\n\
+            "[log]\nformat = \"json\"\nbuffer_lines = 9\n[admin]\nlisten = \"127.0.0.1:7\"\n[[fence.scopes]]\nprefix = \"/t\"\n\
              [paths]\nmerge_slashes = false\ncase_sensitive = false\n[limits]\nmax_connections = 7\n",
         );
         let mut new = new;
+        new.backend.max_connections = 3;
         new.server.listen = "127.0.0.1:1".parse().unwrap();
         new.server.workers = 3;
         new.store.dir = "/tmp/elsewhere".into();
@@ -178,7 +181,7 @@ mod tests {
         for key in kept {
             assert_eq!(before.get(key), after.get(key), "{key} changed under a running proxy");
         }
-        assert_eq!(report.kept.len(), 10, "{:?}", report.kept);
+        assert_eq!(report.kept.len(), 12, "{:?}", report.kept);
     }
 
     #[test]

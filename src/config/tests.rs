@@ -18,6 +18,7 @@ fn minimal_file_gets_documented_defaults() {
     assert_eq!(c.fence.quarantine, c.backend.request_timeout);
     assert_eq!(c.store.dir, PathBuf::from("data"));
     assert_eq!(c.store.sync, SyncMode::Always);
+    assert_eq!(c.store.max_table_bytes, 1 << 30);
 }
 
 #[test]
@@ -31,6 +32,7 @@ fn bad_values_name_their_key() {
     for (extra, key) in [
         ("[fence]\nequal_token = \"maybe\"\n", "fence.equal_token: \"maybe\": expected \"reject\" or \"accept\""),
         ("[store]\nsync = \"sometimes\"\n", "store.sync"),
+        ("[store]\nmax_table_bytes = 1048575\n", "store.max_table_bytes: must be at least 1048576"),
         ("[backend]\nurl = \"ftp://x\"\n", "backend.url"),
         ("[fence]\nqueue_timeout = \"soon\"\n", "fence.queue_timeout"),
         ("[[fence.scopes]]\nprefix = \"/a/../b/\"\n", "fence.scopes[0].prefix"),
@@ -70,8 +72,19 @@ fn environment_overrides_the_file() {
     let old = HashMap::from([("FENCEGATE_FENCE__METHODS".to_string(), "PUT,DELETE".to_string())]);
     let err = Config::load(&file, Some(old)).unwrap_err().to_string();
     assert!(err.contains("fence.unfenced_methods"), "the message names the key that replaced it: {err}");
-    let typo = HashMap::from([("FENCEGATE_FENCE__EQUAL".to_string(), "accept".to_string())]);
-    assert!(Config::load(&file, Some(typo)).is_err());
+    let typo = HashMap::from([
+        ("FENCEGATE_FENCE__EQUAL".to_string(), "accept".to_string()),
+        ("FENCEGATE_BACKEND__URL".to_string(), "http://127.0.0.1:9100".to_string()),
+    ]);
+    let err = Config::load(&file, Some(typo)).unwrap_err().to_string();
+    assert!(err.starts_with("environment variable FENCEGATE_FENCE__EQUAL:"), "names the variable: {err}");
+    // Kubernetes service links, and strays without `__`, are not settings: the file loads.
+    let links = HashMap::from([
+        ("FENCEGATE_SERVICE_HOST".to_string(), "10.0.0.1".to_string()),
+        ("FENCEGATE_PORT_8080_TCP".to_string(), "tcp://10.0.0.1:8080".to_string()),
+        ("FENCEGATE_BACKEND_URL".to_string(), "not a url".to_string()),
+    ]);
+    assert_eq!(Config::load(&file, Some(links)).unwrap(), Config::from_toml_str(MINIMAL).unwrap());
 }
 
 #[test]
@@ -95,4 +108,23 @@ fn the_admin_token_comes_from_its_file_and_is_never_printed() {
     let err = Config::from_toml_str(&text).unwrap_err();
     assert!(err.to_string().contains("at least 16"), "{err}");
     assert!(Config::from_toml_str(MINIMAL).unwrap().admin.listen.is_none(), "off unless configured");
+}
+
+#[test]
+fn the_backend_connection_bound_has_a_default_a_floor_and_a_wait() {
+    let c = Config::from_toml_str(MINIMAL).unwrap();
+    assert_eq!((c.backend.max_connections, c.backend.pool_timeout), (1024, Duration::from_secs(5)));
+    let with = |keys: &str| Config::from_toml_str(&format!("{MINIMAL}{keys}"));
+    let c = with("max_connections = 1\npool_timeout = \"250ms\"\n").unwrap();
+    assert_eq!((c.backend.max_connections, c.backend.pool_timeout), (1, Duration::from_millis(250)));
+    for (keys, error) in [
+        ("max_connections = 0\n", "backend.max_connections: 0 is outside 1..=1048576"),
+        ("max_connections = 2000000\n", "backend.max_connections"),
+        ("pool_timeout = \"0s\"\n", "backend.pool_timeout: must be greater than zero"),
+        ("pool_timeout = \"later\"\n", "backend.pool_timeout"),
+    ] {
+        let err = with(keys).unwrap_err().to_string();
+        assert!(err.contains(error), "{keys:?} gave {err}");
+    }
+    assert!(with("max_connections = -1\n").is_err(), "not a count");
 }

@@ -10,6 +10,10 @@ use super::raw::{self, RawAdmin, RawConfig, RawLimits, RawPaths, RawScope};
 use super::*;
 use crate::fence::path::{self, EscapedSlashes, MatrixParams, TrailingSlash};
 
+/// Least `store.max_table_bytes`: below it a typo (a number of megabytes written as bytes)
+/// would refuse nearly every new resource from the start.
+const MIN_TABLE_BYTES: u64 = 1 << 20;
+
 fn invalid(key: &str, message: impl Into<String>) -> ConfigError {
     ConfigError::Invalid { key: key.to_owned(), message: message.into() }
 }
@@ -37,6 +41,8 @@ pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
         url: backend_url(&raw.backend.url)?,
         connect_timeout: duration("backend.connect_timeout", &raw.backend.connect_timeout)?,
         request_timeout: duration("backend.request_timeout", &raw.backend.request_timeout)?,
+        max_connections: bounded("backend.max_connections", raw.backend.max_connections, 1, 1 << 20)?,
+        pool_timeout: duration("backend.pool_timeout", &raw.backend.pool_timeout)?,
         tls: backend_tls(&raw.backend.url, raw.backend.tls)?,
     };
     let f = raw.fence;
@@ -98,11 +104,16 @@ pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
     if raw.store.max_resources == 0 {
         return Err(invalid("store.max_resources", "must be at least 1"));
     }
+    if raw.store.max_table_bytes < MIN_TABLE_BYTES {
+        return Err(invalid("store.max_table_bytes", format!("must be at least {MIN_TABLE_BYTES} (1 MiB)")));
+    }
     let store = StoreConfig {
         dir: raw.store.dir,
         sync,
         segment_bytes: raw.store.segment_bytes,
         max_resources: raw.store.max_resources,
+        max_table_bytes: raw.store.max_table_bytes,
+        stall_after: duration("store.stall_after", &raw.store.stall_after)?,
     };
     let level = raw.log.level.to_ascii_lowercase();
     if !["error", "warn", "info", "debug", "trace"].contains(&level.as_str()) {
@@ -113,6 +124,10 @@ pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
         level,
         format: choice("log.format", &raw.log.format, [("text", LogFormat::Text), ("json", LogFormat::Json)])?,
         refusal_interval: duration("log.refusal_interval", &raw.log.refusal_interval)?,
+        buffer_lines: match raw.log.buffer_lines {
+            0 => return Err(invalid("log.buffer_lines", "must be at least 1")),
+            n => n,
+        },
     };
     let admin = admin(raw.admin)?;
     Ok(Config { server, backend, fence, store, log, paths, limits, admin })

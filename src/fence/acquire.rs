@@ -59,16 +59,24 @@ pub(super) struct Taken {
 }
 
 impl Fence {
-    /// Waits (FIFO) until `key` is this write's, at the latest by `deadline`.
-    async fn take_gate(&self, key: &str, deadline: Instant) -> Option<Held> {
+    /// Waits (FIFO) until `key` is this write's, at the latest by `deadline` (then
+    /// `timed_out`). A gate it would have to make is refused past the table's limit in bytes
+    /// unless `always` (see `gates.rs`).
+    async fn take_gate(
+        &self,
+        key: &str,
+        always: bool,
+        deadline: Instant,
+        timed_out: &impl Fn() -> FenceError,
+    ) -> Result<Held, FenceError> {
         // Made first, so it is dropped last (a future's locals are dropped in reverse order),
         // after the wait that holds the gate's clone: whoever leaves last finds the count that
         // lets the gate go.
         let mut leaving = Leaving { fence: self, key, armed: true };
-        let gate = self.gates.entry(key.into()).or_default().clone();
-        let guard = tokio::time::timeout_at(deadline.into(), gate.lock_owned()).await.ok()?;
+        let gate = self.gate(key, always)?;
+        let guard = tokio::time::timeout_at(deadline.into(), gate.lock_owned()).await.map_err(|_| timed_out())?;
         leaving.armed = false; // the turn releases the gate when it drops
-        Some(Held { key: key.into(), guard: Some(guard) })
+        Ok(Held { key: key.into(), guard: Some(guard) })
     }
 
     /// Gives back key turns taken so far.
@@ -112,11 +120,8 @@ impl Fence {
         loop {
             let mut held = match (touches, registered.is_some()) {
                 // The common case, one key and no subtree: no list to build and sort.
-                ([touch], false) => match self.take_gate(&touch.key, deadline).await {
-                    Some(h) => vec![h],
-                    None => return Err(timed_out()),
-                },
-                _ => self.take_all(touches, &subtrees, deadline).await.ok_or_else(timed_out)?,
+                ([touch], false) => vec![self.take_gate(&touch.key, false, deadline, &timed_out).await?],
+                _ => self.take_all(touches, &subtrees, deadline, &timed_out).await?,
             };
             if registered.is_some() || self.subtrees.is_empty() {
                 return Ok(Taken { held, registered });
@@ -134,9 +139,17 @@ impl Fence {
     }
 
     /// Takes the turn of every key `touches` names and, under `subtrees`, of every key with a
-    /// write waiting or in flight now, in sorted order; `None` if `deadline` passes first.
-    async fn take_all(&self, touches: &[Touch], subtrees: &[Box<str>], deadline: Instant) -> Option<Vec<Held>> {
-        let mut keys: Vec<&str> = touches.iter().map(|t| t.key.as_str()).collect();
+    /// write waiting or in flight now, in sorted order; `timed_out` if `deadline` passes first.
+    async fn take_all(
+        &self,
+        touches: &[Touch],
+        subtrees: &[Box<str>],
+        deadline: Instant,
+        timed_out: &impl Fn() -> FenceError,
+    ) -> Result<Vec<Held>, FenceError> {
+        // Each key with `always`, whether its gate is made whatever the table's bytes: a key
+        // under a subtree had a gate a moment ago, so only the touched keys can add resources.
+        let mut keys: Vec<(&str, bool)> = touches.iter().map(|t| (t.key.as_str(), false)).collect();
         // Under a subtree, every key with a write waiting or in flight now; one that comes
         // later sees the registry and steps back.
         let under: Vec<Box<str>> = match subtrees.is_empty() {
@@ -148,16 +161,16 @@ impl Fence {
                 .map(|g| g.key().clone())
                 .collect(),
         };
-        keys.extend(under.iter().map(|k| &**k));
+        keys.extend(under.iter().map(|k| (&**k, true)));
         keys.sort_unstable();
-        keys.dedup();
-        // Gives back what it holds if this wait ends early: timed out, or dropped by a client
-        // that went away while it waited for a later key.
+        keys.dedup_by_key(|(key, _)| *key);
+        // Gives back what it holds if this wait ends early: timed out, refused, or dropped by a
+        // client that went away while it waited for a later key.
         let mut taking = Taking { fence: self, held: Vec::with_capacity(keys.len()) };
-        for key in keys {
-            taking.held.push(self.take_gate(key, deadline).await?);
+        for (key, always) in keys {
+            taking.held.push(self.take_gate(key, always, deadline, timed_out).await?);
         }
-        Some(std::mem::take(&mut taking.held))
+        Ok(std::mem::take(&mut taking.held))
     }
 }
 

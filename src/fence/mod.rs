@@ -11,6 +11,7 @@
 //! forward is a future it is handed.
 
 mod acquire;
+mod gates;
 pub mod keys;
 pub mod path;
 mod subtree;
@@ -25,10 +26,11 @@ use dashmap::DashMap;
 use serde::Serialize;
 use tokio::sync::Mutex;
 
-use crate::store::{Store, Table};
+use crate::store::{Store, Table, TableBytes};
+pub use gates::GATE_BYTES;
 pub use keys::Scope;
 use subtree::Subtrees;
-pub use tree::{Coverage, Touch};
+pub use tree::{Coverage, NODE_BYTES, Touch};
 use tree::{Tree, level};
 pub(crate) use tree::{covers, node};
 pub use turn::{Outcome, Raised, Turn};
@@ -83,6 +85,18 @@ pub enum FenceError {
         max_seen: u64,
         /// The value asked for.
         to: u64,
+    },
+    /// A write to a resource the table does not hold, while the table's bytes (keys, floors
+    /// and gates) would pass their limit with its gate.
+    #[error(
+        "{resource} is a new resource and the fence table is full ({max_bytes} bytes of keys, floors \
+        and gates, store.max_table_bytes); only known resources accept writes"
+    )]
+    Full {
+        /// The fence key.
+        resource: String,
+        /// The table's limit in bytes.
+        max_bytes: u64,
     },
     /// The task that ran a write's turn ended without an answer (it panicked, or its runtime
     /// shut down).
@@ -164,6 +178,12 @@ impl Fence {
         self.gates.len()
     }
 
+    /// Approximate bytes of memory the table's keys and floors and the gates take now, and
+    /// their limit (`store.max_table_bytes`).
+    pub fn table_bytes(&self) -> (TableBytes, u64) {
+        (self.max_seen.bytes(), self.max_seen.max_bytes())
+    }
+
     /// Number of writes holding or waiting for `key`'s turn.
     pub fn queue_len(&self, key: &str) -> usize {
         // Each holder and each waiter holds a clone of the gate; the map holds one more.
@@ -187,7 +207,8 @@ impl Fence {
     /// someone holds is never replaced.
     pub(crate) fn quarantine(&self, key: &str, period: Duration) {
         let until = quarantine_end(period);
-        let gate = self.gates.entry(key.into()).or_default().clone();
+        // Never refused: the key is in the table, and its write's outcome is unknown.
+        let Ok(gate) = self.gate(key, true) else { return };
         if let Ok(mut state) = gate.try_lock() {
             state.quarantined_until = state.quarantined_until.max(Some(until));
             state.cause = QuarantineCause::InFlightAtStart;
@@ -198,15 +219,6 @@ impl Fence {
     /// were in flight when the previous process stopped. Called before serving starts.
     pub(crate) fn quarantine_subtree(&self, node: &str, period: Duration) {
         self.subtrees.quarantine(node, quarantine_end(period), QuarantineCause::InFlightAtStart);
-    }
-
-    /// Drops `key`'s gate if nobody waits on it, holds it, or needs its quarantine. Under the
-    /// shard lock no one can clone the gate, so a count of one (the map's own) means no task
-    /// waits on it, and `try_lock` sees the state the last holder left.
-    fn release_gate(&self, key: &str) {
-        self.gates.remove_if(key, |_, g| {
-            Arc::strong_count(g) == 1 && g.try_lock().is_ok_and(|s| s.quarantined_until.is_none())
-        });
     }
 }
 

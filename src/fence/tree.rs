@@ -8,6 +8,16 @@
 //! it in O(depth) rather than O(resources), each node above some key keeps `below`: the highest
 //! token of any key or floor strictly below it. It is rebuilt from the store when the fence
 //! starts and raised as writes are made durable.
+//!
+//! A node is kept by a 64-bit hash of its path (keyed per process), not by the path itself:
+//! a key `d` segments deep has `d` nodes above it, and their paths together take about `d`
+//! times the key's length, so a client could make one 8 KB key cost megabytes. By hash, each
+//! node costs [`NODE_BYTES`], which counts against `store.max_table_bytes` with the gates. Two
+//! paths that hash alike share one `below`, the higher of the two: a subtree write could then
+//! be refused for a token it is above (about one chance in 2^64 per pair of nodes), never
+//! admitted below one.
+
+use std::hash::BuildHasher;
 
 use dashmap::DashMap;
 
@@ -62,37 +72,48 @@ pub(crate) fn covers(a: &str, b: &str) -> bool {
     a == "/" || b == a || b.strip_prefix(a).is_some_and(|rest| rest.starts_with('/'))
 }
 
+/// What one node of the tree costs in memory, for `store.max_table_bytes`: its slot (two
+/// `u64`s), the map's control byte and spare capacity, rounded up.
+pub const NODE_BYTES: u64 = 40;
+
 /// The highest token below each node that has keys or floors below it.
 #[derive(Debug, Default)]
 pub(crate) struct Tree {
-    below: DashMap<Box<str>, u64, foldhash::quality::RandomState>,
+    /// By the hash of the node's path (see the module's notes).
+    below: DashMap<u64, u64, foldhash::fast::RandomState>,
+    /// Hashes the paths, with a per-process key, so clients cannot aim for a collision.
+    paths: foldhash::quality::RandomState,
 }
 
 impl Tree {
-    /// The tree of everything `table` holds.
+    /// The tree of everything `table` holds, counted in its bytes.
     pub(crate) fn build(table: &Table) -> Tree {
         let tree = Tree::default();
-        table.for_each(|key, token, _| tree.raise(key, token));
-        table.for_each_floor(|path, token, _| tree.raise(path, token));
+        table.for_each(|key, token, _| tree.raise(key, token, table));
+        table.for_each_floor(|path, token, _| tree.raise(path, token, table));
         tree
     }
 
     /// Notes that `mark`, a key or a floor, now stands at `token` (made durable by the store):
-    /// both raise the nodes above them alike.
-    pub(crate) fn raise(&self, mark: &str, token: u64) {
+    /// both raise the nodes above them alike. New nodes count in `table`'s bytes.
+    pub(crate) fn raise(&self, mark: &str, token: u64, table: &Table) {
         for above in ancestors(node(mark)) {
-            if let Some(mut below) = self.below.get_mut(above) {
+            let hash = self.paths.hash_one(above);
+            if let Some(mut below) = self.below.get_mut(&hash) {
                 *below = (*below).max(token);
                 continue;
             }
-            let mut below = self.below.entry(above.into()).or_insert(token);
+            let mut below = self.below.entry(hash).or_insert_with(|| {
+                table.hold(NODE_BYTES);
+                token
+            });
             *below = (*below).max(token);
         }
     }
 
     /// The highest token of any key or floor strictly below `node`.
     pub(crate) fn below(&self, node: &str) -> Option<u64> {
-        self.below.get(node).map(|b| *b)
+        self.below.get(&self.paths.hash_one(node)).map(|b| *b)
     }
 
     /// Nodes with something below them.
@@ -155,10 +176,27 @@ mod tests {
         assert_eq!(level(&table, &tree, &touch("/dx", Coverage::Subtree)), None, "segments, not prefixes");
 
         table.raise_floor("/d", 2000);
-        tree.raise("/d", 2000);
+        tree.raise("/d", 2000, &table);
         assert_eq!(level(&table, &tree, &touch("/d/g/h", Coverage::Key)), Some(2000), "a floor covers new keys too");
         assert_eq!(level(&table, &tree, &touch("/d/", Coverage::Key)), Some(2000));
         assert_eq!(level(&table, &tree, &touch("/dx", Coverage::Key)), None);
         assert_eq!(level(&table, &tree, &touch("/", Coverage::Subtree)), Some(2000), "and the subtrees above it");
+    }
+
+    #[test]
+    fn a_node_costs_the_same_however_long_its_path_and_counts_in_the_table_bytes() {
+        let table = Table::new();
+        let tree = Tree::default();
+        // 1,000 segments of 8 bytes: the paths of the nodes above it would take about 4 MB.
+        let deep: String = (0..1000).map(|i| format!("/seg{i:04}")).collect();
+        tree.raise(&deep, 5, &table);
+        assert_eq!(tree.len(), 1000);
+        assert_eq!(table.bytes().held, 1000 * NODE_BYTES);
+        tree.raise(&deep, 6, &table);
+        assert_eq!(table.bytes().held, 1000 * NODE_BYTES, "known nodes cost nothing more");
+        let above = &deep[..deep.len() - "/seg0999".len()];
+        assert_eq!(tree.below(above), Some(6));
+        assert_eq!(tree.below("/seg0000"), Some(6));
+        assert_eq!(tree.below("/other"), None);
     }
 }

@@ -2,9 +2,10 @@
 //! touches is quarantined), no write that overlaps it runs (see `acquire.rs` for how it is
 //! taken).
 //!
-//! [`Turn::finish`] owns the sequence a fenced write goes through once its turn has come, and
-//! [`Turn::raise`] the one an operator's raise goes through, so that no caller can reorder
-//! them: each runs in a task of its own, which finishes even if whoever waits for it leaves.
+//! [`Turn::finish_after`] owns the sequence a fenced write goes through once its turn has come
+//! (check, prepare, advance, write, answered or quarantined), and [`Turn::raise`] the one an
+//! operator's raise goes through, so that no caller can reorder them: each runs in a task of
+//! its own, which finishes even if whoever waits for it leaves.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -120,7 +121,7 @@ impl Turn {
             touches => store.advance_all(marks(touches), token).await?,
         }
         for touch in &self.touches {
-            self.fence.tree.raise(touch.mark().1, token);
+            self.fence.tree.raise(touch.mark().1, token, &self.fence.max_seen);
         }
         Ok(())
     }
@@ -134,10 +135,7 @@ impl Turn {
         }
     }
 
-    /// Runs a fenced write to its end, in this order: the authoritative check of `token`, the
-    /// durable advance of everything it touches, `write` (the forward), then marking it
-    /// answered or, when `outcome` says the backend may still apply it, quarantining what it
-    /// touches for `quarantine`. Only then does the next overlapping write get its turn.
+    /// [`Turn::finish_after`] for a write that needs nothing before its advance.
     pub async fn finish<T, E, W>(
         self,
         token: u64,
@@ -151,11 +149,39 @@ impl Turn {
         T: Send + 'static,
         E: From<FenceError> + From<StoreError> + Send + 'static,
     {
+        self.finish_after(token, equal, quarantine, async { Ok(write) }, outcome).await
+    }
+
+    /// Runs a fenced write to its end, in this order: the authoritative check of `token`;
+    /// `prepare`, which gets what the write needs before its token is used up (its backend
+    /// connection) and returns the write; the durable advance of everything it touches; the
+    /// write (the forward); then marking it answered or, when `outcome` says the backend may
+    /// still apply it, quarantining what it touches for `quarantine`. Only then does the next
+    /// overlapping write get its turn. A `prepare` that fails has sent nothing: its error is
+    /// returned with nothing advanced and nothing quarantined, so the holder may try again
+    /// with the same token.
+    pub async fn finish_after<T, E, P, W>(
+        self,
+        token: u64,
+        equal: EqualToken,
+        quarantine: Duration,
+        prepare: P,
+        outcome: fn(&Result<T, E>) -> Outcome,
+    ) -> Result<T, E>
+    where
+        P: Future<Output = Result<W, E>> + Send + 'static,
+        W: Future<Output = Result<T, E>> + Send + 'static,
+        T: Send + 'static,
+        E: From<FenceError> + From<StoreError> + Send + 'static,
+    {
         // In a task of its own: were it cancelled mid-forward, the backend could still apply
         // the write after the next one was sent.
         let task = tokio::spawn(async move {
             let mut turn = self;
             turn.check(token, equal)?;
+            // After the check, so that a stale write takes no backend connection; before the
+            // advance, so that one that cannot get any has not used its token up.
+            let write = prepare.await?;
             // Durable, and the table raised, before the write goes anywhere.
             turn.advance(token).await?;
             turn.unsettled = Some(quarantine);
@@ -187,7 +213,7 @@ impl Turn {
             }
             if previous.map(|(m, _)| m) != Some(to) {
                 fence.store.advance(key, to).await?;
-                fence.tree.raise(key, to);
+                fence.tree.raise(key, to, &fence.max_seen);
                 // Nothing was forwarded for this advance. But a write that is still in flight
                 // (its answer never came) must stay marked, or a restart would not quarantine it.
                 if !previous.is_some_and(|(_, in_flight)| in_flight) {
@@ -219,173 +245,5 @@ impl Drop for Turn {
 }
 
 #[cfg(test)]
-pub(super) mod tests {
-    use std::pin::pin;
-    use std::task::{Context, Waker};
-
-    use super::*;
-    use crate::store::{FileStore, Store, StoreOptions, SyncMode};
-
-    const STRICT: EqualToken = EqualToken::Reject;
-
-    fn key(k: &str) -> Vec<Touch> {
-        vec![Touch { key: k.into(), coverage: Coverage::Key }]
-    }
-
-    /// A fence whose store is a real one, in a directory removed when the test drops it.
-    pub(in crate::fence) fn fence() -> (Arc<Fence>, tempfile::TempDir) {
-        let dir = tempfile::tempdir().unwrap();
-        let store = FileStore::open(dir.path(), StoreOptions { sync: SyncMode::Never, ..StoreOptions::default() });
-        let store = store.unwrap();
-        store.table().raise("/a", 34);
-        (Arc::new(Fence::new(Arc::new(store))), dir)
-    }
-
-    #[tokio::test]
-    async fn a_higher_token_that_took_its_turn_first_makes_a_waiter_stale() {
-        let (t, _dir) = fence();
-        let mut first = t.acquire(key("/a"), Duration::from_secs(1)).await.unwrap();
-        first.check(40, STRICT).unwrap();
-        let waiter = {
-            let t = Arc::clone(&t);
-            tokio::spawn(async move {
-                let mut turn = t.acquire(key("/a"), Duration::from_secs(5)).await.unwrap();
-                turn.check(35, STRICT)
-            })
-        };
-        while t.queue_len("/a") < 2 {
-            tokio::task::yield_now().await;
-        }
-        t.max_seen.raise("/a", 40); // what the store does once the advance is durable
-        drop(first);
-        assert!(matches!(waiter.await.unwrap(), Err(FenceError::Stale { max_seen: 40, .. })));
-        assert_eq!(t.active_gates(), 0, "gates of idle resources are dropped");
-    }
-
-    #[tokio::test]
-    async fn waiting_longer_than_the_bound_is_a_queue_timeout() {
-        let (t, _dir) = fence();
-        let _held = t.acquire(key("/a"), Duration::from_secs(1)).await.unwrap();
-        let err = t.acquire(key("/a"), Duration::from_millis(20)).await.unwrap_err();
-        assert!(matches!(err, FenceError::QueueTimeout { .. }));
-        let _other = t.acquire(key("/b"), Duration::from_millis(20)).await.expect("other resources never wait");
-    }
-
-    #[tokio::test]
-    async fn a_waiter_dropped_after_the_holder_left_releases_the_gate() {
-        let (t, _dir) = fence();
-        let held = t.acquire(key("/a"), Duration::from_secs(1)).await.unwrap();
-        {
-            let mut waiting = pin!(t.acquire(key("/a"), Duration::from_secs(60)));
-            let poll = waiting.as_mut().poll(&mut Context::from_waker(Waker::noop()));
-            assert!(poll.is_pending(), "the turn is held");
-            assert_eq!(t.queue_len("/a"), 2);
-            drop(held); // hands the turn to the waiter, which is never polled again
-        } // the waiter is dropped, as a reset HTTP/2 stream's request would be
-        assert_eq!(t.active_gates(), 0, "no gate is left behind for a resource nobody writes");
-    }
-
-    #[tokio::test]
-    async fn quarantine_closes_the_resource_until_it_expires() {
-        let (t, _dir) = fence();
-        let mut turn = t.acquire(key("/a"), Duration::from_secs(1)).await.unwrap();
-        turn.quarantine(Duration::from_millis(50));
-        drop(turn);
-        assert_eq!(t.active_gates(), 1, "a quarantined gate is kept");
-        let mut turn = t.acquire(key("/a"), Duration::from_secs(1)).await.unwrap();
-        assert!(matches!(turn.check(99, STRICT), Err(FenceError::Quarantined { .. })));
-        drop(turn);
-        // The quarantine's own length is what is tested here: wait it out.
-        tokio::time::sleep(Duration::from_millis(60)).await;
-        let mut turn = t.acquire(key("/a"), Duration::from_secs(1)).await.unwrap();
-        assert!(turn.check(99, STRICT).is_ok());
-        drop(turn);
-        assert_eq!(t.active_gates(), 0);
-    }
-
-    #[derive(Debug, PartialEq)]
-    pub(in crate::fence) enum Failed {
-        Fence(FenceError),
-        Store,
-        Backend,
-    }
-
-    impl From<FenceError> for Failed {
-        fn from(e: FenceError) -> Self {
-            Failed::Fence(e)
-        }
-    }
-
-    impl From<StoreError> for Failed {
-        fn from(_: StoreError) -> Self {
-            Failed::Store
-        }
-    }
-
-    fn outcome(r: &Result<u64, Failed>) -> Outcome {
-        if r.is_ok() { Outcome::Answered } else { Outcome::Unknown }
-    }
-
-    #[tokio::test]
-    async fn finish_advances_before_the_write_and_releases_the_turn_after_it() {
-        let (t, _dir) = fence();
-        let turn = t.acquire(key("/a"), Duration::from_secs(1)).await.unwrap();
-        let seen = Arc::clone(&t);
-        let write = async move { Ok(seen.max_seen("/a").unwrap()) };
-        assert_eq!(turn.finish(35, STRICT, Duration::from_secs(9), write, outcome).await, Ok(35), "durable first");
-        assert_eq!(t.active_gates(), 0);
-        // The store clears the in-flight mark when its writer takes the answer in.
-        for _ in 0..5000 {
-            if t.max_seen.entry("/a") == Some((35, false)) {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        assert_eq!(t.max_seen.entry("/a"), Some((35, false)), "answered, no longer in flight");
-
-        let turn = t.acquire(key("/a"), Duration::from_secs(1)).await.unwrap();
-        let refused = turn.finish(35, STRICT, Duration::from_secs(9), async { Ok(0) }, outcome).await;
-        assert!(matches!(refused, Err(Failed::Fence(FenceError::Stale { max_seen: 35, .. }))));
-    }
-
-    #[tokio::test]
-    async fn a_write_with_an_unknown_outcome_stays_in_flight_and_quarantines_the_resource() {
-        let (t, _dir) = fence();
-        let turn = t.acquire(key("/a"), Duration::from_secs(1)).await.unwrap();
-        let lost = turn.finish(36, STRICT, Duration::from_secs(60), async { Err(Failed::Backend) }, outcome).await;
-        assert_eq!(lost, Err(Failed::Backend));
-        assert_eq!(t.max_seen.entry("/a"), Some((36, true)), "a restart would quarantine it again");
-        let mut next = t.acquire(key("/a"), Duration::from_secs(1)).await.unwrap();
-        assert!(matches!(next.check(99, STRICT), Err(FenceError::Quarantined { .. })));
-    }
-
-    #[tokio::test]
-    async fn a_write_whose_task_panics_at_the_backend_quarantines_the_resource() {
-        let (t, _dir) = fence();
-        let turn = t.acquire(key("/a"), Duration::from_secs(1)).await.unwrap();
-        let panics = async { panic!("a bug while forwarding") };
-        let failed: Result<u64, Failed> = turn.finish(37, STRICT, Duration::from_secs(60), panics, outcome).await;
-        assert!(matches!(failed, Err(Failed::Fence(FenceError::TaskFailed(_)))));
-        let mut next = t.acquire(key("/a"), Duration::from_secs(1)).await.unwrap();
-        assert!(matches!(next.check(99, STRICT), Err(FenceError::Quarantined { .. })), "its outcome is unknown");
-    }
-
-    #[tokio::test]
-    async fn raise_never_lowers_and_keeps_an_unanswered_write_in_flight() {
-        let (t, _dir) = fence();
-        t.max_seen.advance("/flying", 7); // a write the backend never answered
-        let fence = &t;
-        let raise = |to| async move {
-            fence.acquire(key("/flying"), Duration::from_secs(1)).await.unwrap().raise::<Failed>(to).await
-        };
-        let lower = raise(6).await;
-        assert!(matches!(lower, Err(Failed::Fence(FenceError::WouldLower { max_seen: 7, to: 6, .. }))));
-        assert_eq!(raise(7).await, Ok(Raised { previous: Some(7) }), "the same value changes nothing");
-        assert_eq!(raise(9).await, Ok(Raised { previous: Some(7) }));
-        assert_eq!(t.max_seen.entry("/flying"), Some((9, true)), "still in flight: a restart quarantines it");
-        assert_eq!(raise(10).await, Ok(Raised { previous: Some(9) }));
-        assert_eq!(t.max_seen.entry("/a"), Some((34, false)));
-        t.max_seen.answered("/flying", 10);
-        assert_eq!(t.max_seen.entry("/flying"), Some((10, false)));
-    }
-}
+#[path = "turn_tests.rs"]
+pub(super) mod tests;

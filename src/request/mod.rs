@@ -1,6 +1,6 @@
 //! One request's path through fencegate: [`classify`] it (pure), then, for a fenced write,
-//! fence it (check, wait for the turn, advance durably), forward it, and answer; every refusal
-//! becomes fencegate's own answer through [`refusal`].
+//! fence it (check, wait for the turn, get a backend connection, advance durably), forward it,
+//! and answer; every refusal becomes fencegate's own answer through [`refusal`].
 
 pub mod classify;
 pub mod destination;
@@ -18,7 +18,7 @@ use crate::admin::metrics::Metrics;
 use crate::app::{Settings, State};
 use crate::fence::Outcome;
 pub use crate::upstream::ResponseBody;
-use crate::upstream::{Peer, UpstreamError, full_body};
+use crate::upstream::{Connection, Peer, UpstreamError, full_body};
 use classify::{Plan, Write};
 pub use refusal::{ERROR_HEADER, Refusal};
 
@@ -53,9 +53,9 @@ async fn execute(
     client: Peer,
 ) -> Result<Response<ResponseBody>, Refusal> {
     let write = match plan {
-        Plan::Pass { target } => return forward(&state, &settings, req, target, client, None, false).await,
+        Plan::Pass { target } => return forward(&state, &settings, req, target, client, None).await,
         Plan::Unchecked { target, body_limit } => {
-            return forward(&state, &settings, req, target, client, body_limit, false).await;
+            return forward(&state, &settings, req, target, client, body_limit).await;
         }
         Plan::Write(write) => write,
     };
@@ -73,16 +73,20 @@ async fn execute(
     state.metrics.queue_wait.observe(waiting.elapsed().as_secs_f64());
     let turn = turn?;
 
-    // ...but once the turn is ours, `finish` runs the write to its end.
+    // ...but once the turn is ours, `finish_after` runs the write to its end.
     let (equal, quarantine) = (fence.equal_token, fence.quarantine);
-    // Boxed: the forward's state (request, pool checkout, timer) would otherwise make up most
-    // of the write task's future, which the spawn copies several times.
-    let forwarding = Box::pin(async move {
-        let _flying = InFlight::new(&state.metrics);
-        // Whole: the turn is held until the backend has the whole body, not only until it answers.
-        forward(&state, &settings, req, target, client, body_limit, true).await
+    // Boxed: the connection's checkout and the forward's state (request, timer) would
+    // otherwise make up most of the write task's future, which the spawn copies several times.
+    let prepare = Box::pin(async move {
+        // Before the advance: without a connection the token is not used up.
+        let conn = settings.upstream.connection().await?;
+        Ok(Box::pin(async move {
+            let _flying = InFlight::new(&state.metrics);
+            // Whole: the turn is held until the backend has the whole body, not only until it answers.
+            send(&state, &settings, conn, req, target, client, body_limit, true).await
+        }))
     });
-    turn.finish(token, equal, quarantine, forwarding, outcome).await
+    turn.finish_after(token, equal, quarantine, prepare, outcome).await
 }
 
 /// Whether the backend may still apply a write that got this result.
@@ -95,8 +99,7 @@ fn outcome(result: &Result<Response<ResponseBody>, Refusal>) -> Outcome {
     }
 }
 
-/// Forwards, times the wait for the backend's response head, and keeps the backend from
-/// speaking for fencegate.
+/// Forwards a request that is not fenced: gets a connection, then sends on it.
 async fn forward(
     state: &State,
     settings: &Settings,
@@ -104,10 +107,26 @@ async fn forward(
     target: PathAndQuery,
     client: Peer,
     body_limit: Option<u64>,
+) -> Result<Response<ResponseBody>, Refusal> {
+    let conn = settings.upstream.connection().await?;
+    send(state, settings, conn, req, target, client, body_limit, false).await
+}
+
+/// Sends on `conn`, times the wait for the backend's response head, and keeps the backend
+/// from speaking for fencegate.
+#[allow(clippy::too_many_arguments)] // one request's parts, passed on whole
+async fn send(
+    state: &State,
+    settings: &Settings,
+    conn: Connection,
+    req: Request<Incoming>,
+    target: PathAndQuery,
+    client: Peer,
+    body_limit: Option<u64>,
     whole: bool,
 ) -> Result<Response<ResponseBody>, Refusal> {
     let started = Instant::now();
-    let result = settings.upstream.forward(req, target, &client, body_limit, whole).await;
+    let result = settings.upstream.forward(conn, req, target, &client, body_limit, whole).await;
     state.metrics.backend_latency.observe(started.elapsed().as_secs_f64());
     let mut resp = result?;
     // Only fencegate may say a response is fencegate's own.

@@ -166,9 +166,12 @@ impl Refusal {
             Refusal::Fence(FenceError::QueueTimeout { .. }) => (S::SERVICE_UNAVAILABLE, "queue_timeout"),
             Refusal::Fence(FenceError::Quarantined { .. }) => (S::SERVICE_UNAVAILABLE, "resource_quarantined"),
             Refusal::Fence(FenceError::TaskFailed(_)) => (S::INTERNAL_SERVER_ERROR, "internal"),
-            Refusal::Store(StoreError::Full(_)) => (S::SERVICE_UNAVAILABLE, "resource_limit"),
+            Refusal::Store(StoreError::Full(_) | StoreError::FullBytes(_))
+            | Refusal::Fence(FenceError::Full { .. }) => (S::SERVICE_UNAVAILABLE, "resource_limit"),
+            Refusal::Store(StoreError::NoSpace(_)) => (S::SERVICE_UNAVAILABLE, "store_full"),
             Refusal::Store(_) => (S::SERVICE_UNAVAILABLE, "store_unavailable"),
             Refusal::Upstream(UpstreamError::Unreachable(_)) => (S::BAD_GATEWAY, "backend_unreachable"),
+            Refusal::Upstream(UpstreamError::Busy(_)) => (S::SERVICE_UNAVAILABLE, "backend_busy"),
             Refusal::Upstream(UpstreamError::Failed(_)) => (S::BAD_GATEWAY, "backend_error"),
             Refusal::Upstream(UpstreamError::Timeout(_)) => (S::GATEWAY_TIMEOUT, "backend_timeout"),
         }
@@ -227,8 +230,9 @@ impl Refusal {
             Refusal::Fence(FenceError::Quarantined { retry_after, .. }) => {
                 Some(retry_after.as_secs_f64().ceil().max(1.0) as u64)
             }
-            // Not for Store: a failed store stays failed until restart.
-            Refusal::Fence(FenceError::QueueTimeout { .. }) => Some(1),
+            // Not for a failed store: it stays failed until restart. A full disk may get room.
+            Refusal::Fence(FenceError::QueueTimeout { .. }) | Refusal::Upstream(UpstreamError::Busy(_)) => Some(1),
+            Refusal::Store(StoreError::NoSpace(_)) => Some(5),
             _ => None,
         };
         if let Some(secs) = retry {
@@ -278,7 +282,11 @@ mod tests {
             (fence(FenceError::TaskFailed("panic".into())), 500, "internal"),
             (Refusal::Store(StoreError::Failed("fsync: EIO".into())), 503, "store_unavailable"),
             (Refusal::Store(StoreError::Full(10)), 503, "resource_limit"),
+            (Refusal::Store(StoreError::FullBytes(1 << 20)), 503, "resource_limit"),
+            (fence(FenceError::Full { resource: "/new".into(), max_bytes: 1 << 20 }), 503, "resource_limit"),
+            (Refusal::Store(StoreError::NoSpace("ENOSPC".into())), 503, "store_full"),
             (Refusal::Upstream(UpstreamError::Unreachable("refused".into())), 502, "backend_unreachable"),
+            (Refusal::Upstream(UpstreamError::Busy(d)), 503, "backend_busy"),
             (Refusal::Upstream(UpstreamError::Failed("reset".into())), 502, "backend_error"),
             (Refusal::Upstream(UpstreamError::Timeout(d)), 504, "backend_timeout"),
         ]
@@ -296,6 +304,18 @@ mod tests {
             assert_eq!(v["error"], code);
             assert!(v["message"].as_str().is_some_and(|m| !m.is_empty()));
         }
+    }
+
+    #[test]
+    fn answers_that_a_retry_may_cure_say_when_to_retry() {
+        let retry_after = |r: Refusal| r.response().headers().get(RETRY_AFTER).map(|v| v.to_str().unwrap().to_owned());
+        let d = Duration::from_millis(100);
+        assert_eq!(retry_after(Refusal::Upstream(UpstreamError::Busy(d))).as_deref(), Some("1"));
+        assert_eq!(
+            retry_after(Refusal::Fence(FenceError::QueueTimeout { resource: "/a".into(), waited: d })).as_deref(),
+            Some("1")
+        );
+        assert_eq!(retry_after(Refusal::Upstream(UpstreamError::Unreachable("refused".into()))), None);
     }
 
     #[tokio::test]

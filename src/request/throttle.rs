@@ -65,13 +65,16 @@ pub(crate) fn log(throttle: &RefusalThrottle, interval: Duration, refusal: &Refu
         Refusal::Fence(FenceError::Stale { resource, token, max_seen }) => {
             tracing::warn!(%resource, token, max_seen, %client, %method, suppressed, "refused stale token");
         }
-        Refusal::Store(StoreError::Full(_)) => {
+        Refusal::Store(StoreError::Full(_) | StoreError::FullBytes(_)) | Refusal::Fence(FenceError::Full { .. }) => {
             tracing::warn!(error = %refusal, %client, %method, suppressed, "refused a write to a new resource");
         }
         Refusal::Store(_)
         | Refusal::Fence(FenceError::TaskFailed(_))
         | Refusal::Upstream(UpstreamError::Unreachable(_) | UpstreamError::Failed(_) | UpstreamError::Timeout(_)) => {
             tracing::error!(error = %refusal, %client, %method, suppressed, "request failed");
+        }
+        Refusal::Upstream(UpstreamError::Busy(_)) => {
+            tracing::warn!(error = %refusal, %client, %method, suppressed, "every backend connection is in use");
         }
         _ => tracing::info!(code = refusal.code(), error = %refusal, %client, %method, suppressed, "refused request"),
     }

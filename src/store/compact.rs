@@ -73,8 +73,8 @@ pub(crate) fn remove_covered(dir: &Path, seq: u64) -> io::Result<usize> {
 
 /// Starts the compaction thread: for each sequence number it receives, it writes that snapshot
 /// from `table`, notes its size in `size`, and removes what it covers. It holds the directory's
-/// lock too (a duplicate of the writer's open file description), so a writer dropped with its
-/// runtime never hands the directory over while a snapshot is still being written.
+/// lock too (a duplicate of the writer's open file description), so a writer that ends never
+/// hands the directory over while a snapshot is still being written.
 pub(super) fn spawn(
     dir: PathBuf,
     table: &Arc<Table>,

@@ -1,18 +1,19 @@
 //! [`FileStore`]: a data directory opened, recovered and locked (an advisory lock makes it this
-//! process's alone), with its writer task (`writer`) behind the [`Store`] trait.
+//! process's alone), with its writer thread (`writer`) behind the [`Store`] trait.
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use super::SyncMode;
 use super::format::MAX_KEY_LEN;
 use super::log::{self, Log};
 use super::recovery::{self, Mode, io_err};
+use super::relay::Relay;
+use super::status::{Condition, Status};
 use super::writer::{Msg, Writer};
 use super::{MarkKind, Store, StoreError, StoreFuture, Table};
 
@@ -36,6 +37,9 @@ pub struct StoreOptions {
     pub segment_bytes: u64,
     /// New marks beyond this many, keys and floors together, are refused.
     pub max_resources: usize,
+    /// New marks that would take the table's memory past this many bytes are refused
+    /// ([`Table::with_max_bytes`]).
+    pub max_table_bytes: u64,
     /// A description of the rules that made the keys, recorded in a new directory; a directory
     /// that recorded other rules refuses to open (keys made under them would not match). The
     /// default is empty, which names no rules: a directory a proxy wrote does not open with it.
@@ -50,6 +54,7 @@ impl std::fmt::Debug for StoreOptions {
             .field("sync", &self.sync)
             .field("segment_bytes", &self.segment_bytes)
             .field("max_resources", &self.max_resources)
+            .field("max_table_bytes", &self.max_table_bytes)
             .field("keying", &self.keying)
             .finish_non_exhaustive()
     }
@@ -61,6 +66,7 @@ impl Default for StoreOptions {
             sync: SyncMode::Always,
             segment_bytes: 64 << 20,
             max_resources: 10_000_000,
+            max_table_bytes: 1 << 30,
             keying: String::new(),
             on_commit: None,
         }
@@ -112,21 +118,20 @@ pub(crate) fn lock(dir: &Path, create: bool) -> Result<File, StoreError> {
 /// The local, log-structured store of one data directory.
 #[derive(Debug)]
 pub struct FileStore {
-    tx: mpsc::UnboundedSender<Msg>,
+    tx: mpsc::Sender<Msg>,
     /// Answered writes, logged with the next batch: recording one wakes the writer at most once
     /// per batch.
     answers: Answers,
     table: Arc<Table>,
-    healthy: Arc<AtomicBool>,
+    status: Arc<Status>,
     in_flight_at_start: Vec<(String, u64)>,
     floors_in_flight_at_start: Vec<(String, u64)>,
 }
 
 impl FileStore {
     /// Locks `dir`, recovers it (truncating a torn tail, removing obsolete files) and starts
-    /// the writer and the compaction thread. Opened inside a tokio runtime, the writer is a
-    /// task on it, so that runtime needs its timer (`enable_time` or `enable_all`), and once
-    /// it shuts down every advance fails with [`StoreError::Closed`].
+    /// the writer and the compaction threads. The writer runs until the store is closed or
+    /// dropped; its answers wake tasks on any runtime.
     ///
     /// It opens whatever directory it is given, creating it if missing, as tests and tools
     /// need. Whoever serves from a directory that may have been lost calls
@@ -135,7 +140,8 @@ impl FileStore {
         create_dir_durably(dir)?;
         let lock = lock(dir, true)?;
         check_keying(dir, &options.keying)?;
-        let table = Arc::new(Table::with_capacity(recovery::size_hint(dir).min(options.max_resources)));
+        let capacity = recovery::size_hint(dir).min(options.max_resources);
+        let table = Arc::new(Table::with_capacity(capacity).with_max_bytes(options.max_table_bytes));
         let started = std::time::Instant::now();
         let recovered = recovery::recover(dir, &table, Mode::Repair)?;
         tracing::info!(dir = %dir.display(), resources = table.len(), snapshot = ?recovered.snapshot,
@@ -147,7 +153,7 @@ impl FileStore {
         if options.sync == SyncMode::Never {
             tracing::warn!("store.sync = \"never\": advances are not fsync'd; a power loss can lower max_seen");
         }
-        let healthy = Arc::new(AtomicBool::new(true));
+        let status = Arc::new(Status::new());
         let in_flight_at_start = recovered.in_flight;
         let floors_in_flight_at_start = recovered.floors_in_flight;
         if !in_flight_at_start.is_empty() || !floors_in_flight_at_start.is_empty() {
@@ -157,26 +163,20 @@ impl FileStore {
                 "writes were in flight when fencegate last stopped; their resources start quarantined"
             );
         }
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = mpsc::channel();
         let answers = Arc::new(std::sync::Mutex::new(Vec::new()));
         // The writer holds the directory's lock, so it is released only once it can write no
         // more: a store dropped without close() still logs what it knew, and no second store
         // may append meanwhile.
-        let writer = Writer::new(log, Arc::clone(&table), Arc::clone(&healthy), options, Arc::clone(&answers), lock);
-        match tokio::runtime::Handle::try_current() {
-            // The writer runs beside the requests it serves (see `writer` for why).
-            Ok(runtime) => drop(runtime.spawn(writer.run(rx))),
-            // Opened outside a runtime (tools, benchmarks): the writer gets a thread of its own.
-            Err(_) => {
-                let runtime =
-                    tokio::runtime::Builder::new_current_thread().enable_time().build().map_err(|e| io_err(dir, e))?;
-                std::thread::Builder::new()
-                    .name("fencegate-log".into())
-                    .spawn(move || runtime.block_on(writer.run(rx)))
-                    .map_err(|e| io_err(dir, e))?;
-            }
-        }
-        Ok(FileStore { tx, answers, table, healthy, in_flight_at_start, floors_in_flight_at_start })
+        // Started here, on the runtime that opens the store, if there is one.
+        let relay = Relay::start();
+        let writer =
+            Writer::new(log, Arc::clone(&table), Arc::clone(&status), options, Arc::clone(&answers), lock, relay);
+        std::thread::Builder::new()
+            .name("fencegate-log".into())
+            .spawn(move || writer.run(rx))
+            .map_err(|e| io_err(dir, e))?;
+        Ok(FileStore { tx, answers, table, status, in_flight_at_start, floors_in_flight_at_start })
     }
 
     /// Writes that were on their way to the backend when the last process stopped, as
@@ -254,7 +254,7 @@ impl Store for FileStore {
         self.send(Msg::Close)
     }
 
-    fn healthy(&self) -> bool {
-        self.healthy.load(Ordering::Relaxed)
+    fn condition(&self) -> Condition {
+        self.status.condition()
     }
 }

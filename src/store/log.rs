@@ -1,9 +1,16 @@
 //! The synchronous core of the file store: appending to the current segment, committing
-//! (one write, one `fdatasync`) and rotating to a new segment (snapshots are `compact`'s). No
-//! threads here, so the model-based tests can drive every step, and crash between any two.
+//! (one write, one `fdatasync`) and rotating to the next segment (snapshots are `compact`'s).
+//! No threads here, so the model-based tests can drive every step, and crash between any two.
 //!
-//! Every file is created the same way: write a temp file, fsync it, rename it into place,
-//! fsync the directory. A name that exists therefore always has a complete header.
+//! Only a failed write or sync of log data is fatal ([`LogError::Failed`]). Making room is not:
+//! the log writes zeros ahead of its records and creates the next segment ahead of the
+//! rotation, and when that fails (a full disk, no descriptor left) the batch it was for is
+//! refused whole ([`LogError::NoRoom`]) or the rotation waits, and both are tried again later.
+//! A record is therefore only ever written into space the file already has.
+//!
+//! Every file that recovery reads is created the same way: written under a temporary name,
+//! fsync'd, renamed into place, and the directory fsync'd. A name that exists therefore always
+//! has a complete header.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufWriter, Write};
@@ -14,23 +21,48 @@ use super::SyncMode;
 use super::format::{self, FileKind, Header, Kind};
 use super::recovery::{Recovered, segment_name};
 
+/// Why the log did not take a batch or a rotation.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum LogError {
+    /// No room could be made for the batch: nothing of it was written and the log is as it was.
+    #[error("no room for the batch: {0}")]
+    NoRoom(io::Error),
+    /// A write or sync of log data failed: what was written since the last sync is in doubt.
+    #[error(transparent)]
+    Failed(io::Error),
+}
+
 /// The current segment, open for appending.
 #[derive(Debug)]
 pub(crate) struct Log {
     dir: PathBuf,
+    /// The directory, open: a rotation syncs it without needing a descriptor it may not get.
+    dir_file: File,
     sync: SyncMode,
     seq: u64,
     file: File,
     /// Where the records end, and the next batch goes.
     len: u64,
-    /// Where the file ends: from `len` to here it holds zeros written ahead.
+    /// Where the file's zeros written ahead end: records up to here need no new space.
     zeroed: u64,
-    /// How far ahead zeros are written, at most; 0 once that failed.
+    /// How far ahead zeros are written at a time.
     ahead: u64,
     /// How much of the current segment is known durable: the end of the last synced batch.
     synced: u64,
     seed: u32,
     pending: Vec<u8>,
+    /// The next segment, made ahead under a temporary name: a rotation only renames it.
+    next: Option<Next>,
+    /// Whether the last attempt to make it failed (logged once, until one succeeds).
+    next_failing: bool,
+}
+
+/// A segment created ahead of its rotation: header and zeros written and synced.
+#[derive(Debug)]
+struct Next {
+    header: Header,
+    file: File,
+    zeroed: u64,
 }
 
 pub(super) fn sync_dir(dir: &Path) -> io::Result<()> {
@@ -53,9 +85,14 @@ pub(crate) fn create_durably(
     sync_dir(dir)
 }
 
+/// The temporary name of segment `seq` while it is made ahead; recovery removes it.
+fn next_name(seq: u64) -> String {
+    format!("{}.next.tmp", segment_name(seq))
+}
+
 impl Log {
     /// Continues the last recovered segment, or starts the first one. Zeros are written up to
-    /// `ahead` bytes ahead of the records (see [`Log::write`]).
+    /// `ahead` bytes ahead of the records (see [`Log::write`]), and the next segment is made.
     pub(crate) fn open(dir: &Path, sync: SyncMode, recovered: &Recovered, ahead: u64) -> io::Result<Log> {
         // Recovery has already read and checked the last segment's header.
         let (header, len) = match recovered.last_header {
@@ -75,18 +112,23 @@ impl Log {
         // What a crashed process left in the page cache is valid but maybe not on disk yet.
         file.sync_all()?;
         let zeroed = file.metadata()?.len().max(len);
-        Ok(Log {
+        let mut log = Log {
             synced: len,
             dir: dir.to_owned(),
+            dir_file: File::open(dir)?,
             sync,
             seq: header.seq,
             file,
             len,
             zeroed,
-            ahead,
+            ahead: ahead.max(4096),
             seed: header.seed(FileKind::Segment),
             pending: Vec::with_capacity(64 * 1024),
-        })
+            next: None,
+            next_failing: false,
+        };
+        log.prepare_next();
+        Ok(log)
     }
 
     /// The current segment's sequence number.
@@ -105,82 +147,152 @@ impl Log {
         self.dir.join(segment_name(self.seq))
     }
 
+    /// The data directory.
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// Buffers one record (an advance or an answer, of a key or a floor) for the next write.
     pub(crate) fn append(&mut self, kind: Kind, key: &str, token: u64) {
         format::encode(&mut self.pending, self.seed, kind, key, token);
     }
 
     /// Writes the buffered records as one batch, closed by a commit marker naming where the
-    /// batch starts, without syncing them (a crash may lose them).
-    pub(crate) fn write(&mut self) -> io::Result<()> {
+    /// batch starts, without syncing them (a crash may lose them). If the file has no room for
+    /// them and none can be made, they are dropped unwritten: [`LogError::NoRoom`].
+    pub(crate) fn write(&mut self) -> Result<(), LogError> {
         if self.pending.is_empty() {
             return Ok(());
         }
         format::encode_commit(&mut self.pending, self.seed, self.len, self.synced);
         let end = self.len + self.pending.len() as u64;
+        if let Err(e) = self.make_room(end) {
+            self.pending.clear();
+            return Err(LogError::NoRoom(e));
+        }
         let result = self.file.write_all_at(&self.pending, self.len);
         // Count what may have reached the file even on error: it is never reused.
         self.len = end;
         self.pending.clear();
-        result?;
-        // An append that grows the file makes the next fdatasync commit the new size to the
-        // file system's journal too, which costs about as much again as the data. So the log
-        // writes zeros ahead of itself once per `ahead` bytes: the syncs in between find the
-        // size unchanged and the blocks allocated. Recovery reads a tail of zeros as unused.
-        if end > self.zeroed && self.ahead > 0 {
-            let to = end.div_ceil(self.ahead) * self.ahead;
-            match self.file.write_all_at(&vec![0; (to - end) as usize], end) {
-                Ok(()) => self.zeroed = to,
-                // Only speed is lost (a full disk, a file size limit): the records are written.
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot write zeros ahead of the log; appending from now on");
-                    self.ahead = 0;
-                }
-            }
+        result.map_err(LogError::Failed)
+    }
+
+    /// Makes sure the file holds zeros up to `end`, writing them `ahead` bytes at a time. An
+    /// append that grows the file makes the next fdatasync commit the new size to the file
+    /// system's journal too, which costs about as much again as the data; the syncs between
+    /// two extensions find the size unchanged and the blocks allocated. And the space a record
+    /// goes into is taken before the record is written, so a full disk refuses a batch rather
+    /// than fail a write of log data. Recovery reads a tail of zeros as unused.
+    fn make_room(&mut self, end: u64) -> io::Result<()> {
+        if end <= self.zeroed {
+            return Ok(());
         }
+        let to = end.div_ceil(self.ahead) * self.ahead;
+        let zeros = |from: u64, to: u64| self.file.write_all_at(&vec![0; (to - from) as usize], from);
+        // On a nearly full disk, settle for just the room this batch needs.
+        let written = zeros(self.zeroed, to).map(|()| to).or_else(|_| {
+            let page = end.div_ceil(4096) * 4096;
+            zeros(self.zeroed, page).map(|()| page)
+        })?;
+        self.zeroed = written;
         Ok(())
     }
 
     /// Makes everything written durable (unless `sync = "never"`, where written counts as
     /// durable: such a store only survives process crashes anyway).
-    pub(crate) fn sync(&mut self) -> io::Result<()> {
+    pub(crate) fn sync(&mut self) -> Result<(), LogError> {
+        // Nothing written since the last sync (a rotation that follows a commit).
+        if self.synced == self.len {
+            return Ok(());
+        }
         if self.sync == SyncMode::Always {
-            self.file.sync_data()?;
+            self.file.sync_data().map_err(LogError::Failed)?;
         }
         self.synced = self.len;
         Ok(())
     }
 
     /// Writes and syncs the buffered records: once this returns they survive a crash.
-    pub(crate) fn commit(&mut self) -> io::Result<()> {
+    pub(crate) fn commit(&mut self) -> Result<(), LogError> {
         self.write()?;
         self.sync()
     }
 
     /// Flushes to disk whatever the sync mode; used on close.
-    pub(crate) fn flush(&mut self) -> io::Result<()> {
+    pub(crate) fn flush(&mut self) -> Result<(), LogError> {
         self.write()?;
-        self.file.sync_all()?;
+        self.file.sync_all().map_err(LogError::Failed)?;
         self.synced = self.len;
         Ok(())
     }
 
-    /// Starts the next segment; the current one is complete. Returns the new sequence number,
-    /// which is also the sequence of the snapshot that may now cover everything before it.
-    pub(crate) fn rotate(&mut self) -> io::Result<u64> {
+    /// Moves on to the next segment; the current one is complete. Returns the new sequence
+    /// number, which is also the sequence of the snapshot that may now cover everything before
+    /// it; or `None` when the next segment could not be made ahead (it is tried again here) or
+    /// put in place, in which case the current segment goes on.
+    pub(crate) fn rotate(&mut self) -> Result<Option<u64>, LogError> {
         self.commit()?;
+        if self.next.is_none() {
+            self.prepare_next();
+        }
+        let Some(next) = self.next.take() else { return Ok(None) };
         // A closed segment ends at its last record, so that recovery can still tell zeros in
         // a segment that is not the last from damage.
-        self.file.set_len(self.len)?;
-        self.file.sync_all()?;
-        let header = create_segment(&self.dir, self.seq + 1)?;
-        self.file = OpenOptions::new().write(true).open(self.dir.join(segment_name(header.seq)))?;
-        self.seq = header.seq;
-        self.seed = header.seed(FileKind::Segment);
-        self.len = format::HEADER_LEN as u64;
+        if let Err(e) = self.file.set_len(self.len) {
+            tracing::warn!(error = %e, segment = %self.path().display(), "cannot close the log segment; appending to it");
+            self.next = Some(next);
+            return Ok(None);
+        }
         self.zeroed = self.len;
+        self.file.sync_all().map_err(LogError::Failed)?;
+        let seq = next.header.seq;
+        if let Err(e) = fs::rename(self.dir.join(next_name(seq)), self.dir.join(segment_name(seq))) {
+            tracing::warn!(error = %e, segment = seq, "cannot put the next log segment in place; appending to the current one");
+            return Ok(None);
+        }
+        // Once the rename is durable, records go to the new segment; if it were lost, they
+        // would be too.
+        self.dir_file.sync_all().map_err(LogError::Failed)?;
+        self.file = next.file;
+        self.seq = seq;
+        self.seed = next.header.seed(FileKind::Segment);
+        self.len = format::HEADER_LEN as u64;
+        self.zeroed = next.zeroed;
         self.synced = self.len;
-        Ok(header.seq)
+        self.prepare_next();
+        Ok(Some(seq))
+    }
+
+    /// Makes the segment after the current one under its temporary name, with its header and
+    /// a first stretch of zeros, synced. Failing only delays a rotation: it is logged and left
+    /// for the next one to try again.
+    fn prepare_next(&mut self) {
+        let seq = self.seq + 1;
+        let path = self.dir.join(next_name(seq));
+        let header = Header::new(seq);
+        let made = File::create(&path).and_then(|file| {
+            file.write_all_at(&header.encode(FileKind::Segment), 0)?;
+            let zeroed = self.ahead.max(format::HEADER_LEN as u64);
+            let len = format::HEADER_LEN as u64;
+            file.write_all_at(&vec![0; (zeroed - len) as usize], len)?;
+            file.sync_all()?;
+            Ok(Next { header, file, zeroed })
+        });
+        match made {
+            Ok(next) => {
+                if std::mem::take(&mut self.next_failing) {
+                    tracing::info!(segment = seq, "the next log segment is made ahead again");
+                }
+                self.next = Some(next);
+            }
+            Err(e) => {
+                if !std::mem::replace(&mut self.next_failing, true) {
+                    tracing::warn!(error = %e, segment = seq,
+                        "cannot make the next log segment ahead; the current one grows until it can be");
+                }
+                let _ = fs::remove_file(&path);
+            }
+        }
     }
 }
 

@@ -19,8 +19,11 @@ pub(crate) mod format;
 mod init;
 mod inspect;
 mod log;
+mod preflight;
 pub(crate) mod recovery;
+mod relay;
 mod replay;
+mod status;
 mod table;
 mod writer;
 
@@ -32,7 +35,11 @@ use std::sync::Arc;
 pub use file::{CommitHook, FileStore, StoreOptions};
 pub use init::{check_initialised, init};
 pub use inspect::{Inspection, inspect};
-pub use table::Table;
+pub use preflight::{Usable, check_usable};
+pub use status::Condition;
+#[cfg(feature = "stall-hook")]
+pub use status::{Held, hold};
+pub use table::{MARK_BYTES, Table, TableBytes};
 
 /// Whether an advance is made durable with `fdatasync` before it resolves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -76,8 +83,12 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     fn answered_all(&self, marks: &[(MarkKind, String)], token: u64);
     /// Flushes everything and stops; later advances fail with [`StoreError::Closed`].
     fn close(&self) -> StoreFuture<'_>;
+    /// What the store can do now (for readiness).
+    fn condition(&self) -> Condition;
     /// Whether the store still accepts advances (false after a write or sync failure).
-    fn healthy(&self) -> bool;
+    fn healthy(&self) -> bool {
+        !matches!(self.condition(), Condition::Failed(_))
+    }
 }
 
 /// Store failures. All of them keep fenced writes from being forwarded.
@@ -110,9 +121,20 @@ pub enum StoreError {
     /// A write or sync failed; the store accepts no more advances until restarted.
     #[error("store failed and refuses further advances until restart: {0}")]
     Failed(String),
+    /// The disk gave no room for the log (a full disk): nothing of the batch was written, and
+    /// the next one tries again.
+    #[error("no room on disk for the fence log: {0}")]
+    NoSpace(String),
     /// The table holds `store.max_resources` marks (keys and floors); new ones are refused.
     #[error("the fence table is full ({0} resources, store.max_resources); only known resources accept writes")]
     Full(usize),
+    /// The table's marks would take more than `store.max_table_bytes` ([`Table::bytes`]); new
+    /// ones are refused.
+    #[error(
+        "the fence table is full ({0} bytes of keys, floors and gates, store.max_table_bytes); only known \
+        resources accept writes"
+    )]
+    FullBytes(u64),
     /// The data directory's keys were made under other key rules (scopes, canonicalisation).
     #[error("{}: its fence keys were made under other key rules (recorded: {recorded:?}; configured: {configured:?}); \
         resources would get new keys without their max_seen and stale writes would pass. Restore the previous \

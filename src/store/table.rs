@@ -1,7 +1,7 @@
 //! [`Table`]: the in-memory image of every durable mark: each key's `max_seen`, and each
 //! floor (the highest token a write covering everything under a string was accepted with).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry as Slot;
@@ -15,17 +15,30 @@ struct Entry {
     in_flight: bool,
 }
 
-/// One kind of mark: a map from the string to its entry, and how many there are. Entries are
-/// never removed, so the count only grows; keeping it saves visiting every shard to count.
+/// What one mark costs in memory beside its string's bytes, for `store.max_table_bytes`: its
+/// slot in the map (the boxed string's pointer and length, the token, the in-flight flag: 32
+/// bytes), the map's control byte and spare capacity, and the allocator's rounding of the
+/// string. Measured with `benches/memory.rs`: see docs/store.md (Memory).
+pub const MARK_BYTES: u64 = 96;
+
+/// What the mark `name` counts for against `store.max_table_bytes`.
+pub(crate) fn mark_bytes(name: &str) -> u64 {
+    name.len() as u64 + MARK_BYTES
+}
+
+/// One kind of mark: a map from the string to its entry, how many there are, and their bytes
+/// ([`mark_bytes`]). Entries are never removed, so both only grow; keeping them saves visiting
+/// every shard to count.
 #[derive(Debug, Default)]
 struct Marks {
     map: DashMap<Box<str>, Entry, foldhash::quality::RandomState>,
     len: AtomicUsize,
+    bytes: AtomicU64,
 }
 
 impl Marks {
     fn with_capacity(capacity: usize) -> Marks {
-        Marks { map: DashMap::with_capacity_and_hasher(capacity, Default::default()), len: AtomicUsize::new(0) }
+        Marks { map: DashMap::with_capacity_and_hasher(capacity, Default::default()), ..Marks::default() }
     }
 
     fn entry(&self, name: &str) -> Option<(u64, bool)> {
@@ -52,6 +65,7 @@ impl Marks {
             Slot::Occupied(mut e) => f(e.get_mut()),
             Slot::Vacant(v) => {
                 self.len.fetch_add(1, Ordering::Relaxed);
+                self.bytes.fetch_add(mark_bytes(name), Ordering::Relaxed);
                 f(&mut v.insert(new));
             }
         }
@@ -100,6 +114,25 @@ impl Marks {
     }
 }
 
+/// Approximate bytes of memory held for marks, by what holds them (see [`Table::bytes`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TableBytes {
+    /// The keys: their strings plus [`MARK_BYTES`] each.
+    pub keys: u64,
+    /// The floors, counted like the keys.
+    pub floors: u64,
+    /// What the table's users hold for marks outside it, by [`Table::try_hold`] and
+    /// [`Table::hold`]: the fence's per-resource gates and the nodes of its tree.
+    pub held: u64,
+}
+
+impl TableBytes {
+    /// Everything together: what `store.max_table_bytes` bounds.
+    pub fn total(&self) -> u64 {
+        self.keys.saturating_add(self.floors).saturating_add(self.held)
+    }
+}
+
 /// The in-memory image of every durable mark (each key's `max_seen`, each floor), and of which
 /// writes are in flight. Keys and floors are separate maps: a floor and a key spelled alike are
 /// different marks.
@@ -107,21 +140,83 @@ impl Marks {
 /// Hashed with foldhash rather than SipHash: recovery hashes every key at least once per
 /// record, and SipHash was a third of its time. Its per-process random seed keeps clients
 /// from precomputing colliding paths.
-#[derive(Debug, Default)]
+///
+/// It also keeps an account of its memory in bytes ([`TableBytes`]) against a limit
+/// (`store.max_table_bytes`), which the store's writer checks before it admits a new mark and
+/// the fence before it makes a gate for a resource the table does not hold.
+#[derive(Debug)]
 pub struct Table {
     keys: Marks,
     floors: Marks,
+    held: AtomicU64,
+    max_bytes: u64,
+}
+
+impl Default for Table {
+    fn default() -> Self {
+        Table { keys: Marks::default(), floors: Marks::default(), held: AtomicU64::new(0), max_bytes: u64::MAX }
+    }
 }
 
 impl Table {
-    /// An empty table.
+    /// An empty table, without a limit in bytes.
     pub fn new() -> Self {
         Self::default()
     }
 
     /// An empty table with room for `capacity` keys, so loading them never rehashes.
     pub fn with_capacity(capacity: usize) -> Self {
-        Table { keys: Marks::with_capacity(capacity), floors: Marks::default() }
+        Table { keys: Marks::with_capacity(capacity), ..Table::default() }
+    }
+
+    /// The same table, bounded to `max_bytes` ([`TableBytes::total`]): new marks, and what is
+    /// held for marks the table does not have, are refused past it. Marks already in the
+    /// table (recovered ones included) stay whatever their total.
+    pub fn with_max_bytes(self, max_bytes: u64) -> Self {
+        Table { max_bytes, ..self }
+    }
+
+    /// Approximate bytes of memory held for marks now: read from counters kept on every insert,
+    /// so it costs three atomic loads.
+    pub fn bytes(&self) -> TableBytes {
+        TableBytes {
+            keys: self.keys.bytes.load(Ordering::Relaxed),
+            floors: self.floors.bytes.load(Ordering::Relaxed),
+            held: self.held.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The bound on [`Table::bytes`] (`store.max_table_bytes`; `u64::MAX` when unbounded).
+    pub fn max_bytes(&self) -> u64 {
+        self.max_bytes
+    }
+
+    /// Whether `more` bytes fit beside everything counted now.
+    pub(crate) fn fits(&self, more: u64) -> bool {
+        self.bytes().total().saturating_add(more) <= self.max_bytes
+    }
+
+    /// Counts `bytes` held outside the table for a mark it does not have, if they fit; returns
+    /// whether they did. Racing holders may refuse each other early, never let both past.
+    pub(crate) fn try_hold(&self, bytes: u64) -> bool {
+        let before = self.held.fetch_add(bytes, Ordering::Relaxed);
+        let marks = self.keys.bytes.load(Ordering::Relaxed).saturating_add(self.floors.bytes.load(Ordering::Relaxed));
+        if marks.saturating_add(before).saturating_add(bytes) <= self.max_bytes {
+            return true;
+        }
+        self.held.fetch_sub(bytes, Ordering::Relaxed);
+        false
+    }
+
+    /// Counts `bytes` held outside the table for a mark it has (or must be served whatever the
+    /// limit), without refusing.
+    pub(crate) fn hold(&self, bytes: u64) {
+        self.held.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Gives back `bytes` counted by [`Table::try_hold`] or [`Table::hold`].
+    pub(crate) fn release(&self, bytes: u64) {
+        self.held.fetch_sub(bytes, Ordering::Relaxed);
     }
 
     /// The highest durable token of `key`.
@@ -283,5 +378,21 @@ mod tests {
         all.sort();
         assert_eq!(all, [("/a".to_string(), 9, false), ("/d/".to_string(), 3, true)]);
         assert_eq!((t.len(), t.floors_len(), t.top(5).len()), (1, 2, 1), "len and top are the keys'");
+    }
+
+    #[test]
+    fn bytes_count_each_mark_once_and_what_is_held_beside_them() {
+        let t = Table::new().with_max_bytes(3 * MARK_BYTES + 10);
+        t.advance("/a", 1);
+        t.raise("/a", 2);
+        t.load_floor("/d", 3, false);
+        let bytes = TableBytes { keys: 2 + MARK_BYTES, floors: 2 + MARK_BYTES, held: 0 };
+        assert_eq!(t.bytes(), bytes, "a mark counts once, however often it is raised");
+        assert!(t.try_hold(MARK_BYTES + 6) && !t.try_hold(1), "held bytes fit up to the limit, and no further");
+        assert_eq!(t.bytes().total(), t.max_bytes());
+        t.hold(5);
+        assert!(!t.fits(0), "a hold that may not be refused can pass the limit");
+        t.release(11);
+        assert!(t.fits(6) && !t.fits(7));
     }
 }

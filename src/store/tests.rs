@@ -277,3 +277,23 @@ async fn zeros_at_the_end_of_a_segment_that_is_not_the_last_refuse_to_start() {
     let err = FileStore::open(dir.path(), options(4096)).unwrap_err();
     assert!(err.to_string().contains(&segment_name(1)), "{err}");
 }
+
+#[tokio::test]
+async fn the_next_segment_is_made_ahead_and_a_rotation_puts_it_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = Table::new();
+    let found = recovery::recover(dir.path(), &table, recovery::Mode::Repair).unwrap();
+    let mut log = log::Log::open(dir.path(), SyncMode::Always, &found, 4096).unwrap();
+    let ahead = |seq: u64| dir.path().join(format!("{}.next.tmp", segment_name(seq)));
+    assert!(ahead(2).exists() && !segment(dir.path(), 2).exists(), "made ahead under a temporary name");
+    log.append(Kind::Advance, "/a", 1);
+    assert_eq!(log.rotate().unwrap(), Some(2));
+    assert!(segment(dir.path(), 2).exists() && !ahead(2).exists() && ahead(3).exists());
+    log.append(Kind::Advance, "/a", 2);
+    log.commit().unwrap();
+    drop(log);
+    // A crash leaves the one made ahead behind: recovery removes it and reads the rest.
+    let store = FileStore::open(dir.path(), options(4096)).unwrap();
+    assert_eq!(store.table().get("/a"), Some(2));
+    assert!(!ahead(4).exists(), "only the segment after the current one is made ahead");
+}

@@ -1,45 +1,43 @@
-//! The writer (group commit), which starts the compaction thread (`compact`).
+//! The writer (group commit), on a thread of its own, which starts the compaction thread
+//! (`compact`).
 //!
-//! The writer is a task on the runtime that serves the requests, not a thread of its own: a
-//! hand-off to another thread and back cost more CPU than the sync itself (two sleeps and two
-//! wake-ups per batch), and most of a fenced write's added latency at low load. Its blocking
-//! write and `fdatasync` therefore hold up that runtime thread for the length of a sync; that
-//! wait is the batching window. Every write that arrives meanwhile joins the next batch.
+//! The writer's blocking writes and `fdatasync`s never run on a thread that serves requests:
+//! a disk that stalls (a slow sync, dirty-page throttling of a `write`) then delays only the
+//! fenced writes waiting for their advance, never pass-through requests or the admin API.
+//! Requests send it their advances over a channel and wait for the answer; the sync under way
+//! is the batching window: every advance that arrives meanwhile joins the next batch.
 //!
 //! Group commit: the writer takes every advance queued while the previous batch was syncing,
-//! lets every task that is ready queue its own, appends them all, and issues one `fdatasync`
-//! for the lot. Only after the sync does it raise the [`Table`] and answer. An advance of
-//! several marks is one message and one entry of the batch, so its records always share one
-//! commit marker: recovery applies them all or none.
+//! appends them all, and issues one `fdatasync` for the lot. Only after the sync does it raise
+//! the [`Table`] and answer. An advance of several marks is one message and one entry of the
+//! batch, so its records always share one commit marker: recovery applies them all or none.
 //!
-//! Failure is closed and final: after a failed write or sync the kernel may have dropped the
-//! dirty pages, so a later sync that "succeeds" proves nothing (PostgreSQL's fsync lesson).
-//! Every later advance fails until the process restarts and recovers from what is on disk.
+//! A failed write or sync is final: the kernel may have dropped the dirty pages, so a later
+//! sync that "succeeds" proves nothing (PostgreSQL's fsync lesson). Every later advance fails
+//! until the process restarts and recovers from what is on disk. A disk that gives no room is
+//! not a failure: the batch is refused unwritten ([`StoreError::NoSpace`]) and the next one
+//! tries again.
 
-use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, mpsc};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
-
-use tokio::runtime::RuntimeFlavor;
-use tokio::sync::{mpsc::UnboundedReceiver, oneshot};
 
 use super::compact;
 use super::file::{Answers, StoreOptions};
 use super::format::Kind;
-use super::log::Log;
+use super::log::{Log, LogError};
 use super::recovery::io_err;
+use super::relay::{Answer, Done, Relay};
+use super::status::{Status, stall_point};
+use super::table::mark_bytes;
 use super::{MarkKind, StoreError, Table};
 
 /// Most advances committed by one write and one sync (an advance of several marks counts once:
 /// it is never split).
 const MAX_BATCH: usize = 4096;
-/// Most passes of the event loop a batch waits for more writes, while each pass brings some.
-const GATHER_ROUNDS: usize = 8;
 /// Longest answered writes wait to be logged as such when no advance comes to carry them.
 const ANSWER_FLUSH: Duration = Duration::from_millis(200);
-
-type Done = oneshot::Sender<Result<(), StoreError>>;
 
 pub(super) enum Msg {
     Advance {
@@ -58,22 +56,13 @@ pub(super) enum Msg {
     Close(Done),
 }
 
-/// Runs blocking file work from the writer task. A multi-threaded runtime is told, so that
-/// its other tasks move to another worker; a single-threaded one waits, which is the point.
-fn blocking<R>(work: impl FnOnce() -> R) -> R {
-    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(work),
-        _ => work(),
-    }
-}
-
 pub(super) struct Writer {
     answers: Answers,
     /// When answered writes waiting in `answers` are written even if no advance comes.
     flush_by: Option<Instant>,
     log: Log,
     table: Arc<Table>,
-    healthy: Arc<AtomicBool>,
+    status: Arc<Status>,
     options: StoreOptions,
     failed: Option<String>,
     snapshot_bytes: Arc<AtomicU64>,
@@ -83,10 +72,16 @@ pub(super) struct Writer {
     advances_in_batch: usize,
     /// New marks (keys and floors) among the batch's advances, for the `max_resources` bound.
     new_in_batch: usize,
-    /// Whether `run` finished; if not, the task was dropped with its runtime (see `Drop`).
+    /// What those new marks will count for in [`Table::bytes`], for `max_table_bytes`.
+    new_bytes_in_batch: u64,
+    /// Whether `run` finished; if not, its thread is unwinding (see `Drop`).
     finished: bool,
     /// The data directory's lock: released only once this writer can write no more.
     lock: Option<std::fs::File>,
+    /// Takes each batch's answers to the requests waiting for them.
+    relay: Relay,
+    /// The answers of the batch being committed.
+    answering: Vec<Answer>,
 }
 
 enum Op {
@@ -100,43 +95,47 @@ impl Writer {
     pub(super) fn new(
         log: Log,
         table: Arc<Table>,
-        healthy: Arc<AtomicBool>,
+        status: Arc<Status>,
         options: StoreOptions,
         answers: Answers,
         lock: std::fs::File,
+        relay: Relay,
     ) -> Writer {
         Writer {
             answers,
             flush_by: None,
             log,
             table,
-            healthy,
+            status,
             options,
             failed: None,
             snapshot_bytes: Arc::new(AtomicU64::new(0)),
             batch: Vec::with_capacity(MAX_BATCH),
             advances_in_batch: 0,
             new_in_batch: 0,
+            new_bytes_in_batch: 0,
             finished: false,
             lock: Some(lock),
+            relay,
+            answering: Vec::with_capacity(MAX_BATCH),
         }
     }
 
-    /// Runs until the store is closed or dropped.
-    pub(super) async fn run(mut self, mut rx: UnboundedReceiver<Msg>) {
+    /// Runs until the store is closed or dropped: the body of the writer's thread.
+    pub(super) fn run(mut self, rx: Receiver<Msg>) {
         let (compact_tx, compact_rx) = mpsc::sync_channel::<u64>(1);
-        let dir = self.log.path().parent().map(Path::to_owned).unwrap_or_default();
+        let dir = self.log.dir().to_owned();
         let compactor = compact::spawn(dir, &self.table, &self.snapshot_bytes, self.lock.as_ref(), compact_rx);
         let mut closing = None;
         while closing.is_none() {
             // Answered writes ride along with the next batch; without one, they are written
             // on their own ANSWER_FLUSH after the first of them.
             let received = match self.flush_by {
-                None => rx.recv().await.ok_or(false),
-                Some(by) => match tokio::time::timeout_at(by.into(), rx.recv()).await {
-                    Ok(msg) => msg.ok_or(false),
-                    Err(_) => Err(true),
-                },
+                None => rx.recv().map_err(|_| false),
+                Some(by) => rx.recv_timeout(by.saturating_duration_since(Instant::now())).map_err(|e| match e {
+                    RecvTimeoutError::Timeout => true,
+                    RecvTimeoutError::Disconnected => false,
+                }),
             };
             match received {
                 Ok(first) => {
@@ -148,42 +147,32 @@ impl Writer {
                 Err(true) => {} // answers waited ANSWER_FLUSH: write them now
                 Err(false) => {
                     self.take_answers(); // dropped without close(): keep what is known
-                    blocking(|| self.commit());
+                    self.commit();
                     break;
                 }
             }
             self.flush_by = None;
-            // Let every task that is ready now (writes whose turn came, requests just read)
-            // queue its advance, so that one sync serves them all.
-            for _ in 0..GATHER_ROUNDS {
-                tokio::task::yield_now().await;
-                let before = self.batch.len();
-                self.take_answers();
-                while closing.is_none() && self.batch.len() < MAX_BATCH {
-                    match rx.try_recv() {
-                        Ok(msg) => closing = self.take(msg),
-                        Err(_) => break,
-                    }
-                }
-                if self.batch.len() == before || closing.is_some() || self.batch.len() >= MAX_BATCH {
-                    break;
+            // Everything that arrived while the previous batch was syncing joins this one.
+            self.take_answers();
+            while closing.is_none() && self.batch.len() < MAX_BATCH {
+                match rx.try_recv() {
+                    Ok(msg) => closing = self.take(msg),
+                    Err(_) => break,
                 }
             }
-            blocking(|| {
-                self.commit();
-                self.maybe_rotate(&compact_tx);
-            });
+            self.commit();
+            self.maybe_rotate(&compact_tx);
         }
         drop(compact_tx);
-        let flushed = blocking(|| {
-            if let Some(c) = compactor {
-                let _ = c.join();
-            }
-            match &self.failed {
-                Some(f) => Err(StoreError::Failed(f.clone())),
-                None => self.log.flush().map_err(|e| io_err(&self.log.path(), e)),
-            }
-        });
+        if let Some(c) = compactor {
+            let _ = c.join();
+        }
+        let flushed = match &self.failed {
+            Some(f) => Err(StoreError::Failed(f.clone())),
+            None => self.log.flush().map_err(|e| match e {
+                LogError::NoRoom(e) | LogError::Failed(e) => io_err(&self.log.path(), e),
+            }),
+        };
         self.finished = true;
         drop(self.lock.take()); // the directory may belong to someone else from now on
         if let Some(done) = closing {
@@ -234,24 +223,37 @@ impl Writer {
             let _ = done.send(Err(StoreError::Failed(f.clone())));
             return;
         }
-        if self.table.get(&key).is_none() {
+        if self.table.get(&key).is_none()
             // Counting every new key in the batch as distinct can only refuse early, never late.
-            if self.marks() + self.new_in_batch >= self.options.max_resources {
-                tracing::warn!(resource = %key, limit = self.options.max_resources,
-                    "store.max_resources reached: refusing a write to a new resource");
-                let _ = done.send(Err(StoreError::Full(self.options.max_resources)));
-                return;
-            }
-            self.new_in_batch += 1;
+            && let Err(e) = self.make_room(1, mark_bytes(&key))
+        {
+            tracing::warn!(resource = %key, error = %e, "refusing a write to a new resource");
+            let _ = done.send(Err(e));
+            return;
         }
         self.log.append(Kind::Advance, &key, token);
         self.batch.push(Op::Advance { key, token, done });
         self.advances_in_batch += 1;
     }
 
-    /// Keys and floors in the table, which `max_resources` bounds together.
-    fn marks(&self) -> usize {
-        self.table.len() + self.table.floors_len()
+    /// Counts `new` more marks taking `bytes` into this batch if they fit beside the table and
+    /// the batch's other new marks: `max_resources` bounds keys and floors together, and
+    /// `max_table_bytes` their memory with what is held beside them ([`Table::bytes`]).
+    fn make_room(&mut self, new: usize, bytes: u64) -> Result<(), StoreError> {
+        if new == 0 {
+            return Ok(());
+        }
+        let marks = self.table.len() + self.table.floors_len();
+        if marks + self.new_in_batch + new > self.options.max_resources {
+            return Err(StoreError::Full(self.options.max_resources));
+        }
+        let bytes_in_batch = self.new_bytes_in_batch.saturating_add(bytes);
+        if !self.table.fits(bytes_in_batch) {
+            return Err(StoreError::FullBytes(self.table.max_bytes()));
+        }
+        self.new_in_batch += new;
+        self.new_bytes_in_batch = bytes_in_batch;
+        Ok(())
     }
 
     /// Queues an advance of several marks for this batch, whole, or refuses it whole at once.
@@ -260,24 +262,18 @@ impl Writer {
             let _ = done.send(Err(StoreError::Failed(f.clone())));
             return;
         }
-        let new = marks
+        let (new, bytes) = marks
             .iter()
             .filter(|(mark, name)| match mark {
                 MarkKind::Key => self.table.get(name).is_none(),
                 MarkKind::Floor => self.table.floor(name).is_none(),
             })
-            .count();
-        if new > 0 && self.marks() + self.new_in_batch + new > self.options.max_resources {
-            tracing::warn!(
-                marks = marks.len(),
-                new,
-                limit = self.options.max_resources,
-                "store.max_resources reached: refusing a write to new resources"
-            );
-            let _ = done.send(Err(StoreError::Full(self.options.max_resources)));
+            .fold((0, 0), |(n, b), (_, name)| (n + 1, b + mark_bytes(name)));
+        if let Err(e) = self.make_room(new, bytes) {
+            tracing::warn!(marks = marks.len(), new, error = %e, "refusing a write to new resources");
+            let _ = done.send(Err(e));
             return;
         }
-        self.new_in_batch += new;
         for (mark, name) in &marks {
             self.log.append(Kind::advance(*mark), name, token);
         }
@@ -288,16 +284,29 @@ impl Writer {
     /// Writes the batch; syncs it if it holds an advance (a lost answer only costs a quarantine).
     fn commit(&mut self) {
         self.new_in_batch = 0;
+        self.new_bytes_in_batch = 0;
         let advances = std::mem::take(&mut self.advances_in_batch);
         if self.batch.is_empty() {
             return;
         }
         let started = Instant::now();
+        self.status.busy();
+        stall_point(self.log.dir());
         let written = if advances > 0 { self.log.commit() } else { self.log.write() };
+        self.status.idle();
         if let (Ok(()), Some(hook), true) = (&written, &self.options.on_commit, advances > 0) {
             hook(started.elapsed(), advances);
         }
-        let outcome = written.map_err(|e| self.fail(e));
+        let outcome = match written {
+            Ok(()) => {
+                if self.status.set_full(None) {
+                    tracing::info!("the fence log has room again: advances are accepted");
+                }
+                Ok(())
+            }
+            Err(LogError::NoRoom(e)) => Err(self.no_room(e)),
+            Err(LogError::Failed(e)) => Err(self.fail(e)),
+        };
         for op in self.batch.drain(..) {
             match op {
                 Op::Advance { key, token, done } => {
@@ -305,7 +314,7 @@ impl Writer {
                         // Durable now: raise the table before anyone hears back.
                         self.table.advance(&key, token);
                     }
-                    let _ = done.send(outcome.clone());
+                    self.answering.push((done, outcome.clone()));
                 }
                 Op::AdvanceAll { marks, token, done } => {
                     if outcome.is_ok() {
@@ -316,12 +325,26 @@ impl Writer {
                             }
                         }
                     }
-                    let _ = done.send(outcome.clone());
+                    self.answering.push((done, outcome.clone()));
                 }
+                // An answer the log had no room for is lost, which only costs a quarantine
+                // after a restart; the table need not wait for it.
                 Op::Answered { mark: MarkKind::Key, key, token } => self.table.answered(&key, token),
                 Op::Answered { mark: MarkKind::Floor, key, token } => self.table.answered_floor(&key, token),
             }
         }
+        self.relay.deliver(&mut self.answering);
+    }
+
+    /// Refuses a batch the disk gave no room for. Nothing of it was written, so nothing is in
+    /// doubt: the next batch tries again.
+    fn no_room(&mut self, e: std::io::Error) -> StoreError {
+        let reason = format!("{}: {e}", self.log.path().display());
+        if self.status.set_full(Some(reason.clone())) {
+            tracing::error!(error = %reason,
+                "no room on disk for the fence log: fenced writes are refused until there is");
+        }
+        StoreError::NoSpace(reason)
     }
 
     /// Fails the store for good: after a failed write or sync the kernel may have dropped
@@ -331,33 +354,37 @@ impl Writer {
         tracing::error!(error = %reason,
             "fence log write or fsync failed: refusing every fenced write until fencegate is restarted");
         self.failed = Some(reason.clone());
-        self.healthy.store(false, Ordering::Relaxed);
+        self.status.set_failed(&reason);
         StoreError::Failed(reason)
     }
 
-    /// Closes a full segment and asks for a snapshot, unless one is still being written.
+    /// Moves to the next segment once the current one is full, and asks for a snapshot unless
+    /// one is still being written. A next segment that could not be made ahead only delays this.
     fn maybe_rotate(&mut self, compact: &mpsc::SyncSender<u64>) {
         let threshold = self.options.segment_bytes.max(self.snapshot_bytes.load(Ordering::Relaxed));
         if self.failed.is_some() || self.log.len() < threshold {
             return;
         }
-        // Rotation syncs the segment it closes (Answered-only batches included), so its failures
-        // are sync failures like any other: fail closed.
-        match self.log.rotate() {
-            Ok(seq) => {
+        self.status.busy();
+        let rotated = self.log.rotate();
+        self.status.idle();
+        match rotated {
+            Ok(Some(seq)) => {
                 let _ = compact.try_send(seq);
             }
-            Err(e) => {
+            Ok(None) | Err(LogError::NoRoom(_)) => {}
+            // Rotation syncs the segment it closes and the directory: a failure is a sync failure.
+            Err(LogError::Failed(e)) => {
                 self.fail(e);
             }
         }
     }
 }
 
-/// A writer task dropped between batches, with the runtime it ran on, still writes what it was
-/// given, unsynced, as a thread would have done on its way out. Logged answers spare their
-/// resources a quarantine after a restart. Advances nobody was answered for (so never
-/// forwarded) are logged too: they only raise `max_seen` and quarantine their resources.
+/// A writer whose thread unwinds (a panic) still writes what it was given, unsynced. Logged
+/// answers spare their resources a quarantine after a restart. Advances nobody was answered
+/// for (so never forwarded) are logged too: they only raise `max_seen` and quarantine their
+/// resources.
 impl Drop for Writer {
     fn drop(&mut self) {
         if self.finished || self.failed.is_some() {

@@ -1,5 +1,5 @@
-//! The store's behaviour under load, at its limits, and when its runtime or its owner goes
-//! away: group commit, answered writes, the bound on resources, closing and dropping.
+//! The store's behaviour under load, at its limits, and when the runtime that opened it or its
+//! owner goes away: group commit, answered writes, the bound on resources, closing and dropping.
 
 use std::fs;
 use std::sync::Arc;
@@ -39,6 +39,41 @@ async fn past_max_resources_new_keys_are_refused_and_known_ones_still_advance() 
     store.advance("/a", 2).await.unwrap();
     assert!(store.healthy(), "a full table is not a failed store");
     assert_eq!(store.table().get("/c"), None);
+}
+
+#[tokio::test]
+async fn past_max_table_bytes_new_marks_are_refused_and_known_ones_still_advance() {
+    let dir = tempfile::tempdir().unwrap();
+    let long = |i: u32| format!("/{i}{}", "k".repeat(8 << 10));
+    // Exactly room for two long keys and a short one, filled one batch at a time: what a
+    // committed batch counted for must not count again in the next.
+    let max_table_bytes = 2 * table::mark_bytes(&long(1)) + table::mark_bytes("/s");
+    let store = FileStore::open(dir.path(), StoreOptions { max_table_bytes, ..options(4096) }).unwrap();
+    write(&store, &[(&long(1), 1), (&long(2), 1), ("/s", 1)]).await;
+    assert_eq!(store.table().bytes(), TableBytes { keys: max_table_bytes, floors: 0, held: 0 });
+    let full = StoreError::FullBytes(max_table_bytes);
+    assert!(matches!(store.advance(&long(3), 1).await, Err(e) if e.to_string() == full.to_string()));
+    assert!(matches!(store.advance("/t", 1).await, Err(StoreError::FullBytes(_))), "however short");
+    let with_a_floor = vec![(MarkKind::Key, long(1)), (MarkKind::Floor, "/f".to_owned())];
+    assert!(matches!(store.advance_all(with_a_floor, 2).await, Err(StoreError::FullBytes(_))), "refused whole");
+    assert_eq!((store.table().get(&long(1)), store.table().floor("/f")), (Some(1), None));
+    store.advance(&long(1), 2).await.expect("a known key advances past the limit");
+    store.advance_all(vec![(MarkKind::Key, long(2)), (MarkKind::Key, "/s".to_owned())], 3).await.unwrap();
+    assert!(store.healthy(), "a full table is not a failed store");
+    assert_eq!(store.table().bytes().total(), max_table_bytes);
+    assert!(full.to_string().contains("store.max_table_bytes"), "{full}");
+}
+
+#[tokio::test]
+async fn new_marks_in_one_batch_count_together_against_max_table_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let max_table_bytes = table::mark_bytes("/a");
+    let store = FileStore::open(dir.path(), StoreOptions { max_table_bytes, ..options(4096) }).unwrap();
+    // Both are sent before either is committed: each fits alone, not both.
+    let (a, b) = (store.advance("/a", 1), store.advance("/b", 1));
+    let (a, b) = tokio::join!(a, b);
+    assert!(matches!((&a, &b), (Ok(()), Err(StoreError::FullBytes(_))) | (Err(StoreError::FullBytes(_)), Ok(()))));
+    assert_eq!(store.table().bytes().keys, max_table_bytes);
 }
 
 #[tokio::test]
@@ -102,7 +137,7 @@ async fn an_earlier_answer_does_not_clear_a_later_write_with_the_same_token() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_multi_thread_runtime_the_writer_commits_rotates_and_closes() {
     let dir = tempfile::tempdir().unwrap();
-    // Small segments: rotation and compaction run inside block_in_place too.
+    // Small segments: rotations and compactions run while the writers wait on both workers.
     let store = Arc::new(FileStore::open(dir.path(), options(4096)).unwrap());
     let tasks: Vec<_> = (0..32u64)
         .map(|w| {
@@ -136,53 +171,28 @@ async fn on_a_multi_thread_runtime_the_writer_commits_rotates_and_closes() {
 }
 
 #[test]
-fn a_store_whose_runtime_shut_down_fails_closed_and_keeps_its_answers() {
+fn the_writer_outlives_the_runtime_that_opened_the_store() {
     let dir = tempfile::tempdir().unwrap();
     let opener = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     let user = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let store = opener.block_on(async { FileStore::open(dir.path(), options(64 << 20)).unwrap() });
     user.block_on(store.advance("/a", 1)).unwrap();
+    drop(opener);
+    user.block_on(store.advance("/a", 2)).unwrap();
+    assert_eq!(store.table().get("/a"), Some(2));
+}
+
+#[test]
+fn a_store_dropped_without_close_keeps_its_answers_and_frees_the_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let user = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let store = FileStore::open(dir.path(), options(64 << 20)).unwrap();
+    user.block_on(store.advance("/a", 1)).unwrap();
     user.block_on(store.advance("/b", 1)).unwrap();
     store.answered("/a", 1);
-    drop(opener);
-    let after = user.block_on(async { tokio::time::timeout(Duration::from_secs(5), store.advance("/a", 2)).await });
-    assert!(matches!(after, Ok(Err(StoreError::Closed))), "fails closed, does not hang: {after:?}");
     drop(store);
-    // The compaction thread, which shares the directory's lock, ends on its own once the writer is gone.
+    // The writer, and the compaction thread that shares the directory's lock, end on their own.
     let store = open_when_free(dir.path());
     assert_eq!(store.table().get("/a"), Some(1));
     assert_eq!(store.in_flight_at_start(), [("/b".to_string(), 1)], "the answer to /a was logged on the way out");
-}
-
-#[tokio::test]
-async fn a_store_dropped_without_close_keeps_its_directory_until_its_last_write() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
-    let keys: Vec<String> = (0..8).map(|i| format!("/old/{i:02}")).collect();
-    for k in &keys {
-        store.advance(k, 1).await.unwrap();
-    }
-    for k in &keys {
-        store.answered(k, 1); // answers the writer logs when it notices the drop
-    }
-    drop(store);
-    // The old writer has not run yet (one thread, no await since the drop): the lock is its.
-    assert!(matches!(FileStore::open(dir.path(), options(64 << 20)), Err(StoreError::Locked { .. })));
-    let reopen = async {
-        loop {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-            match FileStore::open(dir.path(), options(64 << 20)) {
-                Err(StoreError::Locked { .. }) => continue,
-                other => break other.unwrap(),
-            }
-        }
-    };
-    let again = tokio::time::timeout(Duration::from_secs(10), reopen).await.expect("the old writer let go");
-    assert!(again.in_flight_at_start().is_empty(), "the old writer logged every answer");
-    again.advance("/new", 7).await.unwrap();
-    again.close().await.unwrap();
-    drop(again);
-    let (table, found) = as_a_crash_would_leave(dir.path());
-    assert_eq!(table.get("/new"), Some(7), "an acknowledged advance survives");
-    assert_eq!(found.torn, None, "a clean close leaves no torn tail");
 }

@@ -1,5 +1,10 @@
-//! Forwarding to the backend: pooled HTTP/1.1 connections (`pool`), hop-by-hop headers
-//! stripped both ways, bodies streamed without buffering.
+//! Forwarding to the backend: pooled HTTP/1.1 connections, at most `backend.max_connections`
+//! of them (`pool`), hop-by-hop headers stripped both ways, bodies streamed without buffering.
+//!
+//! A request first gets its [`Connection`] ([`Upstream::connection`]), then is sent on it
+//! ([`Upstream::forward`]). The two are apart so that a fenced write can hold its connection
+//! before its token is used up: a backend that cannot be reached, or has no connection free,
+//! costs the write nothing.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,14 +18,17 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use rustls_pki_types::ServerName;
 
+mod checkout;
+mod dial;
 mod headers;
 mod pool;
 mod sent;
 
 use crate::config::BackendConfig;
+use checkout::Checkout;
 use headers::append_forwarded_for;
 pub use headers::{Peer, strip_hop_by_hop};
-use pool::{Pool, SendError};
+use pool::{Bounds, Pool, SendError};
 use sent::{Ended, Sent};
 
 /// Why a request did not get the backend's response head.
@@ -29,6 +37,10 @@ pub enum UpstreamError {
     /// No connection to the backend could be made; nothing was sent.
     #[error("backend unreachable: {0}")]
     Unreachable(String),
+    /// Every connection `backend.max_connections` allows stayed in use this long; nothing
+    /// was sent.
+    #[error("no backend connection became free within {0:?}")]
+    Busy(Duration),
     /// The connection failed after the request may have been (partly) sent.
     #[error("backend failed: {0}")]
     Failed(String),
@@ -56,6 +68,16 @@ pub fn full_body(body: http_body_util::Full<Bytes>) -> ResponseBody {
     body.map_err(|never| match never {}).boxed()
 }
 
+/// A backend connection held for one request, from before it is sent: an idle kept-alive one,
+/// or a new one, already open. Dropped unused, it goes back to the pool.
+pub struct Connection(Checkout<ClientBody>);
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection").field("reused", &self.0.reused).finish()
+    }
+}
+
 /// Sends requests to the configured backend.
 #[derive(Debug, Clone)]
 pub struct Upstream {
@@ -68,10 +90,13 @@ pub struct Upstream {
 
 impl Upstream {
     /// Prepares connections to `backend` (none is opened until the first request); the error
-    /// says which setting cannot be used.
+    /// says which setting cannot be used. With `previous` (a reload), the new connections and
+    /// the previous upstream's count against one `backend.max_connections`; once the new one is
+    /// in force, [`Upstream::retire_for`] closes the previous one's.
     pub fn new(
         backend: &BackendConfig,
         bytes_in: prometheus_client::metrics::counter::Counter,
+        previous: Option<&Upstream>,
     ) -> Result<Self, String> {
         let url = &backend.url;
         let authority = url.authority().ok_or_else(|| format!("{url}: no host"))?;
@@ -84,9 +109,22 @@ impl Upstream {
         } else {
             None
         };
-        let pool = Pool::new(host, port, tls, backend.connect_timeout, Duration::from_secs(60));
+        let bounds = Bounds {
+            max_connections: backend.max_connections,
+            pool_timeout: backend.pool_timeout,
+            idle_timeout: Duration::from_secs(60),
+        };
+        let pool = Pool::new(host, port, tls, backend.connect_timeout, bounds, previous.map(|p| &*p.pool));
         let host = HeaderValue::from_str(authority.as_str()).map_err(|e| e.to_string())?;
         Ok(Upstream { pool, host, timeout: backend.request_timeout, bytes_in })
+    }
+
+    /// Closes this upstream's connections, idle ones now and the others when their requests
+    /// end, unless `successor` is this same upstream (a reload that kept it).
+    pub(crate) fn retire_for(&self, successor: &Upstream) {
+        if !Arc::ptr_eq(&self.pool, &successor.pool) {
+            self.pool.retire();
+        }
     }
 
     /// Closes backend connections that are closed or have been idle for a minute; requests
@@ -95,14 +133,27 @@ impl Upstream {
         self.pool.prune();
     }
 
-    /// Sends `req` to the backend at `path` (already canonical for fenced writes) and returns
-    /// the backend's response head. A body longer than `body_limit` is cut off and the request
-    /// fails. With `whole`, the response is returned only once the backend's connection has
-    /// also taken the whole body, both within the request timeout: an early answer to a body
-    /// that then fails is a failure, never the early answer. Never retries anything that may
-    /// have reached the backend.
+    /// A connection to send one request on: an idle one, or a new one opened within the
+    /// connect timeout, waiting up to the pool timeout while all that the bound allows are in
+    /// use. Fails with `Busy` or `Unreachable`, having sent nothing.
+    pub async fn connection(&self) -> Result<Connection, UpstreamError> {
+        match self.pool.checkout().await {
+            Ok(conn) => Ok(Connection(conn)),
+            Err(e) => Err(failure(e, None)),
+        }
+    }
+
+    /// Sends `req` on `conn` to the backend at `path` (already canonical for fenced writes)
+    /// and returns the backend's response head; its body holds the connection until it ends.
+    /// A body longer than `body_limit` is cut off and the request fails. With `whole`, the
+    /// response is returned only once the backend's connection has also taken the whole body,
+    /// both within the request timeout, which counts from here: an early answer to a body that
+    /// then fails is a failure, never the early answer. Never retries anything that may have
+    /// reached the backend; a request that a reused connection, closed meanwhile, did not take
+    /// is sent on another one, which may mean waiting for it or connecting.
     pub async fn forward(
         &self,
+        conn: Connection,
         req: Request<Incoming>,
         path: PathAndQuery,
         client: &Peer,
@@ -148,33 +199,48 @@ impl Upstream {
         append_forwarded_for(headers, client);
         *req.version_mut() = Version::HTTP_11;
 
-        let resp = match tokio::time::timeout_at(deadline, self.pool.send(req)).await {
+        let resp = match tokio::time::timeout_at(deadline, self.pool.send(conn.0, req)).await {
             Err(_) => return Err(UpstreamError::Timeout(self.timeout)),
-            Ok(Err(SendError::Connect(e))) => return Err(UpstreamError::Unreachable(e)),
-            Ok(Err(SendError::Http(e))) if caused_by::<LengthLimitError>(&e) => {
-                return Err(UpstreamError::BodyTooLarge { limit: body_limit.unwrap_or_default() });
-            }
-            Ok(Err(SendError::Http(e))) => return Err(UpstreamError::Failed(error_chain(&e))),
+            Ok(Err(e)) => return Err(failure(e, body_limit)),
             Ok(Ok(resp)) => resp,
         };
         if let Some(ended) = ended {
-            match tokio::time::timeout_at(deadline, ended).await {
-                Err(_) => return Err(UpstreamError::Timeout(self.timeout)),
-                Ok(Ok(Ended::Whole)) => {}
+            let failed = match tokio::time::timeout_at(deadline, ended).await {
+                Err(_) => UpstreamError::Timeout(self.timeout),
+                Ok(Ok(Ended::Whole)) => return Ok(relay(resp)),
                 Ok(Ok(Ended::Failed { too_large: true })) => {
-                    return Err(UpstreamError::BodyTooLarge { limit: body_limit.unwrap_or_default() });
+                    UpstreamError::BodyTooLarge { limit: body_limit.unwrap_or_default() }
                 }
-                // Dropping the response closes the connection it came on: the backend is not
-                // left holding half a write for the next one.
                 Ok(Ok(Ended::Failed { too_large: false }) | Err(_)) => {
-                    return Err(UpstreamError::Failed("the request body did not reach the backend whole".into()));
+                    UpstreamError::Failed("the request body did not reach the backend whole".into())
                 }
-            }
+            };
+            // The connection the response came on is closed, not reused: the backend is not
+            // left holding half a write for the next request.
+            resp.into_body().discard();
+            return Err(failed);
         }
-        let (mut parts, body) = resp.into_parts();
-        strip_hop_by_hop(&mut parts.headers);
-        Ok(Response::from_parts(parts, body.boxed()))
+        Ok(relay(resp))
     }
+}
+
+/// What a failed checkout or exchange means for the request.
+fn failure(e: SendError, body_limit: Option<u64>) -> UpstreamError {
+    match e {
+        SendError::Connect(e) => UpstreamError::Unreachable(e),
+        SendError::Busy(waited) => UpstreamError::Busy(waited),
+        SendError::Http(e) if caused_by::<LengthLimitError>(&e) => {
+            UpstreamError::BodyTooLarge { limit: body_limit.unwrap_or_default() }
+        }
+        SendError::Http(e) => UpstreamError::Failed(error_chain(&e)),
+    }
+}
+
+/// The response as relayed to the client: without hop-by-hop headers.
+fn relay(resp: Response<checkout::Relayed<ClientBody>>) -> Response<ResponseBody> {
+    let (mut parts, body) = resp.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    Response::from_parts(parts, body.boxed())
 }
 
 /// Host and port a backend URL connects to: the scheme's port when none is written, and an

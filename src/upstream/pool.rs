@@ -1,57 +1,134 @@
 //! Connections to the backend: HTTP/1.1 over TCP or TLS, kept alive and reused, one request at
-//! a time each.
+//! a time each, and at most `backend.max_connections` open at once.
 //!
 //! hyper-util's general-purpose pooled client keys its pool by scheme and authority, hashed
 //! byte by byte with SipHash, several times per request; a sidecar has exactly one backend, so
 //! its pool is a list. Profiles of pass-through GETs put the general client at about a sixth
 //! of fencegate's own instructions per request.
+//!
+//! The bound is a semaphore with one permit per open connection, held by the task that drives
+//! the connection (`dial.rs`), so it comes back however the connection ends. A connection is
+//! in the idle list only while it is ready for a request; in between it is a caller's
+//! [`Checkout`] and then the [`Relayed`] body of its response, which gives it back when the
+//! body ends. A request that finds neither an idle connection nor a permit waits for whichever
+//! comes first, up to `pool_timeout`: a connection given back (each one wakes one waiter) or a
+//! permit (a connection closed).
 
+use std::pin::pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use http::{Request, Response};
-use hyper::body::{Body, Incoming};
-use hyper::client::conn::http1::{self, SendRequest};
-use hyper_util::rt::TokioIo;
+use hyper::body::Body;
+use hyper::client::conn::http1::SendRequest;
 use rustls_pki_types::ServerName;
-use tokio::net::TcpStream;
-use tokio_rustls::TlsConnector;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
-/// Idle connections kept at most; more are closed once their response is read.
-const MAX_IDLE: usize = 1024;
+use super::checkout::{Checkout, Relayed};
+use super::dial::Dialer;
 
 /// Why a request did not get a response head.
 #[derive(Debug, thiserror::Error)]
 pub enum SendError {
-    /// No connection could be made (refused, timed out, TLS handshake failed).
+    /// No connection could be made (refused, timed out, TLS handshake failed); nothing was sent.
     #[error("{0}")]
     Connect(String),
+    /// Every connection the bound allows stayed in use this long; nothing was sent.
+    #[error("no backend connection free within {0:?}")]
+    Busy(Duration),
     /// The exchange failed after the request may have been (partly) sent.
     #[error(transparent)]
     Http(#[from] hyper::Error),
 }
 
-/// One backend's connections.
-pub(crate) struct Pool<B> {
-    host: String,
-    port: u16,
-    tls: Option<(TlsConnector, ServerName<'static>)>,
-    connect_timeout: Duration,
-    idle_timeout: Duration,
-    /// Kept-alive connections, most recently listed last: idle ones, and ones whose response
-    /// body is still being read (they become ready again once it has been).
-    listed: Mutex<Vec<Listed<B>>>,
+/// How many connections, and how long to wait for one.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bounds {
+    /// Connections open at once.
+    pub(crate) max_connections: usize,
+    /// How long a request waits for a free connection when all are in use.
+    pub(crate) pool_timeout: Duration,
+    /// An idle connection older than this is not used again.
+    pub(crate) idle_timeout: Duration,
 }
 
-/// A connection in the list, and when it was listed.
-struct Listed<B> {
+/// One backend's connections.
+pub(crate) struct Pool<B> {
+    dialer: Dialer,
+    bounds: Bounds,
+    /// One permit per open connection.
+    limit: Arc<Semaphore>,
+    /// Set once a successor took over: connections given back are closed, not listed.
+    retired: AtomicBool,
+    /// Told each time a connection is listed, for requests waiting for one.
+    listed: Notify,
+    /// Requests waiting for a connection.
+    waiting: AtomicUsize,
+    /// Kept-alive connections ready for a request, most recently listed last.
+    idle: Mutex<Vec<Idle<B>>>,
+}
+
+/// An idle connection, and since when.
+struct Idle<B> {
     sender: SendRequest<B>,
     since: Instant,
 }
 
+/// What a waiting request got.
+enum Free<B> {
+    Idle(SendRequest<B>),
+    Permit(OwnedSemaphorePermit),
+}
+
 impl<B> std::fmt::Debug for Pool<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pool").field("host", &self.host).field("port", &self.port).finish_non_exhaustive()
+        let (host, port) = (&self.dialer.host, self.dialer.port);
+        f.debug_struct("Pool").field("host", host).field("port", &port).field("bounds", &self.bounds).finish()
+    }
+}
+
+impl<B: Send + 'static> Pool<B> {
+    /// Takes a connection back from a caller: listed at once if it is ready for another
+    /// request, otherwise once it is (its response's end may still be on its way through
+    /// hyper); dropped if it closed.
+    pub(super) fn give_back(self: &Arc<Self>, mut sender: SendRequest<B>) {
+        if sender.is_ready() {
+            self.list(sender);
+        } else if !sender.is_closed()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            let pool = Arc::clone(self);
+            runtime.spawn(async move {
+                if sender.ready().await.is_ok() {
+                    pool.list(sender);
+                }
+            });
+        }
+    }
+
+    fn list(&self, sender: SendRequest<B>) {
+        let mut idle = self.lock_idle();
+        // A retired pool keeps nothing: the connection closes and its permit goes back to the
+        // bound its successor shares.
+        if self.retired.load(Ordering::Relaxed) {
+            return;
+        }
+        idle.push(Idle { sender, since: Instant::now() });
+        drop(idle);
+        self.listed.notify_one();
+    }
+
+    /// Retires this pool for a successor that shares its bound: its idle connections close
+    /// now, and the ones still in use close when their requests end.
+    pub(crate) fn retire(&self) {
+        let mut idle = self.lock_idle();
+        self.retired.store(true, Ordering::Relaxed);
+        idle.clear();
+    }
+
+    fn lock_idle(&self) -> std::sync::MutexGuard<'_, Vec<Idle<B>>> {
+        self.idle.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -61,58 +138,114 @@ where
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    /// A pool for `host:port`, speaking TLS when `tls` is given.
+    /// A pool for `host:port`, speaking TLS when `tls` is given. With `successor_of`, it shares
+    /// that pool's bound: connections of both count against one `max_connections`.
     pub(crate) fn new(
         host: String,
         port: u16,
         tls: Option<(Arc<rustls::ClientConfig>, ServerName<'static>)>,
         connect_timeout: Duration,
-        idle_timeout: Duration,
+        bounds: Bounds,
+        successor_of: Option<&Pool<B>>,
     ) -> Arc<Self> {
-        let tls = tls.map(|(config, name)| (TlsConnector::from(config), name));
-        Arc::new(Pool { host, port, tls, connect_timeout, idle_timeout, listed: Mutex::new(Vec::new()) })
+        let limit = match successor_of {
+            Some(old) => Arc::clone(&old.limit),
+            None => Arc::new(Semaphore::new(bounds.max_connections)),
+        };
+        Arc::new(Pool {
+            dialer: Dialer::new(host, port, tls, connect_timeout),
+            retired: AtomicBool::new(false),
+            limit,
+            bounds,
+            listed: Notify::new(),
+            waiting: AtomicUsize::new(0),
+            idle: Mutex::new(Vec::new()),
+        })
     }
 
-    /// Sends `req` (origin-form target, `Host` set) and returns the response head. A request
-    /// is sent again, on a new connection, only if a reused connection closed before any of it
-    /// was written; nothing that may have reached the backend is ever retried.
-    pub(crate) async fn send(self: &Arc<Self>, mut req: Request<B>) -> Result<Response<Incoming>, SendError> {
+    /// A connection for one request: an idle one, or a new one if the bound has room, waiting
+    /// up to `pool_timeout` for either. Nothing is sent yet, so a failure here (`Busy`,
+    /// `Connect`) leaves the backend untouched.
+    pub(crate) async fn checkout(self: &Arc<Self>) -> Result<Checkout<B>, SendError> {
+        if let Some(sender) = self.take_idle() {
+            return Ok(Checkout::new(self, sender, true));
+        }
+        let permit = match Arc::clone(&self.limit).try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => match self.wait().await? {
+                Free::Idle(sender) => return Ok(Checkout::new(self, sender, true)),
+                Free::Permit(permit) => permit,
+            },
+        };
+        // Boxed: a TLS handshake's state is kilobytes, and every request's future would
+        // otherwise carry room for it and be copied with it.
+        let sender = Box::pin(self.dialer.dial(permit)).await?;
+        Ok(Checkout::new(self, sender, false))
+    }
+
+    /// Waits for a connection to be listed or a permit to come back, whichever is first.
+    async fn wait(&self) -> Result<Free<B>, SendError> {
+        let busy = SendError::Busy(self.bounds.pool_timeout);
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        let _waiting = Waiting(&self.waiting);
+        // Made once: the semaphore serves its waiters in order.
+        let mut permit = pin!(Arc::clone(&self.limit).acquire_owned());
+        let mut timeout = pin!(tokio::time::sleep(self.bounds.pool_timeout));
         loop {
-            let (mut sender, reused) = match self.checkout() {
-                Some(s) => (s, true),
-                // Boxed: a TLS handshake's state is kilobytes, and every request's future
-                // would otherwise carry room for it and be copied with it.
-                None => (Box::pin(self.connect()).await?, false),
+            let mut listed = pin!(self.listed.notified());
+            // Enabled before looking: a connection listed after the look wakes this waiter.
+            listed.as_mut().enable();
+            if let Some(sender) = self.take_idle() {
+                return Ok(Free::Idle(sender));
+            }
+            tokio::select! {
+                biased;
+                // The semaphore is never closed.
+                permit = &mut permit => return permit.map(Free::Permit).map_err(|_| busy),
+                () = &mut listed => {}
+                () = &mut timeout => return Err(busy),
+            }
+        }
+    }
+
+    /// Sends `req` (origin-form target, `Host` set) on `conn` and returns the response head,
+    /// whose body keeps the connection until it ends. A request is sent again, on another
+    /// connection, only if a reused connection closed before any of it was written; nothing
+    /// that may have reached the backend is ever retried.
+    pub(crate) async fn send(
+        self: &Arc<Self>,
+        mut conn: Checkout<B>,
+        mut req: Request<B>,
+    ) -> Result<Response<Relayed<B>>, SendError> {
+        loop {
+            let Some(sender) = conn.sender() else {
+                return Err(SendError::Connect("the connection was already given back".into()));
             };
             match sender.try_send_request(req).await {
-                Ok(resp) => {
-                    self.checkin(sender);
-                    return Ok(resp);
-                }
+                Ok(resp) => return Ok(resp.map(|body| Relayed::new(body, conn))),
                 Err(mut e) => match e.take_message() {
-                    Some(unsent) if reused => req = unsent,
-                    _ => return Err(SendError::Http(e.into_error())),
+                    Some(unsent) if conn.reused => {
+                        req = unsent;
+                        conn.discard();
+                        conn = self.checkout().await?;
+                    }
+                    _ => {
+                        conn.discard();
+                        return Err(SendError::Http(e.into_error()));
+                    }
                 },
             }
         }
     }
 
-    /// The most recently listed connection that can take a request now. Connections whose
-    /// previous response body is still being read stay listed; closed ones met on the way
-    /// go. Only a candidate's age is checked (the heartbeat's `prune` ages out the rest once
-    /// a second), which spares each request a time computation per listed connection.
-    fn checkout(&self) -> Option<SendRequest<B>> {
-        let mut listed = self.listed.lock().unwrap_or_else(|e| e.into_inner());
+    /// The most recently listed connection that is still open and not idle too long; closed
+    /// and stale ones met on the way are dropped (the heartbeat's `prune` ages out the rest).
+    fn take_idle(&self) -> Option<SendRequest<B>> {
+        let mut idle = self.lock_idle();
         let now = Instant::now();
-        // From the end, so that what `swap_remove` moves into place was already looked at.
-        for i in (0..listed.len()).rev() {
-            if listed[i].sender.is_ready() {
-                let candidate = listed.swap_remove(i);
-                if now.duration_since(candidate.since) < self.idle_timeout {
-                    return Some(candidate.sender);
-                }
-            } else if listed[i].sender.is_closed() {
-                listed.swap_remove(i);
+        while let Some(candidate) = idle.pop() {
+            if candidate.sender.is_ready() && now.duration_since(candidate.since) < self.bounds.idle_timeout {
+                return Some(candidate.sender);
             }
         }
         None
@@ -120,137 +253,21 @@ where
 
     /// Closes connections the backend closed or that have been idle too long.
     pub(crate) fn prune(&self) {
-        self.drop_stale(&mut self.listed.lock().unwrap_or_else(|e| e.into_inner()));
-    }
-
-    fn drop_stale(&self, listed: &mut Vec<Listed<B>>) {
         let now = Instant::now();
-        listed.retain(|c| !c.sender.is_closed() && now.duration_since(c.since) < self.idle_timeout);
+        let timeout = self.bounds.idle_timeout;
+        self.lock_idle().retain(|c| !c.sender.is_closed() && now.duration_since(c.since) < timeout);
     }
+}
 
-    /// Lists a connection as soon as its response head is in: it becomes ready again once the
-    /// response body has been read.
-    fn checkin(&self, sender: SendRequest<B>) {
-        let mut listed = self.listed.lock().unwrap_or_else(|e| e.into_inner());
-        if listed.len() >= MAX_IDLE {
-            self.drop_stale(&mut listed); // never turn a live one away for dead or stale ones
-        }
-        if listed.len() < MAX_IDLE {
-            listed.push(Listed { sender, since: Instant::now() });
-        }
-    }
+/// Counts a request in `waiting` while it waits.
+struct Waiting<'a>(&'a AtomicUsize);
 
-    /// TCP connect and TLS handshake together get `connect_timeout`.
-    async fn connect(&self) -> Result<SendRequest<B>, SendError> {
-        match tokio::time::timeout(self.connect_timeout, self.open()).await {
-            Ok(opened) => opened,
-            Err(_) => Err(SendError::Connect(format!("connect: timed out after {:?}", self.connect_timeout))),
-        }
-    }
-
-    async fn open(&self) -> Result<SendRequest<B>, SendError> {
-        let failed = |what: &str, e: &dyn std::fmt::Display| SendError::Connect(format!("{what}: {e}"));
-        let tcp = TcpStream::connect((self.host.as_str(), self.port)).await.map_err(|e| failed("connect", &e))?;
-        let _ = tcp.set_nodelay(true);
-        match &self.tls {
-            None => self.handshake(tcp).await,
-            Some((connector, name)) => {
-                let stream = connector.connect(name.clone(), tcp).await.map_err(|e| failed("TLS handshake", &e))?;
-                self.handshake(stream).await
-            }
-        }
-    }
-
-    async fn handshake<I>(&self, io: I) -> Result<SendRequest<B>, SendError>
-    where
-        I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-    {
-        let (sender, conn) = http1::Builder::new().handshake(TokioIo::new(io)).await?;
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "backend connection ended with an error");
-            }
-        });
-        Ok(sender)
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
-
-    use bytes::Bytes;
-    use http_body_util::{BodyExt, Empty};
-
-    use super::*;
-
-    /// A backend that answers every request with an empty 200 (closing the connection after
-    /// it if `close`) and counts its connections.
-    async fn backend(close: bool) -> (u16, Arc<AtomicUsize>) {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let accepted = Arc::new(AtomicUsize::new(0));
-        let count = Arc::clone(&accepted);
-        tokio::spawn(async move {
-            while let Ok((tcp, _)) = listener.accept().await {
-                count.fetch_add(1, SeqCst);
-                let answer = hyper::service::service_fn(move |_| async move {
-                    let mut resp = Response::new(Empty::<Bytes>::new());
-                    if close {
-                        resp.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
-                    }
-                    Ok::<_, std::convert::Infallible>(resp)
-                });
-                tokio::spawn(hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tcp), answer));
-            }
-        });
-        (port, accepted)
-    }
-
-    fn pool(port: u16) -> Arc<Pool<Empty<Bytes>>> {
-        Pool::new("127.0.0.1".into(), port, None, Duration::from_secs(5), Duration::from_secs(60))
-    }
-
-    /// Sends a GET, reads the whole response, and waits until every listed connection is
-    /// either ready for another request or closed.
-    async fn get(pool: &Arc<Pool<Empty<Bytes>>>) {
-        let req = Request::get("/").header("host", "backend").body(Empty::new()).unwrap();
-        pool.send(req).await.unwrap().into_body().collect().await.unwrap();
-        for _ in 0..1000 {
-            if pool.listed.lock().unwrap().iter().all(|c| c.sender.is_ready() || c.sender.is_closed()) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        panic!("a connection never settled after its response");
-    }
-
-    #[tokio::test]
-    async fn an_idle_connection_is_reused_until_it_has_been_idle_longer_than_the_idle_timeout() {
-        let (port, accepted) = backend(false).await;
-        let pool = pool(port);
-        get(&pool).await;
-        get(&pool).await;
-        assert_eq!(accepted.load(SeqCst), 1, "a fresh idle connection is reused");
-        // Listed 61 s ago, as far as the pool can tell; the heartbeat has not pruned it.
-        for c in pool.listed.lock().unwrap().iter_mut() {
-            c.since = c.since.checked_sub(Duration::from_secs(61)).unwrap();
-        }
-        get(&pool).await;
-        assert_eq!(accepted.load(SeqCst), 2, "one idle past the timeout is not");
-        get(&pool).await;
-        assert_eq!(accepted.load(SeqCst), 2);
-    }
-
-    #[tokio::test]
-    async fn connections_the_backend_closed_do_not_pile_up_in_the_idle_list() {
-        let (port, accepted) = backend(true).await;
-        let pool = pool(port);
-        for _ in 0..20 {
-            get(&pool).await;
-        }
-        assert_eq!(accepted.load(SeqCst), 20, "a closed connection is never reused");
-        // Each request's checkout removed the closed connections before it; only the last is left.
-        assert_eq!(pool.listed.lock().unwrap().len(), 1);
-    }
-}
+#[path = "pool_tests.rs"]
+mod tests;

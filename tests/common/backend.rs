@@ -6,7 +6,7 @@
 //! announcing it, or never answer at all.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -26,6 +26,9 @@ pub enum Reply {
     Close,
     /// Never answers, and keeps the connection open.
     Hang,
+    /// Answers like [`Reply::Answer`] once the test calls [`StubBackend::release`] (at once
+    /// after that), keeping the connection busy until then.
+    Hold(u16, &'static str),
 }
 
 /// A request as a stub received it.
@@ -44,6 +47,9 @@ struct Counts {
     accepted: AtomicUsize,
     closed: AtomicUsize,
     seen: Mutex<Vec<Seen>>,
+    /// Set by `release`: held answers go out.
+    released: AtomicBool,
+    release: tokio::sync::Notify,
 }
 
 /// A stub backend on a loopback port; stops (and drops its connections) when dropped.
@@ -105,6 +111,12 @@ impl StubBackend {
     pub fn requests(&self) -> Vec<Seen> {
         self.counts.seen.lock().unwrap().clone()
     }
+
+    /// Lets every [`Reply::Hold`] answer go, the ones waiting and the ones to come.
+    pub fn release(&self) {
+        self.counts.released.store(true, Ordering::SeqCst);
+        self.counts.release.notify_waiters();
+    }
 }
 
 impl Drop for StubBackend {
@@ -158,8 +170,17 @@ async fn serve(
         counts.seen.lock().unwrap().push(seen);
         let answer =
             |status: u16, body: &str| format!("HTTP/1.1 {status} Stub\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+        if let Reply::Hold(..) = action {
+            loop {
+                let released = counts.release.notified();
+                if counts.released.load(Ordering::SeqCst) {
+                    break;
+                }
+                released.await;
+            }
+        }
         match action {
-            Reply::Answer(status, body) => {
+            Reply::Answer(status, body) | Reply::Hold(status, body) => {
                 if sock.write_all(answer(status, body).as_bytes()).await.is_err() {
                     return false;
                 }

@@ -145,11 +145,12 @@ impl Harness {
         }
     }
 
-    /// Starts the admin API on a loopback port of its own; it runs until the test ends.
+    /// Starts the admin API on a loopback port of its own, on its own thread and runtime as
+    /// `fencegate run` does; it runs until the test ends.
     pub async fn start_admin(&self) -> SocketAddr {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
-        tokio::spawn(self.proxy.clone().serve_admin(listener, std::future::pending()));
+        self.proxy.serve_admin(listener, std::future::pending()).unwrap();
         addr
     }
 

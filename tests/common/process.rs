@@ -1,8 +1,9 @@
 //! Running the real `fencegate` binary. [`super::builder::Deployment`] sets one up with its
 //! backend, data dir and config.
 
+use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStderr, Command, ExitStatus, Stdio};
 use std::sync::mpsc::RecvTimeoutError;
 use std::time::Duration;
 
@@ -32,13 +33,10 @@ impl Running {
         let (tx, rx) = std::sync::mpsc::channel();
         let log = Log::capture(child.stderr.take().unwrap(), move |line| {
             on_line(line, pid);
-            if line.contains("fencegate listening") {
-                // Text logs say addr=IP:PORT, JSON logs "addr":"IP:PORT".
-                let text = line.split("addr=").nth(1).and_then(|s| s.split_whitespace().next());
-                let json = line.split("\"addr\":\"").nth(1).and_then(|s| s.split('"').next());
-                if let Some(addr) = text.or(json).and_then(|a| a.parse::<SocketAddr>().ok()) {
-                    let _ = tx.send(addr);
-                }
+            if line.contains("fencegate listening")
+                && let Some(addr) = logged_addr(line)
+            {
+                let _ = tx.send(addr);
             }
         });
         // From here on, dropping it (also on the panics below) kills the process and shows its log.
@@ -67,6 +65,13 @@ impl Running {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// The admin API's address (`admin.listen` set to port 0), once it has logged it.
+    pub async fn admin_addr(&self) -> SocketAddr {
+        self.wait_for_log("admin API listening", 1).await;
+        let line = self.log_lines("admin API listening").remove(0);
+        logged_addr(&line).unwrap_or_else(|| panic!("no address in {line:?}"))
     }
 
     /// Sends the signal `name` ("HUP", "TERM", ...).
@@ -100,4 +105,83 @@ impl Drop for Running {
 pub fn signal(pid: u32, name: &str) {
     let status = Command::new("kill").args(["-s", name, &pid.to_string()]).status().unwrap();
     assert!(status.success(), "kill -s {name} {pid}: {status}");
+}
+
+/// The address a "... listening" line names: text logs say addr=IP:PORT, JSON logs
+/// "addr":"IP:PORT".
+fn logged_addr(line: &str) -> Option<SocketAddr> {
+    let text = line.split("addr=").nth(1).and_then(|s| s.split_whitespace().next());
+    let json = line.split("\"addr\":\"").nth(1).and_then(|s| s.split('"').next());
+    text.or(json).and_then(|a| a.parse().ok())
+}
+
+/// The descriptors process `pid` has open now, by number.
+pub fn open_fds(pid: u32) -> Vec<u32> {
+    let entries = std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap();
+    entries.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect()
+}
+
+/// A `fencegate run` process (with `admin.listen` set) whose stderr is read only until it
+/// says where it listens, and from then on never: the pipe stays open and fills, as when
+/// whatever collects the log stalls.
+pub struct Unread {
+    child: Child,
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+    /// The lines read before the reading stopped, shown if the test panics.
+    head: Vec<String>,
+    /// The rest of the pipe, held open and unread.
+    _stderr: BufReader<ChildStderr>,
+}
+
+impl Unread {
+    /// Spawns `cmd` (which must end up exec'ing `fencegate run`) and reads its log until both
+    /// the proxy and the admin API listen.
+    pub fn spawn(mut cmd: Command) -> Unread {
+        let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let (mut addr, mut admin, mut head) = (None, None, Vec::new());
+            let mut line = String::new();
+            while addr.is_none() || admin.is_none() {
+                line.clear();
+                if stderr.read_line(&mut line).unwrap_or(0) == 0 {
+                    let _ = tx.send(Err(head));
+                    return;
+                }
+                let line = line.trim_end().to_owned();
+                if line.contains("fencegate listening") {
+                    addr = logged_addr(&line);
+                } else if line.contains("admin API listening") {
+                    admin = logged_addr(&line);
+                }
+                head.push(line);
+            }
+            let _ = tx.send(Ok((addr.unwrap(), admin.unwrap(), head, stderr)));
+        });
+        match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(Ok((addr, admin, head, stderr))) => Unread { child, addr, admin, head, _stderr: stderr },
+            Ok(Err(head)) => {
+                let _ = child.wait();
+                panic!("fencegate ended before it listened:\n{}", head.join("\n"))
+            }
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("fencegate did not report both addresses within 30 s")
+            }
+        }
+    }
+}
+
+impl Drop for Unread {
+    /// Also when a test panics: never leave a proxy running behind.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("--- start of the log of fencegate (pid {}) ---\n{}", self.child.id(), self.head.join("\n"));
+        }
+    }
 }

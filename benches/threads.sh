@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# CPU time and context switches per request, thread by thread, of two fencegate builds under
+# the same PUT load (wrk -t1, nginx WebDAV backend on tmpfs, data dirs on disk), in turn:
+#   NEW=target/release/fencegate OLD=/path/to/old/fencegate C=64 D=8 benches/threads.sh
+set -euo pipefail
+NEW=${NEW:-target/release/fencegate}; OLD=${OLD:?OLD=path of the build to compare with}; C=${C:-64}; D=${D:-8}
+SHM=$(mktemp -d /dev/shm/fgprof.XXXX); DISK=$(mktemp -d /var/tmp/fgprof.XXXX)
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill $p 2>/dev/null || true; done; wait 2>/dev/null; rm -rf $SHM $DISK; }
+trap cleanup EXIT
+mkdir -p $SHM/www $SHM/body $SHM/logs
+chmod -R 777 $SHM
+cat > $SHM/backend.conf <<EOF
+worker_processes 1; pid $SHM/b.pid; error_log $SHM/logs/b.log warn;
+events { worker_connections 4096; }
+http { access_log off; keepalive_requests 10000000; client_body_temp_path $SHM/body;
+ server { listen 127.0.0.1:18081 backlog=4096; root $SHM/www; dav_methods PUT DELETE; create_full_put_path on; dav_access user:rw group:rw all:r; } }
+EOF
+/usr/sbin/nginx -c $SHM/backend.conf -g 'daemon off;' & PIDS+=($!)
+for name in new old; do
+  bin=$NEW; port=18083; [ $name = old ] && { bin=$OLD; port=18085; }
+  $bin init --dir $DISK/$name >/dev/null
+  printf '[server]\nlisten = "127.0.0.1:%s"\n[backend]\nurl = "http://127.0.0.1:18081"\n[store]\ndir = "%s"\n[log]\nlevel = "warn"\n' $port $DISK/$name > $SHM/$name.toml
+  $bin run --config $SHM/$name.toml 2>$SHM/logs/$name.log & PIDS+=($!); eval "PID_$name=$!"
+done
+cat > $SHM/put.lua <<'EOF'
+local n = 0
+local base = os.time() * 1000000
+local body = string.rep("v", 100)
+request = function()
+    n = n + 1
+    return wrk.format("PUT", "/put/r" .. (n % 1000), { ["Fencing-Token"] = string.format("%.0f", base + n) }, body)
+end
+EOF
+sleep 1
+snap() { # pid -> lines: tid name utime stime vcs nvcs
+  for t in /proc/$1/task/*; do
+    tid=${t##*/}; comm=$(cat $t/comm)
+    read -r ut st < <(awk '{print $14, $15}' $t/stat)
+    v=$(awk '/^voluntary_ctxt/ {print $2}' $t/status); nv=$(awk '/^nonvoluntary_ctxt/ {print $2}' $t/status)
+    echo "$tid $comm $ut $st $v $nv"
+  done
+}
+for round in 1 2; do
+for name in new old; do
+  port=18083; [ $name = old ] && port=18085; eval "pid=\$PID_$name"
+  snap $pid > $SHM/before
+  out=$(wrk -t1 -c$C -d${D}s -s $SHM/put.lua http://127.0.0.1:$port/ | awk '/^Requests/ {print $2}')
+  snap $pid > $SHM/after
+  reqs=$(python3 -c "print(int(float('$out')*$D))")
+  echo "== $name round $round: $out req/s (~$reqs reqs)"
+  python3 - $SHM/before $SHM/after $reqs <<'PY'
+import sys
+b={l.split()[0]:l.split() for l in open(sys.argv[1])}
+a={l.split()[0]:l.split() for l in open(sys.argv[2])}
+n=int(sys.argv[3]); tot=0
+for tid,r in a.items():
+    p=b.get(tid,[tid,r[1],'0','0','0','0'])
+    ut=int(r[2])-int(p[2]); st=int(r[3])-int(p[3]); v=int(r[4])-int(p[4]); nv=int(r[5])-int(p[5])
+    tot+=ut+st
+    if ut+st+v+nv>0: print(f"  {r[1]:18s} user {ut*10000/n:6.1f}us sys {st*10000/n:6.1f}us  vcs/req {v/n:5.2f} nvcs/req {nv/n:5.2f}")
+print(f"  TOTAL cpu/req {tot*10000/n:6.1f}us")
+PY
+done; done
