@@ -71,6 +71,7 @@ fn main() -> ExitCode {
         Command::Run { config } => {
             Config::load(&config, None).with_context(|| format!("invalid config {}", config.display())).and_then(|c| {
                 let _flush = fencegate::logging::init(&c.log.level, c.log.format, c.log.buffer_lines);
+                tracing::info!(version = %env!("CARGO_PKG_VERSION"), config = %config.display(), "fencegate starting");
                 log_environment(&Environment::read(None));
                 raise_open_files_limit();
                 runtime(c.server.workers)?.block_on(serve(config.clone(), c))

@@ -312,4 +312,15 @@ async fn run_raises_the_soft_limit_on_open_files_to_the_hard_limit() {
     let (soft, hard) = open_files_limits(pid);
     assert_ne!(hard, "256", "the test needs a hard limit above 256");
     assert_eq!(soft, hard, "the proxy took the descriptors the operator allows");
+    assert!(d.proxy().log_contains("raised the soft limit on open files"));
+}
+
+#[tokio::test]
+async fn the_log_says_which_version_starts_and_shows_no_debug_formatting() {
+    let mut d = Deployment::builder().build().await;
+    d.start();
+    let start = d.proxy().log_lines("fencegate starting");
+    assert!(start.iter().any(|l| l.contains(&format!("version={}", env!("CARGO_PKG_VERSION")))), "{start:?}");
+    let recovered = d.proxy().log_lines("fence store recovered");
+    assert!(recovered.iter().all(|l| !l.contains("None") && !l.contains("Some(")), "{recovered:?}");
 }

@@ -101,12 +101,12 @@ impl Proxy {
         let fence = Arc::new(Fence::new(Arc::clone(&store)));
         // The backend may still apply writes the previous process had in flight.
         for (key, token) in &in_flight {
-            tracing::warn!(resource = %key, token, quarantine = ?config.fence.quarantine,
+            tracing::warn!(resource = %key, token, quarantine = %humantime::format_duration(config.fence.quarantine),
                 "a write was in flight when fencegate stopped: resource quarantined");
             fence.quarantine(key, config.fence.quarantine);
         }
         for (node, token) in &floors_in_flight {
-            tracing::warn!(subtree = %node, token, quarantine = ?config.fence.quarantine,
+            tracing::warn!(subtree = %node, token, quarantine = %humantime::format_duration(config.fence.quarantine),
                 "a write covering a subtree was in flight when fencegate stopped: subtree quarantined");
             fence.quarantine_subtree(node, config.fence.quarantine);
         }
@@ -129,7 +129,7 @@ impl Proxy {
         let unfenced: Vec<&str> =
             new.unfenced_methods.iter().filter(|m| !old.unfenced_methods.contains(m)).map(|m| m.as_str()).collect();
         if !unfenced.is_empty() {
-            tracing::warn!(methods = ?unfenced, "reload: these methods are no longer fenced; their writes pass unchecked");
+            tracing::warn!(methods = %unfenced.join(","), "reload: these methods are no longer fenced; their writes pass unchecked");
         }
         if new.missing_token == MissingToken::Forward
             && (old.missing_token != MissingToken::Forward || old.header != new.header)

@@ -219,7 +219,7 @@ impl Turn {
                 if !previous.is_some_and(|(_, in_flight)| in_flight) {
                     fence.store.answered(key, to);
                 }
-                tracing::warn!(resource = %key, previous = ?previous.map(|(m, _)| m), max_seen = to,
+                tracing::warn!(resource = %key, previous = %previous.map_or_else(|| "none".to_owned(), |(m, _)| m.to_string()), max_seen = to,
                     "max_seen raised by an operator: every holder of a lower token is cut off");
             }
             Ok(Raised { previous: previous.map(|(m, _)| m) })

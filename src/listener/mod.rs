@@ -136,7 +136,7 @@ pub(crate) async fn serve_with<H: Handler>(
     }
     drop(listener);
     let grace = state.settings.get().config.server.shutdown_grace;
-    tracing::info!(listener = listening.name, ?grace, "shutting down: draining connections");
+    tracing::info!(listener = listening.name, grace = %humantime::format_duration(grace), "shutting down: draining connections");
     let _ = stop.send(true);
     drop(alive);
     if tokio::time::timeout(grace, drained.recv()).await.is_err() {

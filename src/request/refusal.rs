@@ -92,7 +92,7 @@ pub enum Refusal {
     #[error(transparent)]
     Fence(FenceError),
     /// The durable store cannot record an advance; nothing is forwarded without durability.
-    #[error("the fence store is unavailable: {0}")]
+    #[error("the fence store did not record the advance, so the write was not forwarded: {0}")]
     Store(StoreError),
     /// The backend could not be reached, failed, or did not answer in time.
     #[error(transparent)]

@@ -99,7 +99,7 @@ pub(super) fn spawn(
                 remove_covered(&dir, seq).map(|removed| (bytes, removed))
             });
             match written {
-                Ok((bytes, removed)) => tracing::info!(seq, bytes, removed, elapsed = ?started.elapsed(),
+                Ok((bytes, removed)) => tracing::info!(seq, bytes, removed, elapsed = %humantime::format_duration(super::recovery::round_ms(started.elapsed())),
                     "snapshot written; covered log segments removed"),
                 // The segments are still there, so nothing is lost; the next rotation retries.
                 Err(e) => tracing::error!(seq, error = %e, "snapshot failed; keeping the log segments"),

@@ -11,7 +11,7 @@ use tokio::sync::oneshot;
 use super::SyncMode;
 use super::format::MAX_KEY_LEN;
 use super::log::{self, Log};
-use super::recovery::{self, Mode, io_err};
+use super::recovery::{self, Mode, io_err, round_ms};
 use super::relay::Relay;
 use super::status::{Condition, Status};
 use super::writer::{Msg, Writer};
@@ -144,8 +144,8 @@ impl FileStore {
         let table = Arc::new(Table::with_capacity(capacity).with_max_bytes(options.max_table_bytes));
         let started = std::time::Instant::now();
         let recovered = recovery::recover(dir, &table, Mode::Repair)?;
-        tracing::info!(dir = %dir.display(), resources = table.len(), snapshot = ?recovered.snapshot,
-            segments = recovered.segments.len(), records = recovered.records, elapsed = ?started.elapsed(),
+        tracing::info!(dir = %dir.display(), resources = table.len(), snapshot = %recovered.snapshot.map_or_else(|| "none".to_owned(), |s| s.to_string()),
+            segments = recovered.segments.len(), records = recovered.records, elapsed = %humantime::format_duration(round_ms(started.elapsed())),
             "fence store recovered");
         // Zeros ahead of the log: 1 MiB, or less for small segments, so they stay small.
         let ahead = (options.segment_bytes / 16).clamp(4096, 1 << 20);

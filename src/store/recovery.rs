@@ -40,6 +40,11 @@ pub(crate) fn file_seq(name: &str) -> Option<u64> {
     parse_name(name, SEGMENT_PREFIX, SEGMENT_SUFFIX).or_else(|| parse_name(name, SNAPSHOT_PREFIX, SNAPSHOT_SUFFIX))
 }
 
+/// `d` to the millisecond, for log lines (humantime would print every nanosecond).
+pub(crate) fn round_ms(d: std::time::Duration) -> std::time::Duration {
+    std::time::Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 pub(crate) fn io_err(path: &Path, e: io::Error) -> StoreError {
     StoreError::Io { path: path.to_owned(), message: e.to_string() }
 }
