@@ -263,40 +263,6 @@ async fn refused_writes_are_logged_once_per_resource_and_interval_with_a_count_o
     assert!(fields["client"].as_str().is_some_and(|c| c.starts_with("127.0.0.1:")), "{last}");
 }
 
-#[test]
-fn the_kubernetes_example_embeds_a_valid_config() {
-    let yaml =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/kubernetes/fencegate-sidecar.yaml"))
-            .unwrap();
-    let toml: String = yaml
-        .lines()
-        .skip_while(|l| !l.contains("fencegate.toml: |"))
-        .skip(1)
-        .take_while(|l| l.starts_with("    "))
-        .map(|l| format!("{}\n", &l[4..]))
-        .collect();
-    let config = fencegate::Config::from_toml_str(&toml).unwrap_or_else(|e| panic!("{e}\n{toml}"));
-    assert!(config.admin.listen.is_some(), "the probes need the admin listener");
-}
-
-#[test]
-fn the_kubernetes_init_job_refuses_to_run_until_its_floor_is_chosen() {
-    let yaml =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/kubernetes/fencegate-init.yaml")).unwrap();
-    let line = yaml.lines().find(|l| l.trim_start().starts_with("args:")).unwrap();
-    let args: Vec<String> = serde_json::from_str(line.trim_start().trim_start_matches("args:").trim()).unwrap();
-    assert_eq!(args, ["init", "--dir", "/var/lib/fencegate", "--floor", "SET-ME"]);
-    let dir = tempfile::tempdir().unwrap();
-    let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
-    args[2] = dir.path().to_str().unwrap();
-    let out = run(&args, &[]);
-    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("SET-ME"));
-    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
-    args[4] = "0";
-    assert!(run(&args, &[]).status.success());
-}
-
-/// The soft and hard "Max open files" of a running process, from /proc.
 fn open_files_limits(pid: u32) -> (String, String) {
     let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
     let line = limits.lines().find(|l| l.starts_with("Max open files")).unwrap().to_owned();
