@@ -28,8 +28,9 @@ async fn a_write_the_unreachable_backend_never_got_may_be_sent_again_with_the_sa
     h.put("/doc", 5, "once more").await.assert_refused(409, "stale_token");
 }
 
-#[tokio::test]
-async fn a_write_that_finds_every_backend_connection_busy_gets_503_and_may_retry_with_the_same_token() {
+/// A proxy allowed one backend connection (and 250 ms to wait for it), whose backend holds its
+/// answer to a `GET /slow` until released: returns once that GET holds the connection.
+async fn one_connection_held() -> (StubBackend, Arc<Harness>, tokio::task::JoinHandle<common::Resp>) {
     let backend = StubBackend::start_with(|seen| match seen.head.starts_with("GET /slow ") {
         true => Reply::Hold(200, "slow"),
         false => Reply::Answer(200, "ok"),
@@ -48,6 +49,12 @@ async fn a_write_that_finds_every_backend_connection_busy_gets_503_and_may_retry
         async move { h.get("/slow").await }
     });
     poll_until("the backend holds the answer to the slow GET", || backend.requests().len() == 1).await;
+    (backend, h, slow)
+}
+
+#[tokio::test]
+async fn a_write_that_finds_every_backend_connection_busy_gets_503_and_may_retry_with_the_same_token() {
+    let (backend, h, slow) = one_connection_held().await;
 
     // The only connection is busy: the write waits `pool_timeout` for it, then gives up.
     let r = h.put("/doc", 5, "five").await;
@@ -70,24 +77,7 @@ async fn a_write_that_finds_every_backend_connection_busy_gets_503_and_may_retry
 
 #[tokio::test]
 async fn a_reload_that_renews_the_backend_connections_keeps_them_under_one_bound() {
-    let backend = StubBackend::start_with(|seen| match seen.head.starts_with("GET /slow ") {
-        true => Reply::Hold(200, "slow"),
-        false => Reply::Answer(200, "ok"),
-    })
-    .await;
-    let h = Arc::new(
-        Harness::start_with(|c| {
-            c.backend.url = backend.url().parse().unwrap();
-            c.backend.max_connections = 1;
-            c.backend.pool_timeout = Duration::from_millis(250);
-        })
-        .await,
-    );
-    let slow = tokio::spawn({
-        let h = Arc::clone(&h);
-        async move { h.get("/slow").await }
-    });
-    poll_until("the backend holds the answer to the slow GET", || backend.requests().len() == 1).await;
+    let (backend, h, slow) = one_connection_held().await;
 
     // A changed backend setting makes a new pool; the connection the old one still has in use
     // counts against the same bound.

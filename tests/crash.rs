@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::builder::Deployment;
-use common::raw::{put, put_response};
+use common::raw::{fill_until_store_full, put, put_response};
 use common::{Resp, eventually, poll_until, raw_request, try_raw_request};
 use webdav::{OP_HEADER, Record, WebDavStub};
 
@@ -141,26 +141,8 @@ async fn no_room_for_the_log_refuses_fenced_writes_as_store_full_until_there_is_
         (p.pid(), p.addr)
     };
     let admin = d.proxy().admin_addr().await;
-    // Fill the log until the same write is refused twice in a row: the first refused batch
-    // also carried the previous write's answer record, which its retry does not. Equal key
-    // lengths make every advance record the same size, so from then on no advance fits.
-    let mut acked = Vec::new();
-    let mut refused: Option<String> = None;
-    let path = loop {
-        let path = format!("/objects/{:05}", acked.len());
-        let r = put_response(addr, &path, 5).await.unwrap();
-        if r.status == 200 {
-            acked.push(path);
-            assert!(acked.len() < 10_000, "the file size limit never bit");
-            continue;
-        }
-        r.assert_refused(503, "store_full");
-        assert!(r.headers.contains_key("retry-after"), "{:?}", r.headers);
-        if refused.as_ref() == Some(&path) {
-            break path;
-        }
-        refused = Some(path);
-    };
+    // Fill the log until the same write is refused twice in a row.
+    let (mut acked, path) = fill_until_store_full(addr, |n| format!("/objects/{n:05}"), 10_000).await;
     assert!(!acked.is_empty());
     // A known resource with a higher token needs room for its record too.
     put_response(addr, &acked[0], 6).await.unwrap().assert_refused(503, "store_full");

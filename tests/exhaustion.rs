@@ -10,7 +10,7 @@ use std::process::Command;
 
 use common::builder::{Deployment, write_config};
 use common::process::{BIN, Running, Unread, open_fds};
-use common::raw::{put, put_response};
+use common::raw::{fill_until_store_full, put, put_response};
 use common::{RawConn, Resp, eventually, poll_until, raw_request};
 
 /// A fenced PUT of `v` with `token` on a kept connection.
@@ -89,26 +89,9 @@ async fn a_full_disk_refuses_fenced_writes_as_store_full_and_takes_the_same_writ
     let ballast = data.join("ballast");
     std::fs::write(&ballast, vec![0u8; 128 << 10]).unwrap();
 
-    // Fill the disk with long keys until the same write is refused twice in a row: the first
-    // refused batch also carried the previous write's answer record, which its retry does not.
-    // Equal key lengths make every advance record the same size, so from then on none fits.
+    // Fill the disk with long keys until the same write is refused twice in a row.
     let long = "k".repeat(2000);
-    let mut acked = Vec::new();
-    let mut refused: Option<String> = None;
-    let path = loop {
-        let path = format!("/fill/{:05}/{long}", acked.len());
-        let r = put_response(addr, &path, 5).await.unwrap();
-        if r.status == 200 {
-            acked.push(path);
-            assert!(acked.len() < 1000, "the disk never filled up");
-            continue;
-        }
-        r.assert_refused(503, "store_full");
-        if refused.as_ref() == Some(&path) {
-            break path;
-        }
-        refused = Some(path);
-    };
+    let (acked, path) = fill_until_store_full(addr, |n| format!("/fill/{n:05}/{long}"), 1000).await;
     assert!(!acked.is_empty());
     // A known resource with a higher token needs room for its record too.
     put_response(addr, &acked[0], 6).await.unwrap().assert_refused(503, "store_full");

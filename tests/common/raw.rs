@@ -194,3 +194,32 @@ fn dechunk(mut b: &[u8]) -> Option<Vec<u8>> {
         b = b.get(line_end + 2 + size + 2..)?;
     }
 }
+
+/// Sends fenced PUTs with token 5 to `path_of(n)` for n = 0, 1, … until the same write is refused
+/// twice in a row with `503 store_full` (the first refused batch also carried the previous
+/// write's answer record, which its retry does not; equal path lengths make every advance
+/// record the same size, so from then on none fits). Returns the acknowledged paths and the
+/// refused one. Every refusal must carry `Retry-After`; panics if `most` writes all fit.
+pub async fn fill_until_store_full(
+    addr: SocketAddr,
+    path_of: impl Fn(usize) -> String,
+    most: usize,
+) -> (Vec<String>, String) {
+    let mut acked = Vec::new();
+    let mut refused: Option<String> = None;
+    loop {
+        let path = path_of(acked.len());
+        let r = put_response(addr, &path, 5).await.unwrap();
+        if r.status == 200 {
+            acked.push(path);
+            assert!(acked.len() < most, "no refusal within {most} writes: the store never ran out of room");
+            continue;
+        }
+        r.assert_refused(503, "store_full");
+        assert!(r.headers.contains_key("retry-after"), "{:?}", r.headers);
+        if refused.as_ref() == Some(&path) {
+            return (acked, path);
+        }
+        refused = Some(path);
+    }
+}
