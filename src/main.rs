@@ -50,14 +50,19 @@ enum Command {
     },
     /// Replay the zombie-lock-holder race against an in-memory backend and show it defeated.
     Demo,
-    /// Read a data directory without starting a proxy: max_seen of one key, or a summary.
-    /// Refuses while a running fencegate holds the directory.
+    /// Read a data directory without starting a proxy: max_seen of one resource, or a summary.
+    /// Refuses while a running fencegate holds the directory (then ask its admin API).
     Inspect {
-        /// The data directory (`store.dir`).
+        /// The data directory (`store.dir`); with --config, the config's.
+        #[arg(long, short, required_unless_present = "config")]
+        dir: Option<PathBuf>,
+        /// A config file: its data dir, and its [paths] and [[fence.scopes]] rules for PATH.
         #[arg(long, short)]
-        dir: PathBuf,
-        /// A fence key (a canonical path such as /accounts/42); omit it for a summary.
-        key: Option<String>,
+        config: Option<PathBuf>,
+        /// A resource's path as a client writes it (/accounts//42 names /accounts/42), turned
+        /// into its fence key by the config's rules, or by the default rules without --config;
+        /// omit it for a summary.
+        path: Option<String>,
         /// How many of the highest entries the summary lists.
         #[arg(long, default_value_t = 10)]
         top: usize,
@@ -78,7 +83,7 @@ fn main() -> ExitCode {
             })
         }
         Command::Init { dir, floor } => init(&dir, floor),
-        Command::Inspect { dir, key, top } => inspect(&dir, key.as_deref(), top),
+        Command::Inspect { dir, config, path, top } => inspect(dir, config, path.as_deref(), top),
         Command::Demo => {
             let _flush = fencegate::logging::init("error", LogFormat::Text, 1024);
             runtime(0).and_then(|rt| rt.block_on(demo()))
@@ -149,16 +154,49 @@ fn init(dir: &std::path::Path, floor: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn inspect(dir: &std::path::Path, key: Option<&str>, top: usize) -> anyhow::Result<()> {
-    let found = fencegate::store::inspect(dir).with_context(|| format!("cannot inspect {}", dir.display()))?;
+fn inspect(dir: Option<PathBuf>, config: Option<PathBuf>, path: Option<&str>, top: usize) -> anyhow::Result<()> {
+    let config = match config {
+        Some(c) => Some(Config::load(&c, None).with_context(|| format!("invalid config {}", c.display()))?),
+        None => None,
+    };
+    let dir = match (dir, &config) {
+        (Some(dir), _) => dir,
+        (None, Some(config)) => config.store.dir.clone(),
+        (None, None) => anyhow::bail!("inspect needs --dir or --config"),
+    };
+    let key = match path {
+        Some(path) => {
+            let (policy, scopes) = match &config {
+                Some(c) => (c.paths.clone(), c.fence.scopes.clone()),
+                None => Default::default(),
+            };
+            let key = fencegate::fence::keys::fence_key(path, &policy, &scopes)
+                .with_context(|| format!("{path} is not a path a write could use"))?;
+            Some(key)
+        }
+        None => None,
+    };
+    let found = match fencegate::store::inspect(&dir) {
+        Err(e @ fencegate::store::StoreError::Locked { .. }) => {
+            let ask = key.as_deref().map_or_else(|| "GET /fences".to_owned(), |k| format!("GET /fences{k}"));
+            return Err(anyhow::Error::new(e)).context(format!(
+                "cannot inspect {}: a running fencegate owns it; ask it instead, on its admin API \
+                ([admin] listen): {ask}",
+                dir.display()
+            ));
+        }
+        found => found.with_context(|| format!("cannot inspect {}", dir.display()))?,
+    };
     if let Some(key) = key {
-        match found.table.get(key) {
-            Some(max) => println!("{key} max_seen={max}"),
-            None if !key.starts_with('/') => anyhow::bail!("{key}: never written (fence keys start with '/')"),
-            None => anyhow::bail!("{key}: never written"),
+        let named =
+            if path == Some(key.as_str()) { String::new() } else { format!(" (fence key of {})", path.unwrap_or("")) };
+        match found.table.get(&key) {
+            Some(max) => println!("{key} max_seen={max}{named}"),
+            None => anyhow::bail!("{key}{named}: never written"),
         }
         return Ok(());
     }
+    let dir = dir.as_path();
     println!("data dir   {}", dir.display());
     match found.init_floors.as_deref() {
         None => println!("init       none recorded (started by an earlier build)"),

@@ -220,9 +220,13 @@ async fn inspect_reads_a_data_dir_without_a_proxy_and_refuses_while_one_runs() {
         assert_eq!(put(d.addr(), path, token).await, 200);
     }
     let data = d.data_dir();
-    let busy = run(&["inspect", "--dir", data.to_str().unwrap()], &[]);
+    let busy = run(&["inspect", "--dir", data.to_str().unwrap(), "//c"], &[]);
     assert!(!busy.status.success());
-    assert!(String::from_utf8_lossy(&busy.stderr).contains("in use by another fencegate"));
+    let said = String::from_utf8_lossy(&busy.stderr);
+    assert!(
+        said.contains("in use by another fencegate") && said.contains("admin API ([admin] listen): GET /fences/c"),
+        "{said}"
+    );
     d.kill9();
 
     let out = run(&["inspect", "--dir", data.to_str().unwrap(), "--top", "2"], &[]);
@@ -234,6 +238,13 @@ async fn inspect_reads_a_data_dir_without_a_proxy_and_refuses_while_one_runs() {
     assert!(top[0].trim().starts_with("70") && top[0].ends_with("/b"), "{text}");
     let out = run(&["inspect", "--dir", data.to_str().unwrap(), "/c"], &[]);
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "/c max_seen=9");
+    // A path as a client writes it names its fence key, by the config's rules when given one.
+    let out = run(&["inspect", "--dir", data.to_str().unwrap(), "//c"], &[]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "/c max_seen=9 (fence key of //c)");
+    let out = run(&["inspect", "--config", d.config_path.to_str().unwrap(), "/x/../c"], &[]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "/c max_seen=9 (fence key of /x/../c)");
+    let out = run(&["inspect", "--dir", data.to_str().unwrap(), "/a%2Fb"], &[]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("not a path a write could use"));
     let out = run(&["inspect", "--dir", data.to_str().unwrap(), "/never"], &[]);
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("never written"));
 }

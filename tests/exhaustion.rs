@@ -82,9 +82,11 @@ async fn a_full_disk_refuses_fenced_writes_as_store_full_and_takes_the_same_writ
     }
     // Segments far larger than the disk, so that no rotation or snapshot happens: only the log's
     // own room is at stake. Zeros go 64 KiB ahead of the records.
-    let mut d = Deployment::builder().config_extra("segment_bytes = 1048576").build().await;
+    let extra = "segment_bytes = 1048576\n[admin]\nlisten = \"127.0.0.1:0\"";
+    let mut d = Deployment::builder().config_extra(extra).build().await;
     let data = start_on_tmpfs(&mut d, "512k");
-    let addr = d.addr();
+    let (addr, admin) = (d.addr(), d.proxy().admin_addr().await);
+    let ready = async || raw_request(admin, "GET /readyz HTTP/1.1\r\nHost: x", "").await.status;
     // Room to free later.
     let ballast = data.join("ballast");
     std::fs::write(&ballast, vec![0u8; 128 << 10]).unwrap();
@@ -102,12 +104,16 @@ async fn a_full_disk_refuses_fenced_writes_as_store_full_and_takes_the_same_writ
     d.proxy().wait_for_log("no room on disk for the fence log: fenced writes are refused", 1).await;
     assert!(d.proxy().log_contains("No space left on device"), "a real ENOSPC");
 
-    // Room again: the very write that was refused goes through, on the same process.
+    assert_eq!(ready().await, 503);
+
+    // Room again. A store nobody writes to finds out by itself (an unready pod gets no writes
+    // to try with): ready again before any write.
     std::fs::remove_file(&ballast).unwrap();
+    d.proxy().wait_for_log("the fence log has room again", 1).await;
+    assert_eq!(ready().await, 200);
+    // The very write that was refused goes through, on the same process.
     assert_eq!(put(addr, &path, 5).await, 200, "the store was not failed");
     assert_eq!(put(addr, &acked[0], 6).await, 200);
-    // Logged after every refusal: once it is in, so is every line before it.
-    d.proxy().wait_for_log("the fence log has room again", 1).await;
     assert_eq!(d.proxy().log_lines("no room on disk for the fence log: fenced writes are refused").len(), 1);
     assert!(!d.proxy().log_contains("refusing every fenced write"), "the store did not fail");
     for path in &acked[1..] {

@@ -1,9 +1,14 @@
-//! `max_seen` per resource: `GET /fences/<path>` reads it, `POST /fences/<path>:advance`
-//! raises it.
+//! The fences API: `max_seen` per resource, read one at a time or a page at a time, and the
+//! operator's changes: raise (`:advance`), lower (`:reset`), and end a quarantine (`:lift`).
 //!
 //! Raising `max_seen` by hand cuts off every current lock holder at once: the same effect as a
-//! new holder's first write, without a write. It takes the resource's turn like a write, is
-//! durable like one ([`crate::fence::Turn::raise`]), and is logged. It never lowers `max_seen`.
+//! new holder's first write, without a write ([`crate::fence::Turn::raise`]). Lowering it is the
+//! way back from a resource bricked by a huge token, and lets an old holder write again: the
+//! request must name the key twice (`confirm`). Every change needs the admin token, takes the
+//! turns it needs like a write, is durable before it is answered, and is logged at warn with
+//! the caller's address and counted, as is every failed authentication.
+
+use std::net::SocketAddr;
 
 use bytes::Bytes;
 use http::header::AUTHORIZATION;
@@ -14,8 +19,33 @@ use serde_json::{Value, json};
 use subtle::ConstantTimeEq;
 
 use crate::app::State;
-use crate::fence::{Coverage, Raised, Touch, keys, path};
+use crate::fence::{Coverage, Lifted, Raised, Reset, Touch, keys};
 use crate::request::refusal::{Refusal, json_response};
+
+/// Keys a page holds unless asked for fewer, and the most it holds.
+const PAGE: usize = 100;
+const MAX_PAGE: usize = 1000;
+
+/// What an operator may change, as the path's suffix names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Change {
+    Advance,
+    Reset,
+    Lift,
+}
+
+impl Change {
+    pub(super) const ALL: [(&'static str, Change); 3] =
+        [(":advance", Change::Advance), (":reset", Change::Reset), (":lift", Change::Lift)];
+
+    fn name(self) -> &'static str {
+        match self {
+            Change::Advance => "advance",
+            Change::Reset => "reset",
+            Change::Lift => "lift",
+        }
+    }
+}
 
 /// `max_seen` of the resource `path` names.
 pub(super) fn read(state: &State, path: &str) -> Result<Response<Full<Bytes>>, Refusal> {
@@ -24,42 +54,132 @@ pub(super) fn read(state: &State, path: &str) -> Result<Response<Full<Bytes>>, R
     Ok(json_response(StatusCode::OK, &json!({ "resource": key, "max_seen": max_seen })))
 }
 
-/// Raises `max_seen` of the resource `path` names to the body's `to`.
-pub(super) async fn advance(
-    state: &State,
-    path: &str,
-    req: Request<Incoming>,
-) -> Result<Response<Full<Bytes>>, Refusal> {
-    let key = fence_key(state, path)?;
-    authorize(state, &req)?;
-    let to = requested_token(req).await?;
-    let touch = Touch { key: key.clone(), coverage: Coverage::Key };
-    let turn = state.fence.acquire(vec![touch], state.settings.get().config.fence.queue_timeout).await?;
-    let Raised { previous } = turn.raise::<Refusal>(to).await?;
-    Ok(json_response(StatusCode::OK, &json!({ "resource": key, "max_seen": to, "previous": previous })))
+/// A page of fences: `?prefix=…&after=…&limit=…`, values percent-decoded once.
+pub(super) fn list(state: &State, query: Option<&str>) -> Result<Response<Full<Bytes>>, Refusal> {
+    let (mut prefix, mut after, mut limit) = (String::new(), None, PAGE);
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let value = decode(value)?;
+        match name {
+            "prefix" => prefix = value,
+            "after" => after = Some(value),
+            "limit" => {
+                limit = value.parse().ok().filter(|n| (1..=MAX_PAGE).contains(n)).ok_or_else(|| {
+                    Refusal::BadRequest(format!("limit must be a number from 1 to {MAX_PAGE}, not {value:?}"))
+                })?
+            }
+            other => return Err(Refusal::BadRequest(format!("unknown parameter {other:?}: use prefix, after, limit"))),
+        }
+    }
+    let page = state.fence.page(&prefix, after.as_deref(), limit);
+    let next = (page.len() == limit).then(|| page.last().map(|(k, _, _)| k.clone())).flatten();
+    let fences: Vec<Value> = page
+        .into_iter()
+        .map(|(key, max_seen, in_flight)| json!({ "resource": key, "max_seen": max_seen, "in_flight": in_flight }))
+        .collect();
+    Ok(json_response(StatusCode::OK, &json!({ "fences": fences, "next": next })))
 }
 
-fn authorize(state: &State, req: &Request<Incoming>) -> Result<(), Refusal> {
+/// Applies `change` to the resource `path` names, for the operator at `caller`.
+pub(super) async fn change(
+    state: &State,
+    path: &str,
+    change: Change,
+    req: Request<Incoming>,
+    caller: SocketAddr,
+) -> Result<Response<Full<Bytes>>, Refusal> {
+    authorize(state, &req, caller)?;
+    let key = fence_key(state, path)?;
+    let wait = state.settings.get().config.fence.queue_timeout;
+    let done = match change {
+        Change::Advance => {
+            let to = requested(req).await?.0;
+            let touch = Touch { key: key.clone(), coverage: Coverage::Key };
+            let turn = state.fence.acquire(vec![touch], wait).await?;
+            let Raised { previous } = turn.raise::<Refusal>(to).await?;
+            json!({ "resource": key, "max_seen": to, "previous": previous })
+        }
+        Change::Reset => {
+            let (to, confirm) = requested(req).await?;
+            if confirm.as_deref() != Some(key.as_str()) {
+                return Err(Refusal::BadRequest(format!(
+                    "a reset lowers max_seen and can let an old lock holder's write through: repeat the fence key \
+                    as \"confirm\": {key:?}"
+                )));
+            }
+            let Reset { previous, floors, floors_above } = state.fence.reset::<Refusal>(&key, to, wait).await?;
+            let pairs = |v: Vec<(String, u64)>| v.into_iter().map(|(p, t)| json!({ "node": p, "was": t })).collect();
+            let (floors, above): (Vec<Value>, Vec<Value>) = (pairs(floors), pairs(floors_above));
+            json!({ "resource": key, "max_seen": to, "previous": previous, "floors_lowered": floors, "floors_above": above })
+        }
+        Change::Lift => {
+            let Lifted { key: lifted, subtree } = state.fence.lift(&key, wait).await?;
+            json!({ "resource": key, "lifted": lifted, "subtree_lifted": subtree })
+        }
+    };
+    // PENDING-METRICS state.metrics.admin_change(change.name());
+    tracing::warn!(%caller, action = %change.name(), resource = %key, result = %done, "admin change");
+    Ok(json_response(StatusCode::OK, &done))
+}
+
+fn authorize(state: &State, req: &Request<Incoming>, caller: SocketAddr) -> Result<(), Refusal> {
     let settings = state.settings.get();
     let Some(expected) = settings.config.admin.token.as_deref() else { return Err(Refusal::AdminWritesDisabled) };
     let given = req.headers().get(AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
     // Constant time, so the comparison does not leak how much of a guess was right.
     match given {
         Some(given) if bool::from(given.as_bytes().ct_eq(expected.as_bytes())) => Ok(()),
-        _ => Err(Refusal::Unauthorized),
+        _ => {
+            // PENDING-METRICS state.metrics.admin_auth_failure();
+            let why = if given.is_some() { "wrong_token" } else { "no_bearer_token" };
+            tracing::warn!(%caller, method = %req.method(), path = %req.uri().path(), reason = %why,
+                "admin authentication failed");
+            Err(Refusal::Unauthorized)
+        }
     }
 }
 
-async fn requested_token(req: Request<Incoming>) -> Result<u64, Refusal> {
+/// The body's `to`, and its `confirm` if any.
+async fn requested(req: Request<Incoming>) -> Result<(u64, Option<String>), Refusal> {
     let body = Limited::new(req.into_body(), 4096).collect().await.map_err(|e| Refusal::BadRequest(e.to_string()))?;
     let v: Value = serde_json::from_slice(&body.to_bytes()).map_err(|e| Refusal::BadRequest(e.to_string()))?;
-    v.get("to").and_then(Value::as_u64).ok_or_else(|| Refusal::BadRequest("expected {\"to\": <u64>}".into()))
+    let to =
+        v.get("to").and_then(Value::as_u64).ok_or_else(|| Refusal::BadRequest("expected {\"to\": <u64>}".into()))?;
+    Ok((to, v.get("confirm").and_then(Value::as_str).map(str::to_owned)))
+}
+
+/// A query value with its `%XX` escapes decoded.
+fn decode(value: &str) -> Result<String, Refusal> {
+    let bad = || Refusal::BadRequest(format!("query value {value:?} is not percent-encoded UTF-8"));
+    let (bytes, mut out, mut i) = (value.as_bytes(), Vec::with_capacity(value.len()), 0);
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok()).ok_or_else(bad)?;
+            out.push(u8::from_str_radix(hex, 16).map_err(|_| bad())?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| bad())
 }
 
 /// The fence key an admin path names, found exactly as for a write to that path, so an
 /// operator acts on the key writes use (canonical form, scopes).
 fn fence_key(state: &State, path: &str) -> Result<String, Refusal> {
     let config = &state.settings.get().config;
-    let canonical = path::canonicalize(path, &config.paths)?;
-    Ok(keys::resource_key(&canonical, &config.fence.scopes).to_owned())
+    Ok(keys::fence_key(path, &config.paths, &config.fence.scopes)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_values_are_decoded_once() {
+        assert_eq!(decode("/a%20b%2Fc").unwrap(), "/a b/c");
+        assert_eq!(decode("%2541").unwrap(), "%41");
+        assert!(decode("%4").is_err() && decode("%zz").is_err() && decode("%ff").is_err());
+    }
 }

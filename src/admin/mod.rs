@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderValue};
-use http::{Method, Request, Response, StatusCode};
+use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use serde_json::json;
@@ -22,6 +22,7 @@ use crate::request::refusal::{Refusal, json_response};
 use crate::store::Condition;
 
 mod fences;
+use fences::Change;
 
 /// Admin connections served at once; more wait in the kernel's accept queue. Fixed rather
 /// than `limits.max_connections`: probes and scrapes need a handful, a pool of its own keeps
@@ -45,22 +46,65 @@ pub(crate) async fn serve(state: Arc<State>, listener: TcpListener, shutdown: im
 struct Admin(Arc<State>);
 
 impl Handler for Admin {
-    type Client = ();
+    type Client = SocketAddr;
     type Body = Full<Bytes>;
 
-    fn client(&self, _: SocketAddr) {}
+    fn client(&self, addr: SocketAddr) -> SocketAddr {
+        addr
+    }
 
-    async fn handle(self, req: Request<Incoming>, (): ()) -> Response<Full<Bytes>> {
-        route(&self.0, req).await.unwrap_or_else(|e| e.response())
+    async fn handle(self, req: Request<Incoming>, caller: SocketAddr) -> Response<Full<Bytes>> {
+        route(&self.0, req, caller).await.unwrap_or_else(|e| e.response())
     }
 }
 
-async fn route(state: &State, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Refusal> {
-    let path = req.uri().path().to_owned();
-    match (req.method(), path.as_str()) {
-        (&Method::GET, "/healthz") => Ok(json_response(StatusCode::OK, &json!({ "status": "ok" }))),
-        (&Method::GET, "/readyz") => Ok(readiness(state).await),
-        (&Method::GET, "/metrics") => {
+/// What an admin path names.
+enum Endpoint {
+    Health,
+    Ready,
+    Metrics,
+    List,
+    Fence(String),
+    Change(String, Change),
+}
+
+impl Endpoint {
+    fn of(path: &str) -> Option<Endpoint> {
+        Some(match path {
+            "/healthz" => Endpoint::Health,
+            "/readyz" => Endpoint::Ready,
+            "/metrics" => Endpoint::Metrics,
+            "/fences" | "/fences/" => Endpoint::List,
+            _ => {
+                let resource = path.strip_prefix("/fences").filter(|r| r.starts_with('/'))?;
+                match Change::ALL.iter().find_map(|(suffix, c)| Some((resource.strip_suffix(suffix)?, *c))) {
+                    Some((resource, change)) => Endpoint::Change(resource.to_owned(), change),
+                    None => Endpoint::Fence(resource.to_owned()),
+                }
+            }
+        })
+    }
+
+    /// The one method it serves, as an `Allow` header lists it.
+    fn allow(&self) -> &'static str {
+        match self {
+            Endpoint::Change(..) => "POST",
+            _ => "GET",
+        }
+    }
+}
+
+async fn route(state: &State, req: Request<Incoming>, caller: SocketAddr) -> Result<Response<Full<Bytes>>, Refusal> {
+    let path = req.uri().path();
+    let endpoint = Endpoint::of(path).ok_or_else(|| Refusal::NotFound(path.to_owned()))?;
+    if req.method().as_str() != endpoint.allow() {
+        let (method, path) = (req.method().to_string(), path.to_owned());
+        return Err(Refusal::WrongMethod { method, path, allow: endpoint.allow() });
+    }
+    match endpoint {
+        Endpoint::Health => Ok(json_response(StatusCode::OK, &json!({ "status": "ok" }))),
+        Endpoint::Ready => Ok(readiness(state).await),
+        Endpoint::Metrics => {
             state.metrics.resources.set(i64::try_from(state.fence.len()).unwrap_or(i64::MAX));
             let (table, limit) = state.fence.table_bytes();
             state.metrics.table(table.keys, table.floors, table.held, limit);
@@ -70,11 +114,9 @@ async fn route(state: &State, req: Request<Incoming>) -> Result<Response<Full<By
             resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(kind));
             Ok(resp)
         }
-        (&Method::GET, p) if p.starts_with("/fences/") => fences::read(state, &p["/fences".len()..]),
-        (&Method::POST, p) if p.starts_with("/fences/") && p.ends_with(":advance") => {
-            fences::advance(state, &p["/fences".len()..p.len() - ":advance".len()], req).await
-        }
-        _ => Err(Refusal::NotFound(path)),
+        Endpoint::List => fences::list(state, req.uri().query()),
+        Endpoint::Fence(resource) => fences::read(state, &resource),
+        Endpoint::Change(resource, change) => fences::change(state, &resource, change, req, caller).await,
     }
 }
 

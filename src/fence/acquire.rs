@@ -149,7 +149,9 @@ impl Fence {
     ) -> Result<Vec<Held>, FenceError> {
         // Each key with `always`, whether its gate is made whatever the table's bytes: a key
         // under a subtree had a gate a moment ago, so only the touched keys can add resources.
-        let mut keys: Vec<(&str, bool)> = touches.iter().map(|t| (t.key.as_str(), false)).collect();
+        // The root's gate is one gate, and an operator's reset needs it however full the table.
+        let root = |t: &Touch| t.key == "/" && t.coverage == Coverage::Subtree;
+        let mut keys: Vec<(&str, bool)> = touches.iter().map(|t| (t.key.as_str(), root(t))).collect();
         // Under a subtree, every key with a write waiting or in flight now; one that comes
         // later sees the registry and steps back.
         let under: Vec<Box<str>> = match subtrees.is_empty() {

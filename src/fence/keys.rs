@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use super::path::PathPolicy;
+use super::path::{PathError, PathPolicy, canonicalize};
 
 /// One `[[fence.scopes]]` entry: many paths share one fence key.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -35,6 +35,14 @@ pub fn keying(policy: &PathPolicy, scopes: &[Scope]) -> String {
         }
     }
     text
+}
+
+/// The fence key a write to the raw request path `raw` uses: its canonical form under
+/// `policy`, shortened by the first matching scope. Everything that names a resource by path
+/// (the admin API, `fencegate inspect`) goes through this, so it names the key writes use.
+pub fn fence_key(raw: &str, policy: &PathPolicy, scopes: &[Scope]) -> Result<String, PathError> {
+    let canonical = canonicalize(raw, policy)?;
+    Ok(resource_key(&canonical, scopes).to_owned())
 }
 
 /// The fence key of a canonical path: the path itself, or the part of it that the first

@@ -13,6 +13,7 @@
 mod acquire;
 mod gates;
 pub mod keys;
+mod operator;
 pub mod path;
 mod subtree;
 pub mod token;
@@ -29,6 +30,7 @@ use tokio::sync::Mutex;
 use crate::store::{Store, Table, TableBytes};
 pub use gates::GATE_BYTES;
 pub use keys::Scope;
+pub use operator::{Lifted, Reset};
 use subtree::Subtrees;
 pub use tree::{Coverage, NODE_BYTES, Touch};
 use tree::{Tree, level};
@@ -85,6 +87,22 @@ pub enum FenceError {
         max_seen: u64,
         /// The value asked for.
         to: u64,
+    },
+    /// An operator asked a reset to raise `max_seen`, which only `advance` does.
+    #[error("max_seen of {resource} is {max_seen}; a reset only lowers it, and {to} is above (raise it with :advance)")]
+    WouldRaise {
+        /// The fence key.
+        resource: String,
+        /// Its current `max_seen`.
+        max_seen: u64,
+        /// The value asked for.
+        to: u64,
+    },
+    /// An operator asked to reset a key with no `max_seen` and no floor at or below it.
+    #[error("{resource} has no max_seen and no floor below it: there is nothing to reset")]
+    NoFence {
+        /// The fence key.
+        resource: String,
     },
     /// A write to a resource the table does not hold, while the table's bytes (keys, floors
     /// and gates) would pass their limit with its gate.
@@ -161,6 +179,12 @@ impl Fence {
     /// The highest token `key` has accepted, if any.
     pub fn max_seen(&self, key: &str) -> Option<u64> {
         self.max_seen.get(key)
+    }
+
+    /// At most `limit` keys starting with `prefix` and sorting after `after`, in byte order,
+    /// as `(key, max_seen, in_flight)`.
+    pub fn page(&self, prefix: &str, after: Option<&str>, limit: usize) -> Vec<crate::store::Listed> {
+        self.max_seen.page(prefix, after, limit)
     }
 
     /// Number of resources with a recorded `max_seen`.

@@ -127,6 +127,16 @@ impl Subtrees {
         self.recount(&r);
     }
 
+    /// Ends every quarantine of exactly the subtree at `node`; whether one was running.
+    pub(crate) fn lift(&self, node: &str) -> bool {
+        let now = Instant::now();
+        let mut r = self.lock();
+        let running = r.quarantined.iter().any(|(q, until, _)| **q == *node && *until > now);
+        r.quarantined.retain(|(q, _, _)| **q != *node);
+        self.recount(&r);
+        running
+    }
+
     /// When the latest quarantine covering `node`, or covered by it when `subtree`, ends, if
     /// one still runs. Expired ones are dropped on the way.
     pub(crate) fn quarantined(&self, node: &str, subtree: bool) -> Option<(Instant, QuarantineCause)> {

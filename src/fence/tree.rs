@@ -94,6 +94,16 @@ impl Tree {
         tree
     }
 
+    /// Recomputes every node from `table`, after marks were lowered (a reset). The caller must
+    /// keep every write from raising the tree meanwhile (the turn of the whole tree).
+    pub(crate) fn rebuild(&self, table: &Table) {
+        let nodes = self.below.len() as u64;
+        self.below.clear();
+        table.release(nodes * NODE_BYTES);
+        table.for_each(|key, token, _| self.raise(key, token, table));
+        table.for_each_floor(|path, token, _| self.raise(path, token, table));
+    }
+
     /// Notes that `mark`, a key or a floor, now stands at `token` (made durable by the store):
     /// both raise the nodes above them alike. New nodes count in `table`'s bytes.
     pub(crate) fn raise(&self, mark: &str, token: u64, table: &Table) {

@@ -113,6 +113,16 @@ impl Turn {
         }
     }
 
+    /// Ends the quarantine of the keys this turn holds; whether one was running.
+    pub(super) fn lift_quarantine(&mut self) -> bool {
+        let now = Instant::now();
+        let mut lifted = false;
+        for state in self.held.iter_mut().filter_map(|h| h.guard.as_mut()) {
+            lifted |= state.quarantined_until.take().is_some_and(|until| until > now);
+        }
+        lifted
+    }
+
     /// Makes the write's marks durable (one batch), then raises the tree.
     async fn advance(&self, token: u64) -> Result<(), StoreError> {
         let store = &self.fence.store;

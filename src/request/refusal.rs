@@ -7,7 +7,7 @@
 //! is where they meet HTTP.
 
 use bytes::Bytes;
-use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER, WWW_AUTHENTICATE};
+use http::header::{ALLOW, CONTENT_TYPE, HeaderValue, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{Response, StatusCode};
 use http_body_util::Full;
 use serde_json::{Value, json};
@@ -82,6 +82,16 @@ pub enum Refusal {
     /// Admin writes are off because no admin token is configured.
     #[error("admin writes are disabled: set admin.token_file or FENCEGATE_ADMIN__TOKEN")]
     AdminWritesDisabled,
+    /// A method an admin endpoint does not serve.
+    #[error("{method} is not served at {path}; allowed: {allow}")]
+    WrongMethod {
+        /// The method asked for.
+        method: String,
+        /// The endpoint.
+        path: String,
+        /// The methods it serves, as the `Allow` header lists them.
+        allow: &'static str,
+    },
     /// No such admin endpoint, or no such resource.
     #[error("{0} not found")]
     NotFound(String),
@@ -163,6 +173,9 @@ impl Refusal {
             Refusal::BadRequest(_) => (S::BAD_REQUEST, "invalid_request"),
             Refusal::Fence(FenceError::Stale { .. }) => (S::CONFLICT, "stale_token"),
             Refusal::Fence(FenceError::WouldLower { .. }) => (S::CONFLICT, "would_lower"),
+            Refusal::Fence(FenceError::WouldRaise { .. }) => (S::CONFLICT, "would_raise"),
+            Refusal::Fence(FenceError::NoFence { .. }) => (S::NOT_FOUND, "not_found"),
+            Refusal::WrongMethod { .. } => (S::METHOD_NOT_ALLOWED, "method_not_allowed"),
             Refusal::Fence(FenceError::QueueTimeout { .. }) => (S::SERVICE_UNAVAILABLE, "queue_timeout"),
             Refusal::Fence(FenceError::Quarantined { .. }) => (S::SERVICE_UNAVAILABLE, "resource_quarantined"),
             Refusal::Fence(FenceError::TaskFailed(_)) => (S::INTERNAL_SERVER_ERROR, "internal"),
@@ -194,7 +207,9 @@ impl Refusal {
                 FenceError::Stale { resource, .. }
                 | FenceError::QueueTimeout { resource, .. }
                 | FenceError::Quarantined { resource, .. }
-                | FenceError::WouldLower { resource, .. },
+                | FenceError::WouldLower { resource, .. }
+                | FenceError::WouldRaise { resource, .. }
+                | FenceError::NoFence { resource },
             ) => Some(resource),
             _ => None,
         }
@@ -207,9 +222,10 @@ impl Refusal {
                 json!({ "resource": resource, "token": token, "max_seen": max_seen })
             }
             Refusal::Fence(FenceError::QueueTimeout { resource, .. }) => json!({ "resource": resource }),
-            Refusal::Fence(FenceError::WouldLower { resource, max_seen, to }) => {
-                json!({ "resource": resource, "max_seen": max_seen, "to": to })
-            }
+            Refusal::Fence(
+                FenceError::WouldLower { resource, max_seen, to } | FenceError::WouldRaise { resource, max_seen, to },
+            ) => json!({ "resource": resource, "max_seen": max_seen, "to": to }),
+            Refusal::Fence(FenceError::NoFence { resource }) => json!({ "resource": resource }),
             Refusal::Fence(FenceError::Quarantined { resource, retry_after, .. }) => {
                 json!({ "resource": resource, "retry_after_ms": retry_after.as_millis() as u64 })
             }
@@ -241,6 +257,9 @@ impl Refusal {
         if matches!(self, Refusal::Unauthorized) {
             headers.insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
+        if let Refusal::WrongMethod { allow, .. } = self {
+            headers.insert(ALLOW, HeaderValue::from_static(allow));
+        }
         resp
     }
 }
@@ -255,6 +274,7 @@ mod tests {
     fn examples() -> Vec<(Refusal, u16, &'static str)> {
         let d = Duration::from_secs(3);
         let fence = |e| Refusal::Fence(e);
+        let wrong_method = Refusal::WrongMethod { method: "PUT".into(), path: "/metrics".into(), allow: "GET" };
         vec![
             (Refusal::MissingToken { header: "fencing-token".into() }, 428, "missing_token"),
             (Refusal::MethodNotAllowed("CONNECT".into()), 405, "method_not_allowed"),
@@ -263,6 +283,9 @@ mod tests {
             (Refusal::NotFound("/x".into()), 404, "not_found"),
             (Refusal::BadRequest("x".into()), 400, "invalid_request"),
             (fence(FenceError::WouldLower { resource: "/a".into(), max_seen: 5, to: 4 }), 409, "would_lower"),
+            (fence(FenceError::WouldRaise { resource: "/a".into(), max_seen: 4, to: 5 }), 409, "would_raise"),
+            (fence(FenceError::NoFence { resource: "/a".into() }), 404, "not_found"),
+            (wrong_method, 405, "method_not_allowed"),
             (Refusal::UpgradeRefused("websocket".into()), 400, "upgrade_refused"),
             (Refusal::CrossDomain("x".into()), 400, "cross_domain_write"),
             (Refusal::InvalidHeader { name: "destination".into(), reason: "twice".into() }, 400, "invalid_header"),

@@ -14,7 +14,7 @@ use super::log::{self, Log};
 use super::recovery::{self, Mode, io_err, round_ms};
 use super::relay::Relay;
 use super::status::{Condition, Status};
-use super::writer::{Msg, Writer};
+use super::writer::{Change, Msg, Writer};
 use super::{MarkKind, Store, StoreError, StoreFuture, Table};
 
 /// Answered writes waiting for the writer's next batch, as `(mark, name, token)`.
@@ -212,6 +212,22 @@ impl FileStore {
     }
 }
 
+impl FileStore {
+    /// Sends a change of several marks to the writer, as one entry of one batch.
+    fn change_all(&self, mut marks: Vec<(MarkKind, String)>, token: u64, change: Change) -> StoreFuture<'_> {
+        if let Some((_, name)) = marks.iter().find(|(_, name)| name.is_empty() || name.len() > MAX_KEY_LEN) {
+            return Box::pin(std::future::ready(Err(StoreError::KeyTooLong(name.len()))));
+        }
+        if marks.is_empty() {
+            return Box::pin(std::future::ready(Ok(())));
+        }
+        // A mark named twice is one mark: logged once, counted once against max_resources.
+        marks.sort_unstable();
+        marks.dedup();
+        self.send(|done| Msg::AdvanceAll { marks, token, change, done })
+    }
+}
+
 impl Store for FileStore {
     fn table(&self) -> &Arc<Table> {
         &self.table
@@ -232,17 +248,12 @@ impl Store for FileStore {
         }
     }
 
-    fn advance_all(&self, mut marks: Vec<(MarkKind, String)>, token: u64) -> StoreFuture<'_> {
-        if let Some((_, name)) = marks.iter().find(|(_, name)| name.is_empty() || name.len() > MAX_KEY_LEN) {
-            return Box::pin(std::future::ready(Err(StoreError::KeyTooLong(name.len()))));
-        }
-        if marks.is_empty() {
-            return Box::pin(std::future::ready(Ok(())));
-        }
-        // A mark named twice is one mark: logged once, counted once against max_resources.
-        marks.sort_unstable();
-        marks.dedup();
-        self.send(|done| Msg::AdvanceAll { marks, token, done })
+    fn advance_all(&self, marks: Vec<(MarkKind, String)>, token: u64) -> StoreFuture<'_> {
+        self.change_all(marks, token, Change::Advance)
+    }
+
+    fn reset(&self, marks: Vec<(MarkKind, String)>, token: u64) -> StoreFuture<'_> {
+        self.change_all(marks, token, Change::Reset)
     }
 
     fn answered_all(&self, marks: &[(MarkKind, String)], token: u64) {

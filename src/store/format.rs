@@ -6,8 +6,8 @@
 //! checksums are seeded with the file's identity and salt: bytes from another file, or a record
 //! a client forged inside its own key, never validate.
 //!
-//! Version 2 added the floor records (kinds 6 to 8); version 1 files, which cannot hold them,
-//! are still read.
+//! Version 2 added the floor records (kinds 6 to 8), version 3 the reset records (9 and 10);
+//! files of versions 1 and 2, which cannot hold them, are still read.
 
 use std::hash::BuildHasher;
 use std::io::{self, Write};
@@ -19,11 +19,13 @@ pub const HEADER_LEN: usize = 40;
 /// Longest key a record may hold.
 pub const MAX_KEY_LEN: usize = 64 * 1024;
 /// Format version of the files this build writes.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 /// Oldest format version this build reads.
 pub const MIN_VERSION: u32 = 1;
 /// The first version whose files may hold floor records.
 pub const FLOORS_SINCE: u32 = 2;
+/// The first version whose files may hold reset records.
+pub const RESETS_SINCE: u32 = 3;
 
 /// The two kinds of file in a data directory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,6 +66,13 @@ pub enum Kind {
     FloorAnswered = 7,
     /// `floor[key] >= token` (snapshots). Version 2 on.
     FloorState = 8,
+    /// `max_seen[key] = token`, lowered by an operator's reset. Unlike every other record it
+    /// may lower the mark, so it counts only in log order: records before it are overruled,
+    /// records after it raise the mark again. Version 3 on.
+    Reset = 9,
+    /// `floor[key] = token`, lowered by an operator's reset, in log order as [`Kind::Reset`].
+    /// Version 3 on.
+    FloorReset = 10,
 }
 
 impl Kind {
@@ -77,6 +86,8 @@ impl Kind {
             6 => Kind::FloorAdvance,
             7 => Kind::FloorAnswered,
             8 => Kind::FloorState,
+            9 => Kind::Reset,
+            10 => Kind::FloorReset,
             _ => return None,
         })
     }
@@ -105,10 +116,19 @@ impl Kind {
         }
     }
 
+    /// The record that sets a mark of this kind by an operator's reset.
+    pub fn reset(mark: MarkKind) -> Kind {
+        match mark {
+            MarkKind::Key => Kind::Reset,
+            MarkKind::Floor => Kind::FloorReset,
+        }
+    }
+
     /// The oldest format version whose files may hold this kind of record.
     pub fn since(self) -> u32 {
         match self {
             Kind::FloorAdvance | Kind::FloorAnswered | Kind::FloorState => FLOORS_SINCE,
+            Kind::Reset | Kind::FloorReset => RESETS_SINCE,
             _ => MIN_VERSION,
         }
     }
@@ -344,13 +364,13 @@ mod tests {
     #[test]
     fn headers_name_their_kind_version_and_salt() {
         let h = Header::new(9);
-        assert_eq!(h.version, 2);
+        assert_eq!(h.version, 3);
         let bytes = h.encode(FileKind::Snapshot);
-        assert_eq!(bytes[8..12], [2, 0, 0, 0]);
+        assert_eq!(bytes[8..12], [3, 0, 0, 0]);
         assert_eq!(Header::parse(FileKind::Snapshot, &bytes), Ok(h));
         assert!(Header::parse(FileKind::Segment, &bytes).is_err());
         let mut bad = bytes;
-        bad[8] = 3;
+        bad[8] = 4;
         assert!(Header::parse(FileKind::Snapshot, &bad).unwrap_err().contains("checksum"));
     }
 
@@ -358,10 +378,10 @@ mod tests {
     fn version_one_is_read_and_an_unknown_version_is_refused_by_name() {
         let old = Header { version: 1, ..Header::new(4) };
         assert_eq!(Header::parse(FileKind::Segment, &old.encode(FileKind::Segment)), Ok(old));
-        for (version, named) in [(3, "format version 3"), (0, "format version 0"), (u32::MAX, "4294967295")] {
+        for (version, named) in [(4, "format version 4"), (0, "format version 0"), (u32::MAX, "4294967295")] {
             let newer = Header { version, ..Header::new(4) };
             let err = Header::parse(FileKind::Segment, &newer.encode(FileKind::Segment)).unwrap_err();
-            assert!(err.contains(named) && err.contains("not supported (this build reads 1 and 2)"), "{err}");
+            assert!(err.contains(named) && err.contains("not supported (this build reads 1 to 3)"), "{err}");
         }
     }
 
@@ -383,9 +403,20 @@ mod tests {
         assert_eq!(Kind::Advance.since(), 1);
         let mut unknown = Vec::new();
         encode(&mut unknown, 7, Kind::Advance, "/a", 1);
-        unknown[16] = 9;
+        unknown[16] = 11;
         let crc = checksum(7, &unknown[..19]);
         unknown[4..8].copy_from_slice(&crc.to_le_bytes());
-        assert_eq!(decode(&unknown, 7), Err(Bad::Malformed), "kind 9 is not a record");
+        assert_eq!(decode(&unknown, 7), Err(Bad::Malformed), "kind 11 is not a record");
+    }
+
+    #[test]
+    fn reset_records_round_trip_and_only_version_three_may_hold_them() {
+        let mut buf = Vec::new();
+        encode(&mut buf, 7, Kind::reset(MarkKind::Key), "/a", 5);
+        encode(&mut buf, 7, Kind::reset(MarkKind::Floor), "/d", 6);
+        let r = decode(&buf, 7).unwrap();
+        assert_eq!((r.kind, r.key, r.token, r.kind as u8, r.kind.since()), (Kind::Reset, "/a", 5, 9, 3));
+        let r = decode(&buf[r.used..], 7).unwrap();
+        assert_eq!((r.kind, r.key, r.token, r.kind as u8, r.kind.since()), (Kind::FloorReset, "/d", 6, 10, 3));
     }
 }

@@ -177,6 +177,13 @@ impl Log {
         result.map_err(LogError::Failed)
     }
 
+    /// Whether the disk gives room for a batch of `bytes` now: takes it (zeros), as the next
+    /// write would, so that a store refused room can tell when it has some again without a
+    /// write to try with.
+    pub(crate) fn find_room(&mut self, bytes: u64) -> io::Result<()> {
+        self.make_room(self.len + bytes)
+    }
+
     /// Makes sure the file holds zeros up to `end`, writing them `ahead` bytes at a time. An
     /// append that grows the file makes the next fdatasync commit the new size to the file
     /// system's journal too, which costs about as much again as the data; the syncs between

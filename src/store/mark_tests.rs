@@ -274,7 +274,7 @@ fn version_of(path: &Path) -> u32 {
 }
 
 #[tokio::test]
-async fn a_version_1_directory_opens_keeps_its_keys_and_goes_on_in_a_version_2_segment() {
+async fn a_version_1_directory_opens_keeps_its_keys_and_goes_on_in_a_segment_of_this_version() {
     let dir = tempfile::tempdir().unwrap();
     let old = Header { version: 1, ..Header::new(2) };
     let seed = old.seed(FileKind::Snapshot);
@@ -293,11 +293,11 @@ async fn a_version_1_directory_opens_keeps_its_keys_and_goes_on_in_a_version_2_s
     drop(store);
     let old_end = 40 + 2 * 24 + 32 + 24 + 32;
     assert_eq!(fs::metadata(segment(dir.path(), 2)).unwrap().len(), old_end, "closed at its records, as rotation does");
-    assert_eq!((version_of(&segment(dir.path(), 2)), version_of(&segment(dir.path(), 3))), (1, 2));
+    assert_eq!((version_of(&segment(dir.path(), 2)), version_of(&segment(dir.path(), 3))), (1, format::VERSION));
     let store = open(dir.path());
     assert_eq!(contents(&store), map(&[("/old", 3), ("/flying", 4), ("/a", 9), ("/b", 7)]));
     assert_eq!(floors(store.table()), map(&[("/f/", 9)]));
-    assert!(!segment(dir.path(), 4).exists(), "a version 2 segment is continued");
+    assert!(!segment(dir.path(), 4).exists(), "a segment of this version is continued");
 }
 
 #[tokio::test]
@@ -319,16 +319,16 @@ async fn a_file_of_an_unknown_version_refuses_to_start_and_names_the_version() {
     let path = segment(dir.path(), 1);
     let mut data = fs::read(&path).unwrap();
     let mut header = Header::parse(FileKind::Segment, &data).unwrap();
-    header.version = 3;
+    header.version = 4;
     data[..HEADER_LEN].copy_from_slice(&header.encode(FileKind::Segment));
     fs::write(&path, &data).unwrap();
     let err = FileStore::open(dir.path(), options(4096)).unwrap_err();
     assert!(matches!(err, StoreError::Corrupt { offset: 0, .. }), "{err}");
     let message = err.to_string();
     assert!(message.contains(&segment_name(1)), "{message}");
-    assert!(message.contains("format version 3 is not supported (this build reads 1 and 2)"), "{message}");
+    assert!(message.contains("format version 4 is not supported (this build reads 1 to 3)"), "{message}");
     assert_eq!(fs::read(&path).unwrap(), data, "nothing was truncated or set aside");
-    assert!(inspect(dir.path()).unwrap_err().to_string().contains("format version 3"));
+    assert!(inspect(dir.path()).unwrap_err().to_string().contains("format version 4"));
     // A snapshot of an unknown version is refused the same way.
     let snap = tempfile::tempdir().unwrap();
     let table = Table::new();
@@ -336,8 +336,8 @@ async fn a_file_of_an_unknown_version_refuses_to_start_and_names_the_version() {
     compact::write_snapshot(snap.path(), 2, &table).unwrap();
     let path = snap.path().join(snapshot_name(2));
     let mut data = fs::read(&path).unwrap();
-    data[..HEADER_LEN].copy_from_slice(&Header { version: 3, ..Header::new(2) }.encode(FileKind::Snapshot));
+    data[..HEADER_LEN].copy_from_slice(&Header { version: 4, ..Header::new(2) }.encode(FileKind::Snapshot));
     fs::write(&path, &data).unwrap();
     let err = FileStore::open(snap.path(), options(4096)).unwrap_err();
-    assert!(err.to_string().contains("format version 3 is not supported"), "{err}");
+    assert!(err.to_string().contains("format version 4 is not supported"), "{err}");
 }

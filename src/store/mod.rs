@@ -18,6 +18,7 @@ mod file;
 pub(crate) mod format;
 mod init;
 mod inspect;
+mod listing;
 mod log;
 mod preflight;
 pub(crate) mod recovery;
@@ -35,6 +36,7 @@ use std::sync::Arc;
 pub use file::{CommitHook, FileStore, StoreOptions};
 pub use init::{check_initialised, init};
 pub use inspect::{Inspection, inspect};
+pub use listing::Listed;
 pub use preflight::{Usable, check_usable};
 pub use status::Condition;
 #[cfg(feature = "stall-hook")]
@@ -81,6 +83,12 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     fn advance_all(&self, marks: Vec<(MarkKind, String)>, token: u64) -> StoreFuture<'_>;
     /// Notes that the write that advanced `marks` to `token` was answered.
     fn answered_all(&self, marks: &[(MarkKind, String)], token: u64);
+    /// Sets every mark in `marks` to exactly `token`, lowering it if need be (an operator's
+    /// reset), in one committed batch, with the table set before this resolves. Unlike an
+    /// advance it counts in log order: recovery applies it after every record before it, so
+    /// taking the highest of what the log holds cannot undo it. Whether a write is in flight is
+    /// left as it was. The caller must hold every turn the marks could move under.
+    fn reset(&self, marks: Vec<(MarkKind, String)>, token: u64) -> StoreFuture<'_>;
     /// Flushes everything and stops; later advances fail with [`StoreError::Closed`].
     fn close(&self) -> StoreFuture<'_>;
     /// What the store can do now (for readiness).
@@ -193,6 +201,8 @@ mod init_tests;
 mod mark_tests;
 #[cfg(test)]
 mod model_tests;
+#[cfg(test)]
+mod reset_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

@@ -79,6 +79,8 @@ fn apply(table: &Table, kind: Kind, key: &str, token: u64) {
         Kind::FloorState => table.raise_floor(key, token),
         Kind::FloorAdvance => table.advance_floor(key, token),
         Kind::FloorAnswered => table.answered_floor(key, token),
+        Kind::Reset => table.reset(key, token),
+        Kind::FloorReset => table.reset_floor(key, token),
         Kind::Commit | Kind::Trailer => {}
     }
 }
@@ -147,7 +149,13 @@ pub(super) fn replay_segment(
     let stop = scan(path, seed, |r, at| {
         check_version(path, &header, r, at)?;
         match r.kind {
-            Kind::Advance | Kind::Answered | Kind::FloorAdvance | Kind::FloorAnswered => {
+            Kind::Advance
+            | Kind::Answered
+            | Kind::FloorAdvance
+            | Kind::FloorAnswered
+            | Kind::Reset
+            | Kind::FloorReset => {
+                // In log order: a reset overrules what came before it and nothing after.
                 pending.push((r.kind, r.token, keys.len(), r.key.len()));
                 keys.extend_from_slice(r.key.as_bytes());
             }

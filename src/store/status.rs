@@ -64,6 +64,11 @@ impl Status {
         self.full.swap(full, Ordering::Relaxed) != full
     }
 
+    /// Whether the disk refused the last batch room.
+    pub(super) fn full(&self) -> bool {
+        self.full.load(Ordering::Relaxed)
+    }
+
     /// The store failed for good.
     pub(super) fn set_failed(&self, why: &str) {
         *self.reason.lock().unwrap_or_else(|e| e.into_inner()) = why.to_owned();

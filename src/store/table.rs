@@ -89,6 +89,12 @@ impl Marks {
         });
     }
 
+    /// Sets `name` to `token`, lowering it if need be (an operator's reset). Whether a write
+    /// is in flight is left as it was: a reset does not settle a write's unknown outcome.
+    fn reset(&self, name: &str, token: u64) {
+        self.update(name, token, |e| e.token = token);
+    }
+
     fn answered(&self, name: &str, token: u64) {
         if let Some(mut e) = self.map.get_mut(name)
             && e.token == token
@@ -260,6 +266,11 @@ impl Table {
         self.keys.answered(key, token);
     }
 
+    /// Sets `key` to `token`, lowering it if need be: an operator's reset, once durable.
+    pub(crate) fn reset(&self, key: &str, token: u64) {
+        self.keys.reset(key, token);
+    }
+
     /// Visits every key as `(key, max_seen, in_flight)`, in no particular order.
     pub fn for_each(&self, f: impl FnMut(&str, u64, bool)) {
         self.keys.for_each(f);
@@ -315,20 +326,9 @@ impl Table {
         self.floors.answered(p, token);
     }
 
-    /// The `n` keys with the highest tokens, highest first.
-    pub fn top(&self, n: usize) -> Vec<(String, u64)> {
-        let mut heap = std::collections::BinaryHeap::new();
-        self.for_each(|k, t, _| {
-            if heap.len() < n || heap.peek().is_some_and(|std::cmp::Reverse((min, _))| t > *min) {
-                heap.push(std::cmp::Reverse((t, k.to_owned())));
-                if heap.len() > n {
-                    heap.pop();
-                }
-            }
-        });
-        let mut top: Vec<_> = heap.into_iter().map(|std::cmp::Reverse((t, k))| (k, t)).collect();
-        top.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-        top
+    /// Sets the floor `p` to `token`, lowering it if need be: an operator's reset, once durable.
+    pub(crate) fn reset_floor(&self, p: &str, token: u64) {
+        self.floors.reset(p, token);
     }
 }
 

@@ -19,11 +19,13 @@
 //! tries again.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use super::compact;
+#[path = "writer_faults.rs"]
+mod faults;
 use super::file::{Answers, StoreOptions};
 use super::format::Kind;
 use super::log::{Log, LogError};
@@ -49,6 +51,7 @@ pub(super) enum Msg {
     AdvanceAll {
         marks: Vec<(MarkKind, String)>,
         token: u64,
+        change: Change,
         done: Done,
     },
     /// The first answered write since the writer last took them: it must not wait forever.
@@ -84,9 +87,19 @@ pub(super) struct Writer {
     answering: Vec<Answer>,
 }
 
+/// What a message of several marks does to them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Change {
+    /// Raises them and marks the write in flight: a fenced write's advance.
+    Advance,
+    /// Sets them, lowering them if need be: an operator's reset, logged as records that count
+    /// in log order.
+    Reset,
+}
+
 enum Op {
     Advance { key: String, token: u64, done: Done },
-    AdvanceAll { marks: Vec<(MarkKind, String)>, token: u64, done: Done },
+    AdvanceAll { marks: Vec<(MarkKind, String)>, token: u64, change: Change, done: Done },
     Answered { mark: MarkKind, key: String, token: u64 },
 }
 
@@ -129,14 +142,23 @@ impl Writer {
         let mut closing = None;
         while closing.is_none() {
             // Answered writes ride along with the next batch; without one, they are written
-            // on their own ANSWER_FLUSH after the first of them.
-            let received = match self.flush_by {
+            // on their own ANSWER_FLUSH after the first of them. A store refused room looks
+            // for some every ROOM_RETRY meanwhile.
+            let retry = self.status.full().then(|| Instant::now() + faults::ROOM_RETRY);
+            let wake = match (self.flush_by, retry) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            let received = match wake {
                 None => rx.recv().map_err(|_| false),
                 Some(by) => rx.recv_timeout(by.saturating_duration_since(Instant::now())).map_err(|e| match e {
                     RecvTimeoutError::Timeout => true,
                     RecvTimeoutError::Disconnected => false,
                 }),
             };
+            if retry.is_some() && received.is_err() {
+                self.retry_room();
+            }
             match received {
                 Ok(first) => {
                     closing = self.take(first);
@@ -144,7 +166,10 @@ impl Writer {
                         continue; // only a reminder of answers waiting: keep waiting for company
                     }
                 }
-                Err(true) => {} // answers waited ANSWER_FLUSH: write them now
+                // Answers waited ANSWER_FLUSH: write them now. (Or only the look for room
+                // woke the writer: then keep waiting.)
+                Err(true) if self.flush_by.is_some_and(|by| by > Instant::now()) || self.flush_by.is_none() => continue,
+                Err(true) => {}
                 Err(false) => {
                     self.take_answers(); // dropped without close(): keep what is known
                     self.commit();
@@ -190,9 +215,9 @@ impl Writer {
                 self.take_answers();
                 self.admit(key, token, done)
             }
-            Msg::AdvanceAll { marks, token, done } => {
+            Msg::AdvanceAll { marks, token, change, done } => {
                 self.take_answers();
-                self.admit_all(marks, token, done)
+                self.admit_all(marks, token, change, done)
             }
             Msg::AnswersWaiting => {
                 self.flush_by.get_or_insert_with(|| Instant::now() + ANSWER_FLUSH);
@@ -256,8 +281,8 @@ impl Writer {
         Ok(())
     }
 
-    /// Queues an advance of several marks for this batch, whole, or refuses it whole at once.
-    fn admit_all(&mut self, marks: Vec<(MarkKind, String)>, token: u64, done: Done) {
+    /// Queues a change of several marks for this batch, whole, or refuses it whole at once.
+    fn admit_all(&mut self, marks: Vec<(MarkKind, String)>, token: u64, change: Change, done: Done) {
         if let Some(f) = &self.failed {
             let _ = done.send(Err(StoreError::Failed(f.clone())));
             return;
@@ -275,10 +300,14 @@ impl Writer {
             return;
         }
         for (mark, name) in &marks {
-            self.log.append(Kind::advance(*mark), name, token);
+            let kind = match change {
+                Change::Advance => Kind::advance(*mark),
+                Change::Reset => Kind::reset(*mark),
+            };
+            self.log.append(kind, name, token);
         }
         self.advances_in_batch += marks.len();
-        self.batch.push(Op::AdvanceAll { marks, token, done });
+        self.batch.push(Op::AdvanceAll { marks, token, change, done });
     }
 
     /// Writes the batch; syncs it if it holds an advance (a lost answer only costs a quarantine).
@@ -316,12 +345,14 @@ impl Writer {
                     }
                     self.answering.push((done, outcome.clone()));
                 }
-                Op::AdvanceAll { marks, token, done } => {
+                Op::AdvanceAll { marks, token, change, done } => {
                     if outcome.is_ok() {
                         for (mark, name) in &marks {
-                            match mark {
-                                MarkKind::Key => self.table.advance(name, token),
-                                MarkKind::Floor => self.table.advance_floor(name, token),
+                            match (mark, change) {
+                                (MarkKind::Key, Change::Advance) => self.table.advance(name, token),
+                                (MarkKind::Floor, Change::Advance) => self.table.advance_floor(name, token),
+                                (MarkKind::Key, Change::Reset) => self.table.reset(name, token),
+                                (MarkKind::Floor, Change::Reset) => self.table.reset_floor(name, token),
                             }
                         }
                     }
@@ -334,67 +365,5 @@ impl Writer {
             }
         }
         self.relay.deliver(&mut self.answering);
-    }
-
-    /// Refuses a batch the disk gave no room for. Nothing of it was written, so nothing is in
-    /// doubt: the next batch tries again.
-    fn no_room(&mut self, e: std::io::Error) -> StoreError {
-        let reason = format!("{}: {e}", self.log.path().display());
-        if self.status.set_full(Some(reason.clone())) {
-            tracing::error!(error = %reason,
-                "no room on disk for the fence log: fenced writes are refused until there is");
-        }
-        StoreError::NoSpace(reason)
-    }
-
-    /// Fails the store for good: after a failed write or sync the kernel may have dropped
-    /// dirty pages, so nothing written since the last good sync can be trusted to a later one.
-    fn fail(&mut self, e: std::io::Error) -> StoreError {
-        let reason = format!("{}: {e}", self.log.path().display());
-        tracing::error!(error = %reason,
-            "fence log write or fsync failed: refusing every fenced write until fencegate is restarted");
-        self.failed = Some(reason.clone());
-        self.status.set_failed(&reason);
-        StoreError::Failed(reason)
-    }
-
-    /// Moves to the next segment once the current one is full, and asks for a snapshot unless
-    /// one is still being written. A next segment that could not be made ahead only delays this.
-    fn maybe_rotate(&mut self, compact: &mpsc::SyncSender<u64>) {
-        let threshold = self.options.segment_bytes.max(self.snapshot_bytes.load(Ordering::Relaxed));
-        if self.failed.is_some() || self.log.len() < threshold {
-            return;
-        }
-        self.status.busy();
-        let rotated = self.log.rotate();
-        self.status.idle();
-        match rotated {
-            Ok(Some(seq)) => {
-                let _ = compact.try_send(seq);
-            }
-            Ok(None) | Err(LogError::NoRoom(_)) => {}
-            // Rotation syncs the segment it closes and the directory: a failure is a sync failure.
-            Err(LogError::Failed(e)) => {
-                self.fail(e);
-            }
-        }
-    }
-}
-
-/// A writer whose thread unwinds (a panic) still writes what it was given, unsynced. Logged
-/// answers spare their resources a quarantine after a restart. Advances nobody was answered
-/// for (so never forwarded) are logged too: they only raise `max_seen` and quarantine their
-/// resources.
-impl Drop for Writer {
-    fn drop(&mut self) {
-        if self.finished || self.failed.is_some() {
-            return;
-        }
-        self.take_answers();
-        if !self.batch.is_empty()
-            && let Err(e) = self.log.write()
-        {
-            tracing::warn!(error = %e, "could not log the last answered writes of a dropped store");
-        }
     }
 }

@@ -1,0 +1,89 @@
+//! What the writer does when the disk lets it down: a batch refused room (the store stays
+//! sound and tries again, also on a timer, so that a store nobody writes to can tell it has
+//! room again and become ready), a failed write or sync (final), and a thread that unwinds.
+
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use super::Writer;
+use crate::store::StoreError;
+use crate::store::log::LogError;
+
+/// How often a store refused room looks for some while no batch comes to try.
+pub(super) const ROOM_RETRY: Duration = Duration::from_secs(1);
+
+/// Room a look for it takes: a page, enough for a batch of a few short records.
+const ROOM_PROBE: u64 = 4096;
+
+impl Writer {
+    /// Looks for room on a disk that refused the last batch; says so once there is some.
+    pub(super) fn retry_room(&mut self) {
+        if self.failed.is_none() && self.status.full() && self.log.find_room(ROOM_PROBE).is_ok() {
+            self.status.set_full(None);
+            tracing::info!("the fence log has room again: advances are accepted");
+        }
+    }
+
+    /// Refuses a batch the disk gave no room for. Nothing of it was written, so nothing is in
+    /// doubt: the next batch tries again.
+    pub(super) fn no_room(&mut self, e: std::io::Error) -> StoreError {
+        let reason = format!("{}: {e}", self.log.path().display());
+        if self.status.set_full(Some(reason.clone())) {
+            tracing::error!(error = %reason,
+                "no room on disk for the fence log: fenced writes are refused until there is");
+        }
+        StoreError::NoSpace(reason)
+    }
+
+    /// Fails the store for good: after a failed write or sync the kernel may have dropped
+    /// dirty pages, so nothing written since the last good sync can be trusted to a later one.
+    pub(super) fn fail(&mut self, e: std::io::Error) -> StoreError {
+        let reason = format!("{}: {e}", self.log.path().display());
+        tracing::error!(error = %reason,
+            "fence log write or fsync failed: refusing every fenced write until fencegate is restarted");
+        self.failed = Some(reason.clone());
+        self.status.set_failed(&reason);
+        StoreError::Failed(reason)
+    }
+
+    /// Moves to the next segment once the current one is full, and asks for a snapshot unless
+    /// one is still being written. A next segment that could not be made ahead only delays this.
+    pub(super) fn maybe_rotate(&mut self, compact: &mpsc::SyncSender<u64>) {
+        let threshold = self.options.segment_bytes.max(self.snapshot_bytes.load(Ordering::Relaxed));
+        if self.failed.is_some() || self.log.len() < threshold {
+            return;
+        }
+        self.status.busy();
+        let rotated = self.log.rotate();
+        self.status.idle();
+        match rotated {
+            Ok(Some(seq)) => {
+                let _ = compact.try_send(seq);
+            }
+            Ok(None) | Err(LogError::NoRoom(_)) => {}
+            // Rotation syncs the segment it closes and the directory: a failure is a sync failure.
+            Err(LogError::Failed(e)) => {
+                self.fail(e);
+            }
+        }
+    }
+}
+
+/// A writer whose thread unwinds (a panic) still writes what it was given, unsynced. Logged
+/// answers spare their resources a quarantine after a restart. Advances nobody was answered
+/// for (so never forwarded) are logged too: they only raise `max_seen` and quarantine their
+/// resources.
+impl Drop for Writer {
+    fn drop(&mut self) {
+        if self.finished || self.failed.is_some() {
+            return;
+        }
+        self.take_answers();
+        if !self.batch.is_empty()
+            && let Err(e) = self.log.write()
+        {
+            tracing::warn!(error = %e, "could not log the last answered writes of a dropped store");
+        }
+    }
+}
