@@ -6,7 +6,9 @@
 //! per request. So the writer hands a batch's answers to a relay task on the runtime that
 //! opened the store, with one wake-up, and the relay answers each request from there, where a
 //! wake-up is a push onto the runtime's own queue. Without that runtime (the store was opened
-//! outside one, or the runtime shut down), the writer answers each request itself.
+//! outside one, or the runtime shut down), the writer answers each request itself. The relay
+//! task ends when the writer's side is dropped (the store closed), so a closed store leaves
+//! nothing behind on the runtime.
 
 use std::sync::{Arc, Mutex};
 
@@ -38,6 +40,8 @@ struct Shared {
 struct Waiting {
     answers: Vec<Answer>,
     alive: bool,
+    /// The writer's side is gone: no more answers will come.
+    closed: bool,
 }
 
 impl Relay {
@@ -71,6 +75,14 @@ impl Relay {
     }
 }
 
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.shared.waiting.lock().unwrap_or_else(|e| e.into_inner()).closed = true;
+        // A permit if the task is not waiting yet: it cannot miss this.
+        self.shared.notify.notify_one();
+    }
+}
+
 fn send(answers: impl Iterator<Item = Answer>) {
     for (done, outcome) in answers {
         let _ = done.send(outcome);
@@ -83,8 +95,15 @@ async fn relay(stopping: Stopping) {
     let mut batch = Vec::new();
     loop {
         shared.notify.notified().await;
-        std::mem::swap(&mut batch, &mut shared.waiting.lock().unwrap_or_else(|e| e.into_inner()).answers);
+        let closed = {
+            let mut waiting = shared.waiting.lock().unwrap_or_else(|e| e.into_inner());
+            std::mem::swap(&mut batch, &mut waiting.answers);
+            waiting.closed
+        };
         send(batch.drain(..));
+        if closed {
+            return; // `stopping` answers anything handed over since
+        }
     }
 }
 
@@ -97,5 +116,29 @@ impl Drop for Stopping {
         let mut waiting = self.0.waiting.lock().unwrap_or_else(|e| e.into_inner());
         waiting.alive = false;
         send(waiting.answers.drain(..));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_relay_task_answers_and_ends_when_the_writer_side_is_dropped() {
+        let metrics = tokio::runtime::Handle::current().metrics();
+        let before = metrics.num_alive_tasks();
+        let relay = Relay::start();
+        assert_eq!(metrics.num_alive_tasks(), before + 1);
+        let (done, answer) = oneshot::channel();
+        relay.deliver(&mut vec![(done, Ok(()))]);
+        assert!(answer.await.unwrap().is_ok());
+        drop(relay);
+        for _ in 0..1000 {
+            if metrics.num_alive_tasks() == before {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+        panic!("the relay task outlived its writer");
     }
 }
