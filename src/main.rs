@@ -270,8 +270,14 @@ async fn serve(path: PathBuf, config: Config) -> anyhow::Result<()> {
 async fn reload_on_hangup(proxy: fencegate::Proxy, path: PathBuf, mut hangups: Signal) {
     while hangups.recv().await.is_some() {
         tracing::info!(config = %path.display(), "SIGHUP: reloading the configuration");
-        let loaded = Config::load(&path, None).map_err(anyhow::Error::from);
-        if let Err(e) = loaded.and_then(|c| Ok(proxy.reload(c)?)) {
+        let result = match Config::load(&path, None) {
+            Ok(config) => proxy.reload(config).map(drop).map_err(anyhow::Error::from),
+            Err(e) => {
+                proxy.reload_rejected();
+                Err(e.into())
+            }
+        };
+        if let Err(e) = result {
             tracing::error!(error = format!("{e:#}"), "reload refused: the running configuration is unchanged");
         }
     }

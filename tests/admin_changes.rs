@@ -179,10 +179,42 @@ async fn failed_authentications_and_changes_are_logged_with_the_caller_and_a_res
 
     let r = admin(a, "POST", "/fences/doc:reset", Some(TOKEN), &reset_body(3, "/doc")).await;
     assert_eq!(r.status, 200, "{r:?}");
+    d.proxy().wait_for_log("admin change", 1).await;
     let line = d.proxy().log_lines("admin change").remove(0);
     assert!(line.contains("caller=127.0.0.1:") && line.contains("action=reset") && line.contains("WARN"), "{line}");
     // Answered once durable: a kill -9 right after it loses nothing.
     let addr = d.restart().addr;
     assert_eq!(put(addr, "/doc", 3).await, 409);
     assert_eq!(put(addr, "/doc", 4).await, 200);
+}
+
+#[tokio::test]
+async fn metrics_count_admin_changes_and_failed_authentications_and_show_the_build_and_process() {
+    let h = Harness::start_with(|c| c.admin.token = Some(TOKEN.into())).await;
+    let a = h.start_admin().await;
+    let scrape = async || String::from_utf8(admin(a, "GET", "/metrics", None, "").await.body.to_vec()).unwrap();
+    let value = |text: &str, series: &str| -> f64 {
+        let line = text.lines().find(|l| l.starts_with(series)).unwrap_or_else(|| panic!("no {series} in\n{text}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let text = scrape().await;
+    assert_eq!(value(&text, r#"fencegate_admin_changes_total{action="reset"}"#), 0.0, "shown before the first");
+    let build = format!(r#"fencegate_build_info{{version="{}"}}"#, env!("CARGO_PKG_VERSION"));
+    assert_eq!(value(&text, &build), 1.0);
+    assert!(value(&text, "fencegate_process_open_fds ") > 0.0);
+    assert!(value(&text, "fencegate_process_max_fds ") >= value(&text, "fencegate_process_open_fds "));
+    assert!(value(&text, "fencegate_process_resident_memory_bytes ") > 1e6);
+    assert!(value(&text, "fencegate_process_cpu_seconds_total ") > 0.0);
+
+    assert_eq!(h.put("/doc", 50, "v").await.status, 200);
+    admin(a, "POST", "/fences/doc:reset", Some("wrong"), &reset_body(5, "/doc"))
+        .await
+        .assert_refused(401, "unauthorized");
+    assert_eq!(admin(a, "POST", "/fences/doc:reset", Some(TOKEN), &reset_body(5, "/doc")).await.status, 200);
+    assert_eq!(admin(a, "POST", "/fences/doc:lift", Some(TOKEN), "").await.status, 200);
+    let text = scrape().await;
+    assert_eq!(value(&text, "fencegate_admin_auth_failures_total "), 1.0);
+    assert_eq!(value(&text, r#"fencegate_admin_changes_total{action="reset"}"#), 1.0);
+    assert_eq!(value(&text, r#"fencegate_admin_changes_total{action="lift"}"#), 1.0);
+    assert_eq!(value(&text, r#"fencegate_admin_changes_total{action="advance"}"#), 0.0);
 }

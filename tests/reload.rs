@@ -83,8 +83,15 @@ async fn a_reload_rotates_the_admin_token() {
 /// The operator's path: edit the file, send SIGHUP, read what changed in the log.
 #[tokio::test]
 async fn sighup_reloads_the_file_applies_what_it_can_and_refuses_a_broken_one() {
-    let d = Deployment::builder().start().await;
+    let d = Deployment::builder().config_extra("[admin]\nlisten = \"127.0.0.1:0\"").start().await;
     let (config, proxy) = (&d.config_path, d.proxy());
+    let admin = proxy.admin_addr().await;
+    let reloads = async |outcome: &str| -> String {
+        let text = common::raw_request(admin, "GET /metrics HTTP/1.1\r\nHost: x", "").await.body;
+        let series = format!("fencegate_reloads_total{{outcome=\"{outcome}\"}} ");
+        let text = String::from_utf8(text.to_vec()).unwrap();
+        text.lines().find_map(|l| l.strip_prefix(&series)).unwrap_or("missing").to_owned()
+    };
     let original = std::fs::read_to_string(config).unwrap();
     assert_eq!(put(proxy.addr, "/doc", 5).await, 200);
     assert_eq!(put(proxy.addr, "/doc", 5).await, 409);
@@ -93,6 +100,7 @@ async fn sighup_reloads_the_file_applies_what_it_can_and_refuses_a_broken_one() 
     std::fs::write(config, format!("{original}[fence]\nequal_token = \"sometimes\"\n")).unwrap();
     hangup(proxy, "reload refused", 1).await;
     assert_eq!(put(proxy.addr, "/doc", 5).await, 409);
+    assert_eq!((reloads("rejected").await, reloads("applied").await), ("1".into(), "0".into()));
 
     // Accept equal tokens, log only warnings, and ask for a new listen address (needs a restart).
     let edited = original.replace("listen = \"127.0.0.1:0\"", "listen = \"127.0.0.1:1\"");
@@ -102,6 +110,7 @@ async fn sighup_reloads_the_file_applies_what_it_can_and_refuses_a_broken_one() 
     assert!(proxy.log_contains(r#"log.level: "info" -> "warn""#));
     assert!(proxy.log_lines("needs a restart").iter().any(|l| l.contains("server.listen")));
     assert_eq!(put(proxy.addr, "/doc", 5).await, 200, "still listening where it was, equal tokens now accepted");
+    assert_eq!((reloads("rejected").await, reloads("applied").await), ("1".into(), "1".into()));
 
     // At "warn", a refused tokenless write (logged at info) leaves no line; a stale one (warn) does.
     let before = proxy.log_lines("refused request").len();

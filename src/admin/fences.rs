@@ -117,7 +117,7 @@ pub(super) async fn change(
             json!({ "resource": key, "lifted": lifted, "subtree_lifted": subtree })
         }
     };
-    // PENDING-METRICS state.metrics.admin_change(change.name());
+    state.metrics.admin_change(change.name());
     tracing::warn!(%caller, action = %change.name(), resource = %key, result = %done, "admin change");
     Ok(json_response(StatusCode::OK, &done))
 }
@@ -130,7 +130,7 @@ fn authorize(state: &State, req: &Request<Incoming>, caller: SocketAddr) -> Resu
     match given {
         Some(given) if bool::from(given.as_bytes().ct_eq(expected.as_bytes())) => Ok(()),
         _ => {
-            // PENDING-METRICS state.metrics.admin_auth_failure();
+            state.metrics.admin_auth_failure();
             let why = if given.is_some() { "wrong_token" } else { "no_bearer_token" };
             tracing::warn!(%caller, method = %req.method(), path = %req.uri().path(), reason = %why,
                 "admin authentication failed");

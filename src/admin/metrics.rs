@@ -4,6 +4,7 @@
 //! outcome, which is either `forwarded` or the refusal's `fencegate-error` code. Labels are
 //! bounded: unusual methods count as `other`.
 
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use http::Method;
@@ -29,6 +30,39 @@ pub struct RequestLabels {
 pub struct TableLabels {
     /// `keys`, `floors`, or `fence` (the fence's gates and tree nodes).
     pub part: &'static str,
+}
+
+/// Labels of `fencegate_build_info`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabels {
+    /// The crate's version.
+    pub version: &'static str,
+}
+
+/// Labels of `fencegate_admin_changes_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ActionLabels {
+    /// `advance`, `reset` or `lift`.
+    pub action: &'static str,
+}
+
+/// Labels of `fencegate_reloads_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReloadLabels {
+    /// `applied` or `rejected`.
+    pub outcome: &'static str,
+}
+
+/// What operators did and what the process uses, beside the requests.
+#[derive(Debug, Default)]
+struct Operations {
+    admin_changes: Family<ActionLabels, Counter>,
+    admin_auth_failures: Counter,
+    reloads: Family<ReloadLabels, Counter>,
+    cpu: Counter<f64, AtomicU64>,
+    resident: Gauge,
+    open_fds: Gauge,
+    max_fds: Gauge,
 }
 
 /// All of fencegate's metrics.
@@ -60,6 +94,7 @@ pub struct Metrics {
     pub bytes_out: Counter,
     /// Log lines dropped because the queue to stderr was full (brought up to date when scraped).
     log_dropped: Counter,
+    ops: Operations,
 }
 
 /// Methods counted under their own name; others count as `other`, the last entry.
@@ -102,8 +137,34 @@ impl Default for Metrics {
             bytes_in: Counter::default(),
             bytes_out: Counter::default(),
             log_dropped: Counter::default(),
+            ops: Operations::default(),
             registry: Registry::default(),
         };
+        // Every label value shows from the start, at 0, so that alerts on increases work.
+        for action in ["advance", "reset", "lift"] {
+            drop(m.ops.admin_changes.get_or_create(&ActionLabels { action }));
+        }
+        for outcome in ["applied", "rejected"] {
+            drop(m.ops.reloads.get_or_create(&ReloadLabels { outcome }));
+        }
+        let build = Family::<BuildLabels, Gauge>::default();
+        build.get_or_create(&BuildLabels { version: env!("CARGO_PKG_VERSION") }).set(1);
+        registry.register("build_info", "The running build: its version, as a label", build);
+        registry.register(
+            "admin_changes",
+            "Changes made through the admin API, by action",
+            m.ops.admin_changes.clone(),
+        );
+        registry.register(
+            "admin_auth_failures",
+            "Admin API requests refused for a missing or wrong token",
+            m.ops.admin_auth_failures.clone(),
+        );
+        registry.register("reloads", "Configuration reloads, by outcome", m.ops.reloads.clone());
+        registry.register_with_unit("process_cpu", "User and system CPU time", Unit::Seconds, m.ops.cpu.clone());
+        registry.register_with_unit("process_resident_memory", "Resident memory", Unit::Bytes, m.ops.resident.clone());
+        registry.register("process_open_fds", "Open file descriptors", m.ops.open_fds.clone());
+        registry.register("process_max_fds", "The limit on open file descriptors", m.ops.max_fds.clone());
         registry.register("requests", "Requests by method and outcome", m.requests.clone());
         let s = Unit::Seconds;
         registry.register_with_unit(
@@ -187,6 +248,32 @@ impl Metrics {
             self.table_bytes.get_or_create(&TableLabels { part }).set(gauge(bytes));
         }
         self.table_limit.set(gauge(limit));
+    }
+
+    /// Counts one change made through the admin API.
+    pub fn admin_change(&self, action: &'static str) {
+        self.ops.admin_changes.get_or_create(&ActionLabels { action }).inc();
+    }
+
+    /// Counts one admin request refused for a missing or wrong token.
+    pub fn admin_auth_failure(&self) {
+        self.ops.admin_auth_failures.inc();
+    }
+
+    /// Counts one configuration reload, applied or rejected.
+    pub fn reload(&self, applied: bool) {
+        let outcome = if applied { "applied" } else { "rejected" };
+        self.ops.reloads.get_or_create(&ReloadLabels { outcome }).inc();
+    }
+
+    /// Brings the process's figures up to date (when scraped).
+    pub(crate) fn process(&self) {
+        let p = super::process::Process::read();
+        let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        self.ops.cpu.inc_by((p.cpu_seconds - self.ops.cpu.get()).max(0.0));
+        self.ops.resident.set(gauge(p.resident_bytes));
+        self.ops.open_fds.set(gauge(p.open_fds));
+        self.ops.max_fds.set(gauge(p.max_fds));
     }
 
     /// Records one durable batch.

@@ -16,6 +16,7 @@ use serde_json::json;
 use tokio::net::TcpListener;
 
 pub(crate) mod metrics;
+mod process;
 use crate::app::State;
 use crate::listener::{self, Handler, Listening};
 use crate::request::refusal::{Refusal, json_response};
@@ -109,6 +110,7 @@ async fn route(state: &State, req: Request<Incoming>, caller: SocketAddr) -> Res
             let (table, limit) = state.fence.table_bytes();
             state.metrics.table(table.keys, table.floors, table.held, limit);
             state.metrics.log_dropped(crate::logging::dropped_lines());
+            state.metrics.process();
             let mut resp = Response::new(Full::new(Bytes::from(state.metrics.encode())));
             let kind = "application/openmetrics-text; version=1.0.0; charset=utf-8";
             resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(kind));

@@ -121,6 +121,18 @@ impl Proxy {
     /// Settings in [`reload::RESTART_ONLY`] keep their running values and are reported. If anything
     /// fails to build, nothing changes.
     pub fn reload(&self, config: Config) -> Result<Reload, Error> {
+        let result = self.apply(config);
+        self.state.metrics.reload(result.is_ok());
+        result
+    }
+
+    /// Counts a reload refused before it reached [`Proxy::reload`]: a config file that could not
+    /// be read or is invalid.
+    pub fn reload_rejected(&self) {
+        self.state.metrics.reload(false);
+    }
+
+    fn apply(&self, config: Config) -> Result<Reload, Error> {
         let _one_at_a_time = self.state.settings.lock();
         let current = self.state.settings.get();
         let (config, report) = reload::merge(&current.config, config);
