@@ -38,7 +38,8 @@ pub fn init(level: &str, format: LogFormat, buffer_lines: usize) -> Flush {
         .finish(std::io::stderr());
     let dropped = writer.error_counter();
     let (json, text) = match format {
-        LogFormat::Json => (Some(fmt::layer().json().with_writer(writer)), None),
+        // Fields at the top level, beside time, level and message, for log tools to index.
+        LogFormat::Json => (Some(fmt::layer().json().flatten_event(true).with_writer(writer)), None),
         // Colour codes only for a terminal: logs are also parsed by tools and tests.
         LogFormat::Text => {
             let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());

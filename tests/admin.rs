@@ -145,6 +145,9 @@ async fn metrics_count_outcomes_group_commit_and_bytes() {
     assert_eq!(value("fencegate_store_sync_duration_seconds_count"), 1.0);
     assert_eq!(value("fencegate_queue_wait_seconds_count"), 1.0, "only the accepted write waited for a turn");
     assert_eq!(value("fencegate_backend_request_duration_seconds_count"), 2.0);
+    assert_eq!(value(r#"fencegate_backend_responses_total{class="2xx"}"#), 2.0);
+    assert_eq!(value(r#"fencegate_backend_responses_total{class="4xx"}"#), 0.0);
+    assert_eq!(value("fencegate_request_duration_seconds_count"), 4.0, "refusals count too");
     assert_eq!(value("fencegate_request_body_bytes_total"), 5.0, "hello");
     assert!(value("fencegate_response_body_bytes_total") >= 5.0);
 }

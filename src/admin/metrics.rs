@@ -32,6 +32,15 @@ pub struct TableLabels {
     pub part: &'static str,
 }
 
+/// Labels of `fencegate_backend_responses_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClassLabels {
+    /// `1xx` to `5xx`.
+    pub class: &'static str,
+}
+
+const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+
 /// Labels of `fencegate_build_info`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BuildLabels {
@@ -74,6 +83,10 @@ pub struct Metrics {
     forwarded: [Counter; METHODS.len()],
     /// Time to the backend's response head.
     pub backend_latency: Histogram,
+    /// Time from a request's arrival to fencegate's response head (every proxied request).
+    pub request_latency: Histogram,
+    /// Backend responses by status class, 1xx to 5xx, looked up once.
+    backend_classes: [Counter; 5],
     /// Time a fenced write waited for its resource's turn.
     pub queue_wait: Histogram,
     /// Time to write and fdatasync one batch of advances.
@@ -120,6 +133,7 @@ fn seconds() -> Histogram {
 impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("fencegate");
+        let backend_responses = Family::<ClassLabels, Counter>::default();
         let requests = Family::<RequestLabels, Counter>::default();
         let forwarded =
             METHODS.map(|method| requests.get_or_create(&RequestLabels { method, outcome: "forwarded" }).clone());
@@ -127,6 +141,8 @@ impl Default for Metrics {
             requests,
             forwarded,
             backend_latency: seconds(),
+            request_latency: seconds(),
+            backend_classes: CLASSES.map(|class| backend_responses.get_or_create(&ClassLabels { class }).clone()),
             queue_wait: seconds(),
             sync_latency: seconds(),
             batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 13)), // 1 .. 4096
@@ -173,6 +189,13 @@ impl Default for Metrics {
             s.clone(),
             m.backend_latency.clone(),
         );
+        registry.register_with_unit(
+            "request_duration",
+            "Time from a request's arrival to fencegate's response head, for every proxied request",
+            s.clone(),
+            m.request_latency.clone(),
+        );
+        registry.register("backend_responses", "Backend responses by status class", backend_responses);
         registry.register_with_unit(
             "queue_wait",
             "Time a fenced write waited for its resource's turn",
@@ -248,6 +271,15 @@ impl Metrics {
             self.table_bytes.get_or_create(&TableLabels { part }).set(gauge(bytes));
         }
         self.table_limit.set(gauge(limit));
+    }
+
+    /// Counts one backend response by its status class.
+    pub fn backend_response(&self, status: http::StatusCode) {
+        if let Some(counter) =
+            (status.as_u16() / 100).checked_sub(1).and_then(|i| self.backend_classes.get(usize::from(i)))
+        {
+            counter.inc();
+        }
     }
 
     /// Counts one change made through the admin API.

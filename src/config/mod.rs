@@ -260,6 +260,8 @@ pub struct LogConfig {
     pub refusal_interval: Duration,
     /// Log lines queued for stderr at most; more are dropped (and counted) rather than wait.
     pub buffer_lines: usize,
+    /// One line per proxied request, at info under the target `fencegate::access`.
+    pub access: bool,
 }
 
 /// How log lines are written.

@@ -175,11 +175,18 @@ pub(super) struct RawLog {
     pub(super) format: String,
     pub(super) refusal_interval: String,
     pub(super) buffer_lines: usize,
+    pub(super) access: bool,
 }
 
 impl Default for RawLog {
     fn default() -> Self {
-        Self { level: "info".into(), format: "text".into(), refusal_interval: "1s".into(), buffer_lines: 16_384 }
+        Self {
+            level: "info".into(),
+            format: "text".into(),
+            refusal_interval: "1s".into(),
+            buffer_lines: 16_384,
+            access: false,
+        }
     }
 }
 

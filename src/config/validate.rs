@@ -128,6 +128,7 @@ pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
             0 => return Err(invalid("log.buffer_lines", "must be at least 1")),
             n => n,
         },
+        access: raw.log.access,
     };
     let admin = admin(raw.admin)?;
     Ok(Config { server, backend, fence, store, log, paths, limits, admin })

@@ -2,6 +2,7 @@
 //! fence it (check, wait for the turn, get a backend connection, advance durably), forward it,
 //! and answer; every refusal becomes fencegate's own answer through [`refusal`].
 
+mod access;
 pub mod classify;
 pub mod destination;
 pub mod refusal;
@@ -24,24 +25,42 @@ pub use refusal::{ERROR_HEADER, Refusal};
 
 /// Handles one request; every refusal becomes fencegate's own JSON response.
 pub(crate) async fn handle(state: Arc<State>, req: Request<Incoming>, client: Peer) -> Response<ResponseBody> {
+    let started = Instant::now();
     let method = req.method().clone();
+    // For the refusal's log line: a reference count, not a copy.
+    let uri = req.uri().clone();
     // One snapshot of the settings for the whole request, however long it takes.
     let settings = state.settings.get();
+    let mut access = settings.config.log.access.then(|| access::Entry::new(&method, req.uri().path(), started));
     let result = match classify::classify(&req, &settings.config) {
-        Ok(plan) => execute(Arc::clone(&state), Arc::clone(&settings), req, plan, client.clone()).await,
+        Ok(plan) => {
+            if let Some(entry) = access.as_mut() {
+                entry.plan(&plan);
+            }
+            execute(Arc::clone(&state), Arc::clone(&settings), req, plan, client.clone()).await
+        }
         Err(refusal) => Err(refusal),
     };
-    match result {
+    let resp = match result {
         Ok(resp) => {
             state.metrics.request(&method, "forwarded");
+            if let Some(entry) = access {
+                entry.log("forwarded", resp.status(), Some(resp.status()));
+            }
             resp
         }
         Err(refusal) => {
             state.metrics.request(&method, refusal.code());
-            throttle::log(&state.refusals, settings.config.log.refusal_interval, &refusal, &method, &client);
+            let interval = settings.config.log.refusal_interval;
+            throttle::log(&state.refusals, interval, &refusal, &method, uri.path(), &client);
+            if let Some(entry) = access {
+                entry.log(refusal.code(), refusal.status(), None);
+            }
             refusal.response().map(full_body)
         }
-    }
+    };
+    state.metrics.request_latency.observe(started.elapsed().as_secs_f64());
+    resp
 }
 
 /// Carries out a plan: forwards at once, or fences the write first.
@@ -129,6 +148,7 @@ async fn send(
     let result = settings.upstream.forward(conn, req, target, &client, body_limit, whole).await;
     state.metrics.backend_latency.observe(started.elapsed().as_secs_f64());
     let mut resp = result?;
+    state.metrics.backend_response(resp.status());
     // Only fencegate may say a response is fencegate's own.
     resp.headers_mut().remove(ERROR_HEADER);
     Ok(resp)

@@ -58,25 +58,34 @@ impl RefusalThrottle {
 }
 
 /// Logs a refusal, at most one line per resource (or reason) and `interval`.
-pub(crate) fn log(throttle: &RefusalThrottle, interval: Duration, refusal: &Refusal, method: &Method, client: &Peer) {
+pub(crate) fn log(
+    throttle: &RefusalThrottle,
+    interval: Duration,
+    refusal: &Refusal,
+    method: &Method,
+    path: &str,
+    client: &Peer,
+) {
     let key = refusal.resource().unwrap_or_else(|| refusal.code());
     let Some(suppressed) = throttle.admit(key, interval) else { return };
     match refusal {
         Refusal::Fence(FenceError::Stale { resource, token, max_seen }) => {
-            tracing::warn!(%resource, token, max_seen, %client, %method, suppressed, "refused stale token");
+            tracing::warn!(%resource, token, max_seen, %client, %method, %path, suppressed, "refused stale token");
         }
         Refusal::Store(StoreError::Full(_) | StoreError::FullBytes(_)) | Refusal::Fence(FenceError::Full { .. }) => {
-            tracing::warn!(error = %refusal, %client, %method, suppressed, "refused a write to a new resource");
+            tracing::warn!(error = %refusal, %client, %method, %path, suppressed, "refused a write to a new resource");
         }
         Refusal::Store(_)
         | Refusal::Fence(FenceError::TaskFailed(_))
         | Refusal::Upstream(UpstreamError::Unreachable(_) | UpstreamError::Failed(_) | UpstreamError::Timeout(_)) => {
-            tracing::error!(error = %refusal, %client, %method, suppressed, "request failed");
+            tracing::error!(error = %refusal, %client, %method, %path, suppressed, "request failed");
         }
         Refusal::Upstream(UpstreamError::Busy(_)) => {
-            tracing::warn!(error = %refusal, %client, %method, suppressed, "every backend connection is in use");
+            tracing::warn!(error = %refusal, %client, %method, %path, suppressed, "every backend connection is in use");
         }
-        _ => tracing::info!(code = refusal.code(), error = %refusal, %client, %method, suppressed, "refused request"),
+        _ => {
+            tracing::info!(code = refusal.code(), error = %refusal, %client, %method, %path, suppressed, "refused request")
+        }
     }
 }
 
