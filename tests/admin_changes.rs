@@ -115,8 +115,14 @@ async fn a_quarantine_can_be_lifted_early_by_an_authenticated_operator() {
     h.slow_put("/doc", 5, 1500).await.assert_refused(504, "backend_timeout");
     h.put("/doc", 6, "v").await.assert_refused(503, "resource_quarantined");
     admin(a, "POST", "/fences/doc:lift", None, "").await.assert_refused(401, "unauthorized");
+    let quarantined = async || {
+        let text = String::from_utf8(admin(a, "GET", "/metrics", None, "").await.body.to_vec()).unwrap();
+        text.lines().find_map(|l| l.strip_prefix("fencegate_quarantined_resources ")).unwrap().to_owned()
+    };
+    assert_eq!(quarantined().await, "1");
     let r = admin(a, "POST", "/fences/doc:lift", Some(TOKEN), "").await;
     assert_eq!((r.status, r.json()["lifted"].as_bool()), (200, Some(true)), "{r:?}");
+    assert_eq!(quarantined().await, "0");
     assert_eq!(h.put("/doc", 6, "v").await.status, 200);
     let r = admin(a, "POST", "/fences/doc:lift", Some(TOKEN), "").await;
     assert_eq!((r.status, r.json()["lifted"].as_bool()), (200, Some(false)), "nothing left to lift");
@@ -205,6 +211,14 @@ async fn metrics_count_admin_changes_and_failed_authentications_and_show_the_bui
     assert!(value(&text, "fencegate_process_max_fds ") >= value(&text, "fencegate_process_open_fds "));
     assert!(value(&text, "fencegate_process_resident_memory_bytes ") > 1e6);
     assert!(value(&text, "fencegate_process_cpu_seconds_total ") > 0.0);
+    // The scrape's own connection is open; a held proxy connection shows too.
+    assert_eq!(value(&text, r#"fencegate_open_connections{listener="admin"}"#), 1.0);
+    let held = common::RawConn::open(h.addr).await;
+    let connected = async || value(&scrape().await, r#"fencegate_open_connections{listener="proxy"}"#) == 1.0;
+    common::eventually("the held connection is counted", connected).await;
+    drop(held);
+    let closed = async || value(&scrape().await, r#"fencegate_open_connections{listener="proxy"}"#) == 0.0;
+    common::eventually("the closed connection is no longer counted", closed).await;
 
     assert_eq!(h.put("/doc", 50, "v").await.status, 200);
     admin(a, "POST", "/fences/doc:reset", Some("wrong"), &reset_body(5, "/doc"))

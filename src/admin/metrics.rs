@@ -41,6 +41,13 @@ pub struct ClassLabels {
 
 const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
 
+/// Labels of `fencegate_open_connections`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerLabels {
+    /// `proxy` or `admin`.
+    pub listener: &'static str,
+}
+
 /// Labels of `fencegate_build_info`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BuildLabels {
@@ -72,6 +79,8 @@ struct Operations {
     resident: Gauge,
     open_fds: Gauge,
     max_fds: Gauge,
+    open_connections: Family<ListenerLabels, Gauge>,
+    quarantined: Gauge,
 }
 
 /// All of fencegate's metrics.
@@ -160,6 +169,9 @@ impl Default for Metrics {
         for action in ["advance", "reset", "lift"] {
             drop(m.ops.admin_changes.get_or_create(&ActionLabels { action }));
         }
+        for listener in ["proxy", "admin"] {
+            drop(m.ops.open_connections.get_or_create(&ListenerLabels { listener }));
+        }
         for outcome in ["applied", "rejected"] {
             drop(m.ops.reloads.get_or_create(&ReloadLabels { outcome }));
         }
@@ -179,6 +191,16 @@ impl Default for Metrics {
         registry.register("reloads", "Configuration reloads, by outcome", m.ops.reloads.clone());
         registry.register_with_unit("process_cpu", "User and system CPU time", Unit::Seconds, m.ops.cpu.clone());
         registry.register_with_unit("process_resident_memory", "Resident memory", Unit::Bytes, m.ops.resident.clone());
+        registry.register(
+            "open_connections",
+            "Client connections open now, by listener",
+            m.ops.open_connections.clone(),
+        );
+        registry.register(
+            "quarantined_resources",
+            "Resources and subtrees refusing writes because an earlier write's outcome is unknown (set when scraped)",
+            m.ops.quarantined.clone(),
+        );
         registry.register("process_open_fds", "Open file descriptors", m.ops.open_fds.clone());
         registry.register("process_max_fds", "The limit on open file descriptors", m.ops.max_fds.clone());
         registry.register("requests", "Requests by method and outcome", m.requests.clone());
@@ -280,6 +302,16 @@ impl Metrics {
         {
             counter.inc();
         }
+    }
+
+    /// The gauge of connections open on `listener`.
+    pub(crate) fn open_connections(&self, listener: &'static str) -> Gauge {
+        self.ops.open_connections.get_or_create(&ListenerLabels { listener }).clone()
+    }
+
+    /// Sets the number of quarantined resources and subtrees (when scraped).
+    pub(crate) fn quarantined(&self, n: usize) {
+        self.ops.quarantined.set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     /// Counts one change made through the admin API.

@@ -111,6 +111,7 @@ async fn route(state: &State, req: Request<Incoming>, caller: SocketAddr) -> Res
             state.metrics.table(table.keys, table.floors, table.held, limit);
             state.metrics.log_dropped(crate::logging::dropped_lines());
             state.metrics.process();
+            state.metrics.quarantined(state.fence.quarantined());
             let mut resp = Response::new(Full::new(Bytes::from(state.metrics.encode())));
             let kind = "application/openmetrics-text; version=1.0.0; charset=utf-8";
             resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(kind));

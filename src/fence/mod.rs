@@ -221,6 +221,18 @@ impl Fence {
         touches.iter().try_for_each(|t| admit(&t.key, token, level(&self.max_seen, &self.tree, t), equal))
     }
 
+    /// Resources and subtrees quarantined now. A gate whose turn is held is not counted: its
+    /// state belongs to its holder.
+    pub fn quarantined(&self) -> usize {
+        let now = Instant::now();
+        let keys = self
+            .gates
+            .iter()
+            .filter(|g| g.value().try_lock().is_ok_and(|s| s.quarantined_until.is_some_and(|until| until > now)))
+            .count();
+        keys + self.subtrees.quarantined_len()
+    }
+
     /// Nodes in the tree: directories with keys or floors below them.
     pub fn tree_nodes(&self) -> usize {
         self.tree.len()

@@ -127,6 +127,12 @@ impl Subtrees {
         self.recount(&r);
     }
 
+    /// Subtrees quarantined now.
+    pub(crate) fn quarantined_len(&self) -> usize {
+        let now = Instant::now();
+        self.lock().quarantined.iter().filter(|(_, until, _)| *until > now).count()
+    }
+
     /// Ends every quarantine of exactly the subtree at `node`; whether one was running.
     pub(crate) fn lift(&self, node: &str) -> bool {
         let now = Instant::now();

@@ -42,6 +42,23 @@ pub(super) struct Conn<H> {
     pub(super) stop: watch::Receiver<bool>,
     pub(super) _permit: OwnedSemaphorePermit,
     pub(super) _alive: mpsc::Sender<()>,
+    pub(super) _open: Open,
+}
+
+/// Counts a connection in `fencegate_open_connections` while it is open.
+pub(super) struct Open(prometheus_client::metrics::gauge::Gauge);
+
+impl Open {
+    pub(super) fn new(gauge: prometheus_client::metrics::gauge::Gauge) -> Open {
+        gauge.inc();
+        Open(gauge)
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 impl<H: Handler> Conn<H> {

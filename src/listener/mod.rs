@@ -124,6 +124,7 @@ pub(crate) async fn serve_with<H: Handler>(
                     stop: stopping.clone(),
                     _permit: permit,
                     _alive: alive.clone(),
+                    _open: connection::Open::new(state.metrics.open_connections(listening.name)),
                 };
                 tokio::spawn(conn.serve(stream));
             }
