@@ -1,16 +1,34 @@
 //! Model-based test of the file store's durability.
 //!
 //! Random programs of advances (of keys, of floors, and of several marks at once, as one write
-//! does), answers, commits, unsynced writes, rotations, compactions interrupted at any stage,
-//! and crashes run against the real `Log` and recovery on a real directory. A crash keeps what
-//! was synced; of the bytes written since, it may cut any suffix, lose any subset of 64-byte
-//! sectors (pages land in any order), and leave zeros or garbage behind. After every restart:
-//! - each mark (key or floor) is at least its highest acknowledged token and at most its
-//!   highest written one, and a key never takes a floor's token or the other way round;
-//! - each mark whose last acknowledged advance was never answered is still reported in flight;
-//! - an advance of several marks survived whole or not at all.
+//! does), resets (of one or several marks to one token, often below their value), answers,
+//! commits, unsynced writes, rotations, compactions interrupted at any stage, and crashes run
+//! against the real `Log` and recovery on a real directory. A crash keeps what was synced; of
+//! the bytes written since, it may cut any suffix, lose any subset of 64-byte sectors (pages
+//! land in any order), and leave zeros or garbage behind.
+//!
+//! The model: recovery applies whole batches in log order (an advance raises a mark, a reset
+//! sets it), and of the batches written since the last sync it keeps a prefix. It stops at the
+//! first damaged one, and no later one can prove the damage (a commit marker names only what
+//! was synced before it was written), so the rest is a torn tail. With `n` such batches a crash
+//! leaves one of `n + 1` states: the synced one, then each batch applied on top of the one
+//! before; what was only buffered is lost. What recovery found is synced before appending goes
+//! on: it is the next synced state. Advances go above their marks' values in log order (after
+//! a crash, the recovered ones), as under the fence: after a reset, usually below the value it
+//! lowered. After every restart:
+//! - each mark (key or floor) lies between its lowest and highest value in those states, and
+//!   is one of them: an acknowledged reset is never undone (taking the highest of the log would
+//!   bring the older value back), and what was acknowledged after it survives;
+//! - all marks together are one of those states: a batch (an advance or a reset of several
+//!   marks) survived whole or not at all, and if every byte written survived, the last state;
+//! - each mark whose last acknowledged advance, of token `t`, no answer can have cleared is
+//!   still reported in flight, at its value: a reset leaves the flag as it was. An answer
+//!   clears the flag only if it names the mark's value when applied: one appended after the
+//!   advance (durable or not) may have if it names `t`, or any token once a reset follows the
+//!   advance (a snapshot holds the reset's value ahead of its place in the log);
+//! - a mark never advanced, only reset, is never in flight.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{self, OpenOptions};
 use std::io::Write;
 use std::path::Path;
@@ -31,6 +49,8 @@ const SECTOR: u64 = 64;
 
 /// A key or a floor.
 type Mark = (MarkKind, &'static str);
+/// The value of every mark that has one.
+type State = BTreeMap<Mark, u64>;
 
 fn mark(i: usize) -> Mark {
     (if i < NAMES.len() { MarkKind::Key } else { MarkKind::Floor }, NAMES[i % NAMES.len()])
@@ -39,13 +59,16 @@ fn mark(i: usize) -> Mark {
 #[derive(Debug, Clone)]
 enum Op {
     /// Buffer one write's advances of `marks` (the same mark twice counts once) to one token,
-    /// above each one's last.
+    /// `step` above the highest of their values.
     Advance { marks: Vec<usize>, step: u64 },
-    /// Buffer the backend's answer to `mark`'s latest advance.
+    /// Buffer one reset of `marks` (the same mark twice counts once) to one token: the highest
+    /// of their values plus `shift` (at least 0), so below some or all of them when negative.
+    Reset { marks: Vec<usize>, shift: i8 },
+    /// Buffer the backend's answer to `mark`'s last acknowledged advance.
     Answered { mark: usize },
     /// Write buffered records without syncing: at risk until the next sync.
     Write,
-    /// Write and sync: every buffered advance is acknowledged.
+    /// Write and sync: every buffered advance and reset is acknowledged.
     Commit,
     /// Close the segment and start the next.
     Rotate,
@@ -63,8 +86,9 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         6 => (0..MARKS, 1..5u64).prop_map(|(mark, step)| Op::Advance { marks: vec![mark], step }),
         3 => (prop::collection::vec(0..MARKS, 2..5), 1..5u64).prop_map(|(marks, step)| Op::Advance { marks, step }),
+        3 => (prop::collection::vec(0..MARKS, 1..4), -12..4i8).prop_map(|(marks, shift)| Op::Reset { marks, shift }),
         3 => (0..MARKS).prop_map(|mark| Op::Answered { mark }),
-        2 => Just(Op::Write),
+        4 => Just(Op::Write),
         4 => Just(Op::Commit),
         1 => Just(Op::Rotate),
         1 => (0..3u8, any::<u16>()).prop_map(|(stage, cut)| Op::Compact { stage, cut }),
@@ -73,23 +97,95 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// One record that moves a mark: an advance raises it, a reset sets it.
+#[derive(Debug, Clone, Copy)]
+struct Change {
+    mark: Mark,
+    token: u64,
+    reset: bool,
+    /// The record's place among all the records appended, answers included: log order.
+    at: u64,
+}
+
+impl Change {
+    fn apply(&self, state: &mut State) {
+        let v = state.entry(self.mark).or_insert(self.token);
+        *v = if self.reset { self.token } else { (*v).max(self.token) };
+    }
+}
+
 /// What the model knows.
 #[derive(Default)]
 struct Model {
-    /// Highest token ever written (buffered) per mark, acknowledged or not.
-    written: HashMap<Mark, u64>,
-    /// Highest acknowledged token per mark.
-    acked: HashMap<Mark, u64>,
-    /// Per mark, the last acknowledged advance, and whether an answer for it was ever written.
-    last_acked: HashMap<Mark, (u64, bool)>,
-    /// Answers written for (mark, token), durable or not.
-    answered: HashSet<(Mark, u64)>,
-    /// Buffered and written-but-unsynced advances.
-    unacked: Vec<(Mark, u64)>,
-    /// Advances of several marks written since the last restart. Every token is above all the
-    /// earlier ones of its marks, and the log only loses a suffix of batches, so after a crash
-    /// a mark at or above such a token shows that its batch survived, and with it every mark.
-    groups: Vec<(Vec<Mark>, u64)>,
+    /// Every mark as the synced batches leave it: what every crash keeps.
+    synced: State,
+    /// The batches written since the last sync, in log order: a crash keeps a prefix of them.
+    written: Vec<Vec<Change>>,
+    /// Changes appended since the last write: every crash loses them.
+    buffered: Vec<Change>,
+    /// Every mark as all the records appended leave it, were they all to survive.
+    latest: State,
+    /// Records appended so far: the place of the next one.
+    appended: u64,
+    /// Per mark, the last acknowledged advance: its place and its token.
+    last_acked: HashMap<Mark, (u64, u64)>,
+    /// Per mark, the place of the last answer appended for it (durable or not), whatever its
+    /// token; and per mark and token, that of the last answer naming that token.
+    last_answer: HashMap<Mark, u64>,
+    last_answer_of: HashMap<(Mark, u64), u64>,
+    /// Per mark, the place of the last reset appended (durable or not).
+    last_reset: HashMap<Mark, u64>,
+    /// Marks advanced at least once: the others can never be in flight.
+    advanced: HashSet<Mark>,
+}
+
+impl Model {
+    /// Buffers one write's advances, or one reset, of `marks` (each once, in the order a store
+    /// logs them) to one token, `to` the highest of their values: appended together, they share
+    /// the next commit marker.
+    fn append(&mut self, log: &mut Log, marks: Vec<usize>, to: impl Fn(u64) -> u64, reset: bool) {
+        let mut marks: Vec<Mark> = marks.into_iter().map(mark).collect();
+        marks.sort_unstable();
+        marks.dedup();
+        let token = to(marks.iter().map(|k| self.latest.get(k).copied().unwrap_or(0)).max().unwrap_or(0));
+        for mark in marks {
+            log.append(if reset { Kind::reset(mark.0) } else { Kind::advance(mark.0) }, mark.1, token);
+            let change = Change { mark, token, reset, at: self.place() };
+            change.apply(&mut self.latest);
+            self.buffered.push(change);
+            if reset {
+                self.last_reset.insert(mark, change.at);
+            } else {
+                self.advanced.insert(mark);
+            }
+        }
+    }
+
+    fn place(&mut self) -> u64 {
+        self.appended += 1;
+        self.appended - 1
+    }
+
+    /// The states a crash may leave: the synced one, then each written batch in turn on top.
+    fn outcomes(&self) -> Vec<State> {
+        let mut state = self.synced.clone();
+        let mut all = vec![state.clone()];
+        for batch in &self.written {
+            batch.iter().for_each(|c| c.apply(&mut state));
+            all.push(state.clone());
+        }
+        all
+    }
+
+    /// Whether `mark`'s last acknowledged advance must still be in flight: no answer appended
+    /// after it can have cleared its flag. Returns its token.
+    fn must_fly(&self, mark: Mark) -> Option<u64> {
+        let &(at, token) = self.last_acked.get(&mark)?;
+        let after = |place: Option<&u64>| place.is_some_and(|&p| p > at);
+        let named = after(self.last_answer_of.get(&(mark, token)));
+        let any = after(self.last_answer.get(&mark)) && after(self.last_reset.get(&mark));
+        (!named && !any).then_some(token)
+    }
 }
 
 struct World<'a> {
@@ -118,50 +214,54 @@ impl<'a> World<'a> {
         }
     }
 
-    fn check(&self, m: &Model) -> Result<(), TestCaseError> {
-        for key in (0..MARKS).map(mark) {
-            let got = self.get(key);
-            if let Some(&acked) = m.acked.get(&key) {
-                prop_assert!(got.is_some_and(|g| g >= acked), "{key:?}: acknowledged {acked}, recovered {got:?}");
-            }
-            match (got, m.written.get(&key)) {
-                (Some(g), Some(&w)) => prop_assert!(g <= w, "{key:?}: recovered {g} but never wrote above {w}"),
-                (Some(g), None) => prop_assert!(false, "{key:?}: recovered {g} but never written"),
-                (None, _) => {}
-            }
-            if let Some(&(token, answered)) = m.last_acked.get(&key)
-                && !answered
-            {
-                let reported = match key.0 {
-                    MarkKind::Key => &self.found.in_flight,
-                    MarkKind::Floor => &self.found.floors_in_flight,
-                };
-                let flying = reported.iter().find(|(k, _)| k == key.1).map(|(_, t)| *t);
+    /// Checks what recovery found against the states `outcomes` a crash may leave; returns it.
+    fn check(&self, m: &Model, outcomes: &[State]) -> Result<State, TestCaseError> {
+        let mut found = State::new();
+        for k in (0..MARKS).map(mark) {
+            let got = self.get(k);
+            let can: Vec<Option<u64>> = outcomes.iter().map(|s| s.get(&k).copied()).collect();
+            let (lo, hi) = (can.iter().min().copied().flatten(), can.iter().max().copied().flatten());
+            prop_assert!(got >= lo, "{k:?}: recovered {got:?}, below the lowest it can be, {lo:?} (of {can:?})");
+            prop_assert!(got <= hi, "{k:?}: recovered {got:?}, above the highest it can be, {hi:?} (of {can:?})");
+            prop_assert!(can.contains(&got), "{k:?}: recovered {got:?}, none of the values it can have, {can:?}");
+            found.extend(got.map(|g| (k, g)));
+            let reported = match k.0 {
+                MarkKind::Key => &self.found.in_flight,
+                MarkKind::Floor => &self.found.floors_in_flight,
+            };
+            let flying = reported.iter().find(|(n, _)| n == k.1).map(|(_, t)| *t);
+            if let Some(token) = m.must_fly(k) {
                 prop_assert!(
-                    flying.is_some_and(|f| f >= token),
-                    "{key:?}: write {token} unanswered, in flight {flying:?}"
+                    flying.is_some() && flying == got,
+                    "{k:?}: write {token} unanswered, in flight {flying:?}, value {got:?}"
                 );
             }
+            if !m.advanced.contains(&k) {
+                prop_assert_eq!(flying, None, "{:?}: never advanced, only reset, yet in flight", k);
+            }
         }
-        for (marks, token) in &m.groups {
-            let reached: Vec<bool> = marks.iter().map(|&k| self.get(k).is_some_and(|g| g >= *token)).collect();
-            prop_assert!(
-                reached.iter().all(|&r| r) || !reached.iter().any(|&r| r),
-                "the advance of {marks:?} to {token} survived in part: {reached:?}"
-            );
-        }
-        Ok(())
+        prop_assert!(
+            outcomes.contains(&found),
+            "recovered {found:?}, which no prefix of the {} batches written since the last sync leaves: {outcomes:?}",
+            outcomes.len() - 1
+        );
+        Ok(found)
     }
 
-    /// The writer's bookkeeping once a sync has made the buffered advances durable.
+    /// The writer's bookkeeping once a sync has made the written and buffered records durable:
+    /// the table changed in log order.
     fn acknowledge(&mut self, m: &mut Model) {
-        for (k, t) in m.unacked.drain(..) {
-            let v = m.acked.entry(k).or_insert(t);
-            *v = (*v).max(t);
-            m.last_acked.insert(k, (t, m.answered.contains(&(k, t))));
-            match k {
-                (MarkKind::Key, name) => self.table.advance(name, t),
-                (MarkKind::Floor, name) => self.table.advance_floor(name, t),
+        let written = std::mem::take(&mut m.written);
+        for c in written.into_iter().flatten().chain(std::mem::take(&mut m.buffered)) {
+            c.apply(&mut m.synced);
+            match (c.mark, c.reset) {
+                ((MarkKind::Key, name), false) => self.table.advance(name, c.token),
+                ((MarkKind::Floor, name), false) => self.table.advance_floor(name, c.token),
+                ((MarkKind::Key, name), true) => self.table.reset(name, c.token),
+                ((MarkKind::Floor, name), true) => self.table.reset_floor(name, c.token),
+            }
+            if !c.reset {
+                m.last_acked.insert(c.mark, (c.at, c.token));
             }
         }
     }
@@ -173,34 +273,29 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     let mut w = World::start(dir.path());
     for op in ops {
         match op {
-            Op::Advance { marks, step } => {
-                let mut marks: Vec<Mark> = marks.into_iter().map(mark).collect();
-                marks.sort_unstable();
-                marks.dedup();
-                let t = marks.iter().map(|k| m.written.get(k).copied().unwrap_or(0)).max().unwrap_or(0) + step;
-                // One write's records, appended together: they share the next commit marker.
-                for &k in &marks {
-                    w.log.append(Kind::advance(k.0), k.1, t);
-                    m.unacked.push((k, t));
-                    m.written.insert(k, t);
-                }
-                if marks.len() > 1 {
-                    m.groups.push((marks, t));
-                }
+            Op::Advance { marks, step } => m.append(&mut w.log, marks, |top| top + step, false),
+            Op::Reset { marks, shift } => {
+                m.append(&mut w.log, marks, |top| top.saturating_add_signed(shift.into()), true)
             }
             Op::Answered { mark: i } => {
                 let k = mark(i);
-                if let Some(&(t, _)) = m.last_acked.get(&k) {
+                if let Some(&(_, t)) = m.last_acked.get(&k) {
                     w.log.append(Kind::answered(k.0), k.1, t);
-                    m.answered.insert((k, t));
-                    m.last_acked.insert(k, (t, true));
+                    let at = m.place();
+                    m.last_answer.insert(k, at);
+                    m.last_answer_of.insert((k, t), at);
                     match k.0 {
                         MarkKind::Key => w.table.answered(k.1, t),
                         MarkKind::Floor => w.table.answered_floor(k.1, t),
                     }
                 }
             }
-            Op::Write => w.log.write().unwrap(),
+            Op::Write => {
+                w.log.write().unwrap();
+                if !m.buffered.is_empty() {
+                    m.written.push(std::mem::take(&mut m.buffered));
+                }
+            }
             Op::Commit | Op::Rotate => {
                 if matches!(op, Op::Commit) {
                     w.log.commit().unwrap();
@@ -212,31 +307,36 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             }
             Op::Compact { stage, cut } => compact(&w, stage, cut),
             Op::Crash { cut, holes, tail } => {
-                m.unacked.clear();
+                m.buffered.clear();
+                let outcomes = m.outcomes();
                 let records = w.log.len();
                 let intact = crash(&w, cut, holes, &tail);
                 w = World::start(dir.path());
-                w.check(&m)?;
-                // Later tokens may raise part of a group lost here: only this restart can tell.
-                m.groups.clear();
+                let found = w.check(&m, &outcomes)?;
                 if intact {
                     // Every record written survived and only zeros follow them (a kill -9, or
                     // a power loss that kept the writes): nothing is torn, nothing set aside,
                     // and appending resumes exactly where the records ended.
                     prop_assert_eq!(w.found.torn, None);
                     prop_assert_eq!(w.log.len(), records);
+                    prop_assert_eq!(Some(&found), outcomes.last(), "every batch written survived");
                 }
+                // Recovery synced what it found: the next crash keeps it, and nothing else.
+                m.written.clear();
+                m.synced = found.clone();
+                m.latest = found;
             }
         }
     }
-    // A final clean restart sees everything acknowledged.
+    // A final clean restart sees everything buffered and written.
     w.log.flush().unwrap();
+    w.acknowledge(&mut m);
     let records = w.log.len();
     drop(w);
     let w = World::start(dir.path());
     prop_assert_eq!(w.found.torn, None, "a clean shutdown leaves no torn tail");
     prop_assert_eq!(w.log.len(), records, "and appending resumes where the records end");
-    w.check(&m)
+    w.check(&m, &m.outcomes()).map(drop)
 }
 
 fn compact(w: &World, stage: u8, cut: u16) {
@@ -286,7 +386,7 @@ fn crash(w: &World, cut: u16, holes: u64, tail: &[u8]) -> bool {
 
 proptest! {
     #[test]
-    fn every_acknowledged_advance_and_unanswered_write_survives_any_crash(ops in prop::collection::vec(op(), 1..60)) {
+    fn every_acknowledged_change_and_unanswered_write_survives_any_crash(ops in prop::collection::vec(op(), 1..60)) {
         run(ops)?;
     }
 }
