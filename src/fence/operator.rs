@@ -108,6 +108,18 @@ impl Fence {
     pub async fn lift(self: &Arc<Self>, key: &str, wait: Duration) -> Result<Lifted, FenceError> {
         let mut turn = self.acquire(vec![Touch { key: key.into(), coverage: Coverage::Key }], wait).await?;
         let lifted = Lifted { key: turn.lift_quarantine(), subtree: self.subtrees.lift(node(key)) };
+        // The write whose outcome was unknown is still in flight in the log, so without an
+        // answer recorded for it a restart would quarantine the resource again. Holding the
+        // key's turn, no write of the key is in flight now; a subtree that was quarantined had
+        // none running at its node either.
+        if let Some((token, true)) = self.max_seen.entry(key) {
+            self.store.answered(key, token);
+        }
+        if lifted.subtree
+            && let Some((token, true)) = self.max_seen.floor_entry(node(key))
+        {
+            self.store.answered_all(&[(MarkKind::Floor, node(key).to_owned())], token);
+        }
         if lifted.key || lifted.subtree {
             tracing::warn!(resource = %key, key = lifted.key, subtree = lifted.subtree,
                 "quarantine lifted by an operator: writes are accepted again");

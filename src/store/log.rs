@@ -55,6 +55,9 @@ pub(crate) struct Log {
     next: Option<Next>,
     /// Whether the last attempt to make it failed (logged once, until one succeeds).
     next_failing: bool,
+    /// Where the last batch refused room would have ended (0: none refused since room was
+    /// last found): what [`Log::find_room`] must take before it says there is room.
+    refused_end: u64,
 }
 
 /// A segment created ahead of its rotation: header and zeros written and synced.
@@ -126,6 +129,7 @@ impl Log {
             pending: Vec::with_capacity(64 * 1024),
             next: None,
             next_failing: false,
+            refused_end: 0,
         };
         log.prepare_next();
         Ok(log)
@@ -167,6 +171,7 @@ impl Log {
         format::encode_commit(&mut self.pending, self.seed, self.len, self.synced);
         let end = self.len + self.pending.len() as u64;
         if let Err(e) = self.make_room(end) {
+            self.refused_end = self.refused_end.max(end);
             self.pending.clear();
             return Err(LogError::NoRoom(e));
         }
@@ -177,11 +182,14 @@ impl Log {
         result.map_err(LogError::Failed)
     }
 
-    /// Whether the disk gives room for a batch of `bytes` now: takes it (zeros), as the next
-    /// write would, so that a store refused room can tell when it has some again without a
-    /// write to try with.
-    pub(crate) fn find_room(&mut self, bytes: u64) -> io::Result<()> {
-        self.make_room(self.len + bytes)
+    /// Whether the disk gives room now for the largest batch it refused, and at least a page
+    /// past the zeros already written: takes it (zeros), as the next write would, so that a
+    /// store refused room can tell when it has some again without a write to try with. It
+    /// always asks the disk: room the file already had did not take the refused batch.
+    pub(crate) fn find_room(&mut self) -> io::Result<()> {
+        self.make_room(self.refused_end.max(self.zeroed + 1))?;
+        self.refused_end = 0;
+        Ok(())
     }
 
     /// Makes sure the file holds zeros up to `end`, writing them `ahead` bytes at a time. An
@@ -265,6 +273,7 @@ impl Log {
         self.seed = next.header.seed(FileKind::Segment);
         self.len = format::HEADER_LEN as u64;
         self.zeroed = next.zeroed;
+        self.refused_end = 0;
         self.synced = self.len;
         self.prepare_next();
         Ok(Some(seq))
@@ -307,4 +316,36 @@ fn create_segment(dir: &Path, seq: u64) -> io::Result<Header> {
     let header = Header::new(seq);
     create_durably(dir, &segment_name(seq), |w| w.write_all(&header.encode(FileKind::Segment)))?;
     Ok(header)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::recovery;
+    use crate::store::{Table, format::Kind};
+
+    #[test]
+    fn a_look_for_room_takes_what_the_refused_batch_needed_and_always_asks_the_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let found = recovery::recover(dir.path(), &Table::new(), recovery::Mode::Repair).unwrap();
+        let mut log = Log::open(dir.path(), SyncMode::Never, &found, 4096).unwrap();
+        log.append(Kind::Advance, "/a", 1);
+        log.commit().unwrap();
+        // A batch far past the zeros was refused, as on a full disk.
+        let zeroed = log.zeroed;
+        log.refused_end = zeroed + 40_000;
+        log.find_room().unwrap();
+        assert!(
+            log.zeroed >= zeroed + 40_000,
+            "the room the refused batch needed: {} < {}",
+            log.zeroed,
+            zeroed + 40_000
+        );
+        assert!(log.file.metadata().unwrap().len() >= zeroed + 40_000);
+        assert_eq!(log.refused_end, 0);
+        // With nothing refused, a look still writes past the zeros the file has.
+        let zeroed = log.zeroed;
+        log.find_room().unwrap();
+        assert!(log.zeroed > zeroed, "a look that touched no new space proves nothing");
+    }
 }

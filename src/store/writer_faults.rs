@@ -13,13 +13,10 @@ use crate::store::log::LogError;
 /// How often a store refused room looks for some while no batch comes to try.
 pub(super) const ROOM_RETRY: Duration = Duration::from_secs(1);
 
-/// Room a look for it takes: a page, enough for a batch of a few short records.
-const ROOM_PROBE: u64 = 4096;
-
 impl Writer {
     /// Looks for room on a disk that refused the last batch; says so once there is some.
     pub(super) fn retry_room(&mut self) {
-        if self.failed.is_none() && self.status.full() && self.log.find_room(ROOM_PROBE).is_ok() {
+        if self.failed.is_none() && self.status.full() && self.log.find_room().is_ok() {
             self.status.set_full(None);
             tracing::info!("the fence log has room again: advances are accepted");
         }
