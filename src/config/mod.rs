@@ -224,6 +224,10 @@ pub struct Rule {
     /// The counter the tokens under this prefix come from. Tokens are compared across keys
     /// (a subtree against what is below it, a MOVE's two keys) only within one domain.
     pub token_domain: String,
+    /// What a token equal to `max_seen` gets under this prefix; unset, a shorter rule's
+    /// setting or `fence.equal_token` decides.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub equal_token: Option<EqualToken>,
 }
 
 /// The token domain of keys no rule names.

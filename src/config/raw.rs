@@ -134,6 +134,8 @@ pub(super) struct RawRule {
     pub(super) prefix: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) token_domain: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) equal_token: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

@@ -79,11 +79,7 @@ pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
         header,
         unfenced_methods,
         subtree_methods,
-        equal_token: choice(
-            "fence.equal_token",
-            &f.equal_token,
-            [("reject", EqualToken::Reject), ("accept", EqualToken::Accept)],
-        )?,
+        equal_token: choice("fence.equal_token", &f.equal_token, EQUAL_TOKEN)?,
         missing_token: choice(
             "fence.missing_token",
             &f.missing_token,
@@ -133,6 +129,8 @@ pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
     let admin = admin(raw.admin)?;
     Ok(Config { server, backend, fence, store, log, paths, limits, admin })
 }
+
+const EQUAL_TOKEN: [(&str, EqualToken); 2] = [("reject", EqualToken::Reject), ("accept", EqualToken::Accept)];
 
 fn choice<T: Copy, const N: usize>(key: &str, text: &str, options: [(&str, T); N]) -> Result<T, ConfigError> {
     options.iter().find(|(name, _)| name.eq_ignore_ascii_case(text)).map(|(_, v)| *v).ok_or_else(|| {
@@ -300,7 +298,12 @@ fn rules(raw: &[raw::RawRule], policy: &PathPolicy) -> Result<Vec<Rule>, ConfigE
         if domain.is_empty() {
             return Err(invalid(&format!("fence.rules[{index}].token_domain"), "must not be empty"));
         }
-        rules.push(Rule { prefix: canonical, token_domain: domain });
+        let equal_token = r
+            .equal_token
+            .as_deref()
+            .map(|text| choice(&format!("fence.rules[{index}].equal_token"), text, EQUAL_TOKEN))
+            .transpose()?;
+        rules.push(Rule { prefix: canonical, token_domain: domain, equal_token });
     }
     Ok(rules)
 }

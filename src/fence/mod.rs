@@ -47,11 +47,23 @@ pub enum EqualToken {
     Accept,
 }
 
+/// What a stale-token refusal adds when the token equals `max_seen`: the setting that decides
+/// it, so that a holder meaning to write many times in one tenure learns what to change.
+fn equal_hint(token: u64, max_seen: u64) -> &'static str {
+    if token == max_seen {
+        "; a token equal to max_seen is refused under equal_token = \"reject\" (one write per \
+         token); equal_token = \"accept\" in a [[fence.rules]] entry for the prefix allows many \
+         writes per tenure (docs/tokens.md)"
+    } else {
+        ""
+    }
+}
+
 /// Why the fence refused or stopped a write.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FenceError {
     /// The token is not above the highest one this resource has accepted.
-    #[error("token {token} is stale: {resource} has already accepted {max_seen}")]
+    #[error("token {token} is stale: {resource} has already accepted {max_seen}{}", equal_hint(*token, *max_seen))]
     Stale {
         /// The fence key.
         resource: String,
@@ -291,6 +303,11 @@ mod tests {
         assert!(t.precheck(&key("/new"), 0, strict).is_ok());
         assert!(t.precheck(&key("/a"), 34, EqualToken::Accept).is_ok());
         assert!(t.precheck(&key("/a"), 33, EqualToken::Accept).is_err());
+        // Only a refusal of an equal token names the setting that decides it.
+        let equal = t.precheck(&key("/a"), 34, strict).unwrap_err().to_string();
+        assert!(equal.contains("equal_token = \"accept\""), "{equal}");
+        let below = t.precheck(&key("/a"), 33, strict).unwrap_err().to_string();
+        assert!(!below.contains("equal_token"), "{below}");
     }
 
     #[tokio::test]

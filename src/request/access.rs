@@ -61,6 +61,7 @@ mod tests {
             destination: None,
             target: "/a".parse().unwrap(),
             body_limit: None,
+            equal: crate::fence::EqualToken::Reject,
         };
         e.plan(&Plan::Write(write));
         assert_eq!((e.keys.as_str(), e.token), ("/a,/b/", Some(7)));

@@ -9,9 +9,9 @@ use hyper::body::Body;
 
 use super::destination::{DESTINATION, Destination, destination};
 use super::refusal::Refusal;
-use crate::config::{Config, DEFAULT_DOMAIN, LimitsConfig, MissingToken, Rule};
+use crate::config::{Config, DEFAULT_DOMAIN, FenceConfig, LimitsConfig, MissingToken, Rule};
 use crate::fence::token::{self, TokenError};
-pub use crate::fence::{Coverage, Touch};
+pub use crate::fence::{Coverage, EqualToken, Touch};
 use crate::fence::{keys, path};
 
 /// What is done with a request.
@@ -47,6 +47,8 @@ pub struct Write {
     pub target: PathAndQuery,
     /// Most body bytes forwarded.
     pub body_limit: Option<u64>,
+    /// What a token equal to `max_seen` gets: the strictest setting among the keys it touches.
+    pub equal: EqualToken,
 }
 
 /// Headers with which web frameworks let a request claim another method than its own. A
@@ -118,7 +120,33 @@ pub fn classify<B: Body>(req: &Request<B>, config: &Config) -> Result<Plan, Refu
         Err(TokenError::Missing) => return Err(Refusal::MissingToken { header: config.fence.header.to_string() }),
         Err(e) => return Err(e.into()),
     };
-    Ok(Plan::Write(Write { token, touches, destination, target, body_limit }))
+    let equal = equal_token(&touches, &config.fence);
+    Ok(Plan::Write(Write { token, touches, destination, target, body_limit, equal }))
+}
+
+/// What a token equal to `max_seen` gets in a write of `touches`: `Reject` if any key it may
+/// change is under `Reject`. A key's setting is that of the longest rule prefix over it that
+/// sets one, else `fence.equal_token`; a subtree's is that of its node and of every rule inside
+/// it, since its check covers every key below.
+fn equal_token(touches: &[Touch], fence: &FenceConfig) -> EqualToken {
+    if !fence.rules.iter().any(|r| r.equal_token.is_some()) {
+        return fence.equal_token;
+    }
+    let setting = |key: &str| {
+        let rules = fence.rules.iter().filter(|r| r.equal_token.is_some() && keys::in_scope(key, &r.prefix));
+        rules.max_by_key(|r| r.prefix.len()).and_then(|r| r.equal_token).unwrap_or(fence.equal_token)
+    };
+    let strict = touches.iter().any(|touch| {
+        setting(&touch.key) == EqualToken::Reject
+            || touch.coverage == Coverage::Subtree && {
+                let here = crate::fence::node(&touch.key);
+                fence.rules.iter().any(|r| {
+                    r.equal_token == Some(EqualToken::Reject)
+                        && crate::fence::covers(here, crate::fence::node(&r.prefix))
+                })
+            }
+    });
+    if strict { EqualToken::Reject } else { EqualToken::Accept }
 }
 
 /// Whether `method` is one of `methods`, compared exactly: method names are case-sensitive.
@@ -278,6 +306,7 @@ mod tests {
             destination: None,
             target: PathAndQuery::from_static(target),
             body_limit: None,
+            equal: EqualToken::Reject,
         })
     }
 
@@ -340,6 +369,36 @@ mod tests {
         assert_eq!(code("DELETE", "/consul/", "/x").unwrap_err(), "cross_domain_write", "and one nested in it");
         assert!(code("DELETE", "/consul/etcd/x/", "/x").is_ok(), "the longest prefix names the domain");
         assert!(code("COPY", "/consul/a", "/b").is_ok(), "a COPY's source is read, not fenced");
+    }
+
+    #[test]
+    fn equal_tokens_follow_the_strictest_rule_over_what_a_write_may_change() {
+        let c = config(
+            "[[fence.rules]]\nprefix = \"/tenure/\"\nequal_token = \"accept\"\n\
+             [[fence.rules]]\nprefix = \"/tenure/once\"\nequal_token = \"reject\"\n\
+             [[fence.rules]]\nprefix = \"/tenure/domain\"\ntoken_domain = \"default\"\n",
+        );
+        let token = ("fencing-token", "5");
+        let equal = |method: &str, path: &str, dest: &str| {
+            let Plan::Write(w) = classify(&request(method, path, &[token, ("destination", dest)], ""), &c).unwrap()
+            else {
+                panic!("{method} {path} is a write")
+            };
+            w.equal
+        };
+        use EqualToken::{Accept, Reject};
+        assert_eq!(equal("PUT", "/tenure/doc", "/x"), Accept);
+        assert_eq!(equal("PUT", "/elsewhere", "/x"), Reject, "fence.equal_token where no rule sets it");
+        assert_eq!(equal("PUT", "/tenure/once/doc", "/x"), Reject, "the longest prefix that sets it");
+        assert_eq!(equal("PUT", "/tenure/domain/doc", "/x"), Accept, "a rule that does not set it inherits");
+        assert_eq!(equal("MOVE", "/tenure/a", "/tenure/b"), Accept);
+        assert_eq!(equal("MOVE", "/tenure/a", "/elsewhere"), Reject, "a Destination under reject");
+        assert_eq!(equal("DELETE", "/tenure/a/", "/x"), Accept);
+        assert_eq!(equal("DELETE", "/tenure/", "/x"), Reject, "a subtree holding a prefix under reject");
+        assert_eq!(equal("PUT", "/tenure/doc", "/x"), Accept);
+        let plain = config("[fence]\nequal_token = \"accept\"\n");
+        let Plan::Write(w) = classify(&request("PUT", "/a", &[token], ""), &plain).unwrap() else { panic!() };
+        assert_eq!(w.equal, Accept, "no rule: fence.equal_token");
     }
 
     #[test]

@@ -78,7 +78,7 @@ async fn execute(
         }
         Plan::Write(write) => write,
     };
-    let Write { token, touches, destination, target, body_limit } = write;
+    let Write { token, touches, destination, target, body_limit, equal } = write;
     let mut req = req;
     if let Some(d) = destination {
         // What the backend is told to change is what was fenced.
@@ -86,14 +86,14 @@ async fn execute(
     }
     let fence = &settings.config.fence;
     // Refuse early, and wait for the turn: both may be abandoned if the client goes away...
-    state.fence.precheck(&touches, token, fence.equal_token)?;
+    state.fence.precheck(&touches, token, equal)?;
     let waiting = Instant::now();
     let turn = state.fence.acquire(touches, fence.queue_timeout).await;
     state.metrics.queue_wait.observe(waiting.elapsed().as_secs_f64());
     let turn = turn?;
 
     // ...but once the turn is ours, `finish_after` runs the write to its end.
-    let (equal, quarantine) = (fence.equal_token, fence.quarantine);
+    let quarantine = fence.quarantine;
     // Boxed: the connection's checkout and the forward's state (request, timer) would
     // otherwise make up most of the write task's future, which the spawn copies several times.
     let prepare = Box::pin(async move {

@@ -2,7 +2,8 @@
 //! fencegate in front of it on port 0, and clients that speak real HTTP over loopback) and the
 //! [`Resp`] every helper returns. Beside it: `raw` (raw HTTP/1.1 connections), `backend` (stub
 //! backends), `process`, `logs` and `builder` (the real binary, its log, and a deployment of
-//! it), and `wait` (waiting for a state instead of sleeping).
+//! it), `wait` (waiting for a state instead of sleeping), `services` (real etcd and ZooKeeper
+//! for the interop tests) and `etcd` (a client of etcd's JSON gateway).
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
@@ -26,10 +27,12 @@ pub use fencegate::demo::DELAY_HEADER;
 
 pub mod backend;
 pub mod builder;
+pub mod etcd;
 pub mod logs;
 pub mod nginx;
 pub mod process;
 pub mod raw;
+pub mod services;
 pub mod wait;
 
 // Each test crate uses its own part of these.
