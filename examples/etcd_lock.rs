@@ -6,8 +6,8 @@
 //! cargo run --example etcd_lock -- http://127.0.0.1:2379 http://127.0.0.1:8080 accounts-42 /accounts/42 'balance=200'
 //! ```
 //!
-//! It speaks etcd's JSON gateway over hyper (`tests/common/etcd.rs`, the client the interop
-//! tests use; docs/tokens.md says why not a gRPC crate). The response body goes to stdout,
+//! It speaks etcd's JSON gateway over hyper (`fencegate::etcd::Client`, the client fencegate
+//! and the interop tests use; docs/tokens.md says why not a gRPC crate). The response body goes to stdout,
 //! what happened to stderr; the exit status is 0 for a 2xx answer.
 
 use std::time::Duration;
@@ -17,24 +17,23 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-#[path = "../tests/common/etcd.rs"]
-mod etcd;
+use fencegate::etcd;
 
 /// The lease behind the lock: while this process runs it renews it, and if the process dies
 /// the lock is free again this long after the last renewal.
 const LEASE: Duration = Duration::from_secs(10);
 
 #[tokio::main(flavor = "current_thread")]
-async fn main() -> etcd::Result<()> {
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [etcd_url, fencegate, lock, path, body] = args.as_slice() else {
         eprintln!("usage: etcd_lock ETCD_URL FENCEGATE_URL LOCK PATH BODY");
         std::process::exit(2);
     };
-    let gateway = etcd::Gateway::new(etcd_url);
+    let gateway = etcd::Client::single(etcd_url);
     let lease = gateway.grant(LEASE).await?;
     let renew = gateway.keep_alive(lease, LEASE);
-    let held = gateway.lock(lock, lease).await?;
+    let held = gateway.lock(lock.as_bytes(), lease).await?;
     let key = String::from_utf8_lossy(&held.key).into_owned();
     let token = gateway.create_revision(&held.key).await?.ok_or("the lock's key is gone: its lease expired")?;
     eprintln!("holding {key}, fencing token {token} (acquired at revision {})", held.acquired_revision);

@@ -20,6 +20,7 @@ mod admin;
 pub mod app;
 pub mod config;
 pub mod demo;
+pub mod etcd;
 pub mod fence;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]

@@ -50,7 +50,7 @@ impl Holder {
 async fn acquire(gw: Gateway, lock: String, ttl: Duration) -> Holder {
     let lease = gw.grant(ttl).await.unwrap();
     let renew = gw.keep_alive(lease, ttl);
-    let held = gw.lock(&lock, lease).await.unwrap();
+    let held = gw.lock(lock.as_bytes(), lease).await.unwrap();
     let token = gw.create_revision(&held.key).await.unwrap().expect("a held lock's key exists");
     Holder { lease, renew, held, token: u64::try_from(token).unwrap() }
 }
@@ -107,7 +107,7 @@ async fn max_seen(admin: std::net::SocketAddr, key: &str) -> Option<u64> {
 #[tokio::test]
 async fn a_holder_whose_lease_expired_is_fenced_with_create_revisions_over_the_gateway() {
     let Some(etcd) = start_etcd().await else { return };
-    let gw = Gateway::new(&etcd.url());
+    let gw = Gateway::single(&etcd.url());
     let d = Deployment::builder().config_extra("[admin]\nlisten = \"127.0.0.1:0\"").start().await;
     let admin = d.proxy().admin_addr().await;
     let path = "/accounts/42";
@@ -177,7 +177,7 @@ async fn a_stopped_etcdctl_lock_holder_is_fenced_when_holders_write_with_curl() 
         return;
     }
     let Some(etcd) = start_etcd().await else { return };
-    let gw = Gateway::new(&etcd.url());
+    let gw = Gateway::single(&etcd.url());
     let d = Deployment::builder().start().await;
     let path = "/accounts/42";
     let url = format!("http://{}{path}", d.addr());
@@ -231,7 +231,7 @@ async fn a_stopped_etcdctl_lock_holder_is_fenced_when_holders_write_with_curl() 
 #[tokio::test]
 async fn the_acquire_revision_of_a_queued_holder_can_pass_the_next_holders_create_revision() {
     let Some(etcd) = start_etcd().await else { return };
-    let gw = Gateway::new(&etcd.url());
+    let gw = Gateway::single(&etcd.url());
     let d = Deployment::builder().start().await;
 
     // X holds the lock; A and then B queue behind it.
@@ -241,7 +241,7 @@ async fn the_acquire_revision_of_a_queued_holder_can_pass_the_next_holders_creat
     let b = tokio::spawn(acquire(gw.clone(), "mix".into(), LONG_LEASE));
     wait_queued(&gw, "mix", 3).await;
     // Any write anywhere in the cluster moves the revision on.
-    gw.put("unrelated", "1").await.unwrap();
+    gw.put(b"unrelated", b"1").await.unwrap();
     gw.unlock(&x.held).await.unwrap();
     let a = tokio::time::timeout(DEADLINE, a).await.expect("A holds the lock once X let go").unwrap();
 
@@ -267,7 +267,7 @@ async fn the_acquire_revision_of_a_queued_holder_can_pass_the_next_holders_creat
 #[tokio::test]
 async fn with_equal_token_accept_a_holder_writes_all_through_its_tenure_and_the_zombie_is_still_refused() {
     let Some(etcd) = start_etcd().await else { return };
-    let gw = Gateway::new(&etcd.url());
+    let gw = Gateway::single(&etcd.url());
     let d = Deployment::builder()
         .config_extra("[[fence.rules]]\nprefix = \"/tenure/\"\nequal_token = \"accept\"")
         .start()

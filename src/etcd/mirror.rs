@@ -1,0 +1,236 @@
+//! A watched copy of the keys under a prefix, and proof of how fresh it is.
+//!
+//! The copy starts from a linearizable range read and follows one watch from the revision
+//! after it. A watch alone proves nothing about freshness: a stalled member or a silent stream
+//! delivers nothing, which looks like nothing happening, and progress notifications cannot be
+//! trusted on every etcd (3.4 before 3.4.25 may report a revision whose events have not been
+//! sent; etcd issue 15220). So the mirror proves it with a write: every `max_lag / 4` it puts a
+//! heartbeat key inside the watched range (outside any lock's keys). etcd delivers a watch's
+//! events in revision order, and a put sent at instant T gets a revision above every change
+//! committed before T; so once the watch delivers that put, the copy holds every change
+//! committed before T. [`Mirror::holder`] answers only while that proof is younger than
+//! `max_lag`, and fails closed otherwise.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::task::{AbortHandle, JoinSet};
+
+use super::{Client, EtcdError, EventKind, Watch, prefix_end};
+
+/// What the heartbeat keys have after the watched prefix, so they are never taken for a lock's
+/// keys: a lock key is `NAME/<lease id in hex>`, and no lock name fencegate makes has a NUL.
+const HEARTBEAT_MARK: &[u8] = b"\0fencegate-heartbeat/";
+
+/// The lease heartbeat keys are put with, so that a stopped fencegate leaves none behind.
+const HEARTBEAT_LEASE: Duration = Duration::from_secs(60);
+
+/// Most heartbeats remembered while none is delivered.
+const MAX_SENT: usize = 1024;
+
+/// Settings of a mirror.
+#[derive(Debug, Clone)]
+pub struct MirrorOptions {
+    /// How old the proof of freshness may be before the mirror stops answering.
+    pub max_lag: Duration,
+    /// Names this process's heartbeat key (several fencegates may watch one prefix).
+    pub instance: String,
+}
+
+/// Why a mirror gave no answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Freshness {
+    /// It has not yet caught up with etcd since it started or since its watch broke.
+    NotCaughtUp,
+    /// Its last proof of freshness is this old, above `max_lag`.
+    Lagging(Duration),
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Every key under the prefix, with its create revision.
+    keys: BTreeMap<Vec<u8>, i64>,
+    /// The copy holds every change etcd committed before this instant.
+    fresh_as_of: Option<Instant>,
+}
+
+/// A watched copy of the keys under a prefix. Dropping it stops its task.
+#[derive(Debug)]
+pub struct Mirror {
+    prefix: Vec<u8>,
+    max_lag: Duration,
+    state: Arc<Mutex<State>>,
+    task: AbortHandle,
+}
+
+impl Drop for Mirror {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Mirror {
+    /// Starts mirroring the keys under `prefix` on the current runtime.
+    pub fn start(client: Client, prefix: Vec<u8>, options: MirrorOptions) -> Mirror {
+        let state = Arc::new(Mutex::new(State::default()));
+        let follow = Follow { client, prefix: prefix.clone(), options: options.clone(), state: state.clone() };
+        let task = tokio::spawn(follow.run()).abort_handle();
+        Mirror { prefix, max_lag: options.max_lag, state, task }
+    }
+
+    /// The prefix it mirrors.
+    pub fn prefix(&self) -> &[u8] {
+        &self.prefix
+    }
+
+    /// The create revision of the current holder of the lock `name` (the smallest among the
+    /// keys under `name/`, as etcd's lock decides), `None` if nobody holds it; or why the copy
+    /// cannot be trusted now. `name/` must lie under the mirrored prefix.
+    pub fn holder(&self, name: &[u8]) -> Result<Option<i64>, Freshness> {
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let age = state.fresh_as_of.map(|t| t.elapsed()).ok_or(Freshness::NotCaughtUp)?;
+        if age > self.max_lag {
+            return Err(Freshness::Lagging(age));
+        }
+        let mut under = name.to_vec();
+        under.push(b'/');
+        let end = prefix_end(&under);
+        let holders = state.keys.range(under.clone()..end).filter(|(k, _)| !is_heartbeat(&self.prefix, k));
+        Ok(holders.map(|(_, rev)| *rev).min())
+    }
+}
+
+fn is_heartbeat(prefix: &[u8], key: &[u8]) -> bool {
+    key.strip_prefix(prefix).is_some_and(|rest| rest.windows(HEARTBEAT_MARK.len()).any(|w| w == HEARTBEAT_MARK))
+}
+
+/// The task that keeps a mirror's copy current.
+struct Follow {
+    client: Client,
+    prefix: Vec<u8>,
+    options: MirrorOptions,
+    state: Arc<Mutex<State>>,
+}
+
+/// Heartbeats sent and not yet seen on the watch: sequence, send instant, acknowledged.
+type Sent = VecDeque<(u64, Instant, Option<Instant>)>;
+
+impl Follow {
+    fn heartbeat_key(&self) -> Vec<u8> {
+        [&self.prefix[..], HEARTBEAT_MARK, self.options.instance.as_bytes()].concat()
+    }
+
+    fn set_fresh(&self, fresh: Option<Instant>) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.fresh_as_of = match fresh {
+            Some(t) => Some(state.fresh_as_of.map_or(t, |old| old.max(t))),
+            None => None,
+        };
+    }
+
+    async fn run(self) {
+        let retry = (self.options.max_lag / 4).max(Duration::from_millis(50));
+        let mut lease = 0;
+        loop {
+            match self.follow(&mut lease).await {
+                Err(EtcdError::Compacted(rev)) => {
+                    tracing::warn!(prefix = %String::from_utf8_lossy(&self.prefix), compacted = rev,
+                        "etcd compacted past the lock watch; reading the locks again (verified writes wait)")
+                }
+                Err(e) => {
+                    tracing::warn!(prefix = %String::from_utf8_lossy(&self.prefix), error = %e,
+                        "lost the etcd lock watch; verified writes are refused until it is back");
+                    tokio::time::sleep(retry).await;
+                }
+                Ok(()) => {}
+            }
+            self.set_fresh(None);
+        }
+    }
+
+    /// Lists, watches and heartbeats until the watch breaks.
+    async fn follow(&self, lease: &mut i64) -> Result<(), EtcdError> {
+        let end = prefix_end(&self.prefix);
+        let listed_at = Instant::now();
+        let (kvs, revision) = self.client.range(&self.prefix, Some(&end)).await?;
+        let mut watch = Watch::open(&self.client, &self.prefix, &end, revision + 1).await?;
+        {
+            let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            state.keys = kvs.into_iter().map(|kv| (kv.key, kv.create_revision)).collect();
+        }
+        // A linearizable read holds every change committed before it was sent.
+        self.set_fresh(Some(listed_at));
+        tracing::info!(prefix = %String::from_utf8_lossy(&self.prefix), revision, "watching etcd locks");
+
+        let key = self.heartbeat_key();
+        let mut sent: Sent = VecDeque::new();
+        let mut puts: JoinSet<(u64, Result<(), EtcdError>)> = JoinSet::new();
+        let mut seq = 0u64;
+        let mut tick = tokio::time::interval((self.options.max_lag / 4).max(Duration::from_millis(10)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                events = watch.next() => {
+                    let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+                    for event in events? {
+                        if event.kv.key == key {
+                            let seen = std::str::from_utf8(&event.kv.value).ok().and_then(|v| v.parse::<u64>().ok());
+                            if let Some(seen) = seen {
+                                while let Some(&(s, at, _)) = sent.front().filter(|(s, ..)| *s <= seen) {
+                                    sent.pop_front();
+                                    if s == seen {
+                                        state.fresh_as_of = Some(state.fresh_as_of.map_or(at, |old| old.max(at)));
+                                    }
+                                }
+                            }
+                            continue;
+                        }
+                        match event.kind {
+                            EventKind::Put => { state.keys.insert(event.kv.key, event.kv.create_revision); }
+                            EventKind::Delete => { state.keys.remove(&event.kv.key); }
+                        }
+                    }
+                }
+                _ = tick.tick() => {
+                    // A heartbeat etcd acknowledged that the watch has not delivered within
+                    // max_lag: the stream is stuck. Start over.
+                    if sent.iter().any(|(_, _, acked)| acked.is_some_and(|a| a.elapsed() > self.options.max_lag)) {
+                        return Err(EtcdError::WatchEnded("a heartbeat etcd took was not delivered".into()));
+                    }
+                    if *lease == 0 || seq % 16 == 0 {
+                        *lease = self.renew(*lease).await;
+                    }
+                    seq += 1;
+                    // While etcd is away its puts fail; the oldest go first.
+                    if sent.len() >= MAX_SENT {
+                        sent.pop_front();
+                    }
+                    sent.push_back((seq, Instant::now(), None));
+                    let (client, key, lease, timeout) = (self.client.clone(), key.clone(), *lease, self.options.max_lag);
+                    puts.spawn(async move {
+                        let value = seq.to_string();
+                        let put = client.put_with_lease(&key, value.as_bytes(), lease);
+                        let result = tokio::time::timeout(timeout, put).await;
+                        (seq, result.unwrap_or_else(|_| Err(EtcdError::WatchEnded("heartbeat timed out".into()))).map(drop))
+                    });
+                }
+                Some(Ok((done, result))) = puts.join_next() => {
+                    if result.is_ok()
+                        && let Some(entry) = sent.iter_mut().find(|(s, ..)| *s == done)
+                    {
+                        entry.2 = Some(Instant::now());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Keeps the heartbeat's lease alive, or takes a new one; 0 (no lease) if etcd gives none.
+    async fn renew(&self, lease: i64) -> i64 {
+        if lease != 0 && self.client.keep_alive_once(lease).await.is_ok_and(|ttl| ttl > 0) {
+            return lease;
+        }
+        self.client.grant(HEARTBEAT_LEASE).await.unwrap_or(0)
+    }
+}

@@ -1,0 +1,116 @@
+//! A small etcd v3 client over etcd's JSON gateway (`POST /v3/...` on a member's client URL):
+//! reads and writes of keys, leases, the lock service, and watches ([`Client`]); and a
+//! [`Mirror`], a watched copy of the keys under a prefix that proves how fresh it is.
+//!
+//! Why the gateway rather than a gRPC crate: the gRPC clients (`etcd-client`, on tonic) run
+//! `protoc` at build time, which a machine with only a Rust toolchain lacks, and `cargo build`
+//! must work there. The gateway is part of etcd itself (3.4 serves it on the client URL), takes
+//! the same requests as JSON, and needs nothing beyond hyper, which fencegate already uses. Its
+//! JSON is protobuf's mapping: bytes are base64, 64-bit integers are strings, and fields at
+//! their zero value are left out (a PUT event has no `type`, an empty range no `kvs`).
+//!
+//! This module knows etcd and HTTP, and nothing of fences, tokens or config.
+
+mod client;
+mod mirror;
+mod watch;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use serde_json::Value;
+
+pub use client::{Client, Held, Kv};
+pub use mirror::{Freshness, Mirror, MirrorOptions};
+pub use watch::{Event, EventKind, Watch};
+
+/// What can go wrong talking to etcd.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EtcdError {
+    /// No member could be reached, or the request did not finish in time.
+    #[error("etcd at {endpoint} is unreachable: {reason}")]
+    Unreachable {
+        /// The client URL tried last.
+        endpoint: String,
+        /// What failed.
+        reason: String,
+    },
+    /// etcd answered with an error (`{"error": ..., "code": ...}`), e.g. no leader.
+    #[error("etcd at {endpoint} refused {call}: {status}: {message}")]
+    Refused {
+        /// The client URL.
+        endpoint: String,
+        /// The gateway path (`/v3/kv/range`).
+        call: String,
+        /// The HTTP status.
+        status: u16,
+        /// etcd's message.
+        message: String,
+    },
+    /// The answer was not what the gateway sends.
+    #[error("etcd sent an answer to {call} that cannot be read: {reason}")]
+    Malformed {
+        /// The gateway path.
+        call: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A watch ended because the revision it wanted has been compacted away.
+    #[error("etcd compacted the history the watch needed (up to revision {0})")]
+    Compacted(i64),
+    /// A watch was cancelled or its stream ended.
+    #[error("the etcd watch ended: {0}")]
+    WatchEnded(String),
+}
+
+/// A 64-bit integer as the gateway writes it: a string (or a number). Absent means zero.
+pub(crate) fn int(v: &Value) -> Option<i64> {
+    if v.is_null() {
+        return Some(0);
+    }
+    v.as_str().and_then(|s| s.parse().ok()).or_else(|| v.as_i64())
+}
+
+/// Bytes as the gateway writes them: base64. Absent means empty.
+pub(crate) fn bytes(v: &Value) -> Option<Vec<u8>> {
+    match v {
+        Value::Null => Some(Vec::new()),
+        Value::String(s) => BASE64.decode(s).ok(),
+        _ => None,
+    }
+}
+
+pub(crate) fn b64(data: &[u8]) -> String {
+    BASE64.encode(data)
+}
+
+/// The end of the range of keys that start with `prefix`: `prefix` with its last byte below
+/// 0xff raised by one (what `etcdctl get --prefix` sends).
+pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    // Every byte 0xff (or empty): to the end of the key space.
+    vec![0]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gateway_values_and_prefix_ends() {
+        assert_eq!(int(&Value::String("42".into())), Some(42));
+        assert_eq!(int(&serde_json::json!(7)), Some(7));
+        assert_eq!(int(&Value::Null), Some(0), "a zero is left out");
+        assert_eq!(int(&Value::String("x".into())), None);
+        assert_eq!(bytes(&Value::String(b64(b"/locks/a"))), Some(b"/locks/a".to_vec()));
+        assert_eq!(bytes(&Value::String("%%".into())), None);
+        assert_eq!(prefix_end(b"/locks/"), b"/locks0");
+        assert_eq!(prefix_end(b"a\xff"), b"b");
+        assert_eq!(prefix_end(b"\xff"), b"\0");
+    }
+}
