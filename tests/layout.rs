@@ -32,6 +32,7 @@ const RULES: &[Rule] = &[
         module: "admin",
         may_use: &[
             "crate::admin",
+            "crate::etcd",
             "crate::app::State",
             "crate::fence",
             "crate::listener",
@@ -48,6 +49,7 @@ const RULES: &[Rule] = &[
             "crate::config",
             "crate::fence::path",
             "crate::fence::keys",
+            "crate::fence::locks",
             "crate::fence::EqualToken",
             "crate::fence::Scope",
             "crate::store::SyncMode",

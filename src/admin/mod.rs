@@ -66,6 +66,8 @@ enum Endpoint {
     Metrics,
     List,
     Fence(String),
+    /// `/locks/NAME`: the holder of an etcd lock as verification sees it.
+    Lock(String),
     Change(String, Change),
 }
 
@@ -76,6 +78,7 @@ impl Endpoint {
             "/readyz" => Endpoint::Ready,
             "/metrics" => Endpoint::Metrics,
             "/fences" | "/fences/" => Endpoint::List,
+            _ if path.starts_with("/locks/") => Endpoint::Lock(path["/locks".len()..].to_owned()),
             _ => {
                 let resource = path.strip_prefix("/fences").filter(|r| r.starts_with('/'))?;
                 match Change::ALL.iter().find_map(|(suffix, c)| Some((resource.strip_suffix(suffix)?, *c))) {
@@ -119,7 +122,21 @@ async fn route(state: &State, req: Request<Incoming>, caller: SocketAddr) -> Res
         }
         Endpoint::List => fences::list(state, req.uri().query()),
         Endpoint::Fence(resource) => fences::read(state, &resource),
+        Endpoint::Lock(name) => Ok(lock(state, &name)),
         Endpoint::Change(resource, change) => fences::change(state, &resource, change, req, caller).await,
+    }
+}
+
+/// The holder of the etcd lock `name` as the mirrors show it: what a verified write's token
+/// is compared with. The name is as clients lock it, percent-encoding and all.
+fn lock(state: &State, name: &str) -> Response<Full<Bytes>> {
+    let settings = state.settings.get();
+    match settings.locks.holder(name.as_bytes()) {
+        Ok(holder) => json_response(StatusCode::OK, &json!({ "lock": name, "holder": holder, "fresh": true })),
+        Err(why) => json_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &json!({ "lock": name, "holder": null, "fresh": false, "reason": why.to_string() }),
+        ),
     }
 }
 

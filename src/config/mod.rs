@@ -10,6 +10,7 @@ use http::header::HeaderName;
 use http::{Method, Uri};
 use serde::{Serialize, Serializer};
 
+pub use crate::fence::locks::LockTemplate;
 pub use crate::fence::path::PathPolicy;
 pub use crate::fence::{EqualToken, Scope};
 pub use crate::store::SyncMode;
@@ -85,6 +86,39 @@ pub struct Config {
     pub limits: LimitsConfig,
     /// The operators' listener.
     pub admin: AdminConfig,
+    /// The etcd cluster that token verification reads locks from.
+    pub etcd: EtcdConfig,
+    /// How tokens are verified.
+    pub verify: VerifyConfig,
+}
+
+/// `[etcd]`
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EtcdConfig {
+    /// Client URLs of the cluster's members (`http://HOST:PORT`); empty: no etcd.
+    pub endpoints: Vec<String>,
+    /// How long one request to etcd may take before the next member is tried.
+    #[serde(serialize_with = "ser_duration")]
+    pub request_timeout: Duration,
+}
+
+/// `[verify]`
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct VerifyConfig {
+    /// How old the proof that the view of etcd's locks is complete may be before verified
+    /// writes are refused.
+    #[serde(serialize_with = "ser_duration")]
+    pub max_lag: Duration,
+}
+
+/// How a rule's tokens are verified, beyond the `max_seen` check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verify {
+    /// Any number is taken as a token (the default).
+    None,
+    /// The token must be the create revision of the current holder of the rule's etcd lock.
+    Etcd,
 }
 
 /// `[admin]`
@@ -228,6 +262,20 @@ pub struct Rule {
     /// setting or `fence.equal_token` decides.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub equal_token: Option<EqualToken>,
+    /// How tokens under the prefix are verified; unset, a shorter rule's setting decides, and
+    /// none is `Verify::None`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verify: Option<Verify>,
+    /// The etcd lock that guards each key, for `verify = "etcd"`.
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "ser_template")]
+    pub lock: Option<LockTemplate>,
+}
+
+fn ser_template<S: serde::Serializer>(t: &Option<LockTemplate>, s: S) -> Result<S::Ok, S::Error> {
+    match t {
+        Some(t) => s.serialize_str(t.as_str()),
+        None => s.serialize_none(),
+    }
 }
 
 /// The token domain of keys no rule names.

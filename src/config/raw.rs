@@ -24,6 +24,35 @@ pub(super) struct RawConfig {
     pub(super) limits: RawLimits,
     #[serde(default)]
     pub(super) admin: RawAdmin,
+    #[serde(default)]
+    pub(super) etcd: RawEtcd,
+    #[serde(default)]
+    pub(super) verify: RawVerify,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawEtcd {
+    pub(super) endpoints: Vec<String>,
+    pub(super) request_timeout: String,
+}
+
+impl Default for RawEtcd {
+    fn default() -> Self {
+        RawEtcd { endpoints: Vec::new(), request_timeout: "2s".into() }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawVerify {
+    pub(super) max_lag: String,
+}
+
+impl Default for RawVerify {
+    fn default() -> Self {
+        RawVerify { max_lag: "2s".into() }
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -136,6 +165,10 @@ pub(super) struct RawRule {
     pub(super) token_domain: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) equal_token: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) verify: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) lock: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

@@ -128,3 +128,47 @@ fn the_backend_connection_bound_has_a_default_a_floor_and_a_wait() {
     }
     assert!(with("max_connections = -1\n").is_err(), "not a count");
 }
+
+#[test]
+fn rules_that_verify_against_etcd_are_checked_whole() {
+    const ETCD: &str = "[etcd]\nendpoints = [\"http://127.0.0.1:2379\"]\n";
+    let rule = |prefix: &str, lock: &str| {
+        format!("[[fence.rules]]\nprefix = {prefix:?}\nverify = \"etcd\"\nlock = {lock:?}\n")
+    };
+    let ok = Config::from_toml_str(&format!("{MINIMAL}{ETCD}{}", rule("/accounts/", "/locks/accounts/{2}"))).unwrap();
+    let r = &ok.fence.rules[0];
+    assert_eq!((r.verify, r.lock.as_ref().map(|t| t.as_str())), (Some(Verify::Etcd), Some("/locks/accounts/{2}")));
+    assert_eq!(ok.verify.max_lag, Duration::from_secs(2));
+    assert_eq!(ok.etcd.request_timeout, Duration::from_secs(2));
+    for (text, key, says) in [
+        (rule("/a/", "/locks/a/{2}"), "etcd.endpoints", "name its members"),
+        (format!("{ETCD}{}", rule("/a/", "locks/{2}")), "fence.rules[0].lock", "must start with /"),
+        (
+            format!("{ETCD}[[fence.rules]]\nprefix = \"/a/\"\nverify = \"etcd\"\n"),
+            "fence.rules[0].lock",
+            "needs the lock",
+        ),
+        (format!("{ETCD}[[fence.rules]]\nprefix = \"/a/\"\nlock = \"/l/{{2}}\"\n"), "fence.rules[0].lock", "only with"),
+        (
+            format!("{ETCD}[[fence.rules]]\nprefix = \"/a/\"\nverify = \"chubby\"\n"),
+            "fence.rules[0].verify",
+            "expected",
+        ),
+        (
+            format!("{ETCD}{}{}", rule("/a/", "/locks/{2}"), rule("/b/", "/locks/{2}/sub")),
+            "fence.rules[0].lock",
+            "prefix of the",
+        ),
+        (
+            format!("{ETCD}[[fence.scopes]]\nprefix = \"/a/\"\n{}", rule("/", "/locks/{2}")),
+            "fence.rules[0].lock",
+            "keys of 1 segments",
+        ),
+        ("[etcd]\nendpoints = [\"https://127.0.0.1:2379\"]\n".to_owned(), "etcd.endpoints[0]", "not supported"),
+        ("[etcd]\nendpoints = [\"127.0.0.1:2379\"]\n".to_owned(), "etcd.endpoints[0]", "expected http://"),
+        ("[verify]\nmax_lag = \"0s\"\n".to_owned(), "verify.max_lag", "greater than zero"),
+    ] {
+        let err = Config::from_toml_str(&format!("{MINIMAL}{text}")).unwrap_err().to_string();
+        assert!(err.contains(key) && err.contains(says), "{text}: {err}");
+    }
+}

@@ -8,6 +8,7 @@ use http::{Method, Uri};
 
 use super::raw::{self, RawAdmin, RawConfig, RawLimits, RawPaths, RawScope};
 use super::*;
+use crate::fence::keys;
 use crate::fence::path::{self, EscapedSlashes, MatrixParams, TrailingSlash};
 
 /// Least `store.max_table_bytes`: below it a typo (a number of megabytes written as bytes)
@@ -127,7 +128,10 @@ pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
         access: raw.log.access,
     };
     let admin = admin(raw.admin)?;
-    Ok(Config { server, backend, fence, store, log, paths, limits, admin })
+    let etcd = etcd(raw.etcd)?;
+    let verify = VerifyConfig { max_lag: duration("verify.max_lag", &raw.verify.max_lag)? };
+    verified_rules(&fence, &etcd)?;
+    Ok(Config { server, backend, fence, store, log, paths, limits, admin, etcd, verify })
 }
 
 const EQUAL_TOKEN: [(&str, EqualToken); 2] = [("reject", EqualToken::Reject), ("accept", EqualToken::Accept)];
@@ -303,9 +307,97 @@ fn rules(raw: &[raw::RawRule], policy: &PathPolicy) -> Result<Vec<Rule>, ConfigE
             .as_deref()
             .map(|text| choice(&format!("fence.rules[{index}].equal_token"), text, EQUAL_TOKEN))
             .transpose()?;
-        rules.push(Rule { prefix: canonical, token_domain: domain, equal_token });
+        let verify = r
+            .verify
+            .as_deref()
+            .map(|text| {
+                choice(&format!("fence.rules[{index}].verify"), text, [("none", Verify::None), ("etcd", Verify::Etcd)])
+            })
+            .transpose()?;
+        let lock_key = format!("fence.rules[{index}].lock");
+        let lock = match (&r.lock, verify) {
+            (Some(text), Some(Verify::Etcd)) => {
+                Some(LockTemplate::parse(text).map_err(|e| invalid(&lock_key, e.to_string()))?)
+            }
+            (Some(_), _) => return Err(invalid(&lock_key, "names an etcd lock: only with verify = \"etcd\"")),
+            (None, Some(Verify::Etcd)) => {
+                return Err(invalid(
+                    &lock_key,
+                    "verify = \"etcd\" needs the lock that guards each key, e.g. \"/locks/accounts/{2}\"",
+                ));
+            }
+            (None, _) => None,
+        };
+        rules.push(Rule { prefix: canonical, token_domain: domain, equal_token, verify, lock });
     }
     Ok(rules)
+}
+
+fn etcd(raw: raw::RawEtcd) -> Result<EtcdConfig, ConfigError> {
+    for (index, url) in raw.endpoints.iter().enumerate() {
+        let key = format!("etcd.endpoints[{index}]");
+        let uri: Uri = url.parse().map_err(|e| invalid(&key, format!("{url:?}: {e}")))?;
+        match (uri.scheme_str(), uri.authority(), uri.path()) {
+            (Some("http"), Some(_), "" | "/") => {}
+            (Some("https"), ..) => {
+                return Err(invalid(
+                    &key,
+                    format!("{url:?}: https to etcd is not supported yet; use http:// on a private network"),
+                ));
+            }
+            _ => return Err(invalid(&key, format!("{url:?}: expected http://HOST:PORT"))),
+        }
+    }
+    Ok(EtcdConfig {
+        endpoints: raw.endpoints,
+        request_timeout: duration("etcd.request_timeout", &raw.request_timeout)?,
+    })
+}
+
+/// Rules that verify tokens against etcd need an etcd, lock names inside their fence keys,
+/// and lock names no other rule's could be a prefix of.
+fn verified_rules(fence: &FenceConfig, etcd: &EtcdConfig) -> Result<(), ConfigError> {
+    let verified: Vec<(usize, &Rule, &LockTemplate)> =
+        (fence.rules.iter().enumerate()).filter_map(|(i, r)| r.lock.as_ref().map(|t| (i, r, t))).collect();
+    for (index, rule, template) in &verified {
+        let key = format!("fence.rules[{index}].lock");
+        if etcd.endpoints.is_empty() {
+            return Err(invalid(
+                "etcd.endpoints",
+                format!("fence.rules[{index}] verifies tokens against etcd: name its members"),
+            ));
+        }
+        // A scope that cuts keys under the prefix short leaves the lock's segment out.
+        let n = template.max_segment();
+        for scope in &fence.scopes {
+            let applies = keys::in_scope(&rule.prefix, &scope.prefix) || keys::in_scope(&scope.prefix, &rule.prefix);
+            let kept = scope.segments.unwrap_or_else(|| scope.prefix.split('/').filter(|s| !s.is_empty()).count());
+            if applies && kept < n {
+                return Err(invalid(
+                    &key,
+                    format!(
+                        "{:?} takes segment {n}, but the scope {:?} makes keys of {kept} segments",
+                        template.as_str(),
+                        scope.prefix
+                    ),
+                ));
+            }
+        }
+        for (other_index, _, other) in &verified {
+            if other_index > index && template.overlaps(other) {
+                return Err(invalid(
+                    &key,
+                    format!(
+                        "{:?} and fence.rules[{other_index}].lock {:?} could name locks one of which is a prefix of the \
+                     other, and etcd's lock would count the longer one's holders as the shorter one's",
+                        template.as_str(),
+                        other.as_str()
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn scope(index: usize, raw: &RawScope, policy: &PathPolicy) -> Result<Scope, ConfigError> {

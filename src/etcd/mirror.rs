@@ -41,10 +41,25 @@ pub struct MirrorOptions {
 /// Why a mirror gave no answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Freshness {
+    /// No mirror holds the lock's keys.
+    NotMirrored,
     /// It has not yet caught up with etcd since it started or since its watch broke.
     NotCaughtUp,
     /// Its last proof of freshness is this old, above `max_lag`.
     Lagging(Duration),
+}
+
+impl std::fmt::Display for Freshness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Freshness::NotMirrored => f.write_str("does not hold it"),
+            Freshness::NotCaughtUp => f.write_str("has not caught up with etcd"),
+            Freshness::Lagging(age) => {
+                let age = Duration::from_millis(age.as_millis() as u64);
+                write!(f, "was last proven complete {} ago, more than verify.max_lag", humantime::format_duration(age))
+            }
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -123,10 +138,7 @@ impl Follow {
 
     fn set_fresh(&self, fresh: Option<Instant>) {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        state.fresh_as_of = match fresh {
-            Some(t) => Some(state.fresh_as_of.map_or(t, |old| old.max(t))),
-            None => None,
-        };
+        state.fresh_as_of = fresh.map(|t| state.fresh_as_of.map_or(t, |old| old.max(t)));
     }
 
     async fn run(self) {
@@ -198,7 +210,7 @@ impl Follow {
                     if sent.iter().any(|(_, _, acked)| acked.is_some_and(|a| a.elapsed() > self.options.max_lag)) {
                         return Err(EtcdError::WatchEnded("a heartbeat etcd took was not delivered".into()));
                     }
-                    if *lease == 0 || seq % 16 == 0 {
+                    if *lease == 0 || seq.is_multiple_of(16) {
                         *lease = self.renew(*lease).await;
                     }
                     seq += 1;

@@ -13,6 +13,7 @@
 
 mod client;
 mod mirror;
+mod mirrors;
 mod watch;
 
 use base64::Engine as _;
@@ -21,6 +22,7 @@ use serde_json::Value;
 
 pub use client::{Client, Held, Kv};
 pub use mirror::{Freshness, Mirror, MirrorOptions};
+pub use mirrors::Mirrors;
 pub use watch::{Event, EventKind, Watch};
 
 /// What can go wrong talking to etcd.

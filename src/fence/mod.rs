@@ -13,6 +13,7 @@
 mod acquire;
 mod gates;
 pub mod keys;
+pub mod locks;
 mod operator;
 pub mod path;
 mod subtree;

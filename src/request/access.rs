@@ -62,6 +62,7 @@ mod tests {
             target: "/a".parse().unwrap(),
             body_limit: None,
             equal: crate::fence::EqualToken::Reject,
+            locks: Vec::new(),
         };
         e.plan(&Plan::Write(write));
         assert_eq!((e.keys.as_str(), e.token), ("/a,/b/", Some(7)));

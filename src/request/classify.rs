@@ -49,6 +49,9 @@ pub struct Write {
     pub body_limit: Option<u64>,
     /// What a token equal to `max_seen` gets: the strictest setting among the keys it touches.
     pub equal: EqualToken,
+    /// The etcd locks whose current holder the token must be (`verify = "etcd"`), one per
+    /// key; empty when the write's tokens are not verified.
+    pub locks: Vec<String>,
 }
 
 /// Headers with which web frameworks let a request claim another method than its own. A
@@ -120,8 +123,10 @@ pub fn classify<B: Body>(req: &Request<B>, config: &Config) -> Result<Plan, Refu
         Err(TokenError::Missing) => return Err(Refusal::MissingToken { header: config.fence.header.to_string() }),
         Err(e) => return Err(e.into()),
     };
-    let equal = equal_token(&touches, &config.fence);
-    Ok(Plan::Write(Write { token, touches, destination, target, body_limit, equal }))
+    let locks = super::locks::lock_names(&touches, &config.fence).map_err(Refusal::Lock)?;
+    // Only the verified holder can present its own revision: equal passes where it is checked.
+    let equal = if locks.is_empty() { equal_token(&touches, &config.fence) } else { EqualToken::Accept };
+    Ok(Plan::Write(Write { token, touches, destination, target, body_limit, equal, locks }))
 }
 
 /// What a token equal to `max_seen` gets in a write of `touches`: `Reject` if any key it may
@@ -307,6 +312,7 @@ mod tests {
             target: PathAndQuery::from_static(target),
             body_limit: None,
             equal: EqualToken::Reject,
+            locks: Vec::new(),
         })
     }
 

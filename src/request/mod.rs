@@ -5,6 +5,7 @@
 mod access;
 pub mod classify;
 pub mod destination;
+pub mod locks;
 pub mod refusal;
 pub(crate) mod throttle;
 
@@ -78,7 +79,7 @@ async fn execute(
         }
         Plan::Write(write) => write,
     };
-    let Write { token, touches, destination, target, body_limit, equal } = write;
+    let Write { token, touches, destination, target, body_limit, equal, locks: locks_held } = write;
     let mut req = req;
     if let Some(d) = destination {
         // What the backend is told to change is what was fenced.
@@ -86,6 +87,7 @@ async fn execute(
     }
     let fence = &settings.config.fence;
     // Refuse early, and wait for the turn: both may be abandoned if the client goes away...
+    locks::check(&settings.locks, &locks_held, token).map_err(Refusal::Lock)?;
     state.fence.precheck(&touches, token, equal)?;
     let waiting = Instant::now();
     let turn = state.fence.acquire(touches, fence.queue_timeout).await;
@@ -97,6 +99,9 @@ async fn execute(
     // Boxed: the connection's checkout and the forward's state (request, timer) would
     // otherwise make up most of the write task's future, which the spawn copies several times.
     let prepare = Box::pin(async move {
+        // The authoritative look at the holder, when the turn has come: a holder that lost its
+        // lock while it waited is refused, with its token not used up.
+        locks::check(&settings.locks, &locks_held, token).map_err(Refusal::Lock)?;
         // Before the advance: without a connection the token is not used up.
         let conn = settings.upstream.connection().await?;
         Ok(Box::pin(async move {

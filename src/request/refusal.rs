@@ -12,6 +12,7 @@ use http::{Response, StatusCode};
 use http_body_util::Full;
 use serde_json::{Value, json};
 
+use super::locks::LockError;
 use crate::fence::FenceError;
 use crate::fence::path::PathError;
 use crate::fence::token::TokenError;
@@ -107,6 +108,10 @@ pub enum Refusal {
     /// The backend could not be reached, failed, or did not answer in time.
     #[error(transparent)]
     Upstream(UpstreamError),
+    /// The token is not the holder's of the etcd lock that guards the key, or that cannot be
+    /// told now.
+    #[error(transparent)]
+    Lock(LockError),
 }
 
 // Written out rather than `#[from]`: the message already includes the cause, and a `source`
@@ -187,6 +192,10 @@ impl Refusal {
             Refusal::Upstream(UpstreamError::Busy(_)) => (S::SERVICE_UNAVAILABLE, "backend_busy"),
             Refusal::Upstream(UpstreamError::Failed(_)) => (S::BAD_GATEWAY, "backend_error"),
             Refusal::Upstream(UpstreamError::Timeout(_)) => (S::GATEWAY_TIMEOUT, "backend_timeout"),
+            Refusal::Lock(LockError::NotHolder { .. }) => (S::CONFLICT, "not_lock_holder"),
+            Refusal::Lock(LockError::Unavailable { .. }) => (S::SERVICE_UNAVAILABLE, "verify_unavailable"),
+            Refusal::Lock(LockError::NoLockName { .. }) => (S::BAD_REQUEST, "no_lock_name"),
+            Refusal::Lock(LockError::CrossVerify(_)) => (S::BAD_REQUEST, "cross_verify_write"),
         }
     }
 
@@ -229,6 +238,10 @@ impl Refusal {
             Refusal::Fence(FenceError::Quarantined { resource, retry_after, .. }) => {
                 json!({ "resource": resource, "retry_after_ms": retry_after.as_millis() as u64 })
             }
+            Refusal::Lock(LockError::NotHolder { lock, token, holder }) => {
+                json!({ "lock": lock, "token": token, "holder": holder })
+            }
+            Refusal::Lock(LockError::Unavailable { lock, .. }) => json!({ "lock": lock }),
             _ => return body,
         };
         if let (Some(body), Value::Object(extra)) = (body.as_object_mut(), extra) {
@@ -247,7 +260,9 @@ impl Refusal {
                 Some(retry_after.as_secs_f64().ceil().max(1.0) as u64)
             }
             // Not for a failed store: it stays failed until restart. A full disk may get room.
-            Refusal::Fence(FenceError::QueueTimeout { .. }) | Refusal::Upstream(UpstreamError::Busy(_)) => Some(1),
+            Refusal::Fence(FenceError::QueueTimeout { .. })
+            | Refusal::Upstream(UpstreamError::Busy(_))
+            | Refusal::Lock(LockError::Unavailable { .. }) => Some(1),
             Refusal::Store(StoreError::NoSpace(_)) => Some(5),
             _ => None,
         };
@@ -288,6 +303,18 @@ mod tests {
             (wrong_method, 405, "method_not_allowed"),
             (Refusal::UpgradeRefused("websocket".into()), 400, "upgrade_refused"),
             (Refusal::CrossDomain("x".into()), 400, "cross_domain_write"),
+            (
+                Refusal::Lock(LockError::NotHolder { lock: "/l".into(), token: 3, holder: Some(4) }),
+                409,
+                "not_lock_holder",
+            ),
+            (
+                Refusal::Lock(LockError::Unavailable { lock: "/l".into(), reason: "x".into() }),
+                503,
+                "verify_unavailable",
+            ),
+            (Refusal::Lock(LockError::NoLockName { key: "/a".into(), template: "/l/{2}".into() }), 400, "no_lock_name"),
+            (Refusal::Lock(LockError::CrossVerify("x".into())), 400, "cross_verify_write"),
             (Refusal::InvalidHeader { name: "destination".into(), reason: "twice".into() }, 400, "invalid_header"),
             (Refusal::HeadersTooLarge { size: 9, limit: 8 }, 431, "headers_too_large"),
             (Refusal::UriTooLong { size: 9, limit: 8 }, 414, "uri_too_long"),

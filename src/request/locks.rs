@@ -1,0 +1,141 @@
+//! Tokens verified against etcd's locks (`verify = "etcd"` in a `[[fence.rules]]` entry): a
+//! write is accepted only if its token is the create revision of the current holder of the
+//! lock that guards each key it may change, as fencegate's [`Mirror`] of the locks shows them.
+//! Such a token still has to pass the `max_seen` check, and a token equal to `max_seen` passes
+//! it, since only the verified holder can present its own revision.
+//!
+//! The mirrors answer without a request to etcd; they refuse to answer, and verified writes
+//! get `503 verify_unavailable`, while their proof of freshness is older than
+//! `verify.max_lag` (docs/tokens.md says what window remains).
+
+use crate::config::{Config, FenceConfig, Rule, Verify};
+use crate::etcd::{Client, MirrorOptions, Mirrors};
+use crate::fence::{Coverage, Touch, covers, keys, node};
+
+/// Why a write was refused by its lock's holder.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LockError {
+    /// The token is not the create revision of the lock's current holder.
+    #[error("token {token} is not held: the lock {lock} is {}", held(*holder))]
+    NotHolder {
+        /// The lock's name.
+        lock: String,
+        /// The token the write carried.
+        token: u64,
+        /// The current holder's create revision, if anyone holds it.
+        holder: Option<i64>,
+    },
+    /// The view of the locks is not proven fresh: the holder cannot be told now.
+    #[error("the lock {lock} cannot be checked now: the view of etcd's locks {reason}")]
+    Unavailable {
+        /// The lock's name.
+        lock: String,
+        /// Why not.
+        reason: String,
+    },
+    /// The key has fewer segments than its rule's lock template takes.
+    #[error("{key} has no lock: the template {template} takes more segments than the key has")]
+    NoLockName {
+        /// The fence key.
+        key: String,
+        /// The rule's template.
+        template: String,
+    },
+    /// The write may change keys under different verification settings.
+    #[error("this write cannot be verified: {0}")]
+    CrossVerify(String),
+}
+
+fn held(holder: Option<i64>) -> String {
+    match holder {
+        Some(rev) => format!("held by the holder whose token is {rev}"),
+        None => "not held by anyone".to_owned(),
+    }
+}
+
+/// The verification setting of `key`: that of the longest rule over it that sets one.
+fn rule_of<'a>(key: &str, rules: &'a [Rule]) -> Option<&'a Rule> {
+    let setting = rules.iter().filter(|r| r.verify.is_some() && keys::in_scope(key, &r.prefix));
+    setting.max_by_key(|r| r.prefix.len()).filter(|r| r.verify == Some(Verify::Etcd))
+}
+
+/// The locks whose holder a write of `touches` must be, one per key; empty if the write is not
+/// verified. A write whose keys are under different settings, or a subtree holding keys under
+/// another setting than its own, is refused: no one lock's holder speaks for all of them.
+pub(crate) fn lock_names(touches: &[Touch], fence: &FenceConfig) -> Result<Vec<String>, LockError> {
+    if !fence.rules.iter().any(|r| r.verify.is_some()) {
+        return Ok(Vec::new());
+    }
+    let mut names = Vec::new();
+    let mut unverified = None;
+    for touch in touches {
+        let rule = rule_of(&touch.key, &fence.rules);
+        if touch.coverage == Coverage::Subtree {
+            let here = node(&touch.key);
+            let inner = fence.rules.iter().find(|r| {
+                r.verify.is_some() && covers(here, node(&r.prefix)) && rule_of(&r.prefix, &fence.rules) != rule
+            });
+            if let Some(inner) = inner {
+                return Err(LockError::CrossVerify(format!(
+                    "the subtree at {} holds {}, whose tokens are verified otherwise",
+                    touch.key, inner.prefix
+                )));
+            }
+        }
+        match rule.and_then(|r| r.lock.as_ref()) {
+            Some(template) => match template.name(&touch.key) {
+                Some(name) => names.push(name),
+                None => {
+                    return Err(LockError::NoLockName { key: touch.key.clone(), template: template.as_str().into() });
+                }
+            },
+            None => unverified = Some(&touch.key),
+        }
+    }
+    match unverified {
+        Some(key) if !names.is_empty() => {
+            Err(LockError::CrossVerify(format!("it changes {key}, whose tokens are not verified, and keys whose are")))
+        }
+        Some(_) => Ok(Vec::new()),
+        None => Ok(names),
+    }
+}
+
+/// The mirrors of etcd's locks that the rules in force verify against, one per template's
+/// literal prefix, started on the current runtime; those `previous` has are kept (`[etcd]` and
+/// `verify.max_lag` need a restart, so a mirror kept is still right).
+pub(crate) fn mirrors(config: &Config, previous: Option<&Mirrors>) -> Mirrors {
+    let templates = config.fence.rules.iter().filter_map(|r| r.lock.as_ref());
+    let mut prefixes: Vec<Vec<u8>> = templates.map(|t| t.literal_prefix().into_bytes()).collect();
+    prefixes.dedup();
+    if prefixes.is_empty() {
+        return Mirrors::default();
+    }
+    let client = Client::new(&config.etcd.endpoints, config.etcd.request_timeout);
+    let options = MirrorOptions { max_lag: config.verify.max_lag, instance: instance() };
+    Mirrors::build(&client, &prefixes, &options, previous)
+}
+
+/// Whether `token` is the holder's of every lock in `names`.
+pub(crate) fn check(mirrors: &Mirrors, names: &[String], token: u64) -> Result<(), LockError> {
+    for name in names {
+        let holder = mirrors
+            .holder(name.as_bytes())
+            .map_err(|f| LockError::Unavailable { lock: name.clone(), reason: f.to_string() })?;
+        if holder.and_then(|h| u64::try_from(h).ok()) != Some(token) {
+            return Err(LockError::NotHolder { lock: name.clone(), token, holder });
+        }
+    }
+    Ok(())
+}
+
+/// Names this process's heartbeat keys: its pid and start time.
+fn instance() -> String {
+    static INSTANCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    INSTANCE
+        .get_or_init(|| {
+            let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            format!("{}-{}", std::process::id(), started.as_nanos())
+        })
+        .clone()
+}

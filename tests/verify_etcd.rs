@@ -1,0 +1,186 @@
+//! Tokens verified against a real etcd's locks (`verify = "etcd"`): only the current holder's
+//! create revision passes, a zombie is refused as soon as fencegate's view has seen its key go
+//! (before any newer write), made-up numbers never pass, the write path sends etcd nothing,
+//! and a stalled etcd turns verified writes away until it is back.
+//!
+//! Skipped with a message where etcd is not installed; `FG_REQUIRE_SERVICES=1` makes that a
+//! failure (`.ci/run` sets it).
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use common::builder::Deployment;
+use common::etcd::{Gateway, Held};
+use common::services::{Etcd, start_etcd};
+use common::wait::DEADLINE;
+use common::{Resp, eventually, raw_request};
+use rustix::process::{Pid, Signal, kill_process};
+use tokio::task::JoinHandle;
+
+const MAX_LAG: Duration = Duration::from_millis(800);
+const LOCK: &str = "/locks/accounts/42";
+
+/// A proxy whose `/accounts/` keys are verified against the locks `/locks/accounts/{2}`.
+async fn deployment(etcd: &Etcd) -> (Deployment, SocketAddr) {
+    let extra = format!(
+        "[admin]\nlisten = \"127.0.0.1:0\"\n[etcd]\nendpoints = [\"{}\"]\n[verify]\nmax_lag = \"{}ms\"\n\
+         [[fence.rules]]\nprefix = \"/accounts/\"\nverify = \"etcd\"\nlock = \"/locks/accounts/{{2}}\"\n",
+        etcd.url(),
+        MAX_LAG.as_millis()
+    );
+    let d = Deployment::builder().config_extra(&extra).start().await;
+    let admin = d.proxy().admin_addr().await;
+    (d, admin)
+}
+
+struct Holder {
+    lease: i64,
+    renew: JoinHandle<()>,
+    held: Held,
+    token: u64,
+}
+
+async fn acquire(gw: Gateway, ttl: Duration) -> Holder {
+    let lease = gw.grant(ttl).await.unwrap();
+    let renew = gw.keep_alive(lease, ttl);
+    let held = gw.lock(LOCK.as_bytes(), lease).await.unwrap();
+    let token = gw.create_revision(&held.key).await.unwrap().unwrap();
+    Holder { lease, renew, held, token: u64::try_from(token).unwrap() }
+}
+
+async fn request(addr: SocketAddr, head: &str) -> Resp {
+    raw_request(addr, &format!("{head}\r\nHost: x"), "v").await
+}
+
+async fn put(addr: SocketAddr, path: &str, token: u64) -> Resp {
+    request(addr, &format!("PUT {path} HTTP/1.1\r\nFencing-Token: {token}")).await
+}
+
+/// The holder of `LOCK` as the proxy's admin API shows it, once its view is fresh.
+async fn holder_seen(admin: SocketAddr) -> Option<Option<u64>> {
+    let r = raw_request(admin, &format!("GET /locks{LOCK} HTTP/1.1\r\nHost: x"), "").await;
+    (r.status == 200).then(|| r.json()["holder"].as_u64())
+}
+
+async fn wait_holder(admin: SocketAddr, holder: Option<u64>) {
+    eventually(&format!("the proxy sees {holder:?} hold {LOCK}"), async || holder_seen(admin).await == Some(holder))
+        .await;
+}
+
+/// Requests etcd has served that a lookup of a lock would make (range reads, transactions).
+async fn lookups(etcd: &Etcd) -> u64 {
+    let r = raw_request(etcd.endpoint, "GET /metrics HTTP/1.1\r\nHost: etcd", "").await;
+    let text = String::from_utf8_lossy(&r.body).into_owned();
+    text.lines()
+        .filter(|l| l.starts_with("grpc_server_started_total{"))
+        .filter(|l| l.contains("grpc_method=\"Range\"") || l.contains("grpc_method=\"Txn\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+fn assert_not_holder(r: &Resp, token: u64, holder: Option<u64>) {
+    r.assert_refused(409, "not_lock_holder");
+    let body = r.json();
+    assert_eq!(
+        (body["lock"].as_str(), body["token"].as_u64(), body["holder"].as_u64()),
+        (Some(LOCK), Some(token), holder)
+    );
+}
+
+#[tokio::test]
+async fn only_the_current_holders_create_revision_passes_and_a_zombie_is_refused_before_anyone_writes() {
+    let Some(etcd) = start_etcd().await else { return };
+    let gw = Gateway::single(&etcd.url());
+    let (d, admin) = deployment(&etcd).await;
+    let path = "/accounts/42";
+    wait_holder(admin, None).await;
+
+    // Nobody holds the lock: no number passes, the largest neither.
+    assert_not_holder(&put(d.addr(), path, u64::MAX).await, u64::MAX, None);
+
+    // A holds it: its create revision passes, again and again (the verified holder alone can
+    // present its revision, so a token equal to max_seen passes); anything else does not.
+    let a = acquire(gw.clone(), Duration::from_secs(2)).await;
+    wait_holder(admin, Some(a.token)).await;
+    for _ in 0..2 {
+        assert_eq!(put(d.addr(), path, a.token).await.status, 200);
+    }
+    assert_not_holder(&put(d.addr(), path, u64::MAX).await, u64::MAX, Some(a.token));
+    assert_not_holder(&put(d.addr(), path, a.token + 1).await, a.token + 1, Some(a.token));
+    // Another lock's resource: A does not hold that one.
+    put(d.addr(), "/accounts/43", a.token).await.assert_refused(409, "not_lock_holder");
+
+    // B queues; A pauses, its lease expires and B holds the lock. B has not written.
+    let b = tokio::spawn(acquire(gw.clone(), Duration::from_secs(10)));
+    eventually("B queues", async || gw.prefixed(format!("{LOCK}/").as_bytes()).await.unwrap().len() == 2).await;
+    a.renew.abort();
+    let b = tokio::time::timeout(DEADLINE, b).await.expect("B holds the lock once A's lease expires").unwrap();
+    assert!(b.token > a.token, "B queued behind A: its create revision is higher");
+    wait_holder(admin, Some(b.token)).await;
+    // The zombie is refused although its token is max_seen and nobody has written since.
+    assert_not_holder(&put(d.addr(), path, a.token).await, a.token, Some(b.token));
+    let applied: Vec<u64> = d.backend.applied().iter().filter_map(|r| r.token()).collect();
+    assert_eq!(applied, [a.token, a.token], "only A's writes while it held the lock");
+
+    // B writes with the create revision of its key, though it got the lock later (queued).
+    assert!(b.held.acquired_revision as u64 > b.token, "B's acquire revision is not its token");
+    let before = lookups(&etcd).await;
+    for _ in 0..20 {
+        assert_eq!(put(d.addr(), path, b.token).await.status, 200);
+    }
+    assert_eq!(lookups(&etcd).await, before, "20 verified writes made no range read or transaction in etcd");
+
+    // What verification cannot answer is refused as such.
+    put(d.addr(), "/accounts/", b.token).await.assert_refused(400, "no_lock_name");
+    let r = request(d.addr(), &format!("MOVE {path} HTTP/1.1\r\nFencing-Token: {}\r\nDestination: /other/x", b.token))
+        .await;
+    r.assert_refused(400, "cross_verify_write");
+    // Keys no rule verifies take any token, as before.
+    assert_eq!(put(d.addr(), "/other/x", 7).await.status, 200);
+    gw.revoke(b.lease).await.unwrap();
+    let _ = a.lease;
+}
+
+#[tokio::test]
+async fn a_stalled_etcd_turns_verified_writes_away_within_max_lag_and_they_come_back() {
+    let Some(etcd) = start_etcd().await else { return };
+    let gw = Gateway::single(&etcd.url());
+    let (d, admin) = deployment(&etcd).await;
+    let h = acquire(gw.clone(), Duration::from_secs(30)).await;
+    wait_holder(admin, Some(h.token)).await;
+    assert_eq!(put(d.addr(), "/accounts/42", h.token).await.status, 200);
+
+    let pid = Pid::from_raw(etcd.pid() as i32).unwrap();
+    kill_process(pid, Signal::STOP).unwrap();
+    let stopped = Instant::now();
+    // Each write's instant is taken before it is sent, so a slow test cannot stretch the bound:
+    // a write accepted was checked after it was sent, against a proof of freshness from before
+    // the stop, at most max_lag old.
+    let mut last_accepted = stopped;
+    loop {
+        let sent = Instant::now();
+        let r = put(d.addr(), "/accounts/42", h.token).await;
+        match r.status {
+            200 => last_accepted = sent,
+            _ => {
+                r.assert_refused(503, "verify_unavailable");
+                assert!(r.headers.contains_key("retry-after"));
+                break;
+            }
+        }
+        assert!(stopped.elapsed() < DEADLINE, "verified writes still accepted {:?} into the stall", stopped.elapsed());
+    }
+    let accepted_for = last_accepted - stopped;
+    assert!(accepted_for <= MAX_LAG + Duration::from_millis(50), "accepted {accepted_for:?} into the stall");
+    // Reads and unverified writes do not need etcd.
+    assert_eq!(request(d.addr(), "GET /accounts/42 HTTP/1.1").await.status, 200);
+    assert_eq!(put(d.addr(), "/other/x", 1).await.status, 200);
+
+    kill_process(pid, Signal::CONT).unwrap();
+    eventually("verified writes are accepted again", async || {
+        put(d.addr(), "/accounts/42", h.token).await.status == 200
+    })
+    .await;
+}
