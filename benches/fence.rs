@@ -166,5 +166,43 @@ fn check_and_reserve(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, parsing, check_and_reserve, deep);
+/// What verification adds to a write: classifying a PUT with and without a `verify = "etcd"`
+/// rule (the lock name made from the key), and the lookup of the lock's holder in a mirror of
+/// 10,000 locks, each with a holder and a waiter.
+fn verify(c: &mut Criterion) {
+    use fencegate::etcd::{Mirror, Mirrors};
+    use fencegate::request::classify::{Plan, classify};
+    let base = "[backend]\nurl = \"http://127.0.0.1:9\"\n";
+    let plain = fencegate::Config::from_toml_str(base).unwrap();
+    let etcd = fencegate::Config::from_toml_str(&format!(
+        "{base}[etcd]\nendpoints = [\"http://127.0.0.1:2379\"]\n[[fence.rules]]\nprefix = \"/accounts/\"\n\
+         verify = \"etcd\"\nlock = \"/locks/accounts/{{2}}\"\n"
+    ))
+    .unwrap();
+    let keys = (0..10_000i64).flat_map(|i| {
+        let name = format!("/locks/accounts/{i}");
+        [
+            (format!("{name}/694d7a1b{i:08x}").into_bytes(), 100 + 2 * i),
+            (format!("{name}/794d7a1b{i:08x}").into_bytes(), 101 + 2 * i),
+        ]
+    });
+    let mirrors = Mirrors::of(Mirror::fixed(b"/locks/accounts/".to_vec(), keys));
+    let req = || {
+        http::Request::put("/accounts/4242")
+            .header("fencing-token", "8584")
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .unwrap()
+    };
+    let mut g = c.benchmark_group("verify");
+    g.bench_function("classify_unverified", |b| b.iter(|| classify(black_box(&req()), &plain).unwrap()));
+    g.bench_function("classify_etcd", |b| b.iter(|| classify(black_box(&req()), &etcd).unwrap()));
+    let Plan::Write(w) = classify(&req(), &etcd).unwrap() else { panic!("a write") };
+    assert_eq!(w.locks, ["/locks/accounts/4242"]);
+    g.bench_function("etcd_holder_check", |b| {
+        b.iter(|| fencegate::request::locks::check(&mirrors, black_box(&w.locks), black_box(8584)).unwrap())
+    });
+    g.finish();
+}
+
+criterion_group!(benches, parsing, check_and_reserve, deep, verify);
 criterion_main!(benches);

@@ -76,12 +76,14 @@ pub struct Mirror {
     prefix: Vec<u8>,
     max_lag: Duration,
     state: Arc<Mutex<State>>,
-    task: AbortHandle,
+    task: Option<AbortHandle>,
 }
 
 impl Drop for Mirror {
     fn drop(&mut self) {
-        self.task.abort();
+        if let Some(task) = &self.task {
+            task.abort();
+        }
     }
 }
 
@@ -91,7 +93,14 @@ impl Mirror {
         let state = Arc::new(Mutex::new(State::default()));
         let follow = Follow { client, prefix: prefix.clone(), options: options.clone(), state: state.clone() };
         let task = tokio::spawn(follow.run()).abort_handle();
-        Mirror { prefix, max_lag: options.max_lag, state, task }
+        Mirror { prefix, max_lag: options.max_lag, state, task: Some(task) }
+    }
+
+    /// A mirror of fixed keys that follows nothing and stays fresh: for benchmarks.
+    #[doc(hidden)]
+    pub fn fixed(prefix: Vec<u8>, keys: impl IntoIterator<Item = (Vec<u8>, i64)>) -> Mirror {
+        let state = State { keys: keys.into_iter().collect(), fresh_as_of: Some(Instant::now()) };
+        Mirror { prefix, max_lag: Duration::from_secs(1 << 30), state: Arc::new(Mutex::new(state)), task: None }
     }
 
     /// The prefix it mirrors.

@@ -31,6 +31,12 @@ impl Mirrors {
         Mirrors { by_prefix }
     }
 
+    /// A set of one given mirror: for benchmarks.
+    #[doc(hidden)]
+    pub fn of(mirror: Mirror) -> Mirrors {
+        Mirrors { by_prefix: HashMap::from([(mirror.prefix().to_vec(), Arc::new(mirror))]) }
+    }
+
     /// Whether it mirrors nothing.
     pub fn is_empty(&self) -> bool {
         self.by_prefix.is_empty()

@@ -62,7 +62,7 @@ fn rule_of<'a>(key: &str, rules: &'a [Rule]) -> Option<&'a Rule> {
 /// The locks whose holder a write of `touches` must be, one per key; empty if the write is not
 /// verified. A write whose keys are under different settings, or a subtree holding keys under
 /// another setting than its own, is refused: no one lock's holder speaks for all of them.
-pub(crate) fn lock_names(touches: &[Touch], fence: &FenceConfig) -> Result<Vec<String>, LockError> {
+pub fn lock_names(touches: &[Touch], fence: &FenceConfig) -> Result<Vec<String>, LockError> {
     if !fence.rules.iter().any(|r| r.verify.is_some()) {
         return Ok(Vec::new());
     }
@@ -117,7 +117,7 @@ pub(crate) fn mirrors(config: &Config, previous: Option<&Mirrors>) -> Mirrors {
 }
 
 /// Whether `token` is the holder's of every lock in `names`.
-pub(crate) fn check(mirrors: &Mirrors, names: &[String], token: u64) -> Result<(), LockError> {
+pub fn check(mirrors: &Mirrors, names: &[String], token: u64) -> Result<(), LockError> {
     for name in names {
         let holder = mirrors
             .holder(name.as_bytes())
