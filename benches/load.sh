@@ -31,6 +31,18 @@
 # BASE_BIN=PATH adds a fifth target on 127.0.0.1:18085: another fencegate binary (an earlier
 # commit's, say), configured alike with a data dir of its own, measured in the same
 # interleaved rounds, so that a change is compared with its baseline under the same noise.
+#
+# FG_EXTRA_CONFIG and BASE_EXTRA_CONFIG are TOML merged into fencegate's and the baseline's
+# config (a key given there replaces the script's; the script's own is [server] listen,
+# [backend] url, [store] dir and sync = "always", [log] level = "warn", [admin] listen), so
+# the two can differ by config as well as by binary (merging needs Python 3.11's tomllib).
+# No access log against the access log, with the same binary (at level "warn" it writes
+# nothing, so the level goes with it):
+#   FG_EXTRA_CONFIG=$'[log]\nlevel = "info"' BASE_BIN=target/release/fencegate \
+#   BASE_EXTRA_CONFIG=$'[log]\nlevel = "info"\naccess = true' benches/load.sh
+# Each fencegate's stderr goes to a file on the data disk (/var/tmp/fencegate-load.*/logs/,
+# removed at the end), as an operator's log file would; at the end the script prints each
+# file's lines and size, and the lines its log's queue dropped (from /metrics).
 set -euo pipefail
 
 ROUNDS=${ROUNDS:-3}
@@ -71,7 +83,7 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-mkdir -p "$SHM/www/get" "$SHM/body" "$SHM/logs" "$DISK/data" "$DISK/base"
+mkdir -p "$SHM/www/get" "$SHM/body" "$SHM/logs" "$DISK/logs" "$DISK/data" "$DISK/base"
 # A new deployment's data dir, as `fencegate init` makes it (`run` refuses an empty one);
 # builds from before `init` existed start an empty one themselves.
 init_data_dir() { # BINARY DIR
@@ -125,20 +137,42 @@ nginx_conf proxy <<EOF
         }
     }
 EOF
-cat >"$SHM/fencegate.toml" <<EOF
-[server]
-listen = "127.0.0.1:18083"
-[backend]
-url = "http://127.0.0.1:18081"
-[store]
-dir = "$DISK/data"
-sync = "always"
-[log]
-level = "warn"
-[admin]
-listen = "127.0.0.1:18183"
+# Writes $SHM/NAME.toml: the script's config for a fencegate on PORT (admin on ADMIN) with its
+# data in DIR, EXTRA (TOML) merged over it, table by table.
+fg_config() { # NAME PORT ADMIN DIR EXTRA
+    python3 - "$2" "$3" "$4" "$5" >"$SHM/$1.toml" <<'EOF'
+import json, re, sys
+port, admin, data, extra = sys.argv[1:]
+conf = {"server": {"listen": f"127.0.0.1:{port}"}, "backend": {"url": "http://127.0.0.1:18081"},
+        "store": {"dir": data, "sync": "always"}, "log": {"level": "warn"},
+        "admin": {"listen": f"127.0.0.1:{admin}"}}
+def merge(into, over):
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(into.get(k), dict): merge(into[k], v)
+        else: into[k] = v
+if extra.strip():
+    import tomllib  # Python 3.11
+    merge(conf, tomllib.loads(extra))
+key = lambda k: k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else json.dumps(k)
+def value(v):
+    if isinstance(v, list): return "[" + ", ".join(map(value, v)) + "]"
+    if isinstance(v, dict): return "{" + ", ".join(f"{key(k)} = {value(x)}" for k, x in v.items()) + "}"
+    return json.dumps(v) if isinstance(v, (str, bool, int, float)) else v.isoformat()
+tables = lambda v: isinstance(v, list) and v and all(isinstance(x, dict) for x in v)
+def emit(table, path, header):
+    if header: print(header)
+    for k, v in table.items():
+        if not isinstance(v, dict) and not tables(v): print(f"{key(k)} = {value(v)}")
+    for k, v in table.items():
+        name = ".".join(map(key, path + [k]))
+        if isinstance(v, dict): emit(v, path + [k], f"[{name}]")
+        elif tables(v):
+            for item in v: emit(item, path + [k], f"[[{name}]]")
+emit(conf, [], None)
 EOF
-sed -e 's/18083/18085/; s/18183/18185/' -e "s#$DISK/data#$DISK/base#" "$SHM/fencegate.toml" >"$SHM/baseline.toml"
+}
+fg_config fencegate 18083 18183 "$DISK/data" "${FG_EXTRA_CONFIG:-}"
+fg_config baseline 18085 18185 "$DISK/base" "${BASE_EXTRA_CONFIG:-}"
 cat >"$SHM/put.lua" <<'EOF'
 -- 1,000 resources in turn; one counter for the run, so every resource's tokens climb. The base
 -- comes from the clock, so a later run's tokens are above an earlier run's.
@@ -154,10 +188,10 @@ EOF
 
 "$NGINX" -c "$SHM/backend.conf" -g 'daemon off;' & PIDS+=($!)
 "$NGINX" -c "$SHM/proxy.conf" -g 'daemon off;' & PIDS+=($!)
-"$BIN" run --config "$SHM/fencegate.toml" 2>"$SHM/logs/fencegate.log" & FG=$!; PIDS+=($FG)
+"$BIN" run --config "$SHM/fencegate.toml" 2>"$DISK/logs/fencegate.log" & FG=$!; PIDS+=($FG)
 declare -A PID=([fencegate]=$FG)
 if [ -n "${BASE_BIN:-}" ]; then
-    "$BASE_BIN" run --config "$SHM/baseline.toml" 2>"$SHM/logs/baseline.log" & PID[baseline]=$!; PIDS+=($!)
+    "$BASE_BIN" run --config "$SHM/baseline.toml" 2>"$DISK/logs/baseline.log" & PID[baseline]=$!; PIDS+=($!)
 fi
 if [ "${FLOOR:-0}" = 1 ]; then
     "$TARGET_DIR/release/examples/hyper_floor" 127.0.0.1:18084 127.0.0.1:18081 & PID[hyper]=$!; PIDS+=($!)
@@ -169,9 +203,9 @@ for target in "${TARGETS[@]}"; do
     done
 done
 sleep 1
-kill -0 "$FG" 2>/dev/null || { echo "fencegate did not start:" >&2; cat "$SHM/logs/fencegate.log" >&2; exit 1; }
+kill -0 "$FG" 2>/dev/null || { echo "fencegate did not start:" >&2; cat "$DISK/logs/fencegate.log" >&2; exit 1; }
 if [ -n "${PID[baseline]:-}" ] && ! kill -0 "${PID[baseline]}" 2>/dev/null; then
-    echo "the baseline did not start:" >&2; cat "$SHM/logs/baseline.log" >&2; exit 1
+    echo "the baseline did not start:" >&2; cat "$DISK/logs/baseline.log" >&2; exit 1
 fi
 if [ -n "${PID[hyper]:-}" ] && ! kill -0 "${PID[hyper]}" 2>/dev/null; then
     echo "hyper_floor did not start (is 127.0.0.1:18084 taken?)" >&2
@@ -274,14 +308,26 @@ if any(t == "hyper" for (_, _, t) in runs):
               f"| {p99[0]:.0f} / {p99[1]:.0f} | {cpu[0]:.1f} / {cpu[1]:.1f} | {sum(x[3] for x in h)} |")
 if any(t == "baseline" for (_, _, t) in runs):
     print("\n| workload | conns | baseline req/s | fencegate req/s | fg/baseline | p50 baseline / fg (µs) "
-          "| p99 baseline / fg (µs) | CPU µs/req baseline / fg | baseline non-2xx |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| p99 baseline / fg (µs) | CPU µs/req baseline / fg | machine idle % baseline / fg | baseline non-2xx |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for w, c in sorted({(w, c) for (w, c, t) in runs if t == "baseline"}):
         b, f = (runs[(w, c, t)] for t in ("baseline", "fencegate"))
         rps = [med([x[0] for x in r]) for r in (b, f)]
         cpu = [sum(x[4] for x in r) / hz / max(1.0, sum(x[0] for x in r) * secs) * 1e6 for r in (b, f)]
         p50, p99 = ([med([x[i] for x in r]) for r in (b, f)] for i in (1, 2))
+        idle_pct = [med([x[5] / hz / secs / ncpu * 100 for x in r]) for r in (b, f)]
         print(f"| {w} | {c} | {rps[0]:,.0f} | {rps[1]:,.0f} | {rps[1]/rps[0]:.2f} | {p50[0]:.0f} / {p50[1]:.0f} "
-              f"| {p99[0]:.0f} / {p99[1]:.0f} | {cpu[0]:.1f} / {cpu[1]:.1f} | {sum(x[3] for x in b)} |")
+              f"| {p99[0]:.0f} / {p99[1]:.0f} | {cpu[0]:.1f} / {cpu[1]:.1f} | {idle_pct[0]:.0f} / {idle_pct[1]:.0f} "
+              f"| {sum(x[3] for x in b)} |")
 print(f"\nfencegate RSS: idle {idle / 1024:.1f} MB, peak under load {peak / 1024:.1f} MB")
 EOF
+# What each fencegate wrote to its log, and what its log's queue dropped (a dropped line is a
+# line's cost not paid, so a run that drops many understates the access log's).
+for target in fencegate baseline; do
+    [ -n "${PID[$target]:-}" ] || continue
+    log="$DISK/logs/$target.log"
+    dropped=$({ exec 3<>/dev/tcp/127.0.0.1/$((PORT[$target] + 100)) && printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3 &&
+        cat <&3; } 2>/dev/null | awk '/^fencegate_log_lines_dropped/ { print $2 }')
+    awk -v t="$target" -v n="$(wc -l <"$log")" -v b="$(stat -c %s "$log")" -v d="${dropped:-?}" \
+        'BEGIN { printf "%s log: %d lines, %.1f MB, %s lines dropped\n", t, n, b / 1048576, d }'
+done
