@@ -160,10 +160,10 @@ async fn a_wrong_method_is_405_with_the_methods_allowed() {
     let h = Harness::start().await;
     let a = h.start_admin().await;
     for (method, path, allow) in [
-        ("POST", "/metrics", "GET"),
-        ("DELETE", "/healthz", "GET"),
-        ("PUT", "/fences/x", "GET"),
-        ("POST", "/fences", "GET"),
+        ("POST", "/metrics", "GET, HEAD"),
+        ("DELETE", "/healthz", "GET, HEAD"),
+        ("PUT", "/fences/x", "GET, HEAD"),
+        ("POST", "/fences", "GET, HEAD"),
         ("GET", "/fences/x:reset", "POST"),
         ("GET", "/fences/x:lift", "POST"),
         ("PUT", "/fences/x:advance", "POST"),
@@ -173,6 +173,11 @@ async fn a_wrong_method_is_405_with_the_methods_allowed() {
         assert_eq!(r.headers["allow"], allow, "{method} {path}");
     }
     admin(a, "GET", "/nothing", None, "").await.assert_refused(404, "not_found");
+    // Probes may use HEAD.
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        let r = admin(a, "HEAD", path, None, "").await;
+        assert_eq!((r.status, r.body.len()), (200, 0), "HEAD {path}: {r:?}");
+    }
 }
 
 #[tokio::test]

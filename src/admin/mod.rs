@@ -89,19 +89,24 @@ impl Endpoint {
         })
     }
 
-    /// The one method it serves, as an `Allow` header lists it.
+    /// The methods it serves, as an `Allow` header lists them: reads take HEAD too (load
+    /// balancers' probes use it; hyper leaves the body out).
     fn allow(&self) -> &'static str {
         match self {
             Endpoint::Change(..) => "POST",
-            _ => "GET",
+            _ => "GET, HEAD",
         }
+    }
+
+    fn serves(&self, method: &str) -> bool {
+        self.allow().split(", ").any(|m| m == method)
     }
 }
 
 async fn route(state: &State, req: Request<Incoming>, caller: SocketAddr) -> Result<Response<Full<Bytes>>, Refusal> {
     let path = req.uri().path();
     let endpoint = Endpoint::of(path).ok_or_else(|| Refusal::NotFound(path.to_owned()))?;
-    if req.method().as_str() != endpoint.allow() {
+    if !endpoint.serves(req.method().as_str()) {
         let (method, path) = (req.method().to_string(), path.to_owned());
         return Err(Refusal::WrongMethod { method, path, allow: endpoint.allow() });
     }
