@@ -90,3 +90,24 @@ async fn a_mirror_that_cannot_reach_etcd_never_answers() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+#[tokio::test]
+async fn a_mirror_whose_watch_is_cut_reads_the_locks_again_and_misses_nothing() {
+    let Some(mut etcd) = start_etcd().await else { return };
+    let gw = Gateway::single(&etcd.url());
+    let mirror = Mirror::start(gw.clone(), b"/locks/".to_vec(), options());
+    let lease = gw.grant(Duration::from_secs(60)).await.unwrap();
+    let a = gw.lock(b"/locks/a", lease).await.unwrap();
+    let token = gw.create_revision(&a.key).await.unwrap().unwrap();
+    poll_until("A is the holder", || mirror.holder(b"/locks/a") == Ok(Some(token))).await;
+
+    // etcd dies and comes back: the watch's connection is gone. A change made meanwhile (the
+    // lock released before the mirror could watch again) is found by the new range read.
+    etcd.restart().await;
+    gw.unlock(&a).await.unwrap();
+    poll_until("the mirror sees the release", || mirror.holder(b"/locks/a") == Ok(None)).await;
+    // And it follows changes again.
+    let b = gw.lock(b"/locks/a", lease).await.unwrap();
+    let b_token = gw.create_revision(&b.key).await.unwrap().unwrap();
+    poll_until("B is the holder", || mirror.holder(b"/locks/a") == Ok(Some(b_token))).await;
+}

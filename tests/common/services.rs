@@ -118,8 +118,32 @@ pub struct Etcd {
     process: Process,
     /// `127.0.0.1:PORT`, the client address (`--endpoints`, `ETCDCTL_ENDPOINTS`).
     pub endpoint: SocketAddr,
+    peer: u16,
+    data: PathBuf,
+    starts: usize,
     /// Holds the data dir and the log; after `process` in drop order.
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
+}
+
+/// The etcd command for a member with its client and peer ports and data dir.
+fn etcd_command(client: u16, peer: u16, data: &Path) -> Command {
+    let client_url = format!("http://127.0.0.1:{client}");
+    let peer_url = format!("http://127.0.0.1:{peer}");
+    let mut cmd = Command::new(ETCD);
+    cmd.arg("--name")
+        .arg("default")
+        .arg("--data-dir")
+        .arg(data)
+        .args(["--listen-client-urls", &client_url, "--advertise-client-urls", &client_url])
+        .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
+        .args(["--initial-cluster", &format!("default={peer_url}")]);
+    cmd
+}
+
+/// Whether etcd at `endpoint` has a leader and serves requests.
+async fn etcd_healthy(endpoint: SocketAddr) -> bool {
+    let r = try_raw_request(endpoint, "GET /health HTTP/1.1\r\nHost: etcd", "").await;
+    r.is_some_and(|r| r.status == 200 && String::from_utf8_lossy(&r.body).contains("\"true\""))
 }
 
 impl Etcd {
@@ -144,6 +168,19 @@ impl Etcd {
     pub fn pid(&self) -> u32 {
         self.process.child.id()
     }
+
+    /// Kills etcd (SIGKILL) and starts it again on the same ports and data: every client
+    /// connection, watches included, is cut.
+    pub async fn restart(&mut self) {
+        let _ = self.process.child.kill();
+        let _ = self.process.child.wait();
+        self.starts += 1;
+        let log = self.dir.path().join(format!("etcd-restart-{}.log", self.starts));
+        let cmd = etcd_command(self.endpoint.port(), self.peer, &self.data);
+        self.process = Process::spawn("etcd", cmd, log);
+        let endpoint = self.endpoint;
+        assert!(self.process.wait_ready(async || etcd_healthy(endpoint).await).await, "etcd did not start again");
+    }
 }
 
 /// Starts etcd, or returns `None` (the test skips) where it is not installed.
@@ -154,27 +191,13 @@ pub async fn start_etcd() -> Option<Etcd> {
     let dir = tempfile::tempdir().unwrap();
     for attempt in 0..ATTEMPTS {
         let [client, peer] = free_ports();
-        let client_url = format!("http://127.0.0.1:{client}");
-        let peer_url = format!("http://127.0.0.1:{peer}");
-        let mut cmd = Command::new(ETCD);
-        cmd.arg("--name")
-            .arg("default")
-            .arg("--data-dir")
-            .arg(dir.path().join(format!("data-{attempt}")))
-            .args(["--listen-client-urls", &client_url, "--advertise-client-urls", &client_url])
-            .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
-            .args(["--initial-cluster", &format!("default={peer_url}")]);
+        let data = dir.path().join(format!("data-{attempt}"));
+        let cmd = etcd_command(client, peer, &data);
         let mut process = Process::spawn("etcd", cmd, dir.path().join(format!("etcd-{attempt}.log")));
         let endpoint: SocketAddr = format!("127.0.0.1:{client}").parse().unwrap();
         // /health answers true once the member has a leader (itself) and serves requests.
-        let healthy = process
-            .wait_ready(async || {
-                let r = try_raw_request(endpoint, "GET /health HTTP/1.1\r\nHost: etcd", "").await;
-                r.is_some_and(|r| r.status == 200 && String::from_utf8_lossy(&r.body).contains("\"true\""))
-            })
-            .await;
-        if healthy {
-            return Some(Etcd { process, endpoint, _dir: dir });
+        if process.wait_ready(async || etcd_healthy(endpoint).await).await {
+            return Some(Etcd { process, endpoint, peer, data, starts: 0, dir });
         }
         eprintln!("etcd ended before it answered (attempt {attempt}), trying other ports:\n{}", process.log_text());
     }
