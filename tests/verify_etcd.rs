@@ -80,6 +80,14 @@ async fn lookups(etcd: &Etcd) -> u64 {
         .sum::<f64>() as u64
 }
 
+/// `fencegate_lock_view_age_seconds` of the view of `/locks/accounts/`.
+async fn view_age(admin: SocketAddr) -> f64 {
+    let r = raw_request(admin, "GET /metrics HTTP/1.1\r\nHost: x", "").await;
+    let text = String::from_utf8_lossy(&r.body).into_owned();
+    let line = text.lines().find(|l| l.starts_with("fencegate_lock_view_age_seconds{prefix=\"/locks/accounts/\"}"));
+    line.and_then(|l| l.rsplit(' ').next()?.parse().ok()).unwrap_or_else(|| panic!("no view age in {text}"))
+}
+
 fn assert_not_holder(r: &Resp, token: u64, holder: Option<u64>) {
     r.assert_refused(409, "not_lock_holder");
     let body = r.json();
@@ -151,6 +159,7 @@ async fn a_stalled_etcd_turns_verified_writes_away_within_max_lag_and_they_come_
     let h = acquire(gw.clone(), Duration::from_secs(30)).await;
     wait_holder(admin, Some(h.token)).await;
     assert_eq!(put(d.addr(), "/accounts/42", h.token).await.status, 200);
+    assert!(view_age(admin).await.is_finite());
 
     let pid = Pid::from_raw(etcd.pid() as i32).unwrap();
     kill_process(pid, Signal::STOP).unwrap();
@@ -174,6 +183,8 @@ async fn a_stalled_etcd_turns_verified_writes_away_within_max_lag_and_they_come_
     }
     let accepted_for = last_accepted - stopped;
     assert!(accepted_for <= MAX_LAG + Duration::from_millis(50), "accepted {accepted_for:?} into the stall");
+    let age = view_age(admin).await;
+    assert!(age > MAX_LAG.as_secs_f64(), "the metric shows the view's age: {age}");
     // Reads and unverified writes do not need etcd.
     assert_eq!(request(d.addr(), "GET /accounts/42 HTTP/1.1").await.status, 200);
     assert_eq!(put(d.addr(), "/other/x", 1).await.status, 200);

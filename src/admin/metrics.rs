@@ -69,6 +69,13 @@ pub struct ReloadLabels {
     pub outcome: &'static str,
 }
 
+/// Labels of `fencegate_lock_view_age_seconds`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PrefixLabels {
+    /// The etcd prefix a view of locks watches.
+    pub prefix: String,
+}
+
 /// What operators did and what the process uses, beside the requests.
 #[derive(Debug, Default)]
 struct Operations {
@@ -81,6 +88,7 @@ struct Operations {
     max_fds: Gauge,
     open_connections: Family<ListenerLabels, Gauge>,
     quarantined: Gauge,
+    lock_view_age: Family<PrefixLabels, Gauge<f64, AtomicU64>>,
 }
 
 /// All of fencegate's metrics.
@@ -201,6 +209,12 @@ impl Default for Metrics {
             "Resources and subtrees refusing writes because an earlier write's outcome is unknown (set when scraped)",
             m.ops.quarantined.clone(),
         );
+        registry.register_with_unit(
+            "lock_view_age",
+            "How old the proof is that a view of etcd's locks is complete, by prefix (+Inf: not caught up; set when scraped)",
+            Unit::Seconds,
+            m.ops.lock_view_age.clone(),
+        );
         registry.register("process_open_fds", "Open file descriptors", m.ops.open_fds.clone());
         registry.register("process_max_fds", "The limit on open file descriptors", m.ops.max_fds.clone());
         registry.register("requests", "Requests by method and outcome", m.requests.clone());
@@ -307,6 +321,14 @@ impl Metrics {
     /// The gauge of connections open on `listener`.
     pub(crate) fn open_connections(&self, listener: &'static str) -> Gauge {
         self.ops.open_connections.get_or_create(&ListenerLabels { listener }).clone()
+    }
+
+    /// Sets the age of each view of etcd's locks (when scraped).
+    pub(crate) fn lock_views(&self, ages: Vec<(String, Option<std::time::Duration>)>) {
+        for (prefix, age) in ages {
+            let seconds = age.map_or(f64::INFINITY, |a| a.as_secs_f64());
+            self.ops.lock_view_age.get_or_create(&PrefixLabels { prefix }).set(seconds);
+        }
     }
 
     /// Sets the number of quarantined resources and subtrees (when scraped).

@@ -120,6 +120,7 @@ async fn route(state: &State, req: Request<Incoming>, caller: SocketAddr) -> Res
             state.metrics.log_dropped(crate::logging::dropped_lines());
             state.metrics.process();
             state.metrics.quarantined(state.fence.quarantined());
+            state.metrics.lock_views(state.settings.get().locks.ages());
             let mut resp = Response::new(Full::new(Bytes::from(state.metrics.encode())));
             let kind = "application/openmetrics-text; version=1.0.0; charset=utf-8";
             resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(kind));

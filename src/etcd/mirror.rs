@@ -108,6 +108,11 @@ impl Mirror {
         &self.prefix
     }
 
+    /// How old its proof of freshness is; `None` before it has caught up.
+    pub fn age(&self) -> Option<Duration> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).fresh_as_of.map(|t| t.elapsed())
+    }
+
     /// The create revision of the current holder of the lock `name` (the smallest among the
     /// keys under `name/`, as etcd's lock decides), `None` if nobody holds it; or why the copy
     /// cannot be trusted now. `name/` must lie under the mirrored prefix.

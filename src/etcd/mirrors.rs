@@ -37,6 +37,11 @@ impl Mirrors {
         Mirrors { by_prefix: HashMap::from([(mirror.prefix().to_vec(), Arc::new(mirror))]) }
     }
 
+    /// Each mirror's prefix and the age of its proof of freshness (`None`: not caught up).
+    pub fn ages(&self) -> Vec<(String, Option<std::time::Duration>)> {
+        self.by_prefix.iter().map(|(p, m)| (String::from_utf8_lossy(p).into_owned(), m.age())).collect()
+    }
+
     /// Whether it mirrors nothing.
     pub fn is_empty(&self) -> bool {
         self.by_prefix.is_empty()
