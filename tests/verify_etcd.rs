@@ -21,11 +21,12 @@ use tokio::task::JoinHandle;
 
 const MAX_LAG: Duration = Duration::from_millis(800);
 const LOCK: &str = "/locks/accounts/42";
+const TOKEN: &str = "an-admin-token-of-some-length";
 
 /// A proxy whose `/accounts/` keys are verified against the locks `/locks/accounts/{2}`.
 async fn deployment(etcd: &Etcd) -> (Deployment, SocketAddr) {
     let extra = format!(
-        "[admin]\nlisten = \"127.0.0.1:0\"\n[etcd]\nendpoints = [\"{}\"]\n[verify]\nmax_lag = \"{}ms\"\n\
+        "[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n[etcd]\nendpoints = [\"{}\"]\n[verify]\nmax_lag = \"{}ms\"\n\
          [[fence.rules]]\nprefix = \"/accounts/\"\nverify = \"etcd\"\nlock = \"/locks/accounts/{{2}}\"\n",
         etcd.url(),
         MAX_LAG.as_millis()
@@ -60,7 +61,8 @@ async fn put(addr: SocketAddr, path: &str, token: u64) -> Resp {
 
 /// The holder of `LOCK` as the proxy's admin API shows it, once its view is fresh.
 async fn holder_seen(admin: SocketAddr) -> Option<Option<u64>> {
-    let r = raw_request(admin, &format!("GET /locks{LOCK} HTTP/1.1\r\nHost: x"), "").await;
+    let r =
+        raw_request(admin, &format!("GET /locks{LOCK} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}"), "").await;
     (r.status == 200).then(|| r.json()["holder"].as_u64())
 }
 
@@ -88,13 +90,13 @@ async fn view_age(admin: SocketAddr) -> f64 {
     line.and_then(|l| l.rsplit(' ').next()?.parse().ok()).unwrap_or_else(|| panic!("no view age in {text}"))
 }
 
-fn assert_not_holder(r: &Resp, token: u64, holder: Option<u64>) {
+/// A 409 that names the lock and the token, and never the holder's revision (the token that
+/// would pass); `_holder` says who holds the lock, for the reader.
+fn assert_not_holder(r: &Resp, token: u64, _holder: Option<u64>) {
     r.assert_refused(409, "not_lock_holder");
     let body = r.json();
-    assert_eq!(
-        (body["lock"].as_str(), body["token"].as_u64(), body["holder"].as_u64()),
-        (Some(LOCK), Some(token), holder)
-    );
+    assert_eq!((body["lock"].as_str(), body["token"].as_u64()), (Some(LOCK), Some(token)), "{body}");
+    assert!(body.get("holder").is_none(), "{body}");
 }
 
 #[tokio::test]
@@ -104,6 +106,8 @@ async fn only_the_current_holders_create_revision_passes_and_a_zombie_is_refused
     let (d, admin) = deployment(&etcd).await;
     let path = "/accounts/42";
     wait_holder(admin, None).await;
+    let r = raw_request(admin, &format!("GET /locks{LOCK} HTTP/1.1\r\nHost: x"), "").await;
+    r.assert_refused(401, "unauthorized");
 
     // Nobody holds the lock: no number passes, the largest neither.
     assert_not_holder(&put(d.addr(), path, u64::MAX).await, u64::MAX, None);
@@ -194,4 +198,47 @@ async fn a_stalled_etcd_turns_verified_writes_away_within_max_lag_and_they_come_
         put(d.addr(), "/accounts/42", h.token).await.status == 200
     })
     .await;
+}
+
+/// `config` with a rule verifying `/accounts/` against `etcd` (or against no etcd).
+fn with_verified_rule(config: &fencegate::Config, etcd: Option<&str>) -> fencegate::Config {
+    let endpoints = etcd.map_or_else(String::new, |url| format!("[etcd]\nendpoints = [\"{url}\"]\n"));
+    let with = fencegate::Config::from_toml_str(&format!(
+        "[backend]\nurl = \"http://127.0.0.1:9\"\n{endpoints}[verify]\nmax_lag = \"{}ms\"\n\
+         [[fence.rules]]\nprefix = \"/accounts/\"\nverify = \"etcd\"\nlock = \"/locks/accounts/{{2}}\"\n",
+        MAX_LAG.as_millis()
+    ))
+    .unwrap_or_else(|e| panic!("{e}"));
+    let mut config = config.clone();
+    (config.etcd, config.verify, config.fence.rules) = (with.etcd, with.verify, with.fence.rules);
+    config
+}
+
+#[tokio::test]
+async fn a_reload_never_starts_verification_without_etcd_and_a_rule_it_drops_stops_its_watch() {
+    let Some(etcd) = start_etcd().await else { return };
+    let gw = Gateway::single(&etcd.url());
+    // Started without [etcd], which needs a restart: a reload adding a verified rule and
+    // endpoints is refused whole, and the proxy serves on.
+    let plain = common::Harness::start().await;
+    let err = plain.proxy.reload(with_verified_rule(&plain.config, Some(&etcd.url()))).unwrap_err();
+    assert!(err.to_string().contains("[etcd] endpoints"), "{err}");
+    assert_eq!(plain.put("/accounts/42", 5, "v").await.status, 200, "still serving, unverified");
+
+    // Started with a verified rule: its view puts a heartbeat under the lock prefix. A reload
+    // that drops the rule stops the view, and its heartbeat key goes with its lease, even while
+    // a connection accepted before the reload stays open.
+    let url = etcd.url();
+    let h = common::Harness::start_with(move |c| *c = with_verified_rule(c, Some(&url))).await;
+    let verified = h.config.clone();
+    let under = || async { gw.prefixed(b"/locks/accounts/").await.unwrap().len() };
+    eventually("the view's heartbeat is in etcd", async || under().await == 1).await;
+    let mut old = common::RawConn::open(h.addr).await;
+    old.send("GET /x HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    let _ = old.read_response().await;
+    let mut without = verified;
+    without.fence.rules.clear();
+    h.proxy.reload(without).unwrap();
+    eventually("the dropped rule's heartbeat is gone", async || under().await == 0).await;
+    drop(old);
 }

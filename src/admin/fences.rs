@@ -122,7 +122,7 @@ pub(super) async fn change(
     Ok(json_response(StatusCode::OK, &done))
 }
 
-fn authorize(state: &State, req: &Request<Incoming>, caller: SocketAddr) -> Result<(), Refusal> {
+pub(super) fn authorize(state: &State, req: &Request<Incoming>, caller: SocketAddr) -> Result<(), Refusal> {
     let settings = state.settings.get();
     let Some(expected) = settings.config.admin.token.as_deref() else { return Err(Refusal::AdminWritesDisabled) };
     let given = req.headers().get(AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));

@@ -120,7 +120,7 @@ async fn route(state: &State, req: Request<Incoming>, caller: SocketAddr) -> Res
             state.metrics.log_dropped(crate::logging::dropped_lines());
             state.metrics.process();
             state.metrics.quarantined(state.fence.quarantined());
-            state.metrics.lock_views(state.settings.get().locks.ages());
+            state.metrics.lock_views(state.locks.load().ages());
             let mut resp = Response::new(Full::new(Bytes::from(state.metrics.encode())));
             let kind = "application/openmetrics-text; version=1.0.0; charset=utf-8";
             resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(kind));
@@ -128,7 +128,11 @@ async fn route(state: &State, req: Request<Incoming>, caller: SocketAddr) -> Res
         }
         Endpoint::List => fences::list(state, req.uri().query()),
         Endpoint::Fence(resource) => fences::read(state, &resource),
-        Endpoint::Lock(name) => Ok(lock(state, &name)),
+        Endpoint::Lock(name) => {
+            // The holder's revision is the token that passes: only for the admin token's holder.
+            fences::authorize(state, &req, caller)?;
+            Ok(lock(state, &name))
+        }
         Endpoint::Change(resource, change) => fences::change(state, &resource, change, req, caller).await,
     }
 }
@@ -136,8 +140,7 @@ async fn route(state: &State, req: Request<Incoming>, caller: SocketAddr) -> Res
 /// The holder of the etcd lock `name` as the mirrors show it: what a verified write's token
 /// is compared with. The name is as clients lock it, percent-encoding and all.
 fn lock(state: &State, name: &str) -> Response<Full<Bytes>> {
-    let settings = state.settings.get();
-    match settings.locks.holder(name.as_bytes()) {
+    match state.locks.load().holder(name.as_bytes()) {
         Ok(holder) => json_response(StatusCode::OK, &json!({ "lock": name, "holder": holder, "fresh": true })),
         Err(why) => json_response(
             StatusCode::SERVICE_UNAVAILABLE,

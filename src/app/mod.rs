@@ -65,6 +65,10 @@ pub(crate) struct State {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) refusals: RefusalThrottle,
     pub(crate) metrics: Arc<Metrics>,
+    /// The mirrors of etcd's locks that verified rules check tokens against: apart from the
+    /// settings, which listeners and connections hold on to, so that a reload that drops a
+    /// rule stops its watch.
+    pub(crate) locks: arc_swap::ArcSwap<crate::etcd::Mirrors>,
 }
 
 /// An opened proxy: store recovered and locked, ready to serve.
@@ -111,8 +115,10 @@ impl Proxy {
             fence.quarantine_subtree(node, config.fence.quarantine);
         }
         let refusals = RefusalThrottle::new();
+        let locks =
+            arc_swap::ArcSwap::from_pointee(crate::request::locks::mirrors(&config, None).map_err(Error::Conflict)?);
         let settings = SettingsSlot::new(Settings::build(config, metrics.bytes_in.clone(), None)?);
-        let state = State { settings, fence, store, refusals, metrics };
+        let state = State { settings, fence, store, refusals, metrics, locks };
         Ok(Proxy { state: Arc::new(state) })
     }
 
@@ -136,6 +142,9 @@ impl Proxy {
         let _one_at_a_time = self.state.settings.lock();
         let current = self.state.settings.get();
         let (config, report) = reload::merge(&current.config, config);
+        // `[etcd]` needs a restart: a rule that verifies against etcd added by a reload to a
+        // proxy started without endpoints is refused here, not started without a cluster.
+        let locks = crate::request::locks::mirrors(&config, Some(&self.state.locks.load())).map_err(Error::Conflict)?;
         let next = Settings::build(config, self.state.metrics.bytes_in.clone(), Some(&current))?;
         let (old, new) = (&current.config.fence, &next.config.fence);
         let unfenced: Vec<&str> =
@@ -150,6 +159,7 @@ impl Proxy {
         }
         let (old_level, new_level) = (current.config.log.level.clone(), next.config.log.level.clone());
         self.state.settings.set(next, report.renew_connections);
+        self.state.locks.store(Arc::new(locks));
         current.upstream.retire_for(&self.state.settings.get().upstream);
         crate::logging::change_level(&old_level, &new_level, || reload::log(&report));
         Ok(report)

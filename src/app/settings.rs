@@ -16,7 +16,6 @@ use tokio_rustls::TlsAcceptor;
 
 use super::Error;
 use crate::config::Config;
-use crate::etcd::Mirrors;
 use crate::tls;
 use crate::upstream::Upstream;
 
@@ -26,8 +25,6 @@ pub(crate) struct Settings {
     pub(crate) upstream: Upstream,
     pub(crate) acceptor: Option<TlsAcceptor>,
     pub(crate) http: auto::Builder<TokioExecutor>,
-    /// The mirrors of etcd's locks that verified rules check tokens against.
-    pub(crate) locks: Mirrors,
 }
 
 impl Settings {
@@ -56,8 +53,7 @@ impl Settings {
             .max_concurrent_streams(limits.h2_max_concurrent_streams)
             // HTTP/2 counts 32 bytes of overhead per header field (RFC 9113 §6.5.2).
             .max_header_list_size(u32::try_from(limits.max_header_bytes * 2 + 32 * 100).unwrap_or(u32::MAX));
-        let locks = crate::request::locks::mirrors(&config, previous.map(|p| &p.locks));
-        Ok(Settings { config, upstream, acceptor, http, locks })
+        Ok(Settings { config, upstream, acceptor, http })
     }
 }
 

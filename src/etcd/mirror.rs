@@ -11,7 +11,8 @@
 //! committed before T. [`Mirror::holder`] answers only while that proof is younger than
 //! `max_lag`, and fails closed otherwise.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -76,13 +77,29 @@ pub struct Mirror {
     prefix: Vec<u8>,
     max_lag: Duration,
     state: Arc<Mutex<State>>,
-    task: Option<AbortHandle>,
+    task: Option<Task>,
+}
+
+/// A mirror's task, and what it takes to clean up after it: the heartbeat's lease.
+#[derive(Debug)]
+struct Task {
+    abort: AbortHandle,
+    runtime: tokio::runtime::Handle,
+    client: Client,
+    lease: Arc<AtomicI64>,
 }
 
 impl Drop for Mirror {
     fn drop(&mut self) {
         if let Some(task) = &self.task {
-            task.abort();
+            task.abort.abort();
+            // Revoking the lease deletes the heartbeat key at once, rather than when the lease
+            // runs out.
+            let lease = task.lease.load(Ordering::Relaxed);
+            if lease != 0 {
+                let client = task.client.clone();
+                task.runtime.spawn(async move { client.revoke(lease).await });
+            }
         }
     }
 }
@@ -91,8 +108,22 @@ impl Mirror {
     /// Starts mirroring the keys under `prefix` on the current runtime.
     pub fn start(client: Client, prefix: Vec<u8>, options: MirrorOptions) -> Mirror {
         let state = Arc::new(Mutex::new(State::default()));
-        let follow = Follow { client, prefix: prefix.clone(), options: options.clone(), state: state.clone() };
-        let task = tokio::spawn(follow.run()).abort_handle();
+        // One heartbeat key per mirror, even for the same prefix twice in one process (a rule
+        // dropped by a reload and added back while the old mirror still stops).
+        static MIRRORS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = MIRRORS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut options = options;
+        options.instance = format!("{}-{n}", options.instance);
+        let lease = Arc::new(AtomicI64::new(0));
+        let follow = Follow {
+            client: client.clone(),
+            prefix: prefix.clone(),
+            options: options.clone(),
+            state: state.clone(),
+            lease: lease.clone(),
+        };
+        let abort = tokio::spawn(follow.run()).abort_handle();
+        let task = Task { abort, runtime: tokio::runtime::Handle::current(), client, lease };
         Mirror { prefix, max_lag: options.max_lag, state, task: Some(task) }
     }
 
@@ -140,6 +171,15 @@ struct Follow {
     prefix: Vec<u8>,
     options: MirrorOptions,
     state: Arc<Mutex<State>>,
+    /// The heartbeat's lease, for the mirror to revoke when it stops.
+    lease: Arc<AtomicI64>,
+}
+
+/// The heartbeat's lease, when it was last renewed, and the last sequence number sent.
+struct Beat {
+    lease: i64,
+    renewed: Option<Instant>,
+    seq: u64,
 }
 
 /// Heartbeats sent and not yet seen on the watch: sequence, send instant, acknowledged.
@@ -157,9 +197,11 @@ impl Follow {
 
     async fn run(self) {
         let retry = (self.options.max_lag / 4).max(Duration::from_millis(50));
-        let mut lease = 0;
+        // Kept across rounds, so that a heartbeat of an earlier round that etcd commits late
+        // can never pass for one of a later round.
+        let mut beat = Beat { lease: 0, renewed: None, seq: 0 };
         loop {
-            match self.follow(&mut lease).await {
+            match self.follow(&mut beat).await {
                 Err(EtcdError::Compacted(rev)) => {
                     tracing::warn!(prefix = %String::from_utf8_lossy(&self.prefix), compacted = rev,
                         "etcd compacted past the lock watch; reading the locks again (verified writes wait)")
@@ -176,7 +218,7 @@ impl Follow {
     }
 
     /// Lists, watches and heartbeats until the watch breaks.
-    async fn follow(&self, lease: &mut i64) -> Result<(), EtcdError> {
+    async fn follow(&self, beat: &mut Beat) -> Result<(), EtcdError> {
         let end = prefix_end(&self.prefix);
         let listed_at = Instant::now();
         let (kvs, revision) = self.client.range(&self.prefix, Some(&end)).await?;
@@ -192,7 +234,6 @@ impl Follow {
         let key = self.heartbeat_key();
         let mut sent: Sent = VecDeque::new();
         let mut puts: JoinSet<(u64, Result<(), EtcdError>)> = JoinSet::new();
-        let mut seq = 0u64;
         let mut tick = tokio::time::interval((self.options.max_lag / 4).max(Duration::from_millis(10)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -224,16 +265,19 @@ impl Follow {
                     if sent.iter().any(|(_, _, acked)| acked.is_some_and(|a| a.elapsed() > self.options.max_lag)) {
                         return Err(EtcdError::WatchEnded("a heartbeat etcd took was not delivered".into()));
                     }
-                    if *lease == 0 || seq.is_multiple_of(16) {
-                        *lease = self.renew(*lease).await;
+                    if beat.lease == 0 || beat.renewed.is_none_or(|at| at.elapsed() >= HEARTBEAT_LEASE / 4) {
+                        beat.lease = self.renew(beat.lease).await;
+                        self.lease.store(beat.lease, Ordering::Relaxed);
+                        beat.renewed = Some(Instant::now());
                     }
-                    seq += 1;
+                    beat.seq += 1;
+                    let seq = beat.seq;
                     // While etcd is away its puts fail; the oldest go first.
                     if sent.len() >= MAX_SENT {
                         sent.pop_front();
                     }
                     sent.push_back((seq, Instant::now(), None));
-                    let (client, key, lease, timeout) = (self.client.clone(), key.clone(), *lease, self.options.max_lag);
+                    let (client, key, lease, timeout) = (self.client.clone(), key.clone(), beat.lease, self.options.max_lag);
                     puts.spawn(async move {
                         let value = seq.to_string();
                         let put = client.put_with_lease(&key, value.as_bytes(), lease);
@@ -258,5 +302,56 @@ impl Follow {
             return lease;
         }
         self.client.grant(HEARTBEAT_LEASE).await.unwrap_or(0)
+    }
+}
+
+/// A set of mirrors by prefix. Rebuilt on reload from the one before, so that a prefix still
+/// wanted keeps its watch.
+#[derive(Debug, Default)]
+pub struct Mirrors {
+    by_prefix: HashMap<Vec<u8>, Arc<Mirror>>,
+}
+
+impl Mirrors {
+    /// Mirrors of `prefixes`, those `previous` has reused, the others started on the current
+    /// runtime with `client`.
+    pub fn build(
+        client: &Client,
+        prefixes: &[Vec<u8>],
+        options: &MirrorOptions,
+        previous: Option<&Mirrors>,
+    ) -> Mirrors {
+        let mut by_prefix = HashMap::new();
+        for prefix in prefixes {
+            let reused = previous.and_then(|p| p.by_prefix.get(prefix)).cloned();
+            let mirror =
+                reused.unwrap_or_else(|| Arc::new(Mirror::start(client.clone(), prefix.clone(), options.clone())));
+            by_prefix.insert(prefix.clone(), mirror);
+        }
+        Mirrors { by_prefix }
+    }
+
+    /// A set of one given mirror: for benchmarks.
+    #[doc(hidden)]
+    pub fn of(mirror: Mirror) -> Mirrors {
+        Mirrors { by_prefix: HashMap::from([(mirror.prefix().to_vec(), Arc::new(mirror))]) }
+    }
+
+    /// Each mirror's prefix and the age of its proof of freshness (`None`: not caught up).
+    pub fn ages(&self) -> Vec<(String, Option<std::time::Duration>)> {
+        self.by_prefix.iter().map(|(p, m)| (String::from_utf8_lossy(p).into_owned(), m.age())).collect()
+    }
+
+    /// Whether it mirrors nothing.
+    pub fn is_empty(&self) -> bool {
+        self.by_prefix.is_empty()
+    }
+
+    /// The holder of the lock `name`, from the mirror whose prefix holds `name/`: its create
+    /// revision, `None` if nobody holds it; `Err` if no mirror holds the lock's keys or the one
+    /// that does is not proven fresh.
+    pub fn holder(&self, name: &[u8]) -> Result<Option<i64>, Freshness> {
+        let mirror = self.by_prefix.iter().find(|(prefix, _)| name.starts_with(prefix)).map(|(_, m)| m);
+        mirror.ok_or(Freshness::NotMirrored)?.holder(name)
     }
 }

@@ -13,7 +13,6 @@
 
 mod client;
 mod mirror;
-mod mirrors;
 mod watch;
 
 use base64::Engine as _;
@@ -21,8 +20,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use serde_json::Value;
 
 pub use client::{Client, Held, Kv};
-pub use mirror::{Freshness, Mirror, MirrorOptions};
-pub use mirrors::Mirrors;
+pub use mirror::{Freshness, Mirror, MirrorOptions, Mirrors};
 pub use watch::{Event, EventKind, Watch};
 
 /// What can go wrong talking to etcd.

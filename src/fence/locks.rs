@@ -55,6 +55,11 @@ impl LockTemplate {
                 None => parts.push(Part::Literal(segment.to_owned())),
             }
         }
+        // Without one, every key shares one lock whose holders' keys lie under the name, where
+        // the view's heartbeat would have to go too (and count as a contender).
+        if !parts.iter().any(|p| matches!(p, Part::Segment(_))) {
+            return bad("needs a placeholder {n}: one lock for every key is one lock for the whole prefix");
+        }
         Ok(LockTemplate { text: text.to_owned(), parts })
     }
 
@@ -69,8 +74,7 @@ impl LockTemplate {
     }
 
     /// What every name it makes starts with: the literal segments before the first
-    /// placeholder, with a `/` after them (for a template without placeholders, its one name
-    /// and a `/`, under which that lock keeps its holders).
+    /// placeholder, with a `/` after them. No lock's `NAME/` lies at or above it.
     pub fn literal_prefix(&self) -> String {
         let mut prefix = String::from("/");
         for part in &self.parts {
@@ -133,13 +137,26 @@ mod tests {
         assert_eq!(accounts.literal_prefix(), "/locks/accounts/");
         assert_eq!(accounts.max_segment(), 2);
         assert_eq!(t("/locks/{1}/x/{2}").name("/b/o").as_deref(), Some("/locks/b/x/o"));
-        assert_eq!(t("/all").name("/anything").as_deref(), Some("/all"));
-        assert_eq!(t("/all").literal_prefix(), "/all/");
+        assert_eq!(t("/{1}").name("/anything").as_deref(), Some("/anything"));
+        assert_eq!(t("/{1}").literal_prefix(), "/");
     }
 
     #[test]
     fn malformed_templates_are_refused() {
-        for bad in ["", "locks/{1}", "/", "/locks/", "/a//{1}", "/a/{0}", "/a/{x}", "/a/k{1}", "/a/{1}x", "/a\0/{1}"] {
+        for bad in [
+            "/all",
+            "/locks/all",
+            "",
+            "locks/{1}",
+            "/",
+            "/locks/",
+            "/a//{1}",
+            "/a/{0}",
+            "/a/{x}",
+            "/a/k{1}",
+            "/a/{1}x",
+            "/a\0/{1}",
+        ] {
             assert!(LockTemplate::parse(bad).is_err(), "{bad:?}");
         }
     }

@@ -16,13 +16,14 @@ use crate::fence::{Coverage, Touch, covers, keys, node};
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LockError {
     /// The token is not the create revision of the lock's current holder.
-    #[error("token {token} is not held: the lock {lock} is {}", held(*holder))]
+    #[error("token {token} is not the create revision of the current holder of the lock {lock}")]
     NotHolder {
         /// The lock's name.
         lock: String,
         /// The token the write carried.
         token: u64,
-        /// The current holder's create revision, if anyone holds it.
+        /// The current holder's create revision, if anyone holds it: for the log only, never
+        /// told the client (it is the token that would pass).
         holder: Option<i64>,
     },
     /// The view of the locks is not proven fresh: the holder cannot be told now.
@@ -44,13 +45,6 @@ pub enum LockError {
     /// The write may change keys under different verification settings.
     #[error("this write cannot be verified: {0}")]
     CrossVerify(String),
-}
-
-fn held(holder: Option<i64>) -> String {
-    match holder {
-        Some(rev) => format!("held by the holder whose token is {rev}"),
-        None => "not held by anyone".to_owned(),
-    }
 }
 
 /// The verification setting of `key`: that of the longest rule over it that sets one.
@@ -104,16 +98,22 @@ pub fn lock_names(touches: &[Touch], fence: &FenceConfig) -> Result<Vec<String>,
 /// The mirrors of etcd's locks that the rules in force verify against, one per template's
 /// literal prefix, started on the current runtime; those `previous` has are kept (`[etcd]` and
 /// `verify.max_lag` need a restart, so a mirror kept is still right).
-pub(crate) fn mirrors(config: &Config, previous: Option<&Mirrors>) -> Mirrors {
+pub(crate) fn mirrors(config: &Config, previous: Option<&Mirrors>) -> Result<Mirrors, String> {
     let templates = config.fence.rules.iter().filter_map(|r| r.lock.as_ref());
     let mut prefixes: Vec<Vec<u8>> = templates.map(|t| t.literal_prefix().into_bytes()).collect();
+    prefixes.sort();
     prefixes.dedup();
     if prefixes.is_empty() {
-        return Mirrors::default();
+        return Ok(Mirrors::default());
+    }
+    if config.etcd.endpoints.is_empty() {
+        return Err(
+            "rules verify tokens against etcd, and [etcd] endpoints names no member (it needs a restart)".into()
+        );
     }
     let client = Client::new(&config.etcd.endpoints, config.etcd.request_timeout);
     let options = MirrorOptions { max_lag: config.verify.max_lag, instance: instance() };
-    Mirrors::build(&client, &prefixes, &options, previous)
+    Ok(Mirrors::build(&client, &prefixes, &options, previous))
 }
 
 /// Whether `token` is the holder's of every lock in `names`.

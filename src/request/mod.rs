@@ -87,7 +87,7 @@ async fn execute(
     }
     let fence = &settings.config.fence;
     // Refuse early, and wait for the turn: both may be abandoned if the client goes away...
-    locks::check(&settings.locks, &locks_held, token).map_err(Refusal::Lock)?;
+    locks::check(&state.locks.load(), &locks_held, token).map_err(Refusal::Lock)?;
     state.fence.precheck(&touches, token, equal)?;
     let waiting = Instant::now();
     let turn = state.fence.acquire(touches, fence.queue_timeout).await;
@@ -99,11 +99,12 @@ async fn execute(
     // Boxed: the connection's checkout and the forward's state (request, timer) would
     // otherwise make up most of the write task's future, which the spawn copies several times.
     let prepare = Box::pin(async move {
-        // The authoritative look at the holder, when the turn has come: a holder that lost its
-        // lock while it waited is refused, with its token not used up.
-        locks::check(&settings.locks, &locks_held, token).map_err(Refusal::Lock)?;
         // Before the advance: without a connection the token is not used up.
         let conn = settings.upstream.connection().await?;
+        // The authoritative look at the holder, when the turn has come and the connection is
+        // there (waiting for one can take pool_timeout): a holder that lost its lock meanwhile
+        // is refused, with its token not used up.
+        locks::check(&state.locks.load(), &locks_held, token).map_err(Refusal::Lock)?;
         Ok(Box::pin(async move {
             let _flying = InFlight::new(&state.metrics);
             // Whole: the turn is held until the backend has the whole body, not only until it answers.

@@ -238,9 +238,8 @@ impl Refusal {
             Refusal::Fence(FenceError::Quarantined { resource, retry_after, .. }) => {
                 json!({ "resource": resource, "retry_after_ms": retry_after.as_millis() as u64 })
             }
-            Refusal::Lock(LockError::NotHolder { lock, token, holder }) => {
-                json!({ "lock": lock, "token": token, "holder": holder })
-            }
+            // Never the holder's revision: it is the token that passes.
+            Refusal::Lock(LockError::NotHolder { lock, token, .. }) => json!({ "lock": lock, "token": token }),
             Refusal::Lock(LockError::Unavailable { lock, .. }) => json!({ "lock": lock }),
             _ => return body,
         };
