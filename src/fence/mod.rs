@@ -19,6 +19,7 @@ mod subtree;
 pub mod token;
 mod tree;
 mod turn;
+pub mod verify;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
