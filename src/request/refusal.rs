@@ -172,6 +172,7 @@ impl Refusal {
             Refusal::NotFound(_) => (S::NOT_FOUND, "not_found"),
             Refusal::BadRequest(_) => (S::BAD_REQUEST, "invalid_request"),
             Refusal::Fence(FenceError::Stale { .. }) => (S::CONFLICT, "stale_token"),
+            Refusal::Fence(FenceError::Jump { .. }) => (S::CONFLICT, "token_jump"),
             Refusal::Fence(FenceError::WouldLower { .. }) => (S::CONFLICT, "would_lower"),
             Refusal::Fence(FenceError::WouldRaise { .. }) => (S::CONFLICT, "would_raise"),
             Refusal::Fence(FenceError::NoFence { .. }) => (S::NOT_FOUND, "not_found"),
@@ -205,6 +206,7 @@ impl Refusal {
         match self {
             Refusal::Fence(
                 FenceError::Stale { resource, .. }
+                | FenceError::Jump { resource, .. }
                 | FenceError::QueueTimeout { resource, .. }
                 | FenceError::Quarantined { resource, .. }
                 | FenceError::WouldLower { resource, .. }
@@ -220,6 +222,12 @@ impl Refusal {
         let extra = match self {
             Refusal::Fence(FenceError::Stale { resource, token, max_seen }) => {
                 json!({ "resource": resource, "token": token, "max_seen": max_seen })
+            }
+            Refusal::Fence(FenceError::Jump { resource, token, base, max_jump, domain: None }) => {
+                json!({ "resource": resource, "token": token, "max_seen": base, "max_jump": max_jump })
+            }
+            Refusal::Fence(FenceError::Jump { resource, token, base, max_jump, domain: Some(domain) }) => {
+                json!({ "resource": resource, "token": token, "token_domain": domain, "domain_max": base, "max_jump": max_jump })
             }
             Refusal::Fence(FenceError::QueueTimeout { resource, .. }) => json!({ "resource": resource }),
             Refusal::Fence(
@@ -288,6 +296,11 @@ mod tests {
             (wrong_method, 405, "method_not_allowed"),
             (Refusal::UpgradeRefused("websocket".into()), 400, "upgrade_refused"),
             (Refusal::CrossDomain("x".into()), 400, "cross_domain_write"),
+            (
+                fence(FenceError::Jump { resource: "/a".into(), token: 9, base: 1, max_jump: 2, domain: None }),
+                409,
+                "token_jump",
+            ),
             (Refusal::InvalidHeader { name: "destination".into(), reason: "twice".into() }, 400, "invalid_header"),
             (Refusal::HeadersTooLarge { size: 9, limit: 8 }, 431, "headers_too_large"),
             (Refusal::UriTooLong { size: 9, limit: 8 }, 414, "uri_too_long"),
@@ -327,6 +340,26 @@ mod tests {
             assert_eq!(v["error"], code);
             assert!(v["message"].as_str().is_some_and(|m| !m.is_empty()));
         }
+    }
+
+    #[tokio::test]
+    async fn a_jump_body_says_what_was_measured() {
+        let json = async |r: Refusal| -> Value {
+            serde_json::from_slice(&r.response().into_body().collect().await.unwrap().to_bytes()).unwrap()
+        };
+        let jump = |domain: Option<&str>| FenceError::Jump {
+            resource: "/a".into(),
+            token: 5000,
+            base: 100,
+            max_jump: 10,
+            domain: domain.map(str::to_owned),
+        };
+        let v = json(Refusal::Fence(jump(None))).await;
+        assert_eq!((v["token"].as_u64(), v["max_seen"].as_u64(), v["max_jump"].as_u64()), (Some(5000), Some(100), Some(10)));
+        let v = json(Refusal::Fence(jump(Some("etcd")))).await;
+        assert_eq!((v["token_domain"].as_str(), v["domain_max"].as_u64()), (Some("etcd"), Some(100)));
+        assert!(v.get("max_seen").is_none(), "the key has none: {v}");
+        assert!(v["message"].as_str().unwrap().contains("highest token accepted in token domain etcd"), "{v}");
     }
 
     #[test]
