@@ -50,6 +50,8 @@ const RULES: &[Rule] = &[
             "crate::fence::keys",
             "crate::fence::EqualToken",
             "crate::fence::Scope",
+            "crate::fence::DEFAULT_DOMAIN",
+            "crate::fence::verify",
             "crate::store::SyncMode",
             "crate::tls",
         ],

@@ -11,15 +11,17 @@ use http::{Method, Uri};
 use serde::{Serialize, Serializer};
 
 pub use crate::fence::path::PathPolicy;
-pub use crate::fence::{EqualToken, Scope};
+pub use crate::fence::{DEFAULT_DOMAIN, EqualToken, Scope};
 pub use crate::store::SyncMode;
 
 mod environment;
 mod raw;
 pub mod reload;
 mod validate;
+mod verify;
 
 pub use environment::Environment;
+pub use verify::{HmacKey, Verify, VerifyConfig};
 
 use raw::RawConfig;
 
@@ -75,6 +77,8 @@ pub struct Config {
     pub backend: BackendConfig,
     /// The fencing policy.
     pub fence: FenceConfig,
+    /// How tokens are proven, where a rule asks for it.
+    pub verify: VerifyConfig,
     /// Where and how `max_seen` is made durable.
     pub store: StoreConfig,
     /// Logging.
@@ -228,10 +232,15 @@ pub struct Rule {
     /// setting or `fence.equal_token` decides.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub equal_token: Option<EqualToken>,
+    /// What a token under this prefix must prove; unset, a shorter rule's setting, else
+    /// [`Verify::None`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verify: Option<Verify>,
+    /// How far above a key's `max_seen` (or its domain's highest token) a token may be; unset,
+    /// a shorter rule's setting, else unbounded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_jump: Option<u64>,
 }
-
-/// The token domain of keys no rule names.
-pub const DEFAULT_DOMAIN: &str = "default";
 
 /// `[store]`
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -15,6 +15,8 @@ pub(super) struct RawConfig {
     #[serde(default)]
     pub(super) fence: RawFence,
     #[serde(default)]
+    pub(super) verify: RawVerify,
+    #[serde(default)]
     pub(super) store: RawStore,
     #[serde(default)]
     pub(super) log: RawLog,
@@ -136,6 +138,31 @@ pub(super) struct RawRule {
     pub(super) token_domain: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) equal_token: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) verify: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) max_jump: Option<u64>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawVerify {
+    pub(super) signature_header: String,
+    pub(super) clock_skew: String,
+    pub(super) hmac_keys: Vec<RawHmacKey>,
+}
+
+impl Default for RawVerify {
+    fn default() -> Self {
+        Self { signature_header: "Fencing-Token-Signature".into(), clock_skew: "30s".into(), hmac_keys: Vec::new() }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawHmacKey {
+    pub(super) id: String,
+    pub(super) secret_file: PathBuf,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

@@ -14,7 +14,7 @@ use crate::fence::path::{self, EscapedSlashes, MatrixParams, TrailingSlash};
 /// would refuse nearly every new resource from the start.
 const MIN_TABLE_BYTES: u64 = 1 << 20;
 
-fn invalid(key: &str, message: impl Into<String>) -> ConfigError {
+pub(super) fn invalid(key: &str, message: impl Into<String>) -> ConfigError {
     ConfigError::Invalid { key: key.to_owned(), message: message.into() }
 }
 
@@ -75,6 +75,8 @@ pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
             ));
         }
     }
+    let verify = super::verify::verify(raw.verify, &header)?;
+    super::verify::rules_can_verify(&rules, &verify)?;
     let fence = FenceConfig {
         header,
         unfenced_methods,
@@ -127,7 +129,7 @@ pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
         access: raw.log.access,
     };
     let admin = admin(raw.admin)?;
-    Ok(Config { server, backend, fence, store, log, paths, limits, admin })
+    Ok(Config { server, backend, fence, verify, store, log, paths, limits, admin })
 }
 
 const EQUAL_TOKEN: [(&str, EqualToken); 2] = [("reject", EqualToken::Reject), ("accept", EqualToken::Accept)];
@@ -141,7 +143,7 @@ fn choice<T: Copy, const N: usize>(key: &str, text: &str, options: [(&str, T); N
 
 const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 
-fn duration(key: &str, text: &str) -> Result<Duration, ConfigError> {
+pub(super) fn duration(key: &str, text: &str) -> Result<Duration, ConfigError> {
     let d = humantime::parse_duration(text)
         .map_err(|e| invalid(key, format!("{text:?}: {e} (write e.g. \"500ms\", \"2s\", \"1m\")")))?;
     if d.is_zero() {
@@ -303,7 +305,17 @@ fn rules(raw: &[raw::RawRule], policy: &PathPolicy) -> Result<Vec<Rule>, ConfigE
             .as_deref()
             .map(|text| choice(&format!("fence.rules[{index}].equal_token"), text, EQUAL_TOKEN))
             .transpose()?;
-        rules.push(Rule { prefix: canonical, token_domain: domain, equal_token });
+        let verify = r
+            .verify
+            .as_deref()
+            .map(|text| {
+                choice(&format!("fence.rules[{index}].verify"), text, [("none", Verify::None), ("hmac", Verify::Hmac)])
+            })
+            .transpose()?;
+        if r.max_jump == Some(0) {
+            return Err(invalid(&format!("fence.rules[{index}].max_jump"), "must be at least 1"));
+        }
+        rules.push(Rule { prefix: canonical, token_domain: domain, equal_token, verify, max_jump: r.max_jump });
     }
     Ok(rules)
 }

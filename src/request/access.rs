@@ -62,6 +62,8 @@ mod tests {
             target: "/a".parse().unwrap(),
             body_limit: None,
             equal: crate::fence::EqualToken::Reject,
+            max_jump: None,
+            proof: super::super::verify::Proof::None,
         };
         e.plan(&Plan::Write(write));
         assert_eq!((e.keys.as_str(), e.token), ("/a,/b/", Some(7)));

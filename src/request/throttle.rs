@@ -75,6 +75,10 @@ pub(crate) fn log(
         Refusal::Fence(FenceError::Jump { resource, token, base, max_jump, .. }) => {
             tracing::warn!(%resource, token, from = base, max_jump, %client, %method, %path, suppressed, "refused a token that jumps too far");
         }
+        Refusal::SignatureRejected { resource, reason } => {
+            tracing::warn!(%resource, reason = reason.reason(), kid = reason.kid(), error = %refusal, %client, %method, %path,
+                suppressed, "refused a token whose signature does not prove it");
+        }
         Refusal::Store(StoreError::Full(_) | StoreError::FullBytes(_)) | Refusal::Fence(FenceError::Full { .. }) => {
             tracing::warn!(error = %refusal, %client, %method, %path, suppressed, "refused a write to a new resource");
         }
