@@ -46,14 +46,17 @@ async fn a_forged_huge_token_without_a_valid_signature_is_refused_and_changes_no
         let resp = h.send("PUT", "/signed/a", &[("fencing-token", &huge), (SIGNATURE, bad)], "x").await;
         resp.assert_refused(400, "invalid_signature");
     }
-    let twice = h.send("PUT", "/signed/a", &[("fencing-token", "5"), (SIGNATURE, &good), (SIGNATURE, &good)], "x").await;
+    let twice =
+        h.send("PUT", "/signed/a", &[("fencing-token", "5"), (SIGNATURE, &good), (SIGNATURE, &good)], "x").await;
     twice.assert_refused(400, "invalid_signature");
     assert_eq!(h.proxy.max_seen("/signed/a"), None, "nothing moved max_seen");
     assert!(h.backend.requests().is_empty(), "nothing reached the backend");
 
     // Outside the rule a number is still a number; a write across the two is refused.
     assert_eq!(h.put("/open/a", 7, "v").await.status, 200);
-    let moved = h.send("MOVE", "/signed/a", &[("fencing-token", "5"), (SIGNATURE, &good), ("destination", "/open/b")], "").await;
+    let moved = h
+        .send("MOVE", "/signed/a", &[("fencing-token", "5"), (SIGNATURE, &good), ("destination", "/open/b")], "")
+        .await;
     moved.assert_refused(400, "cross_verify_write");
     let deleted = h.send("DELETE", "/", &[("fencing-token", "9")], "").await;
     deleted.assert_refused(400, "cross_verify_write");
@@ -126,7 +129,9 @@ async fn two_keys_are_valid_at_once_and_a_reload_rotates_them() {
     keys.write("2026-12", NEW);
     let h = signed_harness(&keys, &["2026-11", "2026-12"], "").await;
     let later = now() + 600;
-    let put = async |token: u64, secret: &str, kid: &str| h.signed_put("/signed/a", token, &sign(secret, kid, "default", token, later)).await;
+    let put = async |token: u64, secret: &str, kid: &str| {
+        h.signed_put("/signed/a", token, &sign(secret, kid, "default", token, later)).await
+    };
     assert_eq!(put(1, OLD, "2026-11").await.status, 200);
     assert_eq!(put(2, NEW, "2026-12").await.status, 200);
 
@@ -172,14 +177,18 @@ async fn the_clock_skew_extends_an_expiry_by_its_allowance_and_no_more() {
 
 #[tokio::test]
 async fn max_jump_bounds_a_token_by_max_seen_or_else_by_its_domain_counted_at_open_and_on_reload() {
-    let rule = |domain: &str| format!("[[fence.rules]]\nprefix = \"/j/\"\ntoken_domain = \"{domain}\"\nmax_jump = 100\n");
+    let rule =
+        |domain: &str| format!("[[fence.rules]]\nprefix = \"/j/\"\ntoken_domain = \"{domain}\"\nmax_jump = 100\n");
     let first = rule("etcd");
     let mut h = Harness::start_with(|c| *c = with_rules(c, &first)).await;
     assert_eq!(h.put("/j/a", 1_000_000, "v").await.status, 200, "a domain without tokens has no bound");
     let jumped = h.put("/j/a", 1_000_101, "v").await;
     jumped.assert_refused(409, "token_jump");
     let body = jumped.json();
-    assert_eq!((body["token"].as_u64(), body["max_seen"].as_u64(), body["max_jump"].as_u64()), (Some(1_000_101), Some(1_000_000), Some(100)));
+    assert_eq!(
+        (body["token"].as_u64(), body["max_seen"].as_u64(), body["max_jump"].as_u64()),
+        (Some(1_000_101), Some(1_000_000), Some(100))
+    );
     assert_eq!(h.put("/j/a", 1_000_100, "v").await.status, 200);
     let fresh = h.put("/j/b", 1_000_201, "v").await;
     fresh.assert_refused(409, "token_jump");
@@ -208,12 +217,15 @@ async fn max_jump_bounds_a_token_by_max_seen_or_else_by_its_domain_counted_at_op
 async fn max_jump_applies_to_signed_tokens_after_their_signature() {
     let keys = KeyFiles::new();
     keys.write("k", NEW);
-    let toml = format!("[[fence.rules]]\nprefix = \"/signed/\"\nverify = \"hmac\"\nmax_jump = 10\n{}", keys.toml(&["k"]));
+    let toml =
+        format!("[[fence.rules]]\nprefix = \"/signed/\"\nverify = \"hmac\"\nmax_jump = 10\n{}", keys.toml(&["k"]));
     let h = Harness::start_with(|c| *c = with_rules(c, &toml)).await;
     let later = now() + 600;
     assert_eq!(h.signed_put("/signed/a", 5, &sign(NEW, "k", "default", 5, later)).await.status, 200);
     h.signed_put("/signed/a", 16, &sign(NEW, "k", "default", 16, later)).await.assert_refused(409, "token_jump");
-    h.signed_put("/signed/a", 16, &sign(NEW, "k", "default", 17, later)).await.assert_refused(403, "signature_rejected");
+    h.signed_put("/signed/a", 16, &sign(NEW, "k", "default", 17, later))
+        .await
+        .assert_refused(403, "signature_rejected");
     assert_eq!(h.signed_put("/signed/a", 15, &sign(NEW, "k", "default", 15, later)).await.status, 200);
 }
 
@@ -278,7 +290,14 @@ fn the_documented_test_vector_agrees_with_sign_and_with_python() {
         msg = '\\n'.join(['v1', kid, domain, str(int(token)), str(int(expiry))]).encode()\n\
         mac = base64.urlsafe_b64encode(hmac.new(key.encode(), msg, hashlib.sha256).digest()).rstrip(b'=').decode()\n\
         print('v1.%s.%s.%s' % (kid, expiry, mac))";
-    let out = match Command::new("python3").arg("-c").arg(PYTHON).args([&key, &kid, &domain]).arg(token.to_string()).arg(expiry.to_string()).output() {
+    let out = match Command::new("python3")
+        .arg("-c")
+        .arg(PYTHON)
+        .args([&key, &kid, &domain])
+        .arg(token.to_string())
+        .arg(expiry.to_string())
+        .output()
+    {
         Ok(out) => out,
         Err(e) if std::env::var_os("FG_SKIP_PYTHON").is_some() => {
             eprintln!("skipping the check against Python (FG_SKIP_PYTHON is set): cannot run python3: {e}");

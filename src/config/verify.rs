@@ -77,8 +77,9 @@ pub(super) fn verify(raw: RawVerify, token_header: &HeaderName) -> Result<Verify
         if hmac_keys.iter().any(|k| k.id == key.id) {
             return Err(invalid(&at("id"), format!("{:?} is the id of another key already", key.id)));
         }
-        let secret = Secret::from_file(&key.secret_file)
-            .map_err(|e| invalid(&at("secret_file"), format!("key {:?} ({}): {e}", key.id, key.secret_file.display())))?;
+        let secret = Secret::from_file(&key.secret_file).map_err(|e| {
+            invalid(&at("secret_file"), format!("key {:?} ({}): {e}", key.id, key.secret_file.display()))
+        })?;
         hmac_keys.push(HmacKey { id: key.id, secret_file: key.secret_file, secret });
     }
     Ok(VerifyConfig { signature_header, clock_skew, hmac_keys })
@@ -119,7 +120,8 @@ mod tests {
     #[test]
     fn keys_are_read_at_load_and_never_printed() {
         let dir = tempfile::tempdir().unwrap();
-        let c = Config::from_toml_str(&with_key(dir.path(), "2026-12", "a-secret-of-32-bytes-for-tests!!\n", "")).unwrap();
+        let c =
+            Config::from_toml_str(&with_key(dir.path(), "2026-12", "a-secret-of-32-bytes-for-tests!!\n", "")).unwrap();
         assert_eq!(c.verify.signature_header.as_str(), "fencing-token-signature");
         assert_eq!(c.verify.clock_skew, std::time::Duration::from_secs(30));
         assert_eq!((c.verify.hmac_keys[0].id.as_str(), c.verify.hmac_keys[0].secret.len()), ("2026-12", 32));
@@ -145,13 +147,25 @@ mod tests {
             (with_key(dir.path(), "k1", good, "[verify]\nsignature_header = \"Fencing-Token\"\n"), "must differ"),
             (with_key(dir.path(), "k1", good, "[verify]\nsecret = \"x\"\n"), "secret"),
             (
-                format!("{}[[verify.hmac_keys]]\nid = \"k1\"\nsecret_file = \"/x\"\n", with_key(dir.path(), "k1", good, "")),
+                format!(
+                    "{}[[verify.hmac_keys]]\nid = \"k1\"\nsecret_file = \"/x\"\n",
+                    with_key(dir.path(), "k1", good, "")
+                ),
                 "verify.hmac_keys[1].id: \"k1\" is the id of another key",
             ),
-            (format!("{MINIMAL}[[fence.rules]]\nprefix = \"/s/\"\nverify = \"hmac\"\n"), "fence.rules[0].verify: \"hmac\" needs"),
-            (format!("{MINIMAL}[[fence.rules]]\nprefix = \"/s/\"\nverify = \"etcd\"\n"), "fence.rules[0].verify: \"etcd\""),
+            (
+                format!("{MINIMAL}[[fence.rules]]\nprefix = \"/s/\"\nverify = \"hmac\"\n"),
+                "fence.rules[0].verify: \"hmac\" needs",
+            ),
+            (
+                format!("{MINIMAL}[[fence.rules]]\nprefix = \"/s/\"\nverify = \"etcd\"\n"),
+                "fence.rules[0].verify: \"etcd\"",
+            ),
             (format!("{MINIMAL}[[fence.rules]]\nprefix = \"/s/\"\nmax_jump = 0\n"), "fence.rules[0].max_jump"),
-            (format!("{MINIMAL}[[verify.hmac_keys]]\nid = \"k\"\nsecret_file = \"/nonexistent/k\"\n"), "/nonexistent/k"),
+            (
+                format!("{MINIMAL}[[verify.hmac_keys]]\nid = \"k\"\nsecret_file = \"/nonexistent/k\"\n"),
+                "/nonexistent/k",
+            ),
         ] {
             let err = Config::from_toml_str(&text).map(drop).unwrap_err().to_string();
             assert!(err.contains(error), "{text:?} gave {err}");

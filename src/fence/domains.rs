@@ -47,7 +47,7 @@ impl Domains {
             };
             domains.prefixes.push((prefix, index));
         }
-        domains.prefixes.sort_by(|a, b| b.0.len().cmp(&a.0.len()));
+        domains.prefixes.sort_by_key(|(p, _)| std::cmp::Reverse(p.len()));
         domains
     }
 
@@ -216,7 +216,8 @@ mod tests {
         assert!(matches!(t.precheck(&key("/a"), 34, policy), Err(FenceError::Stale { .. })), "stale comes first");
 
         let turn = t.acquire(key("/b"), Duration::from_secs(1)).await.unwrap();
-        let done = turn.finish(44, policy, Duration::from_secs(1), async { Ok::<u64, Failed>(0) }, |_| Outcome::Answered);
+        let done =
+            turn.finish(44, policy, Duration::from_secs(1), async { Ok::<u64, Failed>(0) }, |_| Outcome::Answered);
         assert_eq!(done.await, Ok(0));
         assert_eq!(t.domain_max("default"), Some(44), "the advance raised its domain");
         assert_eq!(t.precheck(&key("/new"), 54, policy), Ok(()));
@@ -245,7 +246,10 @@ mod tests {
             ("/consul/etcd".to_owned(), "default".to_owned()),
             ("/zk/".to_owned(), "zk".to_owned()),
         ]);
-        assert_eq!((d.of("/consul/a"), d.of("/consul/etcd/x"), d.of("/zk/q"), d.of("/x")), ("consul", "default", "zk", "default"));
+        assert_eq!(
+            (d.of("/consul/a"), d.of("/consul/etcd/x"), d.of("/zk/q"), d.of("/x")),
+            ("consul", "default", "zk", "default")
+        );
         assert_eq!(d.of("/consul"), "default", "prefixes match on segments");
         assert_eq!(d.names[d.floor_index("/consul")], "consul", "the floor of DELETE /consul/");
         assert_eq!(d.names[d.floor_index("/")], "default");

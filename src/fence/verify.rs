@@ -144,7 +144,9 @@ pub enum Rejected {
         kid: String,
     },
     /// The MAC does not match.
-    #[error("the MAC does not match under key {kid:?}: signed with another secret, or for another token, token domain or expiry")]
+    #[error(
+        "the MAC does not match under key {kid:?}: signed with another secret, or for another token, token domain or expiry"
+    )]
     WrongMac {
         /// The key id the signature names.
         kid: String,

@@ -172,7 +172,8 @@ fn check_connection<B>(req: &Request<B>, config: &Config) -> Result<(), Refusal>
         for name in text.split(',').map(str::trim) {
             let read = |h: &HeaderName| name.eq_ignore_ascii_case(h.as_str());
             let signature = &config.verify.signature_header;
-            if read(&config.fence.header) || read(signature) || read(&DESTINATION) || METHOD_OVERRIDES.iter().any(read) {
+            if read(&config.fence.header) || read(signature) || read(&DESTINATION) || METHOD_OVERRIDES.iter().any(read)
+            {
                 return Err(Refusal::InvalidHeader {
                     name: CONNECTION.to_string(),
                     reason: format!("names {name}, which fencegate reads: the header would be dropped after the check"),

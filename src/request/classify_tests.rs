@@ -73,11 +73,7 @@ fn move_changes_its_source_and_destination_subtrees_and_copy_only_its_destinatio
         "invalid_header"
     );
     let overridden = request("POST", "/a", &[token, ("x-http-method-override", "MOVE"), ("destination", "/b")], "");
-    assert_eq!(
-        touches(classify(&overridden, &c).unwrap()).0,
-        [sub("/a"), sub("/b")],
-        "fenced as the method it claims"
-    );
+    assert_eq!(touches(classify(&overridden, &c).unwrap()).0, [sub("/a"), sub("/b")], "fenced as the method it claims");
     let put = request("PUT", "/a", &[token, ("destination", "/b")], "v");
     assert_eq!(classify(&put, &c).unwrap(), write(5, "/a", "/a"), "only MOVE and COPY name a second resource");
 }
@@ -109,11 +105,7 @@ fn subtrees_follow_the_configured_methods_and_compose_with_scopes() {
     let plan = |method: &str, path: &str| {
         touches(classify(&request(method, path, &[token, ("destination", "/z")], ""), &c).unwrap()).0
     };
-    assert_eq!(
-        plan("DELETE", "/buckets/"),
-        [("/buckets/".to_owned(), Coverage::Subtree)],
-        "above the scope's keys"
-    );
+    assert_eq!(plan("DELETE", "/buckets/"), [("/buckets/".to_owned(), Coverage::Subtree)], "above the scope's keys");
     assert_eq!(plan("DELETE", "/buckets/b1/dir/"), [("/buckets/b1".to_owned(), Coverage::Key)], "inside one key");
     assert_eq!(plan("MOVE", "/a"), [("/a".to_owned(), Coverage::Key), ("/z".to_owned(), Coverage::Key)]);
 }
@@ -121,8 +113,7 @@ fn subtrees_follow_the_configured_methods_and_compose_with_scopes() {
 #[test]
 fn every_method_not_known_to_be_safe_is_fenced_and_method_names_are_case_sensitive() {
     let c = config("");
-    for method in ["PUT", "POST", "PATCH", "DELETE", "MKCOL", "PROPPATCH", "LOCK", "UNLOCK", "PURGE", "FROB", "get"]
-    {
+    for method in ["PUT", "POST", "PATCH", "DELETE", "MKCOL", "PROPPATCH", "LOCK", "UNLOCK", "PURGE", "FROB", "get"] {
         let tokenless = request(method, "/a", &[], "");
         assert_eq!(classify(&tokenless, &c).unwrap_err().code(), "missing_token", "{method}");
         let with_token = request(method, "/a", &[("fencing-token", "3")], "");

@@ -87,14 +87,20 @@ async fn jump_and_signature_bodies_say_what_was_measured() {
         domain: domain.map(str::to_owned),
     };
     let v = json(Refusal::Fence(jump(None))).await;
-    assert_eq!((v["token"].as_u64(), v["max_seen"].as_u64(), v["max_jump"].as_u64()), (Some(5000), Some(100), Some(10)));
+    assert_eq!(
+        (v["token"].as_u64(), v["max_seen"].as_u64(), v["max_jump"].as_u64()),
+        (Some(5000), Some(100), Some(10))
+    );
     let v = json(Refusal::Fence(jump(Some("etcd")))).await;
     assert_eq!((v["token_domain"].as_str(), v["domain_max"].as_u64()), (Some("etcd"), Some(100)));
     assert!(v.get("max_seen").is_none(), "the key has none: {v}");
     assert!(v["message"].as_str().unwrap().contains("highest token accepted in token domain etcd"), "{v}");
     let expired = Rejected::Expired { kid: "k1".into(), expiry: 10, now: 50, skew: 30 };
     let v = json(Refusal::SignatureRejected { resource: "/a".into(), reason: expired }).await;
-    assert_eq!((v["reason"].as_str(), v["kid"].as_str(), v["expiry"].as_u64()), (Some("expired"), Some("k1"), Some(10)));
+    assert_eq!(
+        (v["reason"].as_str(), v["kid"].as_str(), v["expiry"].as_u64()),
+        (Some("expired"), Some("k1"), Some(10))
+    );
     assert!(v["message"].as_str().unwrap().contains("expired at 10"), "{v}");
 }
 

@@ -34,7 +34,9 @@ pub(super) fn govern<'a>(touches: &[Touch], fence: &'a FenceConfig) -> Result<Go
     let verify = one_verify(touches, rules)?;
     let max_jump = touches
         .iter()
-        .flat_map(|t| setting(rules, &t.key, |r| r.max_jump).into_iter().chain(inside(t, rules).filter_map(|r| r.max_jump)))
+        .flat_map(|t| {
+            setting(rules, &t.key, |r| r.max_jump).into_iter().chain(inside(t, rules).filter_map(|r| r.max_jump))
+        })
         .min();
     Ok(Governed { domain, equal: equal_token(touches, fence), verify, max_jump })
 }
@@ -177,7 +179,9 @@ mod tests {
 
     #[test]
     fn the_fence_maps_keys_to_the_domains_the_rules_name() {
-        let c = config("[[fence.rules]]\nprefix = \"/consul/\"\ntoken_domain = \"consul\"\n[[fence.rules]]\nprefix = \"/consul/e\"\n");
+        let c = config(
+            "[[fence.rules]]\nprefix = \"/consul/\"\ntoken_domain = \"consul\"\n[[fence.rules]]\nprefix = \"/consul/e\"\n",
+        );
         let d = domains(&c.fence.rules);
         assert_eq!((d.of("/consul/a"), d.of("/consul/e/1"), d.of("/x")), ("consul", "default", "default"));
     }

@@ -68,10 +68,12 @@ impl Verifiers {
 pub(super) fn check(proof: &Proof, token: u64, touches: &[Touch], verifiers: &Verifiers) -> Result<(), Refusal> {
     match proof {
         Proof::None => Ok(()),
-        Proof::Hmac { signature, domain } => verifiers.hmac.verify(signature, domain, token, unix_now()).map_err(|reason| {
-            let resource = touches.first().map_or_else(String::new, |t| t.key.clone());
-            Refusal::SignatureRejected { resource, reason }
-        }),
+        Proof::Hmac { signature, domain } => {
+            verifiers.hmac.verify(signature, domain, token, unix_now()).map_err(|reason| {
+                let resource = touches.first().map_or_else(String::new, |t| t.key.clone());
+                Refusal::SignatureRejected { resource, reason }
+            })
+        }
     }
 }
 

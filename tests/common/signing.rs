@@ -36,7 +36,12 @@ impl KeyFiles {
     /// `[[verify.hmac_keys]]` entries for `ids`, whose files must have been written.
     pub fn toml(&self, ids: &[&str]) -> String {
         ids.iter()
-            .map(|id| format!("[[verify.hmac_keys]]\nid = \"{id}\"\nsecret_file = {:?}\n", self.path(id).display().to_string()))
+            .map(|id| {
+                format!(
+                    "[[verify.hmac_keys]]\nid = \"{id}\"\nsecret_file = {:?}\n",
+                    self.path(id).display().to_string()
+                )
+            })
             .collect()
     }
 }
