@@ -2,7 +2,9 @@
 //! check-and-reserve (precheck, wait for the resource's turn, check, release), uncontended and
 //! with N tasks on one key or on distinct keys; and a write six segments deep into a fence that
 //! holds 1,000,000 keys (`depth6_1m_keys`), its check alone and the whole write but the forward
-//! (store never synced). The store has its own bench (`benches/store.rs`).
+//! (store never synced); and what a signed token adds to a write (`verify`): parsing and
+//! checking its HMAC signature, alone and in front of check-and-reserve. The store has its own
+//! bench (`benches/store.rs`).
 //!
 //! Run: `cargo bench --bench fence`.
 
@@ -169,7 +171,7 @@ fn check_and_reserve(c: &mut Criterion) {
 /// What verification adds to a write: classifying a PUT with and without a `verify = "etcd"`
 /// rule (the lock name made from the key), and the lookup of the lock's holder in a mirror of
 /// 10,000 locks, each with a holder and a waiter.
-fn verify(c: &mut Criterion) {
+fn etcd_verification(c: &mut Criterion) {
     use fencegate::etcd::{Mirror, Mirrors};
     use fencegate::request::classify::{Plan, classify};
     let base = "[backend]\nurl = \"http://127.0.0.1:9\"\n";
@@ -193,7 +195,7 @@ fn verify(c: &mut Criterion) {
             .body(http_body_util::Empty::<bytes::Bytes>::new())
             .unwrap()
     };
-    let mut g = c.benchmark_group("verify");
+    let mut g = c.benchmark_group("verify_etcd");
     g.bench_function("classify_unverified", |b| b.iter(|| classify(black_box(&req()), &plain).unwrap()));
     g.bench_function("classify_etcd", |b| b.iter(|| classify(black_box(&req()), &etcd).unwrap()));
     let Plan::Write(w) = classify(&req(), &etcd).unwrap() else { panic!("a write") };
@@ -204,5 +206,45 @@ fn verify(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, parsing, check_and_reserve, deep, verify);
+/// The per-write cost of `verify = "hmac"`: the signature header parsed and its MAC checked
+/// (what `request::verify` does before the precheck), against no verification, alone and in
+/// front of an uncontended check-and-reserve.
+fn verification(c: &mut Criterion) {
+    use fencegate::fence::verify::{HmacKeys, Secret, Signature, sign, unix_now};
+    let secret = Secret::new(b"a-secret-of-32-bytes-for-benches".to_vec()).unwrap();
+    let keys = HmacKeys::new([("2026-11", &secret), ("2026-12", &secret)], Duration::from_secs(30));
+    let expiry = unix_now() + 3600;
+    let header = sign(&secret, "2026-12", "default", 48213, expiry).unwrap();
+    let verify = |token: u64, header: &str| {
+        let signature = Signature::parse(black_box(header.as_bytes())).unwrap();
+        keys.verify(&signature, "default", token, unix_now()).unwrap();
+    };
+    let mut g = c.benchmark_group("verify");
+    g.bench_function("none", |b| b.iter(|| black_box(48213u64)));
+    g.bench_function("hmac", |b| b.iter(|| verify(48213, &header)));
+    let rt = rt();
+    let (table, _dir) = fence_table(&rt);
+    // Signed ahead, so that signing is not measured: a ring of tokens, each above the last.
+    let headers: Vec<(u64, String)> =
+        (1..=4096u64).map(|t| (t, sign(&secret, "2026-12", "default", t, expiry).unwrap())).collect();
+    let mut round = 0u64;
+    g.bench_function("none_then_check_and_reserve", |b| {
+        b.iter(|| {
+            round += 1;
+            rt.block_on(reserve(&table, "/accounts/none", round, EqualToken::Reject))
+        })
+    });
+    let mut i = 0usize;
+    g.bench_function("hmac_then_check_and_reserve", |b| {
+        b.iter(|| {
+            let (token, header) = &headers[i % headers.len()];
+            i += 1;
+            verify(*token, header);
+            rt.block_on(reserve(&table, "/accounts/hmac", *token, EqualToken::Reject))
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, parsing, check_and_reserve, deep, verification, etcd_verification);
 criterion_main!(benches);

@@ -50,6 +50,29 @@ enum Command {
     },
     /// Replay the zombie-lock-holder race against an in-memory backend and show it defeated.
     Demo,
+    /// Sign a token for a rule with verify = "hmac": prints the value of the signature header
+    /// (Fencing-Token-Signature by default). The key file is read as fencegate reads it.
+    #[command(group = clap::ArgGroup::new("expires").required(true).args(["expires_in", "expiry"]))]
+    Sign {
+        /// The key's secret file, as in [[verify.hmac_keys]] secret_file.
+        #[arg(long)]
+        key_file: PathBuf,
+        /// The key's id, as in [[verify.hmac_keys]] id.
+        #[arg(long)]
+        kid: String,
+        /// The token domain of the keys the token is for.
+        #[arg(long, default_value = fencegate::config::DEFAULT_DOMAIN)]
+        domain: String,
+        /// The token.
+        #[arg(long)]
+        token: u64,
+        /// How long the signature is accepted from now ("10m", "1h").
+        #[arg(long, value_parser = humantime::parse_duration)]
+        expires_in: Option<std::time::Duration>,
+        /// When it is no longer accepted, as a UNIX time in seconds.
+        #[arg(long)]
+        expiry: Option<u64>,
+    },
     /// Read a data directory without starting a proxy: max_seen of one resource, or a summary.
     /// Refuses while a running fencegate holds the directory (then ask its admin API).
     Inspect {
@@ -84,6 +107,9 @@ fn main() -> ExitCode {
         }
         Command::Init { dir, floor } => init(&dir, floor),
         Command::Inspect { dir, config, path, top } => inspect(dir, config, path.as_deref(), top),
+        Command::Sign { key_file, kid, domain, token, expires_in, expiry } => {
+            sign(&key_file, &kid, &domain, token, expires_in, expiry)
+        }
         Command::Demo => {
             let _flush = fencegate::logging::init("error", LogFormat::Text, 1024);
             runtime(0).and_then(|rt| rt.block_on(demo()))
@@ -139,6 +165,25 @@ fn log_environment(env: &Environment) {
     for name in &env.ignored {
         tracing::warn!(variable = %name, "ignoring an environment variable that is not a setting: {NOT_A_SETTING}");
     }
+}
+
+fn sign(
+    key_file: &std::path::Path,
+    kid: &str,
+    domain: &str,
+    token: u64,
+    expires_in: Option<std::time::Duration>,
+    expiry: Option<u64>,
+) -> anyhow::Result<()> {
+    use fencegate::fence::verify;
+    let key = verify::Secret::from_file(key_file).with_context(|| format!("key file {}", key_file.display()))?;
+    let expiry = match (expiry, expires_in) {
+        (Some(at), _) => at,
+        (None, Some(d)) => verify::unix_now().saturating_add(d.as_secs()),
+        (None, None) => anyhow::bail!("give --expires-in or --expiry"),
+    };
+    println!("{}", verify::sign(&key, kid, domain, token, expiry)?);
+    Ok(())
 }
 
 fn init(dir: &std::path::Path, floor: u64) -> anyhow::Result<()> {

@@ -52,6 +52,8 @@ const RULES: &[Rule] = &[
             "crate::fence::locks",
             "crate::fence::EqualToken",
             "crate::fence::Scope",
+            "crate::fence::DEFAULT_DOMAIN",
+            "crate::fence::verify",
             "crate::store::SyncMode",
             "crate::tls",
         ],

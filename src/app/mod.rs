@@ -18,6 +18,7 @@ use crate::config::reload::{self, Reload};
 use crate::config::{Config, MissingToken};
 use crate::fence::{Fence, keys};
 use crate::listener;
+use crate::request::rules;
 use crate::request::throttle::RefusalThrottle;
 use crate::store::{self, FileStore, Store, StoreError, StoreOptions};
 pub use preflight::preflight;
@@ -102,7 +103,7 @@ impl Proxy {
         let in_flight = store.in_flight_at_start().to_vec();
         let floors_in_flight = store.floors_in_flight_at_start().to_vec();
         let store: Arc<dyn Store> = Arc::new(store);
-        let fence = Arc::new(Fence::new(Arc::clone(&store)));
+        let fence = Arc::new(Fence::with_domains(Arc::clone(&store), rules::domains(&config.fence.rules)));
         // The backend may still apply writes the previous process had in flight.
         for (key, token) in &in_flight {
             tracing::warn!(resource = %key, token, quarantine = %humantime::format_duration(config.fence.quarantine),
@@ -158,8 +159,12 @@ impl Proxy {
             warn_forwarding_tokenless();
         }
         let (old_level, new_level) = (current.config.log.level.clone(), next.config.log.level.clone());
+        let domains = rules::domains(&next.config.fence.rules);
         self.state.settings.set(next, report.renew_connections);
         self.state.locks.store(Arc::new(locks));
+        if self.state.fence.set_domains(domains) {
+            tracing::info!("reload: token domains changed; counting each domain's highest token for max_jump");
+        }
         current.upstream.retire_for(&self.state.settings.get().upstream);
         crate::logging::change_level(&old_level, &new_level, || reload::log(&report));
         Ok(report)
@@ -168,6 +173,13 @@ impl Proxy {
     /// The highest token the resource `key` has accepted (keys are canonical paths).
     pub fn max_seen(&self, key: &str) -> Option<u64> {
         self.state.fence.max_seen(key)
+    }
+
+    /// The highest token accepted in the token domain `domain`, the bound `max_jump` measures
+    /// from for keys without a `max_seen`; `None` for a domain without tokens, or while a
+    /// reload's count of it runs.
+    pub fn domain_max(&self, domain: &str) -> Option<u64> {
+        self.state.fence.domain_max(domain)
     }
 
     /// Number of writes holding or waiting for the turn of the resource `key`.

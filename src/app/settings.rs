@@ -16,6 +16,7 @@ use tokio_rustls::TlsAcceptor;
 
 use super::Error;
 use crate::config::Config;
+use crate::request::verify::Verifiers;
 use crate::tls;
 use crate::upstream::Upstream;
 
@@ -25,6 +26,8 @@ pub(crate) struct Settings {
     pub(crate) upstream: Upstream,
     pub(crate) acceptor: Option<TlsAcceptor>,
     pub(crate) http: auto::Builder<TokioExecutor>,
+    /// What signed tokens are checked against, from the secrets this config read.
+    pub(crate) verifiers: Verifiers,
 }
 
 impl Settings {
@@ -53,7 +56,8 @@ impl Settings {
             .max_concurrent_streams(limits.h2_max_concurrent_streams)
             // HTTP/2 counts 32 bytes of overhead per header field (RFC 9113 §6.5.2).
             .max_header_list_size(u32::try_from(limits.max_header_bytes * 2 + 32 * 100).unwrap_or(u32::MAX));
-        Ok(Settings { config, upstream, acceptor, http })
+        let verifiers = Verifiers::build(&config.verify);
+        Ok(Settings { config, upstream, acceptor, http, verifiers })
     }
 }
 

@@ -12,15 +12,17 @@ use serde::{Serialize, Serializer};
 
 pub use crate::fence::locks::LockTemplate;
 pub use crate::fence::path::PathPolicy;
-pub use crate::fence::{EqualToken, Scope};
+pub use crate::fence::{DEFAULT_DOMAIN, EqualToken, Scope};
 pub use crate::store::SyncMode;
 
 mod environment;
 mod raw;
 pub mod reload;
 mod validate;
+mod verify;
 
 pub use environment::Environment;
+pub use verify::{HmacKey, Verify, VerifyConfig};
 
 use raw::RawConfig;
 
@@ -76,6 +78,8 @@ pub struct Config {
     pub backend: BackendConfig,
     /// The fencing policy.
     pub fence: FenceConfig,
+    /// How tokens are proven, where a rule asks for it.
+    pub verify: VerifyConfig,
     /// Where and how `max_seen` is made durable.
     pub store: StoreConfig,
     /// Logging.
@@ -88,8 +92,6 @@ pub struct Config {
     pub admin: AdminConfig,
     /// The etcd cluster that token verification reads locks from.
     pub etcd: EtcdConfig,
-    /// How tokens are verified.
-    pub verify: VerifyConfig,
 }
 
 /// `[etcd]`
@@ -100,25 +102,6 @@ pub struct EtcdConfig {
     /// How long one request to etcd may take before the next member is tried.
     #[serde(serialize_with = "ser_duration")]
     pub request_timeout: Duration,
-}
-
-/// `[verify]`
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct VerifyConfig {
-    /// How old the proof that the view of etcd's locks is complete may be before verified
-    /// writes are refused.
-    #[serde(serialize_with = "ser_duration")]
-    pub max_lag: Duration,
-}
-
-/// How a rule's tokens are verified, beyond the `max_seen` check.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Verify {
-    /// Any number is taken as a token (the default).
-    None,
-    /// The token must be the create revision of the current holder of the rule's etcd lock.
-    Etcd,
 }
 
 /// `[admin]`
@@ -262,13 +245,17 @@ pub struct Rule {
     /// setting or `fence.equal_token` decides.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub equal_token: Option<EqualToken>,
-    /// How tokens under the prefix are verified; unset, a shorter rule's setting decides, and
-    /// none is `Verify::None`.
+    /// What a token under this prefix must prove; unset, a shorter rule's setting, else
+    /// [`Verify::None`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub verify: Option<Verify>,
     /// The etcd lock that guards each key, for `verify = "etcd"`.
     #[serde(skip_serializing_if = "Option::is_none", serialize_with = "ser_template")]
     pub lock: Option<LockTemplate>,
+    /// How far above a key's `max_seen` (or its domain's highest token) a token may be; unset,
+    /// a shorter rule's setting, else unbounded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_jump: Option<u64>,
 }
 
 fn ser_template<S: serde::Serializer>(t: &Option<LockTemplate>, s: S) -> Result<S::Ok, S::Error> {
@@ -277,9 +264,6 @@ fn ser_template<S: serde::Serializer>(t: &Option<LockTemplate>, s: S) -> Result<
         None => s.serialize_none(),
     }
 }
-
-/// The token domain of keys no rule names.
-pub const DEFAULT_DOMAIN: &str = "default";
 
 /// `[store]`
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -15,6 +15,8 @@ pub(super) struct RawConfig {
     #[serde(default)]
     pub(super) fence: RawFence,
     #[serde(default)]
+    pub(super) verify: RawVerify,
+    #[serde(default)]
     pub(super) store: RawStore,
     #[serde(default)]
     pub(super) log: RawLog,
@@ -26,8 +28,6 @@ pub(super) struct RawConfig {
     pub(super) admin: RawAdmin,
     #[serde(default)]
     pub(super) etcd: RawEtcd,
-    #[serde(default)]
-    pub(super) verify: RawVerify,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -40,18 +40,6 @@ pub(super) struct RawEtcd {
 impl Default for RawEtcd {
     fn default() -> Self {
         RawEtcd { endpoints: Vec::new(), request_timeout: "2s".into() }
-    }
-}
-
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub(super) struct RawVerify {
-    pub(super) max_lag: String,
-}
-
-impl Default for RawVerify {
-    fn default() -> Self {
-        RawVerify { max_lag: "2s".into() }
     }
 }
 
@@ -169,6 +157,35 @@ pub(super) struct RawRule {
     pub(super) verify: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) lock: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) max_jump: Option<u64>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawVerify {
+    pub(super) signature_header: String,
+    pub(super) clock_skew: String,
+    pub(super) max_lag: String,
+    pub(super) hmac_keys: Vec<RawHmacKey>,
+}
+
+impl Default for RawVerify {
+    fn default() -> Self {
+        Self {
+            signature_header: "Fencing-Token-Signature".into(),
+            clock_skew: "30s".into(),
+            max_lag: "2s".into(),
+            hmac_keys: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawHmacKey {
+    pub(super) id: String,
+    pub(super) secret_file: PathBuf,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

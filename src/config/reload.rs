@@ -56,6 +56,12 @@ pub(crate) fn merge(old: &Config, new: Config) -> (Config, Reload) {
     if old.admin.token != new.admin.token {
         report.applied.push("admin.token: (changed)".to_owned());
     }
+    // Secrets, likewise: read again from their files, a rotated one under the same id counts.
+    for key in &new.verify.hmac_keys {
+        if old.verify.hmac_keys.iter().any(|k| k.id == key.id && k.secret != key.secret) {
+            report.applied.push(format!("verify.hmac_keys: the secret of key {:?} changed", key.id));
+        }
+    }
     // Certificate files are read again even when their paths are the same: rotation in place.
     if new.server.tls.is_some() && !report.applied.iter().any(|l| l.starts_with("server.tls.")) {
         report.applied.push("server.tls: certificate files read again".to_owned());

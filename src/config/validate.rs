@@ -15,7 +15,7 @@ use crate::fence::path::{self, EscapedSlashes, MatrixParams, TrailingSlash};
 /// would refuse nearly every new resource from the start.
 const MIN_TABLE_BYTES: u64 = 1 << 20;
 
-fn invalid(key: &str, message: impl Into<String>) -> ConfigError {
+pub(super) fn invalid(key: &str, message: impl Into<String>) -> ConfigError {
     ConfigError::Invalid { key: key.to_owned(), message: message.into() }
 }
 
@@ -76,6 +76,8 @@ pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
             ));
         }
     }
+    let verify = super::verify::verify(raw.verify, &header)?;
+    super::verify::rules_can_verify(&rules, &verify)?;
     let fence = FenceConfig {
         header,
         unfenced_methods,
@@ -129,9 +131,8 @@ pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
     };
     let admin = admin(raw.admin)?;
     let etcd = etcd(raw.etcd)?;
-    let verify = VerifyConfig { max_lag: duration("verify.max_lag", &raw.verify.max_lag)? };
     verified_rules(&fence, &etcd)?;
-    Ok(Config { server, backend, fence, store, log, paths, limits, admin, etcd, verify })
+    Ok(Config { server, backend, fence, verify, store, log, paths, limits, admin, etcd })
 }
 
 const EQUAL_TOKEN: [(&str, EqualToken); 2] = [("reject", EqualToken::Reject), ("accept", EqualToken::Accept)];
@@ -145,7 +146,7 @@ fn choice<T: Copy, const N: usize>(key: &str, text: &str, options: [(&str, T); N
 
 const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 
-fn duration(key: &str, text: &str) -> Result<Duration, ConfigError> {
+pub(super) fn duration(key: &str, text: &str) -> Result<Duration, ConfigError> {
     let d = humantime::parse_duration(text)
         .map_err(|e| invalid(key, format!("{text:?}: {e} (write e.g. \"500ms\", \"2s\", \"1m\")")))?;
     if d.is_zero() {
@@ -311,7 +312,11 @@ fn rules(raw: &[raw::RawRule], policy: &PathPolicy) -> Result<Vec<Rule>, ConfigE
             .verify
             .as_deref()
             .map(|text| {
-                choice(&format!("fence.rules[{index}].verify"), text, [("none", Verify::None), ("etcd", Verify::Etcd)])
+                choice(
+                    &format!("fence.rules[{index}].verify"),
+                    text,
+                    [("none", Verify::None), ("hmac", Verify::Hmac), ("etcd", Verify::Etcd)],
+                )
             })
             .transpose()?;
         let lock_key = format!("fence.rules[{index}].lock");
@@ -328,7 +333,10 @@ fn rules(raw: &[raw::RawRule], policy: &PathPolicy) -> Result<Vec<Rule>, ConfigE
             }
             (None, _) => None,
         };
-        rules.push(Rule { prefix: canonical, token_domain: domain, equal_token, verify, lock });
+        if r.max_jump == Some(0) {
+            return Err(invalid(&format!("fence.rules[{index}].max_jump"), "must be at least 1"));
+        }
+        rules.push(Rule { prefix: canonical, token_domain: domain, equal_token, verify, lock, max_jump: r.max_jump });
     }
     Ok(rules)
 }

@@ -9,8 +9,13 @@
 //! in this order: the authoritative check, the durable advance, the forward, then "answered"
 //! or quarantine, and only then the next write's turn. The fence knows nothing of HTTP: the
 //! forward is a future it is handed.
+//!
+//! A token is judged by a [`Policy`]: whether one equal to the level passes, and how far above
+//! it (or above its token domain's highest token, [`domains`]) it may be. Signed tokens are
+//! checked by [`verify`] before any of this, by the request module, which reads them.
 
 mod acquire;
+pub mod domains;
 mod gates;
 pub mod keys;
 pub mod locks;
@@ -20,15 +25,19 @@ mod subtree;
 pub mod token;
 mod tree;
 mod turn;
+pub mod verify;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use dashmap::DashMap;
 use serde::Serialize;
 use tokio::sync::Mutex;
 
 use crate::store::{Store, Table, TableBytes};
+use domains::HighWater;
+pub use domains::{DEFAULT_DOMAIN, Domains};
 pub use gates::GATE_BYTES;
 pub use keys::Scope;
 pub use operator::{Lifted, Reset};
@@ -48,6 +57,22 @@ pub enum EqualToken {
     Accept,
 }
 
+/// How a token is judged against the level of each key it touches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    /// What a token equal to the level gets.
+    pub equal: EqualToken,
+    /// How far above the level (or, for a key without one, above the highest token of its
+    /// token domain) a token may be; unbounded when `None`.
+    pub max_jump: Option<u64>,
+}
+
+impl From<EqualToken> for Policy {
+    fn from(equal: EqualToken) -> Policy {
+        Policy { equal, max_jump: None }
+    }
+}
+
 /// What a stale-token refusal adds when the token equals `max_seen`: the setting that decides
 /// it, so that a holder meaning to write many times in one tenure learns what to change.
 fn equal_hint(token: u64, max_seen: u64) -> &'static str {
@@ -57,6 +82,14 @@ fn equal_hint(token: u64, max_seen: u64) -> &'static str {
          writes per tenure (docs/tokens.md)"
     } else {
         ""
+    }
+}
+
+/// What a jump refusal measured from.
+fn jump_base(resource: &str, base: u64, domain: Option<&str>) -> String {
+    match domain {
+        None => format!("max_seen {base} of {resource}"),
+        Some(d) => format!("{base}, the highest token accepted in token domain {d} ({resource} has no max_seen yet)"),
     }
 }
 
@@ -72,6 +105,21 @@ pub enum FenceError {
         token: u64,
         /// The resource's `max_seen`.
         max_seen: u64,
+    },
+    /// The token is further above the key's level (or its domain's highest token) than
+    /// `max_jump` allows.
+    #[error("token {token} is more than max_jump {max_jump} above {}", jump_base(resource, *base, domain.as_deref()))]
+    Jump {
+        /// The fence key.
+        resource: String,
+        /// The token the write carried.
+        token: u64,
+        /// The key's level, or the highest token of its domain when it has none.
+        base: u64,
+        /// The bound.
+        max_jump: u64,
+        /// The token domain whose highest token `base` is, when the key has no level.
+        domain: Option<String>,
     },
     /// The write waited too long behind earlier writes to the same resource.
     #[error("{resource} is busy: earlier writes were still in flight after {waited:?}")]
@@ -179,14 +227,24 @@ pub struct Fence {
     tree: Tree,
     /// Subtree writes queued and active, and quarantined subtrees.
     subtrees: Subtrees,
+    /// The highest token of each token domain, for `max_jump`.
+    high_water: ArcSwap<HighWater>,
 }
 
 impl Fence {
-    /// Fences against the table `store` keeps current, and advances through `store`.
+    /// Fences against the table `store` keeps current, and advances through `store`, with
+    /// every key in the default token domain.
     pub fn new(store: Arc<dyn Store>) -> Self {
+        Fence::with_domains(store, Domains::default())
+    }
+
+    /// Like [`Fence::new`], with keys in the token domains `domains` names, whose highest
+    /// tokens are counted from the table before this returns.
+    pub fn with_domains(store: Arc<dyn Store>, domains: Domains) -> Self {
         let max_seen = Arc::clone(store.table());
         let tree = Tree::build(&max_seen);
-        Fence { max_seen, store, gates: DashMap::default(), tree, subtrees: Subtrees::default() }
+        let high_water = ArcSwap::from_pointee(domains::counted(domains, &max_seen));
+        Fence { max_seen, store, gates: DashMap::default(), tree, subtrees: Subtrees::default(), high_water }
     }
 
     /// The highest token `key` has accepted, if any.
@@ -227,11 +285,24 @@ impl Fence {
         self.gates.get(key).map_or(0, |g| Arc::strong_count(g.value()) - 1)
     }
 
-    /// Refuses a stale token without waiting for the turn. Never wrong to refuse: `max_seen`
-    /// and floors only climb, so a token stale now is stale when its turn would come. `equal`
-    /// is the policy of the request's settings, so a reload never changes it midway.
-    pub fn precheck(&self, touches: &[Touch], token: u64, equal: EqualToken) -> Result<(), FenceError> {
-        touches.iter().try_for_each(|t| admit(&t.key, token, level(&self.max_seen, &self.tree, t), equal))
+    /// Refuses a stale token, or one that jumps too far, without waiting for the turn. Never
+    /// wrong to refuse a stale one: `max_seen` and floors only climb, so a token stale now is
+    /// stale when its turn would come. `policy` is that of the request's settings, so a reload
+    /// never changes it midway.
+    pub fn precheck(&self, touches: &[Touch], token: u64, policy: impl Into<Policy>) -> Result<(), FenceError> {
+        let policy = policy.into();
+        touches.iter().try_for_each(|t| self.judge(t, token, policy))
+    }
+
+    /// Refuses `token` for `touch` unless it is above the level (or equal to it, if the policy
+    /// accepts that) and no further above it than `max_jump`.
+    fn judge(&self, touch: &Touch, token: u64, policy: Policy) -> Result<(), FenceError> {
+        let level = level(&self.max_seen, &self.tree, touch);
+        admit(&touch.key, token, level, policy.equal)?;
+        match policy.max_jump {
+            Some(max_jump) => self.jump(touch, token, level, max_jump),
+            None => Ok(()),
+        }
     }
 
     /// Resources and subtrees quarantined now. A gate whose turn is held is not counted: its

@@ -5,7 +5,7 @@
 //! `u64::MAX`). It lowers the key's `max_seen` and every floor at or below its node, never
 //! raises anything, and is written as reset records, which recovery applies in log order. The
 //! tree's `below` values only climb as writes raise them, so after lowering marks they are
-//! recomputed from the table; for that no write may raise the tree meanwhile, so a reset takes
+//! recomputed from the table, and so is each token domain's highest token (`max_jump`); for that no write may raise the tree meanwhile, so a reset takes
 //! the turn of the whole tree: it waits for every write in flight, and fenced writes wait for it
 //! (one batch and one pass over the table). Resets are rare and made by people; a write
 //! refused because a reset was slow is a cheap price for a tree that is exact again.
@@ -94,6 +94,7 @@ impl Fence {
             // Nothing changes if the store cannot record it: the operator may try again.
             self.store.reset(marks, to).await?;
             self.tree.rebuild(table);
+            self.recount();
             let lowered: Vec<String> = floors.iter().map(|(p, t)| format!("{p} (was {t})")).collect();
             tracing::warn!(resource = %key, previous = %previous.map_or_else(|| "none".to_owned(), |m| m.to_string()),
                 max_seen = to, floors = %lowered.join(", "),

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::acquire::{Held, Registered};
-use super::tree::{Coverage, Touch, level, node};
-use super::{EqualToken, Fence, FenceError, QuarantineCause, admit, quarantine_end};
+use super::tree::{Coverage, Touch, node};
+use super::{Fence, FenceError, Policy, QuarantineCause, quarantine_end};
 use crate::store::{MarkKind, StoreError};
 
 /// How a forwarded write ended, as far as the fence is concerned.
@@ -64,8 +64,10 @@ impl Turn {
     }
 
     /// The authoritative check, made while no write that overlaps this one can move
-    /// `max_seen`: no quarantine over what it touches, and `token` above every level.
-    pub fn check(&mut self, token: u64, equal: EqualToken) -> Result<(), FenceError> {
+    /// `max_seen`: no quarantine over what it touches, `token` above every level, and no
+    /// further above it than the policy's `max_jump`.
+    pub fn check(&mut self, token: u64, policy: impl Into<Policy>) -> Result<(), FenceError> {
+        let policy = policy.into();
         let now = Instant::now();
         for h in &mut self.held {
             if let Some(state) = h.guard.as_mut() {
@@ -89,7 +91,7 @@ impl Turn {
                 let (resource, retry_after) = (touch.key.clone(), until - now);
                 return Err(FenceError::Quarantined { resource, retry_after, cause });
             }
-            admit(&touch.key, token, level(&fence.max_seen, &fence.tree, touch), equal)?;
+            fence.judge(touch, token, policy)?;
         }
         Ok(())
     }
@@ -133,6 +135,7 @@ impl Turn {
         for touch in &self.touches {
             self.fence.tree.raise(touch.mark().1, token, &self.fence.max_seen);
         }
+        self.fence.high_water.load().raise(&self.touches, token);
         Ok(())
     }
 
@@ -149,7 +152,7 @@ impl Turn {
     pub async fn finish<T, E, W>(
         self,
         token: u64,
-        equal: EqualToken,
+        policy: impl Into<Policy>,
         quarantine: Duration,
         write: W,
         outcome: fn(&Result<T, E>) -> Outcome,
@@ -159,7 +162,7 @@ impl Turn {
         T: Send + 'static,
         E: From<FenceError> + From<StoreError> + Send + 'static,
     {
-        self.finish_after(token, equal, quarantine, async { Ok(write) }, outcome).await
+        self.finish_after(token, policy.into(), quarantine, async { Ok(write) }, outcome).await
     }
 
     /// Runs a fenced write to its end, in this order: the authoritative check of `token`;
@@ -173,7 +176,7 @@ impl Turn {
     pub async fn finish_after<T, E, P, W>(
         self,
         token: u64,
-        equal: EqualToken,
+        policy: impl Into<Policy>,
         quarantine: Duration,
         prepare: P,
         outcome: fn(&Result<T, E>) -> Outcome,
@@ -184,11 +187,12 @@ impl Turn {
         T: Send + 'static,
         E: From<FenceError> + From<StoreError> + Send + 'static,
     {
+        let policy = policy.into();
         // In a task of its own: were it cancelled mid-forward, the backend could still apply
         // the write after the next one was sent.
         let task = tokio::spawn(async move {
             let mut turn = self;
-            turn.check(token, equal)?;
+            turn.check(token, policy)?;
             // After the check, so that a stale write takes no backend connection; before the
             // advance, so that one that cannot get any has not used its token up.
             let write = prepare.await?;
@@ -224,6 +228,7 @@ impl Turn {
             if previous.map(|(m, _)| m) != Some(to) {
                 fence.store.advance(key, to).await?;
                 fence.tree.raise(key, to, &fence.max_seen);
+                fence.high_water.load().raise(&self.touches, to);
                 // Nothing was forwarded for this advance. But a write that is still in flight
                 // (its answer never came) must stay marked, or a restart would not quarantine it.
                 if !previous.is_some_and(|(_, in_flight)| in_flight) {

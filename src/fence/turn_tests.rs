@@ -5,6 +5,7 @@ use std::pin::pin;
 use std::task::{Context, Waker};
 
 use super::*;
+use crate::fence::EqualToken;
 use crate::store::{FileStore, Store, StoreOptions, SyncMode};
 
 const STRICT: EqualToken = EqualToken::Reject;

@@ -63,6 +63,8 @@ mod tests {
             body_limit: None,
             equal: crate::fence::EqualToken::Reject,
             locks: Vec::new(),
+            max_jump: None,
+            proof: super::super::verify::Proof::None,
         };
         e.plan(&Plan::Write(write));
         assert_eq!((e.keys.as_str(), e.token), ("/a,/b/", Some(7)));

@@ -1,13 +1,15 @@
 //! One request's path through fencegate: [`classify`] it (pure), then, for a fenced write,
-//! fence it (check, wait for the turn, get a backend connection, advance durably), forward it,
-//! and answer; every refusal becomes fencegate's own answer through [`refusal`].
+//! [`verify`] its token's proof where a rule asks for one, fence it (check, wait for the turn,
+//! get a backend connection, advance durably), forward it, and answer; every refusal becomes fencegate's own answer through [`refusal`].
 
 mod access;
 pub mod classify;
 pub mod destination;
 pub mod locks;
 pub mod refusal;
+pub(crate) mod rules;
 pub(crate) mod throttle;
+pub mod verify;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -18,7 +20,7 @@ use hyper::body::Incoming;
 
 use crate::admin::metrics::Metrics;
 use crate::app::{Settings, State};
-use crate::fence::Outcome;
+use crate::fence::{Outcome, Policy};
 pub use crate::upstream::ResponseBody;
 use crate::upstream::{Connection, Peer, UpstreamError, full_body};
 use classify::{Plan, Write};
@@ -79,7 +81,10 @@ async fn execute(
         }
         Plan::Write(write) => write,
     };
-    let Write { token, touches, destination, target, body_limit, equal, locks: locks_held } = write;
+    let Write { token, touches, destination, target, body_limit, equal, max_jump, proof, locks: locks_held } = write;
+    // Before anything looks at the token: an unproven one must not even be compared.
+    verify::check(&proof, token, &touches, &settings.verifiers)?;
+    let policy = Policy { equal, max_jump };
     let mut req = req;
     if let Some(d) = destination {
         // What the backend is told to change is what was fenced.
@@ -88,7 +93,7 @@ async fn execute(
     let fence = &settings.config.fence;
     // Refuse early, and wait for the turn: both may be abandoned if the client goes away...
     locks::check(&state.locks.load(), &locks_held, token).map_err(Refusal::Lock)?;
-    state.fence.precheck(&touches, token, equal)?;
+    state.fence.precheck(&touches, token, policy)?;
     let waiting = Instant::now();
     let turn = state.fence.acquire(touches, fence.queue_timeout).await;
     state.metrics.queue_wait.observe(waiting.elapsed().as_secs_f64());
@@ -111,7 +116,7 @@ async fn execute(
             send(&state, &settings, conn, req, target, client, body_limit, true).await
         }))
     });
-    turn.finish_after(token, equal, quarantine, prepare, outcome).await
+    turn.finish_after(token, policy, quarantine, prepare, outcome).await
 }
 
 /// Whether the backend may still apply a write that got this result.

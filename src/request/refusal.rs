@@ -16,6 +16,7 @@ use super::locks::LockError;
 use crate::fence::FenceError;
 use crate::fence::path::PathError;
 use crate::fence::token::TokenError;
+use crate::fence::verify::{Rejected, SignatureError};
 use crate::store::StoreError;
 use crate::upstream::UpstreamError;
 
@@ -52,6 +53,27 @@ pub enum Refusal {
     /// A write that changes keys whose tokens come from different counters.
     #[error("this write cannot be fenced: {0}")]
     CrossDomain(String),
+    /// A write that changes keys under different `verify` settings.
+    #[error("this write cannot be verified: {0}")]
+    CrossVerify(String),
+    /// A fenced write under `verify = "hmac"` without the signature header.
+    #[error("tokens here must be signed: send the token's signature in the {header} header (docs/tokens.md)")]
+    MissingSignature {
+        /// The configured header name.
+        header: String,
+    },
+    /// The signature header is repeated or not `v1.<kid>.<expiry>.<mac>`.
+    #[error("invalid token signature: {0}")]
+    InvalidSignature(SignatureError),
+    /// A well-formed signature that does not prove the token: an unknown key, a MAC that does
+    /// not match, or an expiry past the clock skew.
+    #[error("token signature rejected: {reason}")]
+    SignatureRejected {
+        /// The first fence key the write touches.
+        resource: String,
+        /// Why.
+        reason: Rejected,
+    },
     /// A fenced write asked to switch protocols: the fence could not follow what comes next.
     #[error("fenced writes cannot upgrade the connection (Upgrade: {0})")]
     UpgradeRefused(String),
@@ -167,6 +189,10 @@ impl Refusal {
             Refusal::InvalidHeader { .. } => (S::BAD_REQUEST, "invalid_header"),
             Refusal::UpgradeRefused(_) => (S::BAD_REQUEST, "upgrade_refused"),
             Refusal::CrossDomain(_) => (S::BAD_REQUEST, "cross_domain_write"),
+            Refusal::CrossVerify(_) => (S::BAD_REQUEST, "cross_verify_write"),
+            Refusal::MissingSignature { .. } => (S::PRECONDITION_REQUIRED, "missing_signature"),
+            Refusal::InvalidSignature(_) => (S::BAD_REQUEST, "invalid_signature"),
+            Refusal::SignatureRejected { .. } => (S::FORBIDDEN, "signature_rejected"),
             Refusal::HeadersTooLarge { .. } => (S::REQUEST_HEADER_FIELDS_TOO_LARGE, "headers_too_large"),
             Refusal::UriTooLong { .. } => (S::URI_TOO_LONG, "uri_too_long"),
             Refusal::BodyTooLarge { .. } | Refusal::Upstream(UpstreamError::BodyTooLarge { .. }) => {
@@ -177,6 +203,7 @@ impl Refusal {
             Refusal::NotFound(_) => (S::NOT_FOUND, "not_found"),
             Refusal::BadRequest(_) => (S::BAD_REQUEST, "invalid_request"),
             Refusal::Fence(FenceError::Stale { .. }) => (S::CONFLICT, "stale_token"),
+            Refusal::Fence(FenceError::Jump { .. }) => (S::CONFLICT, "token_jump"),
             Refusal::Fence(FenceError::WouldLower { .. }) => (S::CONFLICT, "would_lower"),
             Refusal::Fence(FenceError::WouldRaise { .. }) => (S::CONFLICT, "would_raise"),
             Refusal::Fence(FenceError::NoFence { .. }) => (S::NOT_FOUND, "not_found"),
@@ -214,12 +241,14 @@ impl Refusal {
         match self {
             Refusal::Fence(
                 FenceError::Stale { resource, .. }
+                | FenceError::Jump { resource, .. }
                 | FenceError::QueueTimeout { resource, .. }
                 | FenceError::Quarantined { resource, .. }
                 | FenceError::WouldLower { resource, .. }
                 | FenceError::WouldRaise { resource, .. }
                 | FenceError::NoFence { resource },
             ) => Some(resource),
+            Refusal::SignatureRejected { resource, .. } => Some(resource),
             _ => None,
         }
     }
@@ -229,6 +258,23 @@ impl Refusal {
         let extra = match self {
             Refusal::Fence(FenceError::Stale { resource, token, max_seen }) => {
                 json!({ "resource": resource, "token": token, "max_seen": max_seen })
+            }
+            Refusal::Fence(FenceError::Jump { resource, token, base, max_jump, domain: None }) => {
+                json!({ "resource": resource, "token": token, "max_seen": base, "max_jump": max_jump })
+            }
+            Refusal::Fence(FenceError::Jump { resource, token, base, max_jump, domain: Some(domain) }) => {
+                json!({ "resource": resource, "token": token, "token_domain": domain, "domain_max": base, "max_jump": max_jump })
+            }
+            Refusal::SignatureRejected { resource, reason } => {
+                let mut extra = json!({ "resource": resource, "reason": reason.reason(), "kid": reason.kid() });
+                if let (Rejected::Expired { expiry, now, skew, .. }, Some(fields)) = (reason, extra.as_object_mut()) {
+                    fields.extend([
+                        ("expiry".to_owned(), json!(expiry)),
+                        ("now".to_owned(), json!(now)),
+                        ("clock_skew_s".to_owned(), json!(skew)),
+                    ]);
+                }
+                extra
             }
             Refusal::Fence(FenceError::QueueTimeout { resource, .. }) => json!({ "resource": resource }),
             Refusal::Fence(
@@ -279,101 +325,5 @@ impl Refusal {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use super::*;
-    use http_body_util::BodyExt;
-
-    fn examples() -> Vec<(Refusal, u16, &'static str)> {
-        let d = Duration::from_secs(3);
-        let fence = |e| Refusal::Fence(e);
-        let wrong_method = Refusal::WrongMethod { method: "PUT".into(), path: "/metrics".into(), allow: "GET" };
-        vec![
-            (Refusal::MissingToken { header: "fencing-token".into() }, 428, "missing_token"),
-            (Refusal::MethodNotAllowed("CONNECT".into()), 405, "method_not_allowed"),
-            (Refusal::Unauthorized, 401, "unauthorized"),
-            (Refusal::AdminWritesDisabled, 403, "admin_writes_disabled"),
-            (Refusal::NotFound("/x".into()), 404, "not_found"),
-            (Refusal::BadRequest("x".into()), 400, "invalid_request"),
-            (fence(FenceError::WouldLower { resource: "/a".into(), max_seen: 5, to: 4 }), 409, "would_lower"),
-            (fence(FenceError::WouldRaise { resource: "/a".into(), max_seen: 4, to: 5 }), 409, "would_raise"),
-            (fence(FenceError::NoFence { resource: "/a".into() }), 404, "not_found"),
-            (wrong_method, 405, "method_not_allowed"),
-            (Refusal::UpgradeRefused("websocket".into()), 400, "upgrade_refused"),
-            (Refusal::CrossDomain("x".into()), 400, "cross_domain_write"),
-            (
-                Refusal::Lock(LockError::NotHolder { lock: "/l".into(), token: 3, holder: Some(4) }),
-                409,
-                "not_lock_holder",
-            ),
-            (
-                Refusal::Lock(LockError::Unavailable { lock: "/l".into(), reason: "x".into() }),
-                503,
-                "verify_unavailable",
-            ),
-            (Refusal::Lock(LockError::NoLockName { key: "/a".into(), template: "/l/{2}".into() }), 400, "no_lock_name"),
-            (Refusal::Lock(LockError::CrossVerify("x".into())), 400, "cross_verify_write"),
-            (Refusal::InvalidHeader { name: "destination".into(), reason: "twice".into() }, 400, "invalid_header"),
-            (Refusal::HeadersTooLarge { size: 9, limit: 8 }, 431, "headers_too_large"),
-            (Refusal::UriTooLong { size: 9, limit: 8 }, 414, "uri_too_long"),
-            (Refusal::BodyTooLarge { limit: 8 }, 413, "body_too_large"),
-            (Refusal::Upstream(UpstreamError::BodyTooLarge { limit: 8 }), 413, "body_too_large"),
-            (Refusal::InvalidToken(TokenError::NotDecimal), 400, "invalid_token"),
-            (Refusal::InvalidPath(PathError::EscapedSlash), 400, "invalid_path"),
-            (fence(FenceError::Stale { resource: "/a".into(), token: 33, max_seen: 34 }), 409, "stale_token"),
-            (fence(FenceError::QueueTimeout { resource: "/a".into(), waited: d }), 503, "queue_timeout"),
-            (
-                fence(FenceError::Quarantined { resource: "/a".into(), retry_after: d, cause: Default::default() }),
-                503,
-                "resource_quarantined",
-            ),
-            (fence(FenceError::TaskFailed("panic".into())), 500, "internal"),
-            (Refusal::Store(StoreError::Failed("fsync: EIO".into())), 503, "store_unavailable"),
-            (Refusal::Store(StoreError::Full(10)), 503, "resource_limit"),
-            (Refusal::Store(StoreError::FullBytes(1 << 20)), 503, "resource_limit"),
-            (fence(FenceError::Full { resource: "/new".into(), max_bytes: 1 << 20 }), 503, "resource_limit"),
-            (Refusal::Store(StoreError::NoSpace("ENOSPC".into())), 503, "store_full"),
-            (Refusal::Upstream(UpstreamError::Unreachable("refused".into())), 502, "backend_unreachable"),
-            (Refusal::Upstream(UpstreamError::Busy(d)), 503, "backend_busy"),
-            (Refusal::Upstream(UpstreamError::Failed("reset".into())), 502, "backend_error"),
-            (Refusal::Upstream(UpstreamError::Timeout(d)), 504, "backend_timeout"),
-        ]
-    }
-
-    #[tokio::test]
-    async fn status_and_code_mapping_is_pinned() {
-        for (err, status, code) in examples() {
-            let resp = err.response();
-            assert_eq!(resp.status().as_u16(), status, "{err:?}");
-            assert_eq!(resp.headers()[ERROR_HEADER], code);
-            assert_eq!(resp.headers()[CONTENT_TYPE], "application/json");
-            let body = resp.into_body().collect().await.unwrap().to_bytes();
-            let v: Value = serde_json::from_slice(&body).unwrap();
-            assert_eq!(v["error"], code);
-            assert!(v["message"].as_str().is_some_and(|m| !m.is_empty()));
-        }
-    }
-
-    #[test]
-    fn answers_that_a_retry_may_cure_say_when_to_retry() {
-        let retry_after = |r: Refusal| r.response().headers().get(RETRY_AFTER).map(|v| v.to_str().unwrap().to_owned());
-        let d = Duration::from_millis(100);
-        assert_eq!(retry_after(Refusal::Upstream(UpstreamError::Busy(d))).as_deref(), Some("1"));
-        assert_eq!(
-            retry_after(Refusal::Fence(FenceError::QueueTimeout { resource: "/a".into(), waited: d })).as_deref(),
-            Some("1")
-        );
-        assert_eq!(retry_after(Refusal::Upstream(UpstreamError::Unreachable("refused".into()))), None);
-    }
-
-    #[tokio::test]
-    async fn stale_body_names_resource_token_and_max_seen() {
-        let err = Refusal::Fence(FenceError::Stale { resource: "/accounts/42".into(), token: 33, max_seen: 34 });
-        let body = err.response().into_body().collect().await.unwrap().to_bytes();
-        let v: Value = serde_json::from_slice(&body).unwrap();
-        assert_eq!(v["resource"], "/accounts/42");
-        assert_eq!(v["token"], 33);
-        assert_eq!(v["max_seen"], 34);
-    }
-}
+#[path = "refusal_tests.rs"]
+mod tests;

@@ -72,6 +72,13 @@ pub(crate) fn log(
         Refusal::Fence(FenceError::Stale { resource, token, max_seen }) => {
             tracing::warn!(%resource, token, max_seen, %client, %method, %path, suppressed, "refused stale token");
         }
+        Refusal::Fence(FenceError::Jump { resource, token, base, max_jump, .. }) => {
+            tracing::warn!(%resource, token, from = base, max_jump, %client, %method, %path, suppressed, "refused a token that jumps too far");
+        }
+        Refusal::SignatureRejected { resource, reason } => {
+            tracing::warn!(%resource, reason = reason.reason(), kid = reason.kid(), error = %refusal, %client, %method, %path,
+                suppressed, "refused a token whose signature does not prove it");
+        }
         Refusal::Store(StoreError::Full(_) | StoreError::FullBytes(_)) | Refusal::Fence(FenceError::Full { .. }) => {
             tracing::warn!(error = %refusal, %client, %method, %path, suppressed, "refused a write to a new resource");
         }

@@ -3,7 +3,8 @@
 //! [`Resp`] every helper returns. Beside it: `raw` (raw HTTP/1.1 connections), `backend` (stub
 //! backends), `process`, `logs` and `builder` (the real binary, its log, and a deployment of
 //! it), `wait` (waiting for a state instead of sleeping), `services` (real etcd and ZooKeeper
-//! for the interop tests) and `etcd` (a client of etcd's JSON gateway).
+//! for the interop tests), `etcd` (a client of etcd's JSON gateway) and `signing` (key files
+//! and signed tokens).
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
@@ -33,6 +34,7 @@ pub mod nginx;
 pub mod process;
 pub mod raw;
 pub mod services;
+pub mod signing;
 pub mod wait;
 
 // Each test crate uses its own part of these.

@@ -1,0 +1,129 @@
+//! Proving a token: what a write under a rule's `verify` setting must carry, read by
+//! classification (no I/O), and its check against the keys in force, made before the write
+//! is prechecked or waits for its turn. The fence's `verify` module knows signatures; this one
+//! knows where they come from (a header, the config) and what a refusal of one is.
+
+use http::HeaderMap;
+use http::header::HeaderName;
+
+use super::refusal::Refusal;
+use crate::config::{Verify, VerifyConfig};
+use crate::fence::Touch;
+use crate::fence::verify::{HmacKeys, Signature, SignatureError, unix_now};
+
+/// What a fenced write's token must prove, as read from the request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Proof {
+    /// Nothing: the number alone is checked.
+    None,
+    /// A signature over the token in its token domain, by one of `[[verify.hmac_keys]]`.
+    Hmac {
+        /// The parsed signature header.
+        signature: Signature,
+        /// The token domain of the write's keys, which the signature must name.
+        domain: String,
+    },
+}
+
+/// Reads the proof a write under `verify` carries in its headers, refusing one that is missing
+/// or malformed.
+pub(super) fn read(headers: &HeaderMap, config: &VerifyConfig, verify: Verify, domain: &str) -> Result<Proof, Refusal> {
+    match verify {
+        // etcd's holder is looked up from the write's lock names (`request::locks`).
+        Verify::None | Verify::Etcd => Ok(Proof::None),
+        Verify::Hmac => {
+            let signature = signature(headers, &config.signature_header)?;
+            Ok(Proof::Hmac { signature, domain: domain.to_owned() })
+        }
+    }
+}
+
+/// The one value of the signature header, parsed.
+fn signature(headers: &HeaderMap, header: &HeaderName) -> Result<Signature, Refusal> {
+    let mut values = headers.get_all(header).iter();
+    let Some(value) = values.next() else {
+        return Err(Refusal::MissingSignature { header: header.to_string() });
+    };
+    if values.next().is_some() {
+        return Err(Refusal::InvalidSignature(SignatureError::Repeated));
+    }
+    Signature::parse(value.as_bytes()).map_err(Refusal::InvalidSignature)
+}
+
+/// What proofs are checked against, built from `[verify]` with the settings in force (a reload
+/// builds them anew from the secrets it read).
+#[derive(Debug, Clone)]
+pub(crate) struct Verifiers {
+    hmac: HmacKeys,
+}
+
+impl Verifiers {
+    /// The verifiers of `config`.
+    pub(crate) fn build(config: &VerifyConfig) -> Verifiers {
+        let keys = config.hmac_keys.iter().map(|k| (k.id.as_str(), &k.secret));
+        Verifiers { hmac: HmacKeys::new(keys, config.clock_skew) }
+    }
+}
+
+/// Checks `proof` for `token`, now; a refusal names the first key of `touches`.
+pub(super) fn check(proof: &Proof, token: u64, touches: &[Touch], verifiers: &Verifiers) -> Result<(), Refusal> {
+    match proof {
+        Proof::None => Ok(()),
+        Proof::Hmac { signature, domain } => {
+            verifiers.hmac.verify(signature, domain, token, unix_now()).map_err(|reason| {
+                let resource = touches.first().map_or_else(String::new, |t| t.key.clone());
+                Refusal::SignatureRejected { resource, reason }
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::HmacKey;
+    use crate::fence::Coverage;
+    use crate::fence::verify::{Secret, sign};
+
+    fn config() -> VerifyConfig {
+        let secret = Secret::new(b"a-secret-of-32-bytes-for-tests!!".to_vec()).unwrap();
+        let key = HmacKey { id: "k1".into(), secret_file: "/k1".into(), secret };
+        VerifyConfig {
+            signature_header: HeaderName::from_static("fencing-token-signature"),
+            clock_skew: Duration::from_secs(30),
+            max_lag: Duration::from_secs(2),
+            hmac_keys: vec![key],
+        }
+    }
+
+    fn headers(values: &[&str]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append("fencing-token-signature", v.parse().unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn a_signature_is_read_only_where_a_rule_asks_and_checked_with_the_keys_in_force() {
+        let c = config();
+        let good = sign(&c.hmac_keys[0].secret, "k1", "d", 9, unix_now() + 60).unwrap();
+        assert!(matches!(read(&headers(&[]), &c, Verify::None, "d"), Ok(Proof::None)));
+        let code = |h: HeaderMap| read(&h, &c, Verify::Hmac, "d").unwrap_err().code();
+        assert_eq!(code(headers(&[])), "missing_signature");
+        assert_eq!(code(headers(&[&good, &good])), "invalid_signature", "one header line");
+        assert_eq!(code(headers(&["v1.k1.x.y"])), "invalid_signature");
+        let proof = read(&headers(&[&good]), &c, Verify::Hmac, "d").unwrap();
+        let touches = [Touch { key: "/a".into(), coverage: Coverage::Key }];
+        let verifiers = Verifiers::build(&c);
+        assert!(check(&proof, 9, &touches, &verifiers).is_ok());
+        let refused = check(&proof, 10, &touches, &verifiers).unwrap_err();
+        assert_eq!((refused.code(), refused.resource()), ("signature_rejected", Some("/a")));
+        let other = read(&headers(&[&good]), &c, Verify::Hmac, "e").unwrap();
+        assert_eq!(check(&other, 9, &touches, &verifiers).unwrap_err().code(), "signature_rejected", "another domain");
+        let none = Verifiers::build(&VerifyConfig { hmac_keys: Vec::new(), ..c.clone() });
+        assert_eq!(check(&proof, 9, &touches, &none).unwrap_err().code(), "signature_rejected", "a key dropped");
+    }
+}
