@@ -10,7 +10,7 @@
 
 use crate::config::{Config, FenceConfig, Rule, Verify};
 use crate::etcd::{Client, MirrorOptions, Mirrors};
-use crate::fence::{Coverage, Touch, covers, keys, node};
+use crate::fence::{Touch, keys};
 
 /// Why a write was refused by its lock's holder.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -42,9 +42,6 @@ pub enum LockError {
         /// The rule's template.
         template: String,
     },
-    /// The write may change keys under different verification settings.
-    #[error("this write cannot be verified: {0}")]
-    CrossVerify(String),
 }
 
 /// The verification setting of `key`: that of the longest rule over it that sets one.
@@ -54,45 +51,20 @@ fn rule_of<'a>(key: &str, rules: &'a [Rule]) -> Option<&'a Rule> {
 }
 
 /// The locks whose holder a write of `touches` must be, one per key; empty if the write is not
-/// verified. A write whose keys are under different settings, or a subtree holding keys under
-/// another setting than its own, is refused: no one lock's holder speaks for all of them.
+/// verified against etcd. Its keys are all under one `verify` setting: `rules::govern` has
+/// refused the write otherwise.
 pub fn lock_names(touches: &[Touch], fence: &FenceConfig) -> Result<Vec<String>, LockError> {
-    if !fence.rules.iter().any(|r| r.verify.is_some()) {
+    if !fence.rules.iter().any(|r| r.lock.is_some()) {
         return Ok(Vec::new());
     }
-    let mut names = Vec::new();
-    let mut unverified = None;
-    for touch in touches {
-        let rule = rule_of(&touch.key, &fence.rules);
-        if touch.coverage == Coverage::Subtree {
-            let here = node(&touch.key);
-            let inner = fence.rules.iter().find(|r| {
-                r.verify.is_some() && covers(here, node(&r.prefix)) && rule_of(&r.prefix, &fence.rules) != rule
-            });
-            if let Some(inner) = inner {
-                return Err(LockError::CrossVerify(format!(
-                    "the subtree at {} holds {}, whose tokens are verified otherwise",
-                    touch.key, inner.prefix
-                )));
-            }
-        }
-        match rule.and_then(|r| r.lock.as_ref()) {
-            Some(template) => match template.name(&touch.key) {
-                Some(name) => names.push(name),
-                None => {
-                    return Err(LockError::NoLockName { key: touch.key.clone(), template: template.as_str().into() });
-                }
-            },
-            None => unverified = Some(&touch.key),
-        }
-    }
-    match unverified {
-        Some(key) if !names.is_empty() => {
-            Err(LockError::CrossVerify(format!("it changes {key}, whose tokens are not verified, and keys whose are")))
-        }
-        Some(_) => Ok(Vec::new()),
-        None => Ok(names),
-    }
+    let verified = touches.iter().filter_map(|t| Some((t, rule_of(&t.key, &fence.rules)?.lock.as_ref()?)));
+    verified
+        .map(|(touch, template)| {
+            template
+                .name(&touch.key)
+                .ok_or_else(|| LockError::NoLockName { key: touch.key.clone(), template: template.as_str().into() })
+        })
+        .collect()
 }
 
 /// The mirrors of etcd's locks that the rules in force verify against, one per template's

@@ -222,7 +222,6 @@ impl Refusal {
             Refusal::Lock(LockError::NotHolder { .. }) => (S::CONFLICT, "not_lock_holder"),
             Refusal::Lock(LockError::Unavailable { .. }) => (S::SERVICE_UNAVAILABLE, "verify_unavailable"),
             Refusal::Lock(LockError::NoLockName { .. }) => (S::BAD_REQUEST, "no_lock_name"),
-            Refusal::Lock(LockError::CrossVerify(_)) => (S::BAD_REQUEST, "cross_verify_write"),
         }
     }
 

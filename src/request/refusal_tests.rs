@@ -23,7 +23,6 @@ fn examples() -> Vec<(Refusal, u16, &'static str)> {
         (Refusal::Lock(LockError::NotHolder { lock: "/l".into(), token: 3, holder: Some(4) }), 409, "not_lock_holder"),
         (Refusal::Lock(LockError::Unavailable { lock: "/l".into(), reason: "x".into() }), 503, "verify_unavailable"),
         (Refusal::Lock(LockError::NoLockName { key: "/a".into(), template: "/l/{2}".into() }), 400, "no_lock_name"),
-        (Refusal::Lock(LockError::CrossVerify("x".into())), 400, "cross_verify_write"),
         (Refusal::CrossVerify("x".into()), 400, "cross_verify_write"),
         (Refusal::MissingSignature { header: "fencing-token-signature".into() }, 428, "missing_signature"),
         (Refusal::InvalidSignature(SignatureError::Shape), 400, "invalid_signature"),
