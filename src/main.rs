@@ -30,17 +30,31 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
-    /// Make a data directory, once, before the first `run`. `run` refuses a missing or empty
-    /// one, which may be a lost one. Refuses a directory that already holds state.
+    /// Make a data directory (or, with an etcd store, its prefix in etcd), once, before the
+    /// first `run`. `run` refuses a missing or empty one, which may be a lost one. Refuses one
+    /// that already holds state.
     Init {
         /// The data directory (`store.dir`).
+        #[arg(long, short, required_unless_present = "config", conflicts_with = "config")]
+        dir: Option<PathBuf>,
+        /// A config file: its data dir, or its etcd store's prefix with store.kind = "etcd".
         #[arg(long, short)]
-        dir: PathBuf,
+        config: Option<PathBuf>,
         /// Every resource starts at max_seen = FLOOR: 0 for a new deployment; after losing a
         /// data directory, the lock service's current token or above (for etcd, its current
         /// revision), so that only holders that lock again get through.
         #[arg(long, default_value_t = 0)]
         floor: u64,
+    },
+    /// Copy a file store's max_seen into the config's etcd store (store.kind = "etcd"), never
+    /// lowering a key. Run it with no fencegate running on either.
+    Migrate {
+        /// TOML config file with store.kind = "etcd".
+        #[arg(long, short)]
+        config: PathBuf,
+        /// The data directory to copy from.
+        #[arg(long)]
+        from: PathBuf,
     },
     /// Validate a config file and print the effective settings.
     Check {
@@ -105,7 +119,10 @@ fn main() -> ExitCode {
                 runtime(c.server.workers)?.block_on(serve(config.clone(), c))
             })
         }
-        Command::Init { dir, floor } => init(&dir, floor),
+        Command::Init { dir: Some(dir), floor, .. } => init(&dir, floor),
+        Command::Init { config: Some(config), floor, .. } => init_from(&config, floor),
+        Command::Init { .. } => Err(anyhow::anyhow!("init needs --dir or --config")),
+        Command::Migrate { config, from } => migrate(&config, &from),
         Command::Inspect { dir, config, path, top } => inspect(dir, config, path.as_deref(), top),
         Command::Sign { key_file, kid, domain, token, expires_in, expiry } => {
             sign(&key_file, &kid, &domain, token, expires_in, expiry)
@@ -196,6 +213,36 @@ fn init(dir: &std::path::Path, floor: u64) -> anyhow::Result<()> {
         println!("initialised {}: every resource starts at max_seen = {floor}.", dir.display());
         println!("Writes with a token at or below {floor} are refused: every lock holder must lock again.");
     }
+    Ok(())
+}
+
+/// `init --config`: the config's data dir, or its etcd store's prefix.
+fn init_from(path: &std::path::Path, floor: u64) -> anyhow::Result<()> {
+    let config = Config::load(path, None).with_context(|| format!("invalid config {}", path.display()))?;
+    let Some(etcd) = config.store.etcd.as_ref() else { return init(&config.store.dir, floor) };
+    let prefix = etcd.prefix.clone();
+    runtime(1)?
+        .block_on(fencegate::app::init_etcd(&config, floor))
+        .with_context(|| format!("cannot initialise the fence under {prefix:?} in etcd"))?;
+    match floor {
+        0 => println!("initialised {prefix:?} in etcd with no floor, as a new deployment's."),
+        _ => println!("initialised {prefix:?} in etcd: every resource starts at max_seen = {floor}."),
+    }
+    Ok(())
+}
+
+fn migrate(path: &std::path::Path, from: &std::path::Path) -> anyhow::Result<()> {
+    let config = Config::load(path, None).with_context(|| format!("invalid config {}", path.display()))?;
+    let migrated = runtime(1)?
+        .block_on(fencegate::app::migrate_to_etcd(&config, from))
+        .with_context(|| format!("cannot migrate {} into etcd", from.display()))?;
+    println!(
+        "migrated {}: {} marks raised in etcd, {} already at or above, {} writes in flight copied (quarantined by the next leader)",
+        from.display(),
+        migrated.raised,
+        migrated.kept,
+        migrated.in_flight
+    );
     Ok(())
 }
 

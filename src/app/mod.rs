@@ -1,6 +1,7 @@
 //! The running application: opens the store, starts the listener and the admin API, applies
 //! reloads, and drains on shutdown.
 
+mod cluster;
 mod preflight;
 pub(crate) mod settings;
 
@@ -20,7 +21,9 @@ use crate::fence::{Fence, keys};
 use crate::listener;
 use crate::request::rules;
 use crate::request::throttle::RefusalThrottle;
-use crate::store::{self, FileStore, Store, StoreError, StoreOptions};
+use crate::config::StoreKind;
+use crate::store::{self, Adopted, FileStore, Store, StoreError, StoreOptions};
+pub use cluster::{init_etcd, migrate_to_etcd};
 pub use preflight::preflight;
 pub(crate) use settings::{Settings, SettingsSlot};
 
@@ -70,6 +73,8 @@ pub(crate) struct State {
     /// settings, which listeners and connections hold on to, so that a reload that drops a
     /// rule stops its watch.
     pub(crate) locks: arc_swap::ArcSwap<crate::etcd::Mirrors>,
+    /// With the etcd store: the client a follower sends fenced writes to the leader with.
+    pub(crate) peers: Option<crate::request::leader::Peers>,
 }
 
 /// An opened proxy: store recovered and locked, ready to serve.
@@ -90,36 +95,45 @@ impl Proxy {
             segment_bytes: config.store.segment_bytes,
             max_resources: config.store.max_resources,
             max_table_bytes: config.store.max_table_bytes,
-            keying: keys::keying(&config.paths, &config.fence.scopes),
+            keying: String::new(),
             on_commit: Some(Arc::new(move |took, advances| observed.commit(took, advances))),
         };
         if config.fence.missing_token == MissingToken::Forward {
             warn_forwarding_tokenless();
         }
-        tracing::info!(dir = %config.store.dir.display(), "opening the fence store");
-        // A missing or empty directory may be a lost one: only `fencegate init` starts one.
-        store::check_initialised(&config.store.dir)?;
-        let store = FileStore::open(&config.store.dir, options)?;
-        let in_flight = store.in_flight_at_start().to_vec();
-        let floors_in_flight = store.floors_in_flight_at_start().to_vec();
-        let store: Arc<dyn Store> = Arc::new(store);
-        let fence = Arc::new(Fence::with_domains(Arc::clone(&store), rules::domains(&config.fence.rules)));
-        // The backend may still apply writes the previous process had in flight.
-        for (key, token) in &in_flight {
-            tracing::warn!(resource = %key, token, quarantine = %humantime::format_duration(config.fence.quarantine),
-                "a write was in flight when fencegate stopped: resource quarantined");
-            fence.quarantine(key, config.fence.quarantine);
-        }
-        for (node, token) in &floors_in_flight {
-            tracing::warn!(subtree = %node, token, quarantine = %humantime::format_duration(config.fence.quarantine),
-                "a write covering a subtree was in flight when fencegate stopped: subtree quarantined");
-            fence.quarantine_subtree(node, config.fence.quarantine);
-        }
+        let keying = keys::keying(&config.paths, &config.fence.scopes);
+        let quarantine = config.fence.quarantine;
+        let domains = rules::domains(&config.fence.rules);
+        let fence = match (&config.store.kind, &config.store.etcd) {
+            (StoreKind::Etcd, Some(settings)) => {
+                cluster::open(&config, settings, keying, options.on_commit, domains, quarantine).await?
+            }
+            _ => {
+                let options = StoreOptions { keying, ..options };
+                tracing::info!(dir = %config.store.dir.display(), "opening the fence store");
+                // A missing or empty directory may be a lost one: only `fencegate init` starts one.
+                store::check_initialised(&config.store.dir)?;
+                let store = FileStore::open(&config.store.dir, options)?;
+                let in_flight = store.in_flight_at_start().to_vec();
+                let floors_in_flight = store.floors_in_flight_at_start().to_vec();
+                let store: Arc<dyn Store> = Arc::new(store);
+                let fence = Arc::new(Fence::with_domains(store, domains));
+                // The backend may still apply writes the previous process had in flight.
+                fence.adopt(&Adopted { in_flight, floors_in_flight, marks: 0 }, quarantine);
+                fence
+            }
+        };
+        let store = Arc::clone(fence.store());
+        let peers = config
+            .store
+            .etcd
+            .as_ref()
+            .map(|e| crate::request::leader::Peers::new(&e.advertise, config.backend.connect_timeout));
         let refusals = RefusalThrottle::new();
         let locks =
             arc_swap::ArcSwap::from_pointee(crate::request::locks::mirrors(&config, None).map_err(Error::Conflict)?);
         let settings = SettingsSlot::new(Settings::build(config, metrics.bytes_in.clone(), None)?);
-        let state = State { settings, fence, store, refusals, metrics, locks };
+        let state = State { settings, fence, store, refusals, metrics, locks, peers };
         Ok(Proxy { state: Arc::new(state) })
     }
 

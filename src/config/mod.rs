@@ -265,10 +265,22 @@ fn ser_template<S: serde::Serializer>(t: &Option<LockTemplate>, s: S) -> Result<
     }
 }
 
+/// Where `max_seen` is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreKind {
+    /// A data directory of this instance's own (the default).
+    File,
+    /// An etcd cluster shared by several instances, one of which leads (docs/cluster.md).
+    Etcd,
+}
+
 /// `[store]`
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct StoreConfig {
-    /// Data directory holding the log and its lock file.
+    /// Where the fence is kept.
+    pub kind: StoreKind,
+    /// Data directory holding the log and its lock file (file store).
     pub dir: PathBuf,
     /// fsync policy.
     pub sync: SyncMode,
@@ -282,6 +294,24 @@ pub struct StoreConfig {
     /// `/readyz` reports the store stalled once a write or sync of its log has taken this long.
     #[serde(serialize_with = "ser_duration")]
     pub stall_after: Duration,
+    /// The etcd store's settings, with `kind = "etcd"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub etcd: Option<EtcdStoreConfig>,
+}
+
+/// The etcd store's settings in `[store]`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EtcdStoreConfig {
+    /// The key prefix of the fence in etcd.
+    pub prefix: String,
+    /// The URL the other instances forward fenced writes to while this one leads.
+    pub advertise: String,
+    /// The leader's lease (whole seconds).
+    #[serde(serialize_with = "ser_duration")]
+    pub lease_ttl: Duration,
+    /// How much sooner than etcd the leader stops trusting its lease.
+    #[serde(serialize_with = "ser_duration")]
+    pub lease_margin: Duration,
 }
 
 /// `[log]`

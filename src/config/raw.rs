@@ -196,26 +196,46 @@ pub(super) struct RawScope {
     pub(super) segments: Option<usize>,
 }
 
+/// `[store]`. The settings of one kind of store are options, so that setting one beside the
+/// other kind is an error rather than silently ignored.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub(super) struct RawStore {
-    pub(super) dir: PathBuf,
-    pub(super) sync: String,
-    pub(super) segment_bytes: u64,
+    pub(super) kind: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) dir: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) sync: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) segment_bytes: Option<u64>,
     pub(super) max_resources: usize,
     pub(super) max_table_bytes: u64,
-    pub(super) stall_after: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) stall_after: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) prefix: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) advertise: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) lease_ttl: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) lease_margin: Option<String>,
 }
 
 impl Default for RawStore {
     fn default() -> Self {
         Self {
-            dir: "data".into(),
-            sync: "always".into(),
-            segment_bytes: 64 << 20,
+            kind: "file".into(),
+            dir: None,
+            sync: None,
+            segment_bytes: None,
             max_resources: 10_000_000,
             max_table_bytes: 1 << 30,
-            stall_after: "2s".into(),
+            stall_after: None,
+            prefix: None,
+            advertise: None,
+            lease_ttl: None,
+            lease_margin: None,
         }
     }
 }

@@ -1,5 +1,5 @@
 //! A small etcd v3 client over etcd's JSON gateway (`POST /v3/...` on a member's client URL):
-//! reads and writes of keys, leases, the lock service, and watches ([`Client`]); and a
+//! reads and writes of keys, transactions, leases, the lock service, and watches ([`Client`]); and a
 //! [`Mirror`], a watched copy of the keys under a prefix that proves how fresh it is.
 //!
 //! Why the gateway rather than a gRPC crate: the gRPC clients (`etcd-client`, on tonic) run
@@ -13,6 +13,7 @@
 
 mod client;
 mod mirror;
+mod txn;
 mod watch;
 
 use base64::Engine as _;
@@ -21,6 +22,7 @@ use serde_json::Value;
 
 pub use client::{Client, Held, Kv};
 pub use mirror::{Freshness, Mirror, MirrorOptions, Mirrors};
+pub use txn::{Compare, Op, Page, TxnResult};
 pub use watch::{Event, EventKind, Watch};
 
 /// What can go wrong talking to etcd.

@@ -258,6 +258,11 @@ impl Fence {
         self.max_seen.page(prefix, after, limit)
     }
 
+    /// The store the fence advances through.
+    pub(crate) fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
     /// Number of resources with a recorded `max_seen`.
     pub fn len(&self) -> usize {
         self.max_seen.len()
@@ -339,6 +344,25 @@ impl Fence {
     /// were in flight when the previous process stopped. Called before serving starts.
     pub(crate) fn quarantine_subtree(&self, node: &str, period: Duration) {
         self.subtrees.quarantine(node, quarantine_end(period), QuarantineCause::InFlightAtStart);
+    }
+
+    /// Takes in a table the store loaded anew (a takeover of the shared fence): the tree and
+    /// the domains' highest tokens are counted again from it, and what `adopted` says was in
+    /// flight is quarantined for `period`. Called while this instance fences no write (it was
+    /// not leading), so nothing raises the tree meanwhile.
+    pub(crate) fn adopt(&self, adopted: &crate::store::Adopted, period: Duration) {
+        self.tree.rebuild(&self.max_seen);
+        self.recount();
+        for (key, token) in &adopted.in_flight {
+            tracing::warn!(resource = %key, token, quarantine = %humantime::format_duration(period),
+                "a write was in flight when fencegate stopped or stepped down: resource quarantined");
+            self.quarantine(key, period);
+        }
+        for (node, token) in &adopted.floors_in_flight {
+            tracing::warn!(subtree = %node, token, quarantine = %humantime::format_duration(period),
+                "a write covering a subtree was in flight when fencegate stopped or stepped down: subtree quarantined");
+            self.quarantine_subtree(node, period);
+        }
     }
 }
 

@@ -65,6 +65,8 @@ impl Fence {
         E: From<FenceError> + From<StoreError>,
     {
         let table = &self.max_seen;
+        // What is read below belongs to this term of the store: the reset is made in it or not.
+        let term = self.store.term();
         let here = node(key);
         let previous = table.get(key);
         if let Some(max_seen) = previous.filter(|m| *m < to) {
@@ -92,7 +94,7 @@ impl Fence {
         }
         if !marks.is_empty() {
             // Nothing changes if the store cannot record it: the operator may try again.
-            self.store.reset(marks, to).await?;
+            self.store.reset_in(term, marks, to).await?;
             self.tree.rebuild(table);
             self.recount();
             let lowered: Vec<String> = floors.iter().map(|(p, t)| format!("{p} (was {t})")).collect();

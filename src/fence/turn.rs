@@ -125,12 +125,13 @@ impl Turn {
         lifted
     }
 
-    /// Makes the write's marks durable (one batch), then raises the tree.
-    async fn advance(&self, token: u64) -> Result<(), StoreError> {
+    /// Makes the write's marks durable (one batch) in the store's `term`, the one it was
+    /// checked in, then raises the tree.
+    async fn advance(&self, term: u64, token: u64) -> Result<(), StoreError> {
         let store = &self.fence.store;
         match self.touches.as_slice() {
-            [Touch { key, coverage: Coverage::Key }] => store.advance(key, token).await?,
-            touches => store.advance_all(marks(touches), token).await?,
+            [Touch { key, coverage: Coverage::Key }] => store.advance_in(term, key, token).await?,
+            touches => store.advance_all_in(term, marks(touches), token).await?,
         }
         for touch in &self.touches {
             self.fence.tree.raise(touch.mark().1, token, &self.fence.max_seen);
@@ -192,12 +193,15 @@ impl Turn {
         // the write after the next one was sent.
         let task = tokio::spawn(async move {
             let mut turn = self;
+            // The levels checked belong to this term of the store; the advance is made in it
+            // or not at all.
+            let term = turn.fence.store.term();
             turn.check(token, policy)?;
             // After the check, so that a stale write takes no backend connection; before the
             // advance, so that one that cannot get any has not used its token up.
             let write = prepare.await?;
             // Durable, and the table raised, before the write goes anywhere.
-            turn.advance(token).await?;
+            turn.advance(term, token).await?;
             turn.unsettled = Some(quarantine);
             let result = write.await;
             turn.unsettled = None;
@@ -221,12 +225,13 @@ impl Turn {
     {
         let task = tokio::spawn(async move {
             let (fence, key) = (&self.fence, self.key());
+            let term = fence.store.term();
             let previous = fence.max_seen.entry(key);
             if let Some((max_seen, _)) = previous.filter(|(m, _)| *m > to) {
                 return Err(FenceError::WouldLower { resource: key.to_string(), max_seen, to }.into());
             }
             if previous.map(|(m, _)| m) != Some(to) {
-                fence.store.advance(key, to).await?;
+                fence.store.advance_in(term, key, to).await?;
                 fence.tree.raise(key, to, &fence.max_seen);
                 fence.high_water.load().raise(&self.touches, to);
                 // Nothing was forwarded for this advance. But a write that is still in flight

@@ -5,6 +5,7 @@
 mod access;
 pub mod classify;
 pub mod destination;
+pub(crate) mod leader;
 pub mod locks;
 pub mod refusal;
 pub(crate) mod rules;
@@ -22,7 +23,8 @@ use crate::admin::metrics::Metrics;
 use crate::app::{Settings, State};
 use crate::fence::{Outcome, Policy};
 pub use crate::upstream::ResponseBody;
-use crate::upstream::{Connection, Peer, UpstreamError, full_body};
+use crate::store::{Role, StoreError};
+use crate::upstream::{Connection, Hold, Peer, UpstreamError, full_body};
 use classify::{Plan, Write};
 pub use refusal::{ERROR_HEADER, Refusal};
 
@@ -81,11 +83,33 @@ async fn execute(
         }
         Plan::Write(write) => write,
     };
+    // With a shared fence, only its leader fences writes; a follower sends them to it.
+    let mut req = req;
+    match state.store.role() {
+        Role::Writer => {
+            req.headers_mut().remove(&leader::FORWARDED_BY);
+        }
+        Role::Forward(url) if !leader::forwarded(&req) => {
+            let Some(peers) = state.peers.as_ref() else {
+                return Err(StoreError::Unavailable("this instance cannot reach the leader".into()).into());
+            };
+            let backend = &settings.config.backend;
+            let timeout = backend.pool_timeout + backend.request_timeout + settings.config.fence.queue_timeout;
+            return peers.forward(&url, req, timeout).await;
+        }
+        Role::Forward(url) => {
+            return Err(StoreError::Unavailable(format!(
+                "the fence is led by {url}, not by this instance, which another instance took for the leader; \
+                a write sent on once is not sent on again"
+            ))
+            .into());
+        }
+        Role::Unavailable(why) => return Err(StoreError::Unavailable(why).into()),
+    }
     let Write { token, touches, destination, target, body_limit, equal, max_jump, proof, locks: locks_held } = write;
     // Before anything looks at the token: an unproven one must not even be compared.
     verify::check(&proof, token, &touches, &settings.verifiers)?;
     let policy = Policy { equal, max_jump };
-    let mut req = req;
     if let Some(d) = destination {
         // What the backend is told to change is what was fenced.
         req.headers_mut().insert(&destination::DESTINATION, d.forwarded);
@@ -110,10 +134,13 @@ async fn execute(
         // there (waiting for one can take pool_timeout): a holder that lost its lock meanwhile
         // is refused, with its token not used up.
         locks::check(&state.locks.load(), &locks_held, token).map_err(Refusal::Lock)?;
+        // A shared fence's leader sends only while it trusts its lease: checked before the
+        // head and each body chunk (docs/cluster.md: self-fencing).
+        let gate = state.store.permit(state.store.term());
         Ok(Box::pin(async move {
             let _flying = InFlight::new(&state.metrics);
             // Whole: the turn is held until the backend has the whole body, not only until it answers.
-            send(&state, &settings, conn, req, target, client, body_limit, true).await
+            send(&state, &settings, conn, req, target, client, body_limit, Hold { whole: true, gate }).await
         }))
     });
     turn.finish_after(token, policy, quarantine, prepare, outcome).await
@@ -139,7 +166,7 @@ async fn forward(
     body_limit: Option<u64>,
 ) -> Result<Response<ResponseBody>, Refusal> {
     let conn = settings.upstream.connection().await?;
-    send(state, settings, conn, req, target, client, body_limit, false).await
+    send(state, settings, conn, req, target, client, body_limit, Hold::default()).await
 }
 
 /// Sends on `conn`, times the wait for the backend's response head, and keeps the backend
@@ -153,10 +180,10 @@ async fn send(
     target: PathAndQuery,
     client: Peer,
     body_limit: Option<u64>,
-    whole: bool,
+    hold: Hold,
 ) -> Result<Response<ResponseBody>, Refusal> {
     let started = Instant::now();
-    let result = settings.upstream.forward(conn, req, target, &client, body_limit, whole).await;
+    let result = settings.upstream.forward(conn, req, target, &client, body_limit, hold).await;
     state.metrics.backend_latency.observe(started.elapsed().as_secs_f64());
     let mut resp = result?;
     state.metrics.backend_response(resp.status());

@@ -215,6 +215,7 @@ impl Refusal {
             | Refusal::Fence(FenceError::Full { .. }) => (S::SERVICE_UNAVAILABLE, "resource_limit"),
             Refusal::Store(StoreError::NoSpace(_)) => (S::SERVICE_UNAVAILABLE, "store_full"),
             Refusal::Store(_) => (S::SERVICE_UNAVAILABLE, "store_unavailable"),
+            Refusal::Upstream(UpstreamError::Withdrawn(_)) => (S::SERVICE_UNAVAILABLE, "store_unavailable"),
             Refusal::Upstream(UpstreamError::Unreachable(_)) => (S::BAD_GATEWAY, "backend_unreachable"),
             Refusal::Upstream(UpstreamError::Busy(_)) => (S::SERVICE_UNAVAILABLE, "backend_busy"),
             Refusal::Upstream(UpstreamError::Failed(_)) => (S::BAD_GATEWAY, "backend_error"),
@@ -306,7 +307,9 @@ impl Refusal {
             // Not for a failed store: it stays failed until restart. A full disk may get room.
             Refusal::Fence(FenceError::QueueTimeout { .. })
             | Refusal::Upstream(UpstreamError::Busy(_))
-            | Refusal::Lock(LockError::Unavailable { .. }) => Some(1),
+            | Refusal::Lock(LockError::Unavailable { .. })
+            | Refusal::Store(StoreError::Unavailable(_))
+            | Refusal::Upstream(UpstreamError::Withdrawn(_)) => Some(1),
             Refusal::Store(StoreError::NoSpace(_)) => Some(5),
             _ => None,
         };

@@ -233,7 +233,7 @@ impl Store for FileStore {
         &self.table
     }
 
-    fn advance(&self, key: &str, token: u64) -> StoreFuture<'_> {
+    fn advance_in(&self, _term: u64, key: &str, token: u64) -> StoreFuture<'_> {
         if key.is_empty() || key.len() > MAX_KEY_LEN {
             return Box::pin(std::future::ready(Err(StoreError::KeyTooLong(key.len()))));
         }
@@ -248,11 +248,11 @@ impl Store for FileStore {
         }
     }
 
-    fn advance_all(&self, marks: Vec<(MarkKind, String)>, token: u64) -> StoreFuture<'_> {
+    fn advance_all_in(&self, _term: u64, marks: Vec<(MarkKind, String)>, token: u64) -> StoreFuture<'_> {
         self.change_all(marks, token, Change::Advance)
     }
 
-    fn reset(&self, marks: Vec<(MarkKind, String)>, token: u64) -> StoreFuture<'_> {
+    fn reset_in(&self, _term: u64, marks: Vec<(MarkKind, String)>, token: u64) -> StoreFuture<'_> {
         self.change_all(marks, token, Change::Reset)
     }
 

@@ -10,10 +10,11 @@
 //! must resolve only once the advance would survive a crash, and must have raised the
 //! [`Table`] by then. Because the store itself raises the table, and only after the advance is
 //! durable, the table is always an image of durable state: a snapshot taken from it can never
-//! miss a record of the segments it replaces. A store shared through etcd can be added behind
-//! the same trait.
+//! miss a record of the segments it replaces. [`EtcdStore`] shares the fence between several
+//! instances through an etcd cluster (docs/cluster.md).
 
 mod compact;
+pub mod etcd;
 mod file;
 pub(crate) mod format;
 mod init;
@@ -39,6 +40,7 @@ pub use inspect::{Inspection, inspect};
 pub use listing::Listed;
 pub use preflight::{Usable, check_usable};
 pub use status::Condition;
+pub use etcd::{Adopted, EtcdOptions, EtcdStore, Migrated, TakeoverHook};
 #[cfg(feature = "stall-hook")]
 pub use status::{Held, hold};
 pub use table::{MARK_BYTES, Table, TableBytes};
@@ -66,13 +68,33 @@ pub enum MarkKind {
 /// A boxed future returned by [`Store`] methods.
 pub type StoreFuture<'a> = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
 
+/// What this instance does with a fenced write, as its store decides.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Role {
+    /// Fences it here: the file store, or the etcd store's leader.
+    Writer,
+    /// Sends it to the leader at this URL, which fences it (the etcd store's followers).
+    Forward(String),
+    /// Refuses it: no instance can fence writes now, for this reason.
+    Unavailable(String),
+}
+
+/// Whether a write the store advanced may still be sent on: checked after the backend
+/// connection is taken and before each body chunk. The etcd store's leader closes it when its
+/// lease lapses.
+pub type Permit = Arc<dyn Fn() -> bool + Send + Sync>;
+
 /// Durable memory of `max_seen`.
+///
+/// A store may serve in terms (the etcd store's leaderships): a write is checked against the
+/// table in one term and must be advanced in that same term, or not at all, so the fence reads
+/// [`Store::term`] before its check and advances with it. The file store has one term for ever.
 pub trait Store: Send + Sync + std::fmt::Debug {
     /// The table this store raises once each advance is durable.
     fn table(&self) -> &Arc<Table>;
     /// Records that `key` accepted `token`; resolves once a crash can no longer lose it, with
-    /// the store's [`Table`] already raised.
-    fn advance(&self, key: &str, token: u64) -> StoreFuture<'_>;
+    /// the store's [`Table`] already raised. Refused if the store's term is no longer `term`.
+    fn advance_in(&self, term: u64, key: &str, token: u64) -> StoreFuture<'_>;
     /// Notes that the write that advanced `key` to `token` has been answered by the backend,
     /// so it is no longer in flight. Need not be durable: if lost, a restart quarantines the
     /// resource once more than needed.
@@ -80,7 +102,7 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Raises every mark in `marks` to `token` in one committed batch: all of them are durable,
     /// and the table raised, before this resolves, or none is (never split across batches,
     /// whatever MAX_BATCH says). Each is in flight until answered.
-    fn advance_all(&self, marks: Vec<(MarkKind, String)>, token: u64) -> StoreFuture<'_>;
+    fn advance_all_in(&self, term: u64, marks: Vec<(MarkKind, String)>, token: u64) -> StoreFuture<'_>;
     /// Notes that the write that advanced `marks` to `token` was answered.
     fn answered_all(&self, marks: &[(MarkKind, String)], token: u64);
     /// Sets every mark in `marks` to exactly `token`, lowering it if need be (an operator's
@@ -88,7 +110,7 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// advance it counts in log order: recovery applies it after every record before it, so
     /// taking the highest of what the log holds cannot undo it. Whether a write is in flight is
     /// left as it was. The caller must hold every turn the marks could move under.
-    fn reset(&self, marks: Vec<(MarkKind, String)>, token: u64) -> StoreFuture<'_>;
+    fn reset_in(&self, term: u64, marks: Vec<(MarkKind, String)>, token: u64) -> StoreFuture<'_>;
     /// Flushes everything and stops; later advances fail with [`StoreError::Closed`].
     fn close(&self) -> StoreFuture<'_>;
     /// What the store can do now (for readiness).
@@ -96,6 +118,32 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Whether the store still accepts advances (false after a write or sync failure).
     fn healthy(&self) -> bool {
         !matches!(self.condition(), Condition::Failed(_))
+    }
+    /// The term now (module docs); 0 for a store with one term.
+    fn term(&self) -> u64 {
+        0
+    }
+    /// What this instance does with a fenced write now.
+    fn role(&self) -> Role {
+        Role::Writer
+    }
+    /// For a write advanced in `term`: whether it may still be sent on; `None` when it always
+    /// may (the file store).
+    fn permit(&self, term: u64) -> Option<Permit> {
+        let _ = term;
+        None
+    }
+    /// [`Store::advance_in`] in the term now.
+    fn advance(&self, key: &str, token: u64) -> StoreFuture<'_> {
+        self.advance_in(self.term(), key, token)
+    }
+    /// [`Store::advance_all_in`] in the term now.
+    fn advance_all(&self, marks: Vec<(MarkKind, String)>, token: u64) -> StoreFuture<'_> {
+        self.advance_all_in(self.term(), marks, token)
+    }
+    /// [`Store::reset_in`] in the term now.
+    fn reset(&self, marks: Vec<(MarkKind, String)>, token: u64) -> StoreFuture<'_> {
+        self.reset_in(self.term(), marks, token)
     }
 }
 
@@ -181,6 +229,38 @@ pub enum StoreError {
     /// The store was closed.
     #[error("store is closed")]
     Closed,
+    /// The etcd store cannot make advances durable now: no instance leads, etcd does not
+    /// answer or lacks a quorum, or this instance stopped leading. Comes back by itself.
+    #[error("the fence store in etcd is unavailable: {0}")]
+    Unavailable(String),
+    /// The etcd prefix holds no fence state (never initialised, or its state was lost).
+    #[error("etcd holds no fence state under {prefix:?}: it has no max_seen for any resource, and serving from it \
+        would let every stale lock holder write again. A new deployment: `fencegate init --config FILE`. After \
+        losing the state: `fencegate init --config FILE --floor <the lock service's current token>`, or \
+        `fencegate migrate --config FILE --from DIR` to copy a file store's max_seen")]
+    NotInitialisedEtcd {
+        /// The key prefix.
+        prefix: String,
+    },
+    /// `init` was asked to start an etcd prefix that already holds a fence.
+    #[error("etcd already holds fence state under {prefix:?}; refusing to initialise it again, which could \
+        lower max_seen")]
+    AlreadyInitialisedEtcd {
+        /// The key prefix.
+        prefix: String,
+    },
+    /// The etcd prefix's keys were made under other key rules.
+    #[error("etcd prefix {prefix:?}: its fence keys were made under other key rules (recorded: {recorded:?}; \
+        configured: {configured:?}); resources would get new keys without their max_seen. Restore the previous \
+        [[fence.scopes]], or use a new prefix initialised with a floor at or above the lock service's token")]
+    KeyingChangedEtcd {
+        /// The key prefix.
+        prefix: String,
+        /// Rules recorded in etcd.
+        recorded: String,
+        /// Rules in the configuration.
+        configured: String,
+    },
 }
 
 fn not_initialised(dir: &std::path::Path, missing: bool) -> String {

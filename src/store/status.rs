@@ -18,6 +18,9 @@ pub enum Condition {
     Full(String),
     /// A write or sync failed; every advance is refused until a restart.
     Failed(String),
+    /// The etcd store cannot make advances durable now (no leader, etcd unreachable); it comes
+    /// back by itself.
+    Unavailable(String),
 }
 
 /// Shared by the writer, which sets it, and the store's owner, which reads it.

@@ -20,6 +20,7 @@ use rustls_pki_types::ServerName;
 
 mod checkout;
 mod dial;
+mod gated;
 mod headers;
 mod pool;
 mod sent;
@@ -29,7 +30,19 @@ use checkout::Checkout;
 use headers::append_forwarded_for;
 pub use headers::{Peer, strip_hop_by_hop};
 use pool::{Bounds, Pool, SendError};
+use gated::Gated;
+pub use gated::Gate;
 use sent::{Ended, Sent};
+
+/// How a forwarded request holds on to the backend, and what may stop it.
+#[derive(Clone, Default)]
+pub struct Hold {
+    /// Whether the response waits until the backend's connection has taken the whole body
+    /// (a fenced write: its turn lasts that long).
+    pub whole: bool,
+    /// Checked before the head and each body chunk: once it answers false the request stops.
+    pub gate: Option<Gate>,
+}
 
 /// Why a request did not get the backend's response head.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -47,6 +60,10 @@ pub enum UpstreamError {
     /// The backend did not answer within the request timeout.
     #[error("backend did not answer within {0:?}")]
     Timeout(Duration),
+    /// The permission to send the request lapsed before anything was sent (the etcd store's
+    /// leader no longer trusts its lease).
+    #[error("not sent: {0}")]
+    Withdrawn(String),
     /// The request body was longer than its limit; what was sent of it may have arrived.
     #[error("request body exceeds the limit of {limit} bytes")]
     BodyTooLarge {
@@ -158,9 +175,13 @@ impl Upstream {
         path: PathAndQuery,
         client: &Peer,
         body_limit: Option<u64>,
-        whole: bool,
+        hold: Hold,
     ) -> Result<Response<ResponseBody>, UpstreamError> {
         let deadline = tokio::time::Instant::now() + self.timeout;
+        let Hold { whole, gate } = hold;
+        if gate.as_ref().is_some_and(|open| !open()) {
+            return Err(UpstreamError::Withdrawn("the permission to send this write lapsed before it was sent".into()));
+        }
         let (done, ended) = match whole {
             true => {
                 let (done, ended) = tokio::sync::oneshot::channel();
@@ -177,11 +198,15 @@ impl Upstream {
                 frame
             });
             let limited = |counted, limit: u64| Limited::new(counted, usize::try_from(limit).unwrap_or(usize::MAX));
-            match (body_limit, done) {
+            let body: ClientBody = match (body_limit, done) {
                 (Some(limit), Some(done)) => Sent::new(limited(counted, limit), done).boxed(),
                 (Some(limit), None) => limited(counted, limit).boxed(),
                 (None, Some(done)) => Sent::new(counted.map_err(BoxError::from), done).boxed(),
                 (None, None) => counted.map_err(BoxError::from).boxed(),
+            };
+            match gate {
+                Some(gate) => Gated::new(body, gate).boxed(),
+                None => body,
             }
         });
         // Origin form: the backend is reached directly, not as a proxy.

@@ -3,8 +3,8 @@
 //! [`Resp`] every helper returns. Beside it: `raw` (raw HTTP/1.1 connections), `backend` (stub
 //! backends), `process`, `logs` and `builder` (the real binary, its log, and a deployment of
 //! it), `wait` (waiting for a state instead of sleeping), `services` (real etcd and ZooKeeper
-//! for the interop tests), `etcd` (a client of etcd's JSON gateway) and `signing` (key files
-//! and signed tokens).
+//! for the interop tests), `etcd` (a client of etcd's JSON gateway), `cluster` (several
+//! instances sharing a fence in etcd) and `signing` (key files and signed tokens).
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
@@ -28,6 +28,7 @@ pub use fencegate::demo::DELAY_HEADER;
 
 pub mod backend;
 pub mod builder;
+pub mod cluster;
 pub mod etcd;
 pub mod logs;
 pub mod nginx;

@@ -1,0 +1,84 @@
+//! A follower's fenced writes, sent on to the instance that leads the shared fence (the etcd
+//! store): as a plain reverse proxy would, with the body streamed, and with a header naming
+//! this instance. The leader fences the write and forwards it to the backend; its answer, a
+//! refusal included, comes back unchanged. A write that arrives with the header at an
+//! instance that does not lead is refused rather than sent on again, so a write never travels
+//! twice and two instances that each think the other leads cannot bounce it between them.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::HeaderName;
+use http::{HeaderValue, Request, Response, Uri};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+use super::{Refusal, ResponseBody};
+use crate::store::StoreError;
+use crate::upstream::strip_hop_by_hop;
+
+/// Names the instance that sent a write on to the leader (its advertised URL).
+pub static FORWARDED_BY: HeaderName = HeaderName::from_static("fencegate-forwarded-by");
+
+/// The client a follower sends writes to the leader with.
+#[derive(Debug, Clone)]
+pub(crate) struct Peers {
+    http: Client<HttpConnector, Incoming>,
+    /// This instance's advertised URL, for [`FORWARDED_BY`].
+    me: HeaderValue,
+}
+
+impl Peers {
+    /// A client for an instance that advertises `me`.
+    pub(crate) fn new(me: &str, connect_timeout: Duration) -> Peers {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(connect_timeout));
+        Peers {
+            http: Client::builder(TokioExecutor::new()).build(connector),
+            me: HeaderValue::from_str(me).unwrap_or_else(|_| HeaderValue::from_static("unknown")),
+        }
+    }
+
+    /// Sends `req` to the leader at `leader` and relays its answer; gives up on the answer's
+    /// head after `timeout`.
+    pub(crate) async fn forward(
+        &self,
+        leader: &str,
+        mut req: Request<Incoming>,
+        timeout: Duration,
+    ) -> Result<Response<ResponseBody>, Refusal> {
+        let unavailable = |why: String| Refusal::Store(StoreError::Unavailable(why));
+        let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
+        let uri: Uri = format!("{leader}{target}")
+            .parse()
+            .map_err(|e| unavailable(format!("the leader's URL {leader:?} cannot take this path: {e}")))?;
+        let host = req.uri().authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok());
+        *req.uri_mut() = uri;
+        let headers = req.headers_mut();
+        strip_hop_by_hop(headers);
+        // The leader fences what the client named: the same Host (an absolute-form target's
+        // authority, else the client's Host header).
+        if let Some(host) = host {
+            headers.insert(http::header::HOST, host);
+        }
+        headers.insert(FORWARDED_BY.clone(), self.me.clone());
+        *req.version_mut() = http::Version::HTTP_11;
+        let resp = match tokio::time::timeout(timeout, self.http.request(req)).await {
+            Ok(Ok(resp)) => resp,
+            Ok(Err(e)) => return Err(unavailable(format!("the leader at {leader} did not answer: {e}"))),
+            Err(_) => return Err(unavailable(format!("the leader at {leader} did not answer within {timeout:?}"))),
+        };
+        let (mut parts, body) = resp.into_parts();
+        strip_hop_by_hop(&mut parts.headers);
+        Ok(Response::from_parts(parts, body.map_frame(|f: hyper::body::Frame<Bytes>| f).boxed()))
+    }
+}
+
+/// Whether another instance sent this write on.
+pub(crate) fn forwarded(req: &Request<Incoming>) -> bool {
+    req.headers().contains_key(&FORWARDED_BY)
+}

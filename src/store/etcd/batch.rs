@@ -1,0 +1,351 @@
+//! The leader's group commit to etcd: every change and answer queued while the previous
+//! transaction was under way joins the next one, and a batch is one transaction, guarded by
+//! the leader's epoch and the batch chain:
+//! `If(create_revision(P/leader) == epoch, value(P/batch) == last) Then(puts, deletes,
+//! P/batch = next)`. Only once etcd has committed it (a quorum has it) is the table raised and
+//! are the writes answered.
+//!
+//! An outcome that is not known (a timeout, a lost connection) is never taken as a failure: the
+//! transaction may still apply. A barrier settles it: `If(same guard) Then(P/batch = barrier)`.
+//! If the barrier commits, the lost batch can never apply (its compare on `P/batch` fails for
+//! ever) and its writes are refused, their tokens unused. If the barrier's compare fails and
+//! `P/batch` holds the lost batch's id, the batch committed and its writes go. Otherwise the
+//! leadership is gone, and the writes are refused (sending nothing is always safe).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::lease::{Shared, Standing};
+use super::names::{Names, batch_id, token_value};
+use crate::etcd::{Client, Compare, EtcdError, Op};
+use crate::store::file::CommitHook;
+use crate::store::table::mark_bytes;
+use crate::store::writer::Change;
+use crate::store::{MarkKind, StoreError, Table};
+
+/// Operations one transaction may hold: etcd's default `--max-txn-ops` is 128, and the batch id
+/// takes one.
+pub(crate) const MAX_OPS: usize = 127;
+/// Bytes of keys and values one transaction may carry, well under etcd's default request limit
+/// (1.5 MiB).
+const MAX_BYTES: usize = 1 << 20;
+/// Between two tries of a barrier while etcd does not answer.
+const BARRIER_RETRY: Duration = Duration::from_millis(100);
+
+pub(crate) type Done = oneshot::Sender<Result<(), StoreError>>;
+
+pub(crate) enum Msg {
+    /// Raises (or resets) marks, checked in `term`.
+    Change { marks: Vec<(MarkKind, String)>, token: u64, term: u64, change: Change, done: Done },
+    /// A write of `token` to `marks` was answered.
+    Answered { marks: Vec<(MarkKind, String)>, token: u64 },
+    /// Commits what is queued, resigns and stops.
+    Close(Done),
+}
+
+impl Msg {
+    /// An upper bound of the operations and bytes this message adds to a batch.
+    fn cost(&self) -> (usize, usize) {
+        match self {
+            Msg::Change { marks, change, .. } => {
+                let per = if *change == Change::Advance { 2 } else { 1 };
+                (marks.len() * per, marks.iter().map(|(_, n)| (n.len() + 48) * per).sum())
+            }
+            Msg::Answered { marks, .. } => (marks.len(), marks.iter().map(|(_, n)| n.len() + 24).sum()),
+            Msg::Close(_) => (0, 0),
+        }
+    }
+}
+
+/// What the writer needs, apart from its queue.
+pub(crate) struct Writer {
+    pub(crate) client: Client,
+    pub(crate) names: Names,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) table: Arc<Table>,
+    pub(crate) max_resources: usize,
+    pub(crate) on_commit: Option<CommitHook>,
+    /// Taken from the queue and not yet in a batch: it did not fit the last one.
+    carry: Option<Msg>,
+    /// The epoch the chain below belongs to, and the last batch id and sequence in it.
+    chain: Option<(i64, Vec<u8>, u64)>,
+}
+
+/// One change of a batch, applied to the table once the batch commits.
+enum Applied {
+    Change { marks: Vec<(MarkKind, String)>, token: u64, change: Change, done: Done },
+    Answered { marks: Vec<(MarkKind, String)>, token: u64 },
+}
+
+impl Writer {
+    pub(crate) fn new(client: Client, names: Names, shared: Arc<Shared>, table: Arc<Table>) -> Writer {
+        Writer { client, names, shared, table, max_resources: usize::MAX, on_commit: None, carry: None, chain: None }
+    }
+
+    /// Runs until closed, or until every sender is gone.
+    pub(crate) async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Msg>) {
+        loop {
+            let first = match self.carry.take() {
+                Some(m) => m,
+                None => match rx.recv().await {
+                    Some(m) => m,
+                    None => break,
+                },
+            };
+            let mut batch = Vec::new();
+            let mut closing = None;
+            let (mut ops, mut bytes) = (0, 0);
+            let mut next = Some(first);
+            while let Some(msg) = next.take() {
+                if let Msg::Close(done) = msg {
+                    closing = Some(done);
+                    break;
+                }
+                let (o, b) = msg.cost();
+                if !batch.is_empty() && (ops + o > MAX_OPS || bytes + b > MAX_BYTES) {
+                    self.carry = Some(msg);
+                    break;
+                }
+                ops += o;
+                bytes += b;
+                batch.push(msg);
+                next = rx.try_recv().ok();
+            }
+            self.commit(batch).await;
+            if let Some(done) = closing {
+                rx.close();
+                while let Ok(msg) = rx.try_recv() {
+                    if let Msg::Change { done, .. } = msg {
+                        let _ = done.send(Err(StoreError::Closed));
+                    }
+                }
+                let _ = done.send(Ok(()));
+                return;
+            }
+        }
+    }
+
+    /// The last batch id for `epoch`: what the takeover read, or what this writer last wrote.
+    fn chain(&mut self, epoch: i64) -> (Vec<u8>, u64) {
+        match &self.chain {
+            Some((e, id, seq)) if *e == epoch => (id.clone(), *seq),
+            _ => {
+                let id = self.shared.last_batch();
+                self.chain = Some((epoch, id.clone(), 0));
+                (id, 0)
+            }
+        }
+    }
+
+    async fn commit(&mut self, batch: Vec<Msg>) {
+        if batch.is_empty() {
+            return;
+        }
+        let term = self.shared.term();
+        let guard = self.shared.leading_in(term);
+        let not_leader = || StoreError::Unavailable(not_leading(&self.shared.standing()));
+        // The final state of every key the batch writes, in key order: etcd refuses a
+        // transaction that names a key twice.
+        let mut writes: BTreeMap<Vec<u8>, Option<Vec<u8>>> = BTreeMap::new();
+        let mut applied = Vec::with_capacity(batch.len());
+        let (mut new, mut new_bytes) = (0usize, 0u64);
+        for msg in batch {
+            match msg {
+                Msg::Answered { marks, token } => {
+                    for (mark, name) in &marks {
+                        writes.insert(self.names.in_flight(*mark, name), None);
+                    }
+                    applied.push(Applied::Answered { marks, token });
+                }
+                Msg::Change { done, term: checked, .. } if guard.is_none() || checked != term => {
+                    let _ = done.send(Err(not_leader()));
+                }
+                Msg::Change { marks, token, change, done, .. } => {
+                    let fresh: Vec<&str> = marks
+                        .iter()
+                        .filter(|(m, n)| match m {
+                            MarkKind::Key => self.table.get(n).is_none(),
+                            MarkKind::Floor => self.table.floor(n).is_none(),
+                        })
+                        .map(|(_, n)| n.as_str())
+                        .collect();
+                    let bytes = fresh.iter().map(|n| mark_bytes(n)).sum::<u64>();
+                    let marks_now = self.table.len() + self.table.floors_len();
+                    if !fresh.is_empty() && marks_now + new + fresh.len() > self.max_resources {
+                        let _ = done.send(Err(StoreError::Full(self.max_resources)));
+                        continue;
+                    }
+                    if !fresh.is_empty() && !self.table.fits(new_bytes + bytes) {
+                        let _ = done.send(Err(StoreError::FullBytes(self.table.max_bytes())));
+                        continue;
+                    }
+                    new += fresh.len();
+                    new_bytes += bytes;
+                    for (mark, name) in &marks {
+                        writes.insert(self.names.level(*mark, name), Some(token_value(token)));
+                        if change == Change::Advance {
+                            writes.insert(self.names.in_flight(*mark, name), Some(token_value(token)));
+                        }
+                    }
+                    applied.push(Applied::Change { marks, token, change, done });
+                }
+                Msg::Close(done) => {
+                    let _ = done.send(Ok(()));
+                }
+            }
+        }
+        let Some((epoch, _lease)) = guard else {
+            // Not leading: answers stay in flight in etcd, which costs the next leader a
+            // quarantine at most.
+            self.apply(applied, Ok(()), true);
+            return;
+        };
+        if applied.iter().all(|a| matches!(a, Applied::Answered { .. })) && writes.is_empty() {
+            return;
+        }
+        let (last, seq) = self.chain(epoch);
+        let next = batch_id(epoch, seq + 1);
+        let advances = applied.iter().filter(|a| matches!(a, Applied::Change { .. })).count();
+        let mut success: Vec<Op> = writes
+            .into_iter()
+            .map(|(key, value)| match value {
+                Some(value) => Op::Put { key, value, lease: 0 },
+                None => Op::Delete(key),
+            })
+            .collect();
+        success.push(Op::Put { key: self.names.batch(), value: next.clone(), lease: 0 });
+        let guard = [Compare::CreateRevision(self.names.leader(), epoch), Compare::Value(self.names.batch(), last.clone())];
+        let failure = [Op::Get(self.names.batch())];
+        let started = Instant::now();
+        let outcome = match self.client.txn(&guard, &success, &failure).await {
+            Ok(r) if r.succeeded => Ok(()),
+            Ok(_) => Err(self.lost("the leader key or the batch chain in etcd changed: another instance leads")),
+            Err(e) => match refusal(&e) {
+                Some(definite) => Err(definite),
+                None => self.settle(epoch, &last, seq, &next, &e).await,
+            },
+        };
+        match &outcome {
+            Ok(()) => {
+                self.chain = Some((epoch, next, seq + 1));
+                self.shared.set_full(None);
+                if let (Some(hook), true) = (&self.on_commit, advances > 0) {
+                    hook(started.elapsed(), advances);
+                }
+            }
+            Err(StoreError::NoSpace(why)) => self.shared.set_full(Some(why.clone())),
+            Err(_) => {}
+        }
+        self.apply(applied, outcome, false);
+    }
+
+    /// Settles a batch whose outcome etcd did not tell, with a barrier (module docs).
+    async fn settle(
+        &mut self,
+        epoch: i64,
+        last: &[u8],
+        seq: u64,
+        lost: &[u8],
+        error: &EtcdError,
+    ) -> Result<(), StoreError> {
+        let barrier = batch_id(epoch, seq + 2);
+        tracing::warn!(error = %error, "etcd did not answer a batch; settling it with a barrier");
+        let guard = [Compare::CreateRevision(self.names.leader(), epoch), Compare::Value(self.names.batch(), last.to_vec())];
+        let success = [Op::Put { key: self.names.batch(), value: barrier.clone(), lease: 0 }];
+        let failure = [Op::Get(self.names.batch())];
+        loop {
+            match self.client.txn(&guard, &success, &failure).await {
+                Ok(r) if r.succeeded => {
+                    self.chain = Some((epoch, barrier, seq + 2));
+                    return Err(StoreError::Unavailable(format!(
+                        "etcd did not answer ({error}); the batch was cancelled and nothing was sent"
+                    )));
+                }
+                Ok(r) if r.ranges.first().and_then(Option::as_ref).is_some_and(|kv| kv.value == lost) => {
+                    tracing::info!("the batch etcd did not answer had committed");
+                    return Ok(());
+                }
+                Ok(_) => return Err(self.lost("the leader key or the batch chain in etcd changed while a batch was unsettled")),
+                Err(e) if refusal(&e).is_none() && self.shared.lease_valid() => {
+                    tokio::time::sleep(BARRIER_RETRY).await;
+                }
+                Err(e) => {
+                    return Err(self.lost(&format!("the batch could not be settled before the lease lapsed: {e}")));
+                }
+            }
+        }
+    }
+
+    /// Steps down: the guard no longer holds, so this instance no longer leads.
+    fn lost(&self, why: &str) -> StoreError {
+        tracing::warn!(reason = why, "no longer the leader: stepping down");
+        self.shared.set(Standing::Seeking(why.to_owned()));
+        self.shared.lapse();
+        self.shared.wake.notify_one();
+        StoreError::Unavailable(format!("this instance stopped leading: {why}"))
+    }
+
+    /// Raises the table for what committed, and answers every change with `outcome`.
+    fn apply(&self, applied: Vec<Applied>, outcome: Result<(), StoreError>, answers_only: bool) {
+        for a in applied {
+            match a {
+                Applied::Answered { marks, token } => {
+                    for (mark, name) in &marks {
+                        match mark {
+                            MarkKind::Key => self.table.answered(name, token),
+                            MarkKind::Floor => self.table.answered_floor(name, token),
+                        }
+                    }
+                }
+                Applied::Change { done, .. } if answers_only => {
+                    let _ = done.send(Err(StoreError::Unavailable(not_leading(&self.shared.standing()))));
+                }
+                Applied::Change { marks, token, change, done } => {
+                    if outcome.is_ok() {
+                        for (mark, name) in &marks {
+                            match (mark, change) {
+                                (MarkKind::Key, Change::Advance) => self.table.advance(name, token),
+                                (MarkKind::Floor, Change::Advance) => self.table.advance_floor(name, token),
+                                (MarkKind::Key, Change::Reset) => self.table.reset(name, token),
+                                (MarkKind::Floor, Change::Reset) => self.table.reset_floor(name, token),
+                            }
+                        }
+                    }
+                    let _ = done.send(outcome.clone());
+                }
+            }
+        }
+    }
+}
+
+/// What a refusal means for the batch, when it is certain the batch did not apply; `None` when
+/// its outcome is unknown.
+fn refusal(e: &EtcdError) -> Option<StoreError> {
+    match e {
+        EtcdError::Refused { message, .. } if message.contains("database space exceeded") => {
+            Some(StoreError::NoSpace(format!("etcd is out of space (its quota, NOSPACE): {message}")))
+        }
+        // A request etcd turned away before applying it: too large, too many operations, no
+        // permission. A timeout or a lost leader inside etcd leaves the outcome open.
+        EtcdError::Refused { message, .. }
+            if !message.contains("timed out") && !message.contains("leader") && !message.contains("stopped") =>
+        {
+            Some(StoreError::Unavailable(format!("etcd refused the batch: {e}")))
+        }
+        _ => None,
+    }
+}
+
+/// Why this instance cannot advance now, for a refusal.
+pub(crate) fn not_leading(standing: &Standing) -> String {
+    match standing {
+        Standing::Seeking(why) => format!("no instance leads the fence now ({why})"),
+        Standing::Following(url) => format!("the fence is led by {url}, not by this instance"),
+        Standing::TakingOver => "this instance is taking over the fence and reading it from etcd".into(),
+        Standing::Leading { .. } => "this instance's lease is not trusted now".into(),
+        Standing::Stopped(why) => format!("the etcd store stopped: {why}"),
+    }
+}

@@ -1,0 +1,224 @@
+//! The election: each instance holds a lease and campaigns by creating `P/leader` on it if the
+//! key is absent. The winner reads the fence from etcd (`takeover`), has the writes in flight
+//! quarantined, and leads until its lease lapses on its own clock, etcd says the lease is gone,
+//! or a batch finds the guard gone. The others follow the key's URL and watch it for deletion
+//! (a resignation or the old lease's expiry).
+//!
+//! A lost lease is never renewed: the instance steps down, takes a new lease and campaigns
+//! again; its writes in flight are abandoned, their markers left for the next leader.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::lease::{Shared, Standing, boottime};
+use super::names::Names;
+use super::takeover::{self, Adopted, Failed};
+use crate::etcd::{Client, Compare, EventKind, Op, Watch};
+use crate::store::Table;
+
+/// Told of each takeover before the new leader serves writes: the writes it must quarantine.
+pub type TakeoverHook = Arc<dyn Fn(&Adopted) + Send + Sync>;
+
+/// Between two tries when etcd does not answer.
+const RETRY: Duration = Duration::from_millis(250);
+
+/// What the election needs.
+pub(crate) struct Campaign {
+    pub(crate) client: Client,
+    pub(crate) names: Names,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) table: Arc<Table>,
+    pub(crate) ttl: Duration,
+    pub(crate) advertise: String,
+    pub(crate) keying: String,
+    pub(crate) hook: TakeoverHook,
+}
+
+impl Campaign {
+    fn stopped(&self) -> bool {
+        matches!(self.shared.standing(), Standing::Stopped(_))
+    }
+
+    fn seek(&self, why: String) {
+        if !matches!(self.shared.standing(), Standing::Seeking(ref w) if *w == why) {
+            tracing::warn!(reason = %why, "the etcd store has no leader to write through");
+        }
+        self.shared.set(Standing::Seeking(why));
+    }
+
+    /// Runs until the store stops; resigns if it leads then.
+    pub(crate) async fn run(self) {
+        while !self.stopped() {
+            let sent = boottime();
+            let lease = match self.client.grant(self.ttl).await {
+                Ok(id) => id,
+                Err(e) => {
+                    self.seek(format!("etcd gave no lease: {e}"));
+                    self.pause().await;
+                    continue;
+                }
+            };
+            self.shared.acknowledged(sent, self.ttl);
+            let keeper = tokio::spawn(keep_alive(self.client.clone(), Arc::clone(&self.shared), lease, self.ttl));
+            let epoch = self.with_lease(lease).await;
+            keeper.abort();
+            self.shared.lapse();
+            if let Some(epoch) = epoch.filter(|_| self.stopped()) {
+                self.resign(epoch).await;
+            }
+            // Best effort: an expiry deletes its keys as well, only later.
+            let _ = self.client.revoke(lease).await;
+        }
+    }
+
+    /// Waits `RETRY`, or less if the store stops meanwhile.
+    async fn pause(&self) {
+        let _ = tokio::time::timeout(RETRY, self.shared.wake.notified()).await;
+    }
+
+    /// Campaigns, follows and leads on `lease` until it is lost or the store stops; returns the
+    /// epoch if it was leading when it stopped.
+    async fn with_lease(&self, lease: i64) -> Option<i64> {
+        let leader = self.names.leader();
+        loop {
+            if self.stopped() || !self.shared.lease_valid() {
+                return None;
+            }
+            let put = Op::Put { key: leader.clone(), value: self.advertise.as_bytes().to_vec(), lease };
+            let campaign =
+                self.client.txn(&[Compare::CreateRevision(leader.clone(), 0)], &[put], &[Op::Get(leader.clone())]).await;
+            let epoch = match campaign {
+                Err(e) => {
+                    // Perhaps it applied: the next try reads the key back and knows it by its lease.
+                    self.seek(format!("etcd did not answer the election: {e}"));
+                    self.pause().await;
+                    continue;
+                }
+                Ok(r) if r.succeeded => r.revision,
+                Ok(r) => match r.ranges.into_iter().next().flatten() {
+                    Some(kv) if kv.lease == lease => kv.create_revision,
+                    Some(kv) => {
+                        let url = String::from_utf8_lossy(&kv.value).into_owned();
+                        self.follow(url, r.revision).await;
+                        continue;
+                    }
+                    None => continue,
+                },
+            };
+            return self.lead(epoch, lease).await.then_some(epoch);
+        }
+    }
+
+    /// Follows the leader at `url` until its key is deleted (or may have been), the lease
+    /// lapses, or the store stops.
+    async fn follow(&self, url: String, revision: i64) {
+        if url == self.advertise {
+            // An earlier run of this instance, on a lease that has not expired yet.
+            self.seek("the leader key is an earlier run's of this instance, until its lease expires".into());
+        } else {
+            if self.shared.standing() != Standing::Following(url.clone()) {
+                tracing::info!(leader = %url, "following the fence's leader");
+            }
+            self.shared.set(Standing::Following(url));
+        }
+        let leader = self.names.leader();
+        let mut watch = match Watch::open(&self.client, &leader, b"", revision + 1).await {
+            Ok(w) => w,
+            Err(_) => return self.pause().await,
+        };
+        loop {
+            let lapse = self.shared.lease_left();
+            tokio::select! {
+                events = watch.next() => match events {
+                    Ok(events) if events.iter().any(|e| e.kind == EventKind::Delete) => return,
+                    Ok(_) => {}
+                    Err(_) => return,
+                },
+                _ = self.shared.wake.notified() => {}
+                _ = tokio::time::sleep(lapse) => {}
+            }
+            if self.stopped() || !self.shared.lease_valid() {
+                return;
+            }
+        }
+    }
+
+    /// Takes over and leads; returns whether it still led when the store stopped.
+    async fn lead(&self, epoch: i64, lease: i64) -> bool {
+        self.shared.set(Standing::TakingOver);
+        tracing::info!(epoch, "elected to lead the fence: reading it from etcd");
+        let (adopted, batch) = match takeover::read(&self.client, &self.names, &self.table, &self.keying).await {
+            Ok(read) => read,
+            Err(Failed::Fatal(e)) => {
+                tracing::error!(error = %e, "the etcd store cannot serve: fenced writes are refused");
+                self.shared.stop(&e.to_string());
+                return true;
+            }
+            Err(Failed::Etcd(e)) => {
+                self.seek(format!("the takeover could not read the fence from etcd: {e}"));
+                return false;
+            }
+        };
+        (self.hook)(&adopted);
+        self.shared.set_last_batch(batch);
+        if !self.shared.lease_valid() {
+            self.seek("the lease lapsed during the takeover".into());
+            return false;
+        }
+        tracing::info!(epoch, marks = adopted.marks, in_flight = adopted.in_flight.len() + adopted.floors_in_flight.len(),
+            "leading the fence");
+        self.shared.set(Standing::Leading { epoch, lease });
+        loop {
+            let lapse = self.shared.lease_left();
+            tokio::select! {
+                _ = self.shared.wake.notified() => {}
+                _ = tokio::time::sleep(lapse) => {}
+            }
+            match self.shared.standing() {
+                Standing::Stopped(_) => return true,
+                Standing::Leading { epoch: e, .. } if e == epoch && self.shared.lease_valid() => {}
+                Standing::Leading { .. } => {
+                    self.seek("the lease lapsed: stepping down, writes in flight are abandoned".into());
+                    return false;
+                }
+                _ => return false,
+            }
+        }
+    }
+
+    /// Deletes the leader key if it is still this instance's: a clean hand-over.
+    async fn resign(&self, epoch: i64) {
+        let leader = self.names.leader();
+        let resigned = self.client.txn(&[Compare::CreateRevision(leader.clone(), epoch)], &[Op::Delete(leader)], &[]).await;
+        match resigned {
+            Ok(r) if r.succeeded => tracing::info!(epoch, "resigned the fence's leadership"),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "could not resign; the lease's expiry will hand over"),
+        }
+    }
+}
+
+/// Renews `lease` every third of what is left of it, counting each acknowledgement from its
+/// send; stops when etcd says the lease is gone, or when the lease lapsed before an answer came.
+async fn keep_alive(client: Client, shared: Arc<Shared>, lease: i64, ttl: Duration) {
+    let period = (ttl / 4).max(Duration::from_millis(100));
+    loop {
+        tokio::time::sleep(period).await;
+        let sent = boottime();
+        match client.keep_alive_once(lease).await {
+            Ok(left) if left > 0 => shared.acknowledged(sent, Duration::from_secs(left.unsigned_abs())),
+            Ok(_) => {
+                tracing::warn!(lease, "etcd says the lease expired");
+                shared.lapse();
+                shared.wake.notify_one();
+                return;
+            }
+            Err(e) if !shared.lease_valid() => {
+                tracing::warn!(lease, error = %e, "the lease lapsed before etcd answered a keep-alive");
+                shared.wake.notify_one();
+                return;
+            }
+            Err(_) => {}
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! What an instance knows of its own leadership: the lease clock it fences itself with, its
+//! role, and the term that every leadership change starts.
+//!
+//! The lease clock counts from the send time of the last keep-alive etcd acknowledged, on
+//! `CLOCK_BOOTTIME`, which keeps running through a suspend (`Instant` is `CLOCK_MONOTONIC`,
+//! which stops): a process that was stopped or suspended finds its lease lapsed when it wakes,
+//! however long it slept. The lease is trusted until `send + ttl - margin`; `margin` covers
+//! the clock-rate difference between this machine and etcd's leader.
+//!
+//! A term counts leadership changes. A write is checked in one term and advanced only in that
+//! same term: were it let through after a change, it could have been checked against levels
+//! another leader has since raised.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+/// Nanoseconds on `CLOCK_BOOTTIME`.
+pub(crate) fn boottime() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
+    u64::try_from(t.tv_sec).unwrap_or(0).saturating_mul(1_000_000_000).saturating_add(u64::try_from(t.tv_nsec).unwrap_or(0))
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// What this instance is, as far as fenced writes go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Standing {
+    /// Looking for etcd, a lease, or the leader.
+    Seeking(String),
+    /// Another instance leads, at this URL.
+    Following(String),
+    /// Reading the table after winning the election: not yet serving writes.
+    TakingOver,
+    /// Leading: writes are fenced here, in batches guarded by `epoch`, chained from `batch`.
+    Leading {
+        /// The create revision of this instance's leader key.
+        epoch: i64,
+        /// The lease the leader key is on.
+        lease: i64,
+    },
+    /// The store was closed, or cannot serve at all (not initialised, keyed otherwise).
+    Stopped(String),
+}
+
+/// Shared by the leadership task, the batch writer and every request.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    /// Boot-time nanoseconds until which the lease is trusted; 0: no lease.
+    until: AtomicU64,
+    term: AtomicU64,
+    standing: Mutex<Standing>,
+    /// Wakes the leadership task: the lease lapsed, or a batch found the guard gone.
+    pub(crate) wake: Notify,
+    margin: Duration,
+    /// Why etcd refused the last batch room (its space quota, `NOSPACE`), until one commits.
+    full: Mutex<Option<String>>,
+    /// The batch id the takeover read: where the new leader's chain starts.
+    last_batch: Mutex<Vec<u8>>,
+}
+
+impl Shared {
+    pub(crate) fn new(margin: Duration) -> Shared {
+        Shared {
+            until: AtomicU64::new(0),
+            term: AtomicU64::new(1),
+            standing: Mutex::new(Standing::Seeking("starting".into())),
+            wake: Notify::new(),
+            margin,
+            full: Mutex::new(None),
+            last_batch: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// etcd acknowledged a grant or keep-alive sent at `sent` (boot time) with `ttl` left.
+    pub(crate) fn acknowledged(&self, sent: u64, ttl: Duration) {
+        let until = sent.saturating_add(nanos(ttl.saturating_sub(self.margin)));
+        self.until.fetch_max(until, Ordering::AcqRel);
+    }
+
+    /// Forgets the lease: it expired, or was lost. Never renewed after this.
+    pub(crate) fn lapse(&self) {
+        self.until.store(0, Ordering::Release);
+    }
+
+    /// Whether the lease is still trusted now.
+    pub(crate) fn lease_valid(&self) -> bool {
+        boottime() < self.until.load(Ordering::Acquire)
+    }
+
+    /// How long the lease is still trusted.
+    pub(crate) fn lease_left(&self) -> Duration {
+        Duration::from_nanos(self.until.load(Ordering::Acquire).saturating_sub(boottime()))
+    }
+
+    pub(crate) fn term(&self) -> u64 {
+        self.term.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn standing(&self) -> Standing {
+        self.standing.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Changes the standing; a change into or out of leading starts a new term.
+    pub(crate) fn set(&self, standing: Standing) {
+        let mut current = self.standing.lock().unwrap_or_else(|e| e.into_inner());
+        if matches!(*current, Standing::Stopped(_)) {
+            return;
+        }
+        let leading = |s: &Standing| matches!(s, Standing::Leading { .. } | Standing::TakingOver);
+        if leading(&current) != leading(&standing) || matches!(standing, Standing::TakingOver) {
+            self.term.fetch_add(1, Ordering::AcqRel);
+        }
+        *current = standing;
+    }
+
+    /// etcd refused a batch room (`Some(why)`), or committed one (`None`).
+    pub(crate) fn set_full(&self, why: Option<String>) {
+        *self.full.lock().unwrap_or_else(|e| e.into_inner()) = why;
+    }
+
+    /// Why etcd refused the last batch room, if it did.
+    pub(crate) fn full(&self) -> Option<String> {
+        self.full.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The batch id a takeover read, where the next batches chain from.
+    pub(crate) fn set_last_batch(&self, id: Vec<u8>) {
+        *self.last_batch.lock().unwrap_or_else(|e| e.into_inner()) = id;
+    }
+
+    pub(crate) fn last_batch(&self) -> Vec<u8> {
+        self.last_batch.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Stops for good (close, or a state that cannot serve); a new term starts.
+    pub(crate) fn stop(&self, why: &str) {
+        let mut current = self.standing.lock().unwrap_or_else(|e| e.into_inner());
+        self.term.fetch_add(1, Ordering::AcqRel);
+        *current = Standing::Stopped(why.to_owned());
+        drop(current);
+        self.wake.notify_one();
+    }
+
+    /// The epoch and lease to guard a batch of `term` with, if this instance leads in it with
+    /// a trusted lease.
+    pub(crate) fn leading_in(&self, term: u64) -> Option<(i64, i64)> {
+        let current = self.standing.lock().unwrap_or_else(|e| e.into_inner());
+        match *current {
+            Standing::Leading { epoch, lease } if self.term() == term && self.lease_valid() => Some((epoch, lease)),
+            _ => None,
+        }
+    }
+
+    /// Whether a write of `term` may still be sent: this instance leads in it and trusts its
+    /// lease. Checked after the backend connection is taken and before each body chunk.
+    pub(crate) fn may_send(&self, term: u64) -> bool {
+        self.term() == term && self.lease_valid()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_lease_counts_from_the_send_and_a_change_of_leadership_starts_a_term() {
+        let shared = Shared::new(Duration::from_millis(500));
+        assert!(!shared.lease_valid(), "no lease yet");
+        let sent = boottime();
+        shared.acknowledged(sent, Duration::from_secs(5));
+        assert!(shared.lease_valid());
+        let left = shared.lease_left();
+        assert!(left <= Duration::from_millis(4500) && left > Duration::from_secs(4), "{left:?}");
+        // An older acknowledgement arriving late never shortens it.
+        shared.acknowledged(sent - 1_000_000_000, Duration::from_secs(5));
+        assert!(shared.lease_left() > Duration::from_secs(4));
+        // Counting from a send long ago: already lapsed.
+        let stale = Shared::new(Duration::ZERO);
+        stale.acknowledged(boottime().saturating_sub(10_000_000_000), Duration::from_secs(5));
+        assert!(!stale.lease_valid());
+
+        let t0 = shared.term();
+        shared.set(Standing::Following("http://127.0.0.1:1".into()));
+        assert_eq!(shared.term(), t0, "following after seeking is no change of leadership");
+        shared.set(Standing::TakingOver);
+        let t1 = shared.term();
+        assert!(t1 > t0);
+        shared.set(Standing::Leading { epoch: 7, lease: 9 });
+        assert_eq!(shared.term(), t1, "leading once the takeover is done is the same term");
+        assert_eq!(shared.leading_in(t1), Some((7, 9)));
+        assert!(shared.may_send(t1));
+        assert_eq!(shared.leading_in(t0), None, "a write checked in an earlier term");
+        shared.lapse();
+        assert_eq!(shared.leading_in(t1), None, "no trusted lease");
+        assert!(!shared.may_send(t1));
+        shared.set(Standing::Seeking("lost".into()));
+        assert!(shared.term() > t1);
+        shared.stop("closed");
+        shared.set(Standing::TakingOver);
+        assert!(matches!(shared.standing(), Standing::Stopped(_)), "stopped for good");
+    }
+}

@@ -1,0 +1,224 @@
+//! [`EtcdStore`]: the fence shared by several instances through an etcd cluster, one writer at
+//! a time (docs/cluster.md). The instances elect a leader (`leadership`); the leader fences
+//! writes with its own table and commits each group-commit batch to etcd as one transaction
+//! guarded by its leadership (`batch`); the others forward fenced writes to it. A new leader
+//! reads the fence from etcd first (`takeover`). Every advance is committed on a quorum of
+//! etcd before the write is forwarded; without a leader, or without etcd, fenced writes are
+//! refused and reads go on.
+
+mod batch;
+mod leadership;
+mod lease;
+pub(crate) mod names;
+mod provision;
+mod takeover;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+use super::file::CommitHook;
+use super::format::MAX_KEY_LEN;
+use super::writer::Change;
+use super::{Condition, MarkKind, Permit, Role, Store, StoreError, StoreFuture, Table};
+use crate::etcd::Client;
+use batch::Msg;
+pub use leadership::TakeoverHook;
+use lease::{Shared, Standing};
+use names::Names;
+pub use provision::{Migrated, init, migrate};
+pub use takeover::Adopted;
+
+/// How an [`EtcdStore`] behaves.
+#[derive(Clone)]
+pub struct EtcdOptions {
+    /// The key prefix every key of the store starts with (`/fencegate/`).
+    pub prefix: String,
+    /// The URL other instances forward fenced writes to while this one leads.
+    pub advertise: String,
+    /// The leader's lease: how long after its last acknowledged keep-alive a silent leader
+    /// is replaced.
+    pub lease_ttl: Duration,
+    /// How much sooner than etcd the leader stops trusting its lease (clock-rate differences).
+    pub lease_margin: Duration,
+    /// New marks beyond this many, keys and floors together, are refused.
+    pub max_resources: usize,
+    /// New marks that would take the table's memory past this many bytes are refused.
+    pub max_table_bytes: u64,
+    /// The key rules the fence keys are made under, recorded at `init`.
+    pub keying: String,
+    /// Called after each batch that made advances durable (metrics).
+    pub on_commit: Option<CommitHook>,
+}
+
+impl std::fmt::Debug for EtcdOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdOptions")
+            .field("prefix", &self.prefix)
+            .field("advertise", &self.advertise)
+            .field("lease_ttl", &self.lease_ttl)
+            .field("lease_margin", &self.lease_margin)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The fence in etcd, as one instance sees it.
+#[derive(Debug)]
+pub struct EtcdStore {
+    tx: mpsc::UnboundedSender<Msg>,
+    table: Arc<Table>,
+    shared: Arc<Shared>,
+    /// The election, once started; taken by `close`, which waits for it to resign.
+    campaign: Mutex<Option<JoinHandle<()>>>,
+    /// What the election needs, until `start`.
+    pending: Mutex<Option<(Client, Names, EtcdOptions)>>,
+}
+
+impl EtcdStore {
+    /// Opens the store on `client`'s cluster and starts its batch writer. If etcd answers, a
+    /// prefix that was never initialised (or keyed under other rules) is refused here; if it
+    /// does not, the store opens and serves no fenced write until it does. It does not
+    /// campaign before [`EtcdStore::start`].
+    pub async fn open(client: Client, options: EtcdOptions) -> Result<EtcdStore, StoreError> {
+        let names = Names::new(&options.prefix);
+        match takeover::initialised(&client, &names, &options.keying).await {
+            Ok(_) => {}
+            Err(takeover::Failed::Fatal(e)) => return Err(e),
+            Err(takeover::Failed::Etcd(e)) => {
+                tracing::warn!(error = %e, "etcd does not answer: fenced writes are refused until it does");
+            }
+        }
+        let table = Arc::new(Table::new().with_max_bytes(options.max_table_bytes));
+        let shared = Arc::new(Shared::new(options.lease_margin));
+        let mut writer = batch::Writer::new(client.clone(), names.clone(), Arc::clone(&shared), Arc::clone(&table));
+        writer.max_resources = options.max_resources;
+        writer.on_commit = options.on_commit.clone();
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(writer.run(rx));
+        let pending = Mutex::new(Some((client, names, options)));
+        Ok(EtcdStore { tx, table, shared, campaign: Mutex::new(None), pending })
+    }
+
+    /// Starts campaigning; `hook` hears of each takeover before this instance leads. Once.
+    pub fn start(&self, hook: TakeoverHook) {
+        let Some((client, names, options)) = self.pending.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+            return;
+        };
+        let campaign = leadership::Campaign {
+            client,
+            names,
+            shared: Arc::clone(&self.shared),
+            table: Arc::clone(&self.table),
+            ttl: options.lease_ttl,
+            advertise: options.advertise,
+            keying: options.keying,
+            hook,
+        };
+        *self.campaign.lock().unwrap_or_else(|e| e.into_inner()) = Some(tokio::spawn(campaign.run()));
+    }
+
+    /// Whether this instance leads the fence now.
+    pub fn leading(&self) -> bool {
+        matches!(self.shared.standing(), Standing::Leading { .. }) && self.shared.lease_valid()
+    }
+
+    fn send(&self, make: impl FnOnce(oneshot::Sender<Result<(), StoreError>>) -> Msg) -> StoreFuture<'_> {
+        let (done, rx) = oneshot::channel();
+        let sent = self.tx.send(make(done));
+        Box::pin(async move {
+            sent.map_err(|_| StoreError::Closed)?;
+            rx.await.map_err(|_| StoreError::Closed)?
+        })
+    }
+
+    fn change(&self, term: u64, mut marks: Vec<(MarkKind, String)>, token: u64, change: Change) -> StoreFuture<'_> {
+        if let Some((_, name)) = marks.iter().find(|(_, name)| name.is_empty() || name.len() > MAX_KEY_LEN) {
+            return Box::pin(std::future::ready(Err(StoreError::KeyTooLong(name.len()))));
+        }
+        if marks.is_empty() {
+            return Box::pin(std::future::ready(Ok(())));
+        }
+        marks.sort_unstable();
+        marks.dedup();
+        let per = if change == Change::Advance { 2 } else { 1 };
+        if marks.len() * per > batch::MAX_OPS {
+            let why = format!("a write of {} marks does not fit one etcd transaction", marks.len());
+            return Box::pin(std::future::ready(Err(StoreError::Unavailable(why))));
+        }
+        self.send(|done| Msg::Change { marks, token, term, change, done })
+    }
+}
+
+impl Store for EtcdStore {
+    fn table(&self) -> &Arc<Table> {
+        &self.table
+    }
+
+    fn advance_in(&self, term: u64, key: &str, token: u64) -> StoreFuture<'_> {
+        self.change(term, vec![(MarkKind::Key, key.to_owned())], token, Change::Advance)
+    }
+
+    fn answered(&self, key: &str, token: u64) {
+        let _ = self.tx.send(Msg::Answered { marks: vec![(MarkKind::Key, key.to_owned())], token });
+    }
+
+    fn advance_all_in(&self, term: u64, marks: Vec<(MarkKind, String)>, token: u64) -> StoreFuture<'_> {
+        self.change(term, marks, token, Change::Advance)
+    }
+
+    fn answered_all(&self, marks: &[(MarkKind, String)], token: u64) {
+        let _ = self.tx.send(Msg::Answered { marks: marks.to_vec(), token });
+    }
+
+    fn reset_in(&self, term: u64, marks: Vec<(MarkKind, String)>, token: u64) -> StoreFuture<'_> {
+        self.change(term, marks, token, Change::Reset)
+    }
+
+    fn close(&self) -> StoreFuture<'_> {
+        let flushed = self.send(Msg::Close);
+        Box::pin(async move {
+            let flushed = flushed.await;
+            self.shared.stop("the store was closed");
+            let campaign = self.campaign.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(campaign) = campaign {
+                // It resigns if it leads; a cluster that does not answer leaves it to the lease.
+                let _ = tokio::time::timeout(Duration::from_secs(5), campaign).await;
+            }
+            flushed
+        })
+    }
+
+    fn condition(&self) -> Condition {
+        match self.shared.standing() {
+            Standing::Leading { .. } if !self.shared.lease_valid() => {
+                Condition::Unavailable("this instance's lease is not trusted now".into())
+            }
+            Standing::Leading { .. } => match self.shared.full() {
+                Some(why) => Condition::Full(why),
+                None => Condition::Ready,
+            },
+            Standing::Following(_) => Condition::Ready,
+            Standing::Stopped(why) => Condition::Failed(why),
+            standing => Condition::Unavailable(batch::not_leading(&standing)),
+        }
+    }
+
+    fn term(&self) -> u64 {
+        self.shared.term()
+    }
+
+    fn role(&self) -> Role {
+        match self.shared.standing() {
+            Standing::Leading { .. } if self.shared.lease_valid() => Role::Writer,
+            Standing::Following(url) => Role::Forward(url),
+            standing => Role::Unavailable(batch::not_leading(&standing)),
+        }
+    }
+
+    fn permit(&self, term: u64) -> Option<Permit> {
+        let shared = Arc::clone(&self.shared);
+        Some(Arc::new(move || shared.may_send(term)))
+    }
+}

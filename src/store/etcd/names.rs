@@ -1,0 +1,136 @@
+//! Where the etcd store keeps what, under its prefix `P`, and how values are written.
+//!
+//! - `P/leader`: the leader's key, on its lease; its value is the leader's advertised URL and
+//!   its create revision the leader's epoch.
+//! - `P/batch`: the id of the last committed batch (`<epoch>.<sequence>`), which every batch
+//!   compares and replaces: the chain that lets an unknown outcome be settled by a barrier.
+//! - `P/keying`: the key rules the fence keys were made under.
+//! - `P/k/<key>`, `P/f/<floor>`: a key's `max_seen`, a floor.
+//! - `P/i/<key>`, `P/if/<floor>`: the token of a write forwarded and not yet answered.
+//!
+//! Tokens are 20-digit zero-padded decimals, so etcd's byte-wise compare orders them as
+//! numbers (`fencegate migrate` compares with `LESS`).
+
+use crate::store::MarkKind;
+
+/// The key names of one store's prefix.
+#[derive(Debug, Clone)]
+pub(crate) struct Names {
+    prefix: String,
+}
+
+/// What a key under the prefix holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Named {
+    /// A mark's level.
+    Level(MarkKind, String),
+    /// A mark's write in flight.
+    InFlight(MarkKind, String),
+    /// Anything else (the leader, the batch id, the keying).
+    Other,
+}
+
+impl Names {
+    /// Names under `prefix`, which is used as given (`/fencegate/`, say).
+    pub(crate) fn new(prefix: &str) -> Names {
+        Names { prefix: prefix.to_owned() }
+    }
+
+    /// The prefix itself: every key of the store starts with it.
+    pub(crate) fn prefix(&self) -> &[u8] {
+        self.prefix.as_bytes()
+    }
+
+    fn under(&self, tail: &str, name: &str) -> Vec<u8> {
+        let mut key = Vec::with_capacity(self.prefix.len() + tail.len() + name.len());
+        key.extend_from_slice(self.prefix.as_bytes());
+        key.extend_from_slice(tail.as_bytes());
+        key.extend_from_slice(name.as_bytes());
+        key
+    }
+
+    pub(crate) fn leader(&self) -> Vec<u8> {
+        self.under("leader", "")
+    }
+
+    pub(crate) fn batch(&self) -> Vec<u8> {
+        self.under("batch", "")
+    }
+
+    pub(crate) fn keying(&self) -> Vec<u8> {
+        self.under("keying", "")
+    }
+
+    /// Where a mark's level is kept.
+    pub(crate) fn level(&self, mark: MarkKind, name: &str) -> Vec<u8> {
+        match mark {
+            MarkKind::Key => self.under("k/", name),
+            MarkKind::Floor => self.under("f/", name),
+        }
+    }
+
+    /// Where a mark's write in flight is kept.
+    pub(crate) fn in_flight(&self, mark: MarkKind, name: &str) -> Vec<u8> {
+        match mark {
+            MarkKind::Key => self.under("i/", name),
+            MarkKind::Floor => self.under("if/", name),
+        }
+    }
+
+    /// What `key` (read from etcd) holds; `Other` for a key outside the prefix too.
+    pub(crate) fn parse(&self, key: &[u8]) -> Named {
+        let Some(tail) = key.strip_prefix(self.prefix.as_bytes()) else { return Named::Other };
+        let Ok(tail) = std::str::from_utf8(tail) else { return Named::Other };
+        for (start, mark, level) in [
+            ("k/", MarkKind::Key, true),
+            ("f/", MarkKind::Floor, true),
+            ("i/", MarkKind::Key, false),
+            ("if/", MarkKind::Floor, false),
+        ] {
+            if let Some(name) = tail.strip_prefix(start) {
+                return match level {
+                    true => Named::Level(mark, name.to_owned()),
+                    false => Named::InFlight(mark, name.to_owned()),
+                };
+            }
+        }
+        Named::Other
+    }
+}
+
+/// A token as etcd keeps it: 20 digits, so byte order is numeric order.
+pub(crate) fn token_value(token: u64) -> Vec<u8> {
+    format!("{token:020}").into_bytes()
+}
+
+/// A token read back; `None` if the value is not one.
+pub(crate) fn parse_token(value: &[u8]) -> Option<u64> {
+    std::str::from_utf8(value).ok().filter(|s| s.len() == 20).and_then(|s| s.parse().ok())
+}
+
+/// A batch id: the epoch of the leader that wrote it and its sequence number.
+pub(crate) fn batch_id(epoch: i64, sequence: u64) -> Vec<u8> {
+    format!("{epoch:020}.{sequence:020}").into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_values_order_as_numbers() {
+        let n = Names::new("/fg/");
+        assert_eq!(n.level(MarkKind::Key, "/a/b"), b"/fg/k//a/b");
+        assert_eq!(n.parse(b"/fg/k//a/b"), Named::Level(MarkKind::Key, "/a/b".into()));
+        assert_eq!(n.parse(b"/fg/f//d/"), Named::Level(MarkKind::Floor, "/d/".into()));
+        assert_eq!(n.parse(b"/fg/i//a"), Named::InFlight(MarkKind::Key, "/a".into()));
+        assert_eq!(n.parse(b"/fg/if//d/"), Named::InFlight(MarkKind::Floor, "/d/".into()));
+        assert_eq!(n.parse(b"/fg/leader"), Named::Other);
+        assert_eq!(n.parse(b"/other/k//a"), Named::Other);
+        assert!(token_value(9) < token_value(10), "byte order is numeric order");
+        assert!(token_value(u64::MAX - 1) < token_value(u64::MAX));
+        assert_eq!(parse_token(&token_value(u64::MAX)), Some(u64::MAX));
+        assert_eq!(parse_token(b"34"), None, "only the padded form is a token");
+        assert!(batch_id(7, 2) < batch_id(7, 10));
+    }
+}

@@ -1,0 +1,132 @@
+//! Where an etcd prefix's fence begins: [`init`] (`fencegate init` with an etcd store) and
+//! [`migrate`] (`fencegate migrate`, a file store's `max_seen` copied in).
+//!
+//! As with a data directory, an empty prefix and a lost one look alike, so the store refuses a
+//! prefix without `P/batch`, and only these make one. Both refuse while an instance leads the
+//! prefix (`P/leader` exists): a leader fences from the table it read at its takeover, and would
+//! not see what they write.
+
+use std::path::Path;
+
+use super::names::{Names, batch_id, parse_token, token_value};
+use crate::etcd::{Client, Compare, Op};
+use crate::store::{MarkKind, StoreError};
+
+/// The floor name that covers every key (`fence::tree`'s root).
+const ROOT: &str = "/";
+
+fn etcd_error(e: crate::etcd::EtcdError) -> StoreError {
+    StoreError::Unavailable(e.to_string())
+}
+
+fn leading(names: &Names) -> StoreError {
+    StoreError::Unavailable(format!(
+        "an instance leads the fence under {:?}: stop every fencegate on this prefix first",
+        String::from_utf8_lossy(names.prefix())
+    ))
+}
+
+/// Starts the fence under `prefix`, with every key at `floor` (none for 0), recording `keying`.
+/// Refuses a prefix that already holds a fence.
+pub async fn init(client: &Client, prefix: &str, keying: &str, floor: u64) -> Result<(), StoreError> {
+    let names = Names::new(prefix);
+    let mut puts = vec![
+        Op::Put { key: names.batch(), value: batch_id(0, 0), lease: 0 },
+        Op::Put { key: names.keying(), value: keying.as_bytes().to_vec(), lease: 0 },
+    ];
+    if floor > 0 {
+        puts.push(Op::Put { key: names.level(MarkKind::Floor, ROOT), value: token_value(floor), lease: 0 });
+    }
+    let guard = [Compare::CreateRevision(names.batch(), 0), Compare::CreateRevision(names.leader(), 0)];
+    let done = client.txn(&guard, &puts, &[Op::Get(names.batch())]).await.map_err(etcd_error)?;
+    match (done.succeeded, done.ranges.first()) {
+        (true, _) => Ok(()),
+        (false, Some(Some(_))) => Err(StoreError::AlreadyInitialisedEtcd { prefix: prefix.to_owned() }),
+        (false, _) => Err(leading(&names)),
+    }
+}
+
+/// What a migration did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Migrated {
+    /// Keys and floors whose level etcd now holds from the file store.
+    pub raised: usize,
+    /// Keys and floors etcd already held at or above the file store's level.
+    pub kept: usize,
+    /// Writes in flight in the file store, copied as markers: the next leader quarantines them.
+    pub in_flight: usize,
+}
+
+/// Copies the `max_seen` of every key and floor of the data directory `dir` into etcd, never
+/// lowering one, and its writes in flight as markers. Initialises the prefix if it is not yet;
+/// refuses a directory or prefix keyed under other rules than `keying`, and a directory a
+/// process holds.
+pub async fn migrate(client: &Client, prefix: &str, keying: &str, dir: &Path) -> Result<Migrated, StoreError> {
+    let names = Names::new(prefix);
+    let found = crate::store::inspect(dir)?;
+    let recorded = std::fs::read_to_string(dir.join(crate::store::file::KEYING_FILE)).unwrap_or_default();
+    if recorded != keying {
+        return Err(StoreError::KeyingChanged { dir: dir.to_owned(), recorded, configured: keying.to_owned() });
+    }
+    match init(client, prefix, keying, 0).await {
+        Ok(()) | Err(StoreError::AlreadyInitialisedEtcd { .. }) => {}
+        Err(e) => return Err(e),
+    }
+    let read = client.txn(&[], &[Op::Get(names.keying())], &[]).await.map_err(etcd_error)?;
+    let in_etcd = read.ranges.first().cloned().flatten().map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
+    if in_etcd.as_deref() != Some(keying) {
+        return Err(StoreError::KeyingChangedEtcd {
+            prefix: prefix.to_owned(),
+            recorded: in_etcd.unwrap_or_default(),
+            configured: keying.to_owned(),
+        });
+    }
+    let mut marks = Vec::new();
+    found.table.for_each(|key, token, _| marks.push((MarkKind::Key, key.to_owned(), token)));
+    found.table.for_each_floor(|p, token, _| marks.push((MarkKind::Floor, p.to_owned(), token)));
+    let mut migrated = Migrated::default();
+    for (mark, name, token) in marks {
+        if raise(client, &names, &names.level(mark, &name), token).await? {
+            migrated.raised += 1;
+        } else {
+            migrated.kept += 1;
+        }
+    }
+    let flying = found.in_flight.iter().map(|(k, t)| (MarkKind::Key, k, *t));
+    let flying = flying.chain(found.floors_in_flight.iter().map(|(p, t)| (MarkKind::Floor, p, *t)));
+    for (mark, name, token) in flying {
+        let key = names.in_flight(mark, name);
+        let guard = [Compare::CreateRevision(key.clone(), 0), Compare::CreateRevision(names.leader(), 0)];
+        let put = [Op::Put { key, value: token_value(token), lease: 0 }];
+        client.txn(&guard, &put, &[]).await.map_err(etcd_error)?;
+        migrated.in_flight += 1;
+    }
+    Ok(migrated)
+}
+
+/// Sets `key` to `token` if it is absent or lower, while no instance leads; whether it did.
+async fn raise(client: &Client, names: &Names, key: &[u8], token: u64) -> Result<bool, StoreError> {
+    let value = token_value(token);
+    let put = [Op::Put { key: key.to_vec(), value: value.clone(), lease: 0 }];
+    let no_leader = Compare::CreateRevision(names.leader(), 0);
+    loop {
+        let absent = [Compare::CreateRevision(key.to_vec(), 0), no_leader.clone()];
+        let first = client.txn(&absent, &put, &[Op::Get(key.to_vec()), Op::Get(names.leader())]).await;
+        let first = first.map_err(etcd_error)?;
+        if first.succeeded {
+            return Ok(true);
+        }
+        if first.ranges.get(1).is_some_and(Option::is_some) {
+            return Err(leading(names));
+        }
+        let Some(Some(existing)) = first.ranges.first() else { continue };
+        if parse_token(&existing.value).is_some_and(|t| t >= token) {
+            return Ok(false);
+        }
+        // Padded values: a byte-wise LESS is a numeric one.
+        let lower = [Compare::ValueLess(key.to_vec(), value.clone()), no_leader.clone()];
+        if client.txn(&lower, &put, &[]).await.map_err(etcd_error)?.succeeded {
+            return Ok(true);
+        }
+    }
+}

@@ -1,0 +1,127 @@
+//! A new leader's read of the fence from etcd: every level, floor and in-flight marker under
+//! the prefix, page by page at one revision, into the table. It comes after the leader's own
+//! key was created, so it sees every batch the previous leader committed (its batches were
+//! guarded by a leader key that is gone by now), markers and all.
+
+use super::names::{Named, Names, parse_token};
+use crate::etcd::{Client, EtcdError, Op, prefix_end};
+use crate::store::{MarkKind, StoreError, Table};
+
+/// Keys read per page.
+const PAGE: i64 = 1000;
+
+/// What a takeover found beyond the levels it loaded.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Adopted {
+    /// Writes the previous leader forwarded with no answer recorded, as `(key, token)`: the
+    /// backend may still apply them, so their resources start quarantined.
+    pub in_flight: Vec<(String, u64)>,
+    /// The same for writes that raised a floor, as `(floor, token)`.
+    pub floors_in_flight: Vec<(String, u64)>,
+    /// Keys and floors loaded.
+    pub marks: usize,
+}
+
+/// Why a takeover could not be made.
+#[derive(Debug)]
+pub(crate) enum Failed {
+    /// etcd did not answer or refused: try again later.
+    Etcd(EtcdError),
+    /// The prefix cannot be served at all.
+    Fatal(StoreError),
+}
+
+impl From<EtcdError> for Failed {
+    fn from(e: EtcdError) -> Self {
+        Failed::Etcd(e)
+    }
+}
+
+/// Why an etcd prefix holds no fence: never initialised, or its state lost.
+pub(crate) fn not_initialised(prefix: &[u8]) -> StoreError {
+    StoreError::NotInitialisedEtcd { prefix: String::from_utf8_lossy(prefix).into_owned() }
+}
+
+/// Checks that the prefix was initialised under `keying`; returns the last batch id.
+pub(crate) async fn initialised(client: &Client, names: &Names, keying: &str) -> Result<Vec<u8>, Failed> {
+    let read = client.txn(&[], &[Op::Get(names.batch()), Op::Get(names.keying())], &[]).await?;
+    let (Some(Some(batch)), Some(recorded)) = (read.ranges.first(), read.ranges.get(1)) else {
+        return Err(Failed::Fatal(not_initialised(names.prefix())));
+    };
+    let recorded = recorded.as_ref().map(|kv| String::from_utf8_lossy(&kv.value).into_owned()).unwrap_or_default();
+    if recorded != keying {
+        return Err(Failed::Fatal(StoreError::KeyingChangedEtcd {
+            prefix: String::from_utf8_lossy(names.prefix()).into_owned(),
+            recorded,
+            configured: keying.to_owned(),
+        }));
+    }
+    Ok(batch.value.clone())
+}
+
+/// Loads every level and floor under the prefix into `table`, exactly as etcd holds it (an
+/// operator's reset on another leader lowered it there), and returns the writes in flight and
+/// the last batch id.
+pub(crate) async fn read(
+    client: &Client,
+    names: &Names,
+    table: &Table,
+    keying: &str,
+) -> Result<(Adopted, Vec<u8>), Failed> {
+    let batch = initialised(client, names, keying).await?;
+    let end = prefix_end(names.prefix());
+    let mut from = names.prefix().to_vec();
+    let mut revision = 0;
+    let mut adopted = Adopted::default();
+    let mut flying = Vec::new();
+    loop {
+        let page = client.range_page(&from, &end, PAGE, revision).await?;
+        revision = page.revision;
+        for kv in &page.kvs {
+            let named = names.parse(&kv.key);
+            let Some(token) = parse_token(&kv.value) else {
+                if named != Named::Other {
+                    let key = String::from_utf8_lossy(&kv.key);
+                    return Err(Failed::Fatal(StoreError::Failed(format!("etcd key {key} holds no token"))));
+                }
+                continue;
+            };
+            match named {
+                Named::Level(MarkKind::Key, name) => {
+                    table.load(&name, token, false);
+                    table.reset(&name, token);
+                    adopted.marks += 1;
+                }
+                Named::Level(MarkKind::Floor, name) => {
+                    table.load_floor(&name, token, false);
+                    table.reset_floor(&name, token);
+                    adopted.marks += 1;
+                }
+                Named::InFlight(mark, name) => flying.push((mark, name, token)),
+                Named::Other => {}
+            }
+        }
+        match page.kvs.last() {
+            Some(last) if page.more => {
+                from = last.key.clone();
+                from.push(0);
+            }
+            _ => break,
+        }
+    }
+    // After every level is in: an in-flight marker marks its entry (its token is at or below
+    // the level, which it never raises).
+    for (mark, name, token) in flying {
+        match mark {
+            MarkKind::Key => {
+                table.advance(&name, token);
+                adopted.in_flight.push((name, token));
+            }
+            MarkKind::Floor => {
+                table.advance_floor(&name, token);
+                adopted.floors_in_flight.push((name, token));
+            }
+        }
+    }
+    Ok((adopted, batch))
+}

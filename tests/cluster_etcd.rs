@@ -1,0 +1,196 @@
+//! Several fencegate processes sharing one fence through a real etcd (`store.kind = "etcd"`):
+//! the fence outlives its instances, followers send fenced writes to the leader, a new leader
+//! quarantines what the old one left in flight, writes fail closed without etcd and come back
+//! with it, and `fencegate migrate` copies a file store in without lowering anything.
+//!
+//! Skipped with a message where etcd is not installed; `FG_REQUIRE_SERVICES=1` makes that a
+//! failure (`.ci/run` sets it).
+
+mod common;
+
+use std::net::SocketAddr;
+
+use common::cluster::{Cluster, PREFIX};
+use common::services::start_etcd;
+use common::{Resp, eventually, raw_request, try_raw_request};
+
+async fn put(addr: SocketAddr, path: &str, token: u64) -> Resp {
+    raw_request(addr, &format!("PUT {path} HTTP/1.1\r\nHost: x\r\nFencing-Token: {token}"), "v").await
+}
+
+fn ok(r: &Resp) -> bool {
+    (200..300).contains(&r.status)
+}
+
+async fn get(addr: SocketAddr, path: &str) -> Resp {
+    raw_request(addr, &format!("GET {path} HTTP/1.1\r\nHost: x"), "").await
+}
+
+#[tokio::test]
+async fn the_fence_in_etcd_outlives_its_instance() {
+    let Some(etcd) = start_etcd().await else { return };
+    let mut c = Cluster::start(&etcd, 1, "").await;
+    c.wait_leader().await;
+    let addr = c.instances[0].addr;
+    assert!(ok(&put(addr, "/a", 5).await));
+    put(addr, "/a", 5).await.assert_refused(409, "stale_token");
+    put(addr, "/a", 4).await.assert_refused(409, "stale_token");
+    assert_eq!(c.max_seen_in_etcd("/a").await, Some(5), "committed in etcd before it was forwarded");
+    eventually("the answer clears the in-flight marker", async || !c.in_flight_in_etcd("/a").await).await;
+
+    c.instances[0].kill9();
+    c.instances[0].start();
+    c.wait_leader().await;
+    put(addr, "/a", 5).await.assert_refused(409, "stale_token");
+    assert!(ok(&put(addr, "/a", 6).await));
+    assert_eq!(c.applied_tokens("/a"), [5, 6]);
+}
+
+#[tokio::test]
+async fn an_uninitialised_prefix_is_refused() {
+    let Some(etcd) = start_etcd().await else { return };
+    let c = Cluster::build(&etcd, 1, "").await;
+    let out = std::process::Command::new(common::process::BIN)
+        .arg("run")
+        .arg("--config")
+        .arg(&c.instances[0].config)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "it must not start on an empty prefix");
+    assert!(err.contains("holds no fence state") && err.contains(PREFIX), "{err}");
+    // Once initialised, it starts; a second init is refused.
+    c.init().await;
+    let config = fencegate::Config::load(&c.instances[0].config, None).unwrap();
+    let again = fencegate::app::init_etcd(&config, 0).await.unwrap_err().to_string();
+    assert!(again.contains("already holds fence state"), "{again}");
+}
+
+#[tokio::test]
+async fn followers_send_fenced_writes_to_the_leader() {
+    let Some(etcd) = start_etcd().await else { return };
+    let c = Cluster::start(&etcd, 3, "").await;
+    let leader = c.wait_leader().await;
+    let followers: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
+    for i in &followers {
+        eventually("the follower knows the leader", async || {
+            c.instances[*i].proxy().log_contains("following the fence's leader")
+        })
+        .await;
+    }
+    // Each instance in turn, tokens climbing: every write is fenced once, by the leader.
+    let mut token = 10;
+    for round in 0..2 {
+        for i in [followers[0], leader, followers[1]] {
+            token += 1;
+            let r = put(c.instances[i].addr, "/shared", token).await;
+            assert!(ok(&r), "round {round} through {i}: {r:?}");
+        }
+    }
+    // A zombie is refused through every instance, the leader's refusal relayed as it is.
+    for i in 0..3 {
+        let r = put(c.instances[i].addr, "/shared", token).await;
+        r.assert_refused(409, "stale_token");
+        assert_eq!(r.json()["resource"], "/shared", "{:?}", r.json());
+    }
+    assert_eq!(c.applied_tokens("/shared"), (11..=token).collect::<Vec<_>>());
+    assert_eq!(c.max_seen_in_etcd("/shared").await, Some(token));
+    // Reads stay local: a follower serves them even with the leader gone.
+    assert_eq!(get(c.instances[followers[0]].addr, "/shared").await.status, 200);
+}
+
+#[tokio::test]
+async fn a_new_leader_quarantines_what_the_old_one_left_in_flight() {
+    let Some(etcd) = start_etcd().await else { return };
+    let mut c = Cluster::start(&etcd, 2, "").await;
+    let leader = c.wait_leader().await;
+    let other = 1 - leader;
+    let addr = c.instances[leader].addr;
+    assert!(ok(&put(addr, "/done", 3).await));
+    // A write the backend holds for a while: forwarded, not answered, when the leader dies.
+    let slow = tokio::spawn(async move {
+        try_raw_request(addr, "PUT /slow HTTP/1.1\r\nHost: x\r\nFencing-Token: 10\r\nx-memstore-delay-ms: 3000", "v").await
+    });
+    eventually("the slow write reaches the backend", async || c.backend.requests().iter().any(|r| r.path == "/slow"))
+        .await;
+    assert!(c.in_flight_in_etcd("/slow").await, "its marker is committed before it is sent");
+    c.instances[leader].kill9();
+    let _ = slow.await;
+
+    eventually("the other instance takes over", async || c.instances[other].proxy().log_contains("leading the fence"))
+        .await;
+    assert!(c.instances[other].proxy().log_contains("in flight when fencegate stopped or stepped down"));
+    let addr = c.instances[other].addr;
+    // What the old leader committed holds; the resource it left in flight is closed for now.
+    put(addr, "/done", 3).await.assert_refused(409, "stale_token");
+    put(addr, "/slow", 10).await.assert_refused(409, "stale_token");
+    let r = put(addr, "/slow", 11).await;
+    if r.status == 503 {
+        r.assert_refused(503, "resource_quarantined");
+    }
+    eventually("the quarantine ends and a newer write passes", async || {
+        ok(&put(addr, "/slow", 11).await)
+    })
+    .await;
+    assert_eq!(c.applied_tokens("/slow"), [10, 11], "the old leader's write first, as its token says");
+}
+
+#[tokio::test]
+async fn without_etcd_fenced_writes_fail_closed_and_come_back() {
+    let Some(mut etcd) = start_etcd().await else { return };
+    let c = Cluster::start(&etcd, 1, "[admin]\nlisten = \"127.0.0.1:0\"\n").await;
+    c.wait_leader().await;
+    let addr = c.instances[0].addr;
+    let admin = c.instances[0].proxy().admin_addr().await;
+    assert!(ok(&put(addr, "/a", 1).await));
+
+    common::process::signal(etcd.pid(), "STOP");
+    eventually("fenced writes are refused while etcd does not answer", async || {
+        let r = put(addr, "/a", 2).await;
+        r.status == 503 && r.fencegate_error() == Some("store_unavailable")
+    })
+    .await;
+    assert_eq!(get(addr, "/a").await.status, 200, "reads go on");
+    let ready = raw_request(admin, "GET /readyz HTTP/1.1\r\nHost: x", "").await;
+    assert_eq!(ready.status, 503);
+    assert!(String::from_utf8_lossy(&ready.body).contains("store unavailable"), "{ready:?}");
+
+    common::process::signal(etcd.pid(), "CONT");
+    eventually("writes come back with etcd", async || {
+        ok(&put(addr, "/a", 3).await)
+    })
+    .await;
+    etcd.restart().await;
+    eventually("and after etcd restarts", async || ok(&put(addr, "/b", 4).await)).await;
+    put(addr, "/a", 3).await.assert_refused(409, "stale_token");
+}
+
+#[tokio::test]
+async fn migrate_copies_a_file_store_without_lowering_anything() {
+    let Some(etcd) = start_etcd().await else { return };
+    let c = Cluster::build(&etcd, 1, "").await;
+    // A file store with two keys, one of them ahead in etcd already.
+    let dir = c.dir.path().join("old");
+    fencegate::app::init_data_dir(&dir, 0).unwrap();
+    let keying = fencegate::fence::keys::keying(&Default::default(), &[]);
+    {
+        use fencegate::store::Store;
+        let options = fencegate::store::StoreOptions { keying, ..Default::default() };
+        let store = fencegate::store::FileStore::open(&dir, options).unwrap();
+        store.advance("/a", 7).await.unwrap();
+        store.answered("/a", 7);
+        store.advance("/b", 9).await.unwrap();
+        store.answered("/b", 9);
+        store.close().await.unwrap();
+    }
+    c.init().await;
+    c.gateway.put(format!("{PREFIX}k//b").as_bytes(), b"00000000000000000012").await.unwrap();
+    let config = fencegate::Config::load(&c.instances[0].config, None).unwrap();
+    let migrated = fencegate::app::migrate_to_etcd(&config, &dir).await.unwrap();
+    assert_eq!((migrated.raised, migrated.kept), (1, 1), "{migrated:?}");
+    assert_eq!(c.max_seen_in_etcd("/a").await, Some(7));
+    assert_eq!(c.max_seen_in_etcd("/b").await, Some(12), "never lowered");
+    // Migrating again changes nothing.
+    let again = fencegate::app::migrate_to_etcd(&config, &dir).await.unwrap();
+    assert_eq!((again.raised, again.kept), (0, 2));
+}

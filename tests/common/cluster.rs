@@ -1,0 +1,142 @@
+//! Several `fencegate run` processes sharing one fence through a real etcd (`store.kind =
+//! "etcd"`), in front of one in-memory backend: the prefix initialised as `fencegate init`
+//! does, one config per instance on a loopback port picked for it (its advertised URL must be
+//! known before it starts), and each instance killed, stopped and started again at will.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::process::Command;
+
+use fencegate::demo::MemBackend;
+
+use super::etcd::Gateway;
+use super::process::{BIN, Running};
+use super::services::Etcd;
+use super::wait::eventually;
+
+/// The key prefix of the fence in etcd.
+pub const PREFIX: &str = "/fg/";
+
+/// One instance: its config and, while it runs, its process.
+pub struct Instance {
+    pub running: Option<Running>,
+    pub addr: SocketAddr,
+    pub config: PathBuf,
+}
+
+impl Instance {
+    /// The advertised URL, which etcd's leader key holds while it leads.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn start(&mut self) -> &Running {
+        let mut cmd = Command::new(BIN);
+        cmd.arg("run").arg("--config").arg(&self.config);
+        self.running = Some(Running::spawn(cmd));
+        self.running.as_ref().unwrap()
+    }
+
+    pub fn kill9(&mut self) {
+        if let Some(r) = self.running.take() {
+            r.kill9();
+        }
+    }
+
+    pub fn proxy(&self) -> &Running {
+        self.running.as_ref().expect("the instance runs")
+    }
+}
+
+/// Fields drop in order: the instances before the backend, etcd and their directory.
+pub struct Cluster {
+    pub instances: Vec<Instance>,
+    pub backend: MemBackend,
+    pub gateway: Gateway,
+    pub dir: tempfile::TempDir,
+}
+
+fn free_port() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+impl Cluster {
+    /// `n` instances configured on `etcd`'s prefix [`PREFIX`] (initialised here), with `extra`
+    /// appended to each config; none started.
+    pub async fn build(etcd: &Etcd, n: usize, extra: &str) -> Cluster {
+        let backend = MemBackend::start().await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mut instances = Vec::new();
+        for i in 0..n {
+            let addr = free_port();
+            let config = dir.path().join(format!("fencegate-{i}.toml"));
+            let text = format!(
+                "[server]\nlisten = \"{addr}\"\n[backend]\nurl = \"{}\"\n[store]\nkind = \"etcd\"\nprefix = \"{PREFIX}\"\n\
+                 advertise = \"http://{addr}\"\nlease_ttl = \"2s\"\nlease_margin = \"1s\"\n[etcd]\nendpoints = [\"{}\"]\n\
+                 request_timeout = \"1s\"\n[fence]\nquarantine = \"3s\"\n{extra}\n",
+                backend.url(),
+                etcd.url()
+            );
+            std::fs::write(&config, text).unwrap();
+            instances.push(Instance { running: None, addr, config });
+        }
+        Cluster { instances, backend, gateway: Gateway::single(&etcd.url()), dir }
+    }
+
+    /// Initialises the prefix, as `fencegate init --config` does.
+    pub async fn init(&self) {
+        let config = fencegate::Config::load(&self.instances[0].config, None).unwrap();
+        fencegate::app::init_etcd(&config, 0).await.unwrap();
+    }
+
+    /// Built, initialised, and every instance started.
+    pub async fn start(etcd: &Etcd, n: usize, extra: &str) -> Cluster {
+        let mut c = Cluster::build(etcd, n, extra).await;
+        c.init().await;
+        for i in &mut c.instances {
+            i.start();
+        }
+        c
+    }
+
+    /// The URL in etcd's leader key, if an instance leads.
+    pub async fn leader_url(&self) -> Option<String> {
+        let key = format!("{PREFIX}leader");
+        let (kvs, _) = self.gateway.range(key.as_bytes(), None).await.ok()?;
+        kvs.first().map(|kv| String::from_utf8_lossy(&kv.value).into_owned())
+    }
+
+    /// Waits until a running instance leads and says so on its readiness; returns its index.
+    pub async fn wait_leader(&self) -> usize {
+        let mut found = None;
+        eventually("an instance leads the fence", async || {
+            let Some(url) = self.leader_url().await else { return false };
+            let Some(i) = self.instances.iter().position(|i| i.url() == url && i.running.is_some()) else { return false };
+            if self.instances[i].proxy().log_contains("leading the fence") {
+                found = Some(i);
+                return true;
+            }
+            false
+        })
+        .await;
+        found.unwrap()
+    }
+
+    /// `max_seen` of `key` as etcd holds it.
+    pub async fn max_seen_in_etcd(&self, key: &str) -> Option<u64> {
+        let name = format!("{PREFIX}k/{key}");
+        let (kvs, _) = self.gateway.range(name.as_bytes(), None).await.unwrap();
+        kvs.first().map(|kv| std::str::from_utf8(&kv.value).unwrap().parse().unwrap())
+    }
+
+    /// Whether etcd holds an in-flight marker for `key`.
+    pub async fn in_flight_in_etcd(&self, key: &str) -> bool {
+        let name = format!("{PREFIX}i/{key}");
+        !self.gateway.range(name.as_bytes(), None).await.unwrap().0.is_empty()
+    }
+
+    /// Tokens the backend applied to `path`, in the order it applied them.
+    pub fn applied_tokens(&self, path: &str) -> Vec<u64> {
+        self.backend.applied().iter().filter(|r| r.path == path).filter_map(|r| r.token()).collect()
+    }
+}
