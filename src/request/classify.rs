@@ -88,11 +88,11 @@ pub fn classify<B: Body>(req: &Request<B>, config: &Config) -> Result<Plan, Refu
     let canonical = path::canonicalize(req.uri().path(), &config.paths)?;
     let key = keys::resource_key(&canonical, &config.fence.scopes).to_owned();
     // The backend may act on the request's own method or on the one an override names (web
-    // frameworks upper-case override values; WebDAV servers ignore overrides): fence what
-    // either may change.
-    let real = req.method().as_str().as_bytes();
+    // frameworks upper-case both the method and override values; WebDAV servers ignore
+    // overrides): fence what either may change, in any spelling.
+    let real = req.method().as_str().as_bytes().to_ascii_uppercase();
     let claimed = overridden.map(<[u8]>::to_ascii_uppercase);
-    let methods = || std::iter::once(real).chain(claimed.as_deref());
+    let methods = || std::iter::once(real.as_slice()).chain(claimed.as_deref());
     let subtree = methods().any(|m| listed(&config.fence.subtree_methods, m));
     let touch = |key: String, path: &str| {
         // A key a scope shortened already holds the whole subtree of the path.

@@ -93,9 +93,14 @@ fn a_write_is_fenced_for_what_its_own_method_and_its_override_may_change() {
     assert_eq!(plan("DELETE", "GET").0, [sub("/scratch")], "a DELETE under a safe claim is still a DELETE");
     assert_eq!(plan("MOVE", "COPY").0, [sub("/scratch"), sub("/acct")], "the MOVE's source is fenced");
     assert_eq!(plan("COPY", "COPY").0, [sub("/acct")]);
-    // Frameworks upper-case override values before they act on them.
+    // Frameworks upper-case override values before they act on them, and the method itself.
     assert_eq!(plan("POST", "delete").0, [sub("/scratch")]);
     assert_eq!(plan("POST", "move"), (vec![sub("/scratch"), sub("/acct")], Some("/acct".into())));
+    assert_eq!(plan("delete", "PUT").0, [sub("/scratch")], "a lower-case DELETE covers its subtree");
+    assert_eq!(plan("move", "PUT"), (vec![sub("/scratch"), sub("/acct")], Some("/acct".into())));
+    assert_eq!(plan("copy", "COPY").0, [sub("/acct")], "a lower-case COPY only reads its source");
+    let code = classify(&request("move", "/a", &[token], ""), &c).unwrap_err().code();
+    assert_eq!(code, "invalid_header", "a lower-case MOVE needs a Destination too");
 }
 
 #[test]

@@ -100,22 +100,43 @@ fn one_domain<'a>(touches: &[Touch], rules: &'a [Rule]) -> Result<&'a str, Refus
     Ok(first.unwrap_or(DEFAULT_DOMAIN))
 }
 
+/// What proves the tokens of `key`: the `verify` setting of the longest rule over it that sets
+/// one and, for etcd, that rule's lock template.
+fn proof_of<'a>(rules: &'a [Rule], key: &str) -> (Verify, Option<&'a str>) {
+    let rule = rules.iter().filter(|r| r.verify.is_some() && keys::in_scope(key, &r.prefix)).max_by_key(|r| r.prefix.len());
+    match rule {
+        Some(r) => (r.verify.unwrap_or(Verify::None), r.lock.as_ref().map(|t| t.as_str())),
+        None => (Verify::None, None),
+    }
+}
+
+/// How a refusal names a proof.
+fn proof_name((verify, lock): (Verify, Option<&str>)) -> String {
+    match lock {
+        Some(lock) => format!("verify = {}, lock = {lock}", verify.name()),
+        None => format!("verify = {}", verify.name()),
+    }
+}
+
 /// The one `verify` setting of a write's keys. A write that changes keys under different
 /// settings is refused: checked under the weaker one, an unproven token would raise the level
 /// of keys that demand proof (a forged huge token would lock their holders out); under the
-/// stronger one, holders of the other keys could not write at all.
+/// stronger one, holders of the other keys could not write at all. A subtree must also be
+/// under one lock template: only the subtree's own key's lock is checked, so a key inside it
+/// guarded by another etcd lock would be changed, and its holder locked out, by a holder of
+/// the outer one.
 fn one_verify(touches: &[Touch], rules: &[Rule]) -> Result<Verify, Refusal> {
-    let verify_of = |key: &str| setting(rules, key, |r| r.verify).unwrap_or(Verify::None);
     let mut first: Option<(&str, Verify)> = None;
     for touch in touches {
-        let verify = verify_of(&touch.key);
-        if let Some(inner) = inside(touch, rules).find(|r| verify_of(&r.prefix) != verify) {
+        let proof = proof_of(rules, &touch.key);
+        let verify = proof.0;
+        if let Some(inner) = inside(touch, rules).find(|r| proof_of(rules, &r.prefix) != proof) {
             return Err(Refusal::CrossVerify(format!(
-                "the subtree at {} (verify = {}) holds {} (verify = {})",
+                "the subtree at {} ({}) holds {} ({})",
                 touch.key,
-                verify.name(),
+                proof_name(proof),
                 inner.prefix,
-                verify_of(&inner.prefix).name()
+                proof_name(proof_of(rules, &inner.prefix))
             )));
         }
         match first {
@@ -175,6 +196,32 @@ mod tests {
         assert_eq!(plan("COPY", "/signed/a", "/plain/b").map(|_| ()), Ok(()), "a COPY's source is only read");
         let inner = plan("DELETE", "/signed/inner/", "/x").unwrap_err();
         assert_eq!(inner, "invalid_signature", "a subtree within one setting is verified");
+    }
+
+    #[test]
+    fn a_subtree_holding_keys_of_another_lock_is_refused() {
+        let c = config(
+            "[etcd]\nendpoints = [\"http://127.0.0.1:9\"]\n\
+             [[fence.rules]]\nprefix = \"/accounts/\"\nverify = \"etcd\"\nlock = \"/locks/accounts/{2}\"\n\
+             [[fence.rules]]\nprefix = \"/accounts/42/audit/\"\nverify = \"etcd\"\nlock = \"/locks/audit/{4}\"\n\
+             [[fence.rules]]\nprefix = \"/accounts/42/tuned/\"\nmax_jump = 9\n",
+        );
+        let plan = |method: &str, path: &str, dest: &str| {
+            let headers = [("fencing-token", "5"), ("destination", dest)];
+            classify(&request(method, path, &headers, ""), &c).map_err(|e| e.code())
+        };
+        let locks = |method: &str, path: &str| match plan(method, path, "/x") {
+            Ok(Plan::Write(w)) => w.locks,
+            other => panic!("{method} {path}: {other:?}"),
+        };
+        for (method, path, dest) in
+            [("DELETE", "/accounts/42", "/x"), ("DELETE", "/accounts/42/", "/x"), ("MOVE", "/accounts/42", "/accounts/43")]
+        {
+            assert_eq!(plan(method, path, dest).map(|_| ()), Err("cross_verify_write"), "{method} {path}");
+        }
+        assert_eq!(locks("PUT", "/accounts/42/audit/x"), ["/locks/audit/x"]);
+        assert_eq!(locks("DELETE", "/accounts/42/x/"), ["/locks/accounts/42"]);
+        assert_eq!(locks("DELETE", "/accounts/42/tuned/"), ["/locks/accounts/42"], "a rule that only tunes max_jump");
     }
 
     #[test]
