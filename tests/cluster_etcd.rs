@@ -194,3 +194,40 @@ async fn migrate_copies_a_file_store_without_lowering_anything() {
     let again = fencegate::app::migrate_to_etcd(&config, &dir).await.unwrap();
     assert_eq!((again.raised, again.kept), (0, 2));
 }
+
+/// Self-fencing: a leader stopped mid-body past its lease wakes with its lease lapsed on its
+/// own clock (CLOCK_BOOTTIME runs on while it is stopped), and cuts the write off instead of
+/// sending the rest; the new leader has the resource quarantined meanwhile.
+#[tokio::test]
+async fn a_leader_stopped_past_its_lease_cuts_its_write_off() {
+    let Some(etcd) = start_etcd().await else { return };
+    let c = Cluster::start(&etcd, 2, "").await;
+    let leader = c.wait_leader().await;
+    let other = 1 - leader;
+    let mut conn = common::RawConn::open(c.instances[leader].addr).await;
+    conn.send("PUT /x HTTP/1.1\r\nHost: x\r\nFencing-Token: 5\r\nContent-Length: 10\r\n\r\nfirst").await;
+    eventually("the advance is committed, marker and all", async || c.in_flight_in_etcd("/x").await).await;
+
+    let pid = c.instances[leader].proxy().pid();
+    common::process::signal(pid, "STOP");
+    eventually("the other instance takes over", async || c.instances[other].proxy().log_contains("leading the fence"))
+        .await;
+    common::process::signal(pid, "CONT");
+    conn.send("-rest").await;
+    let answer = conn.read_to_end().await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(!answer.starts_with("HTTP/1.1 2"), "the stopped leader must not complete the write: {answer}");
+    eventually("the stopped leader steps down", async || {
+        c.instances[leader].proxy().log_contains("stepping down")
+            || c.instances[leader].proxy().log_contains("lease lapsed")
+            || c.instances[leader].proxy().log_contains("following the fence's leader")
+    })
+    .await;
+    assert!(c.applied_tokens("/x").is_empty(), "the backend never had the whole write");
+
+    // The new leader: the token was used up, and a newer one passes after the quarantine.
+    let addr = c.instances[other].addr;
+    put(addr, "/x", 5).await.assert_refused(409, "stale_token");
+    eventually("a newer write passes once the quarantine ends", async || ok(&put(addr, "/x", 6).await)).await;
+    assert_eq!(c.applied_tokens("/x"), [6]);
+}

@@ -21,7 +21,9 @@ struct Rule {
 const HTTP: &[&str] = &["http", "hyper", "hyper_util", "http_body_util", "h2"];
 
 const RULES: &[Rule] = &[
-    Rule { module: "store", may_use: &["crate::store"], no_crates: HTTP },
+    // The etcd store speaks etcd's key-value API through the etcd client, which keeps HTTP
+    // to itself.
+    Rule { module: "store", may_use: &["crate::store", "crate::etcd"], no_crates: HTTP },
     Rule { module: "fence", may_use: &["crate::fence", "crate::store"], no_crates: HTTP },
     Rule {
         module: "upstream",

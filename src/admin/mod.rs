@@ -20,7 +20,6 @@ mod process;
 use crate::app::State;
 use crate::listener::{self, Handler, Listening};
 use crate::request::refusal::{Refusal, json_response};
-use crate::config::StoreKind;
 use crate::store::Condition;
 
 mod fences;
@@ -162,8 +161,7 @@ async fn readiness(state: &State) -> Response<Full<Bytes>> {
             fenced writes wait for it",
             settings.config.store.stall_after
         )),
-        Condition::Full(why) if settings.config.store.kind == StoreKind::Etcd => Some(format!("store full: {why}")),
-        Condition::Full(why) => Some(format!("store full: no room on disk for the fence log ({why})")),
+        Condition::Full(why) => Some(format!("store full: {why}")),
         Condition::Failed(why) => Some(format!("store failed: {why}; fenced writes are refused until a restart")),
         Condition::Unavailable(why) => {
             Some(format!("store unavailable: {why}; fenced writes are refused until it comes back, reads go on"))

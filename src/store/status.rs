@@ -14,7 +14,8 @@ pub enum Condition {
     Ready,
     /// A write or sync of the log has been under way this long: advances wait for it.
     Busy(Duration),
-    /// The disk gave no room for the last batch; advances are refused until it does.
+    /// No room for the last batch (a full disk, etcd's space quota); advances are refused
+    /// until there is.
     Full(String),
     /// A write or sync failed; every advance is refused until a restart.
     Failed(String),

@@ -26,7 +26,7 @@ impl Writer {
     /// doubt: the next batch tries again.
     pub(super) fn no_room(&mut self, e: std::io::Error) -> StoreError {
         let reason = format!("{}: {e}", self.log.path().display());
-        if self.status.set_full(Some(reason.clone())) {
+        if self.status.set_full(Some(format!("no room on disk for the fence log ({reason})"))) {
             tracing::error!(error = %reason,
                 "no room on disk for the fence log: fenced writes are refused until there is");
         }
