@@ -29,7 +29,7 @@ async fn get(addr: SocketAddr, path: &str) -> Resp {
 #[tokio::test]
 async fn the_fence_in_etcd_outlives_its_instance() {
     let Some(etcd) = start_etcd().await else { return };
-    let mut c = Cluster::start(&etcd, 1, "").await;
+    let mut c = Cluster::start(&[etcd.url()], 1, "").await;
     c.wait_leader().await;
     let addr = c.instances[0].addr;
     assert!(ok(&put(addr, "/a", 5).await));
@@ -49,7 +49,7 @@ async fn the_fence_in_etcd_outlives_its_instance() {
 #[tokio::test]
 async fn an_uninitialised_prefix_is_refused() {
     let Some(etcd) = start_etcd().await else { return };
-    let c = Cluster::build(&etcd, 1, "").await;
+    let c = Cluster::build(&[etcd.url()], 1, "").await;
     let out = std::process::Command::new(common::process::BIN)
         .arg("run")
         .arg("--config")
@@ -69,7 +69,7 @@ async fn an_uninitialised_prefix_is_refused() {
 #[tokio::test]
 async fn followers_send_fenced_writes_to_the_leader() {
     let Some(etcd) = start_etcd().await else { return };
-    let c = Cluster::start(&etcd, 3, "").await;
+    let c = Cluster::start(&[etcd.url()], 3, "").await;
     let leader = c.wait_leader().await;
     let followers: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
     for i in &followers {
@@ -102,14 +102,15 @@ async fn followers_send_fenced_writes_to_the_leader() {
 #[tokio::test]
 async fn a_new_leader_quarantines_what_the_old_one_left_in_flight() {
     let Some(etcd) = start_etcd().await else { return };
-    let mut c = Cluster::start(&etcd, 2, "").await;
+    let mut c = Cluster::start(&[etcd.url()], 2, "").await;
     let leader = c.wait_leader().await;
     let other = 1 - leader;
     let addr = c.instances[leader].addr;
     assert!(ok(&put(addr, "/done", 3).await));
     // A write the backend holds for a while: forwarded, not answered, when the leader dies.
     let slow = tokio::spawn(async move {
-        try_raw_request(addr, "PUT /slow HTTP/1.1\r\nHost: x\r\nFencing-Token: 10\r\nx-memstore-delay-ms: 3000", "v").await
+        try_raw_request(addr, "PUT /slow HTTP/1.1\r\nHost: x\r\nFencing-Token: 10\r\nx-memstore-delay-ms: 3000", "v")
+            .await
     });
     eventually("the slow write reaches the backend", async || c.backend.requests().iter().any(|r| r.path == "/slow"))
         .await;
@@ -128,17 +129,14 @@ async fn a_new_leader_quarantines_what_the_old_one_left_in_flight() {
     if r.status == 503 {
         r.assert_refused(503, "resource_quarantined");
     }
-    eventually("the quarantine ends and a newer write passes", async || {
-        ok(&put(addr, "/slow", 11).await)
-    })
-    .await;
+    eventually("the quarantine ends and a newer write passes", async || ok(&put(addr, "/slow", 11).await)).await;
     assert_eq!(c.applied_tokens("/slow"), [10, 11], "the old leader's write first, as its token says");
 }
 
 #[tokio::test]
 async fn without_etcd_fenced_writes_fail_closed_and_come_back() {
     let Some(mut etcd) = start_etcd().await else { return };
-    let c = Cluster::start(&etcd, 1, "[admin]\nlisten = \"127.0.0.1:0\"\n").await;
+    let c = Cluster::start(&[etcd.url()], 1, "[admin]\nlisten = \"127.0.0.1:0\"\n").await;
     c.wait_leader().await;
     let addr = c.instances[0].addr;
     let admin = c.instances[0].proxy().admin_addr().await;
@@ -156,10 +154,7 @@ async fn without_etcd_fenced_writes_fail_closed_and_come_back() {
     assert!(String::from_utf8_lossy(&ready.body).contains("store unavailable"), "{ready:?}");
 
     common::process::signal(etcd.pid(), "CONT");
-    eventually("writes come back with etcd", async || {
-        ok(&put(addr, "/a", 3).await)
-    })
-    .await;
+    eventually("writes come back with etcd", async || ok(&put(addr, "/a", 3).await)).await;
     etcd.restart().await;
     eventually("and after etcd restarts", async || ok(&put(addr, "/b", 4).await)).await;
     put(addr, "/a", 3).await.assert_refused(409, "stale_token");
@@ -168,7 +163,7 @@ async fn without_etcd_fenced_writes_fail_closed_and_come_back() {
 #[tokio::test]
 async fn migrate_copies_a_file_store_without_lowering_anything() {
     let Some(etcd) = start_etcd().await else { return };
-    let c = Cluster::build(&etcd, 1, "").await;
+    let c = Cluster::build(&[etcd.url()], 1, "").await;
     // A file store with two keys, one of them ahead in etcd already.
     let dir = c.dir.path().join("old");
     fencegate::app::init_data_dir(&dir, 0).unwrap();
@@ -201,7 +196,7 @@ async fn migrate_copies_a_file_store_without_lowering_anything() {
 #[tokio::test]
 async fn a_leader_stopped_past_its_lease_cuts_its_write_off() {
     let Some(etcd) = start_etcd().await else { return };
-    let c = Cluster::start(&etcd, 2, "").await;
+    let c = Cluster::start(&[etcd.url()], 2, "").await;
     let leader = c.wait_leader().await;
     let other = 1 - leader;
     let mut conn = common::RawConn::open(c.instances[leader].addr).await;

@@ -69,6 +69,9 @@ enum Endpoint {
     /// `/locks/NAME`: the holder of an etcd lock as verification sees it.
     Lock(String),
     Change(String, Change),
+    /// `/failpoints/NAME`: sets a fail point's actions (the `failpoints` feature; tests only).
+    #[cfg(feature = "failpoints")]
+    Failpoint(String),
 }
 
 impl Endpoint {
@@ -79,6 +82,8 @@ impl Endpoint {
             "/metrics" => Endpoint::Metrics,
             "/fences" | "/fences/" => Endpoint::List,
             _ if path.starts_with("/locks/") => Endpoint::Lock(path["/locks".len()..].to_owned()),
+            #[cfg(feature = "failpoints")]
+            _ if path.starts_with("/failpoints/") => Endpoint::Failpoint(path["/failpoints/".len()..].to_owned()),
             _ => {
                 let resource = path.strip_prefix("/fences").filter(|r| r.starts_with('/'))?;
                 match Change::ALL.iter().find_map(|(suffix, c)| Some((resource.strip_suffix(suffix)?, *c))) {
@@ -94,6 +99,8 @@ impl Endpoint {
     fn allow(&self) -> &'static str {
         match self {
             Endpoint::Change(..) => "POST",
+            #[cfg(feature = "failpoints")]
+            Endpoint::Failpoint(_) => "PUT",
             _ => "GET, HEAD",
         }
     }
@@ -134,6 +141,16 @@ async fn route(state: &State, req: Request<Incoming>, caller: SocketAddr) -> Res
             Ok(lock(state, &name))
         }
         Endpoint::Change(resource, change) => fences::change(state, &resource, change, req, caller).await,
+        #[cfg(feature = "failpoints")]
+        Endpoint::Failpoint(name) => {
+            fences::authorize(state, &req, caller)?;
+            let body =
+                http_body_util::BodyExt::collect(req.into_body()).await.map(|b| b.to_bytes()).unwrap_or_default();
+            let actions = String::from_utf8_lossy(&body).into_owned();
+            fail::cfg(name.clone(), &actions).map_err(Refusal::BadRequest)?;
+            tracing::warn!(failpoint = %name, actions = %actions, "fail point set");
+            Ok(json_response(StatusCode::OK, &json!({ "failpoint": name, "actions": actions })))
+        }
     }
 }
 

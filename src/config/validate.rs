@@ -481,13 +481,21 @@ fn etcd_store(
     match advertise.parse::<http::Uri>() {
         Ok(uri) if uri.scheme_str() == Some("http") && uri.authority().is_some() => {}
         Ok(uri) if uri.scheme_str() == Some("https") => {
-            return Err(invalid("store.advertise", format!("{advertise:?}: forwarding between instances over https is not supported yet; use http:// on a private network")));
+            return Err(invalid(
+                "store.advertise",
+                format!(
+                    "{advertise:?}: forwarding between instances over https is not supported yet; use http:// on a private network"
+                ),
+            ));
         }
         _ => return Err(invalid("store.advertise", format!("{advertise:?}: expected http://HOST:PORT"))),
     }
     let lease_ttl = duration("store.lease_ttl", ttl.as_deref().unwrap_or("5s"))?;
     if lease_ttl < Duration::from_secs(2) || lease_ttl.subsec_nanos() != 0 {
-        return Err(invalid("store.lease_ttl", "must be whole seconds, at least 2s (etcd grants leases in seconds, 2 s at least)"));
+        return Err(invalid(
+            "store.lease_ttl",
+            "must be whole seconds, at least 2s (etcd grants leases in seconds, 2 s at least)",
+        ));
     }
     let lease_margin = duration("store.lease_margin", margin.as_deref().unwrap_or("1s"))?;
     if lease_margin * 2 > lease_ttl {

@@ -62,7 +62,9 @@ fn compare(c: &Compare) -> Value {
         Compare::CreateRevision(key, rev) => {
             json!({ "key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": rev.to_string() })
         }
-        Compare::Value(key, value) => json!({ "key": b64(key), "target": "VALUE", "result": "EQUAL", "value": b64(value) }),
+        Compare::Value(key, value) => {
+            json!({ "key": b64(key), "target": "VALUE", "result": "EQUAL", "value": b64(value) })
+        }
         Compare::ValueLess(key, value) => {
             json!({ "key": b64(key), "target": "VALUE", "result": "LESS", "value": b64(value) })
         }

@@ -103,7 +103,8 @@ fn one_domain<'a>(touches: &[Touch], rules: &'a [Rule]) -> Result<&'a str, Refus
 /// What proves the tokens of `key`: the `verify` setting of the longest rule over it that sets
 /// one and, for etcd, that rule's lock template.
 fn proof_of<'a>(rules: &'a [Rule], key: &str) -> (Verify, Option<&'a str>) {
-    let rule = rules.iter().filter(|r| r.verify.is_some() && keys::in_scope(key, &r.prefix)).max_by_key(|r| r.prefix.len());
+    let rule =
+        rules.iter().filter(|r| r.verify.is_some() && keys::in_scope(key, &r.prefix)).max_by_key(|r| r.prefix.len());
     match rule {
         Some(r) => (r.verify.unwrap_or(Verify::None), r.lock.as_ref().map(|t| t.as_str())),
         None => (Verify::None, None),
@@ -214,9 +215,11 @@ mod tests {
             Ok(Plan::Write(w)) => w.locks,
             other => panic!("{method} {path}: {other:?}"),
         };
-        for (method, path, dest) in
-            [("DELETE", "/accounts/42", "/x"), ("DELETE", "/accounts/42/", "/x"), ("MOVE", "/accounts/42", "/accounts/43")]
-        {
+        for (method, path, dest) in [
+            ("DELETE", "/accounts/42", "/x"),
+            ("DELETE", "/accounts/42/", "/x"),
+            ("MOVE", "/accounts/42", "/accounts/43"),
+        ] {
             assert_eq!(plan(method, path, dest).map(|_| ()), Err("cross_verify_write"), "{method} {path}");
         }
         assert_eq!(locks("PUT", "/accounts/42/audit/x"), ["/locks/audit/x"]);

@@ -34,13 +34,13 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 
+pub use etcd::{Adopted, EtcdOptions, EtcdStore, Migrated, TakeoverHook};
 pub use file::{CommitHook, FileStore, StoreOptions};
 pub use init::{check_initialised, init};
 pub use inspect::{Inspection, inspect};
 pub use listing::Listed;
 pub use preflight::{Usable, check_usable};
 pub use status::Condition;
-pub use etcd::{Adopted, EtcdOptions, EtcdStore, Migrated, TakeoverHook};
 #[cfg(feature = "stall-hook")]
 pub use status::{Held, hold};
 pub use table::{MARK_BYTES, Table, TableBytes};
@@ -234,25 +234,31 @@ pub enum StoreError {
     #[error("the fence store in etcd is unavailable: {0}")]
     Unavailable(String),
     /// The etcd prefix holds no fence state (never initialised, or its state was lost).
-    #[error("etcd holds no fence state under {prefix:?}: it has no max_seen for any resource, and serving from it \
+    #[error(
+        "etcd holds no fence state under {prefix:?}: it has no max_seen for any resource, and serving from it \
         would let every stale lock holder write again. A new deployment: `fencegate init --config FILE`. After \
         losing the state: `fencegate init --config FILE --floor <the lock service's current token>`, or \
-        `fencegate migrate --config FILE --from DIR` to copy a file store's max_seen")]
+        `fencegate migrate --config FILE --from DIR` to copy a file store's max_seen"
+    )]
     NotInitialisedEtcd {
         /// The key prefix.
         prefix: String,
     },
     /// `init` was asked to start an etcd prefix that already holds a fence.
-    #[error("etcd already holds fence state under {prefix:?}; refusing to initialise it again, which could \
-        lower max_seen")]
+    #[error(
+        "etcd already holds fence state under {prefix:?}; refusing to initialise it again, which could \
+        lower max_seen"
+    )]
     AlreadyInitialisedEtcd {
         /// The key prefix.
         prefix: String,
     },
     /// The etcd prefix's keys were made under other key rules.
-    #[error("etcd prefix {prefix:?}: its fence keys were made under other key rules (recorded: {recorded:?}; \
+    #[error(
+        "etcd prefix {prefix:?}: its fence keys were made under other key rules (recorded: {recorded:?}; \
         configured: {configured:?}); resources would get new keys without their max_seen. Restore the previous \
-        [[fence.scopes]], or use a new prefix initialised with a floor at or above the lock service's token")]
+        [[fence.scopes]], or use a new prefix initialised with a floor at or above the lock service's token"
+    )]
     KeyingChangedEtcd {
         /// The key prefix.
         prefix: String,

@@ -31,6 +31,24 @@ impl<B> Gated<B> {
     }
 }
 
+/// A fail point the cluster's fault tests stall a process at (the `failpoints` feature): with
+/// the action `return(MS)` it logs that it was reached (the test stops the process on that
+/// line), waits `MS` milliseconds, and logs how long it was held up. Nothing without the
+/// feature.
+pub(super) fn failpoint(name: &'static str) {
+    #[cfg(feature = "failpoints")]
+    fail::fail_point!(name, |arg: Option<String>| {
+        let ms = arg.and_then(|a| a.parse().ok()).unwrap_or(0);
+        tracing::warn!(failpoint = name, "failpoint reached");
+        let started = std::time::Instant::now();
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+        let stalled_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        tracing::warn!(failpoint = name, stalled_ms, "failpoint passed");
+    });
+    #[cfg(not(feature = "failpoints"))]
+    let _ = name;
+}
+
 impl<B> Body for Gated<B>
 where
     B: Body<Data = Bytes, Error = BoxError> + Unpin,
@@ -40,6 +58,9 @@ where
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let polled = ready!(Pin::new(&mut self.body).poll_frame(cx));
+        if matches!(polled, Some(Ok(_))) {
+            failpoint("upstream::mid_body");
+        }
         if matches!(polled, Some(Ok(_))) && !(self.gate)() {
             return Poll::Ready(Some(Err(Box::new(Closed))));
         }

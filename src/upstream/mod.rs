@@ -27,11 +27,11 @@ mod sent;
 
 use crate::config::BackendConfig;
 use checkout::Checkout;
+pub use gated::Gate;
+use gated::Gated;
 use headers::append_forwarded_for;
 pub use headers::{Peer, strip_hop_by_hop};
 use pool::{Bounds, Pool, SendError};
-use gated::Gated;
-pub use gated::Gate;
 use sent::{Ended, Sent};
 
 /// How a forwarded request holds on to the backend, and what may stop it.
@@ -179,6 +179,9 @@ impl Upstream {
     ) -> Result<Response<ResponseBody>, UpstreamError> {
         let deadline = tokio::time::Instant::now() + self.timeout;
         let Hold { whole, gate } = hold;
+        if gate.is_some() {
+            gated::failpoint("upstream::before_head");
+        }
         if gate.as_ref().is_some_and(|open| !open()) {
             return Err(UpstreamError::Withdrawn("the permission to send this write lapsed before it was sent".into()));
         }

@@ -9,9 +9,10 @@ use std::process::Command;
 
 use fencegate::demo::MemBackend;
 
+use std::sync::{Arc, Mutex};
+
 use super::etcd::Gateway;
 use super::process::{BIN, Running};
-use super::services::Etcd;
 use super::wait::eventually;
 
 /// The key prefix of the fence in etcd.
@@ -22,6 +23,9 @@ pub struct Instance {
     pub running: Option<Running>,
     pub addr: SocketAddr,
     pub config: PathBuf,
+    /// Pids stopped (SIGSTOP) the moment their log said a fail point was reached, shared by
+    /// every instance of a cluster.
+    pub stopped: Arc<Mutex<Vec<u32>>>,
 }
 
 impl Instance {
@@ -30,10 +34,18 @@ impl Instance {
         format!("http://{}", self.addr)
     }
 
+    /// Starts it. A log line saying a fail point was reached stops it on the spot (SIGSTOP),
+    /// from the thread that reads its log, and records its pid in `stopped`.
     pub fn start(&mut self) -> &Running {
         let mut cmd = Command::new(BIN);
         cmd.arg("run").arg("--config").arg(&self.config);
-        self.running = Some(Running::spawn(cmd));
+        let stopped = Arc::clone(&self.stopped);
+        self.running = Some(Running::spawn_with(cmd, move |line, pid| {
+            if line.contains("failpoint reached") {
+                super::process::signal(pid, "STOP");
+                stopped.lock().unwrap().push(pid);
+            }
+        }));
         self.running.as_ref().unwrap()
     }
 
@@ -61,26 +73,29 @@ fn free_port() -> SocketAddr {
 }
 
 impl Cluster {
-    /// `n` instances configured on `etcd`'s prefix [`PREFIX`] (initialised here), with `extra`
-    /// appended to each config; none started.
-    pub async fn build(etcd: &Etcd, n: usize, extra: &str) -> Cluster {
+    /// `n` instances configured on the prefix [`PREFIX`] of the etcd cluster at `endpoints`,
+    /// with `extra` appended to each config; none started, and the prefix not initialised.
+    pub async fn build(endpoints: &[String], n: usize, extra: &str) -> Cluster {
         let backend = MemBackend::start().await.unwrap();
         let dir = tempfile::tempdir().unwrap();
+        let stopped = Arc::new(Mutex::new(Vec::new()));
+        let listed: Vec<String> = endpoints.iter().map(|e| format!("\"{e}\"")).collect();
         let mut instances = Vec::new();
         for i in 0..n {
             let addr = free_port();
             let config = dir.path().join(format!("fencegate-{i}.toml"));
             let text = format!(
                 "[server]\nlisten = \"{addr}\"\n[backend]\nurl = \"{}\"\n[store]\nkind = \"etcd\"\nprefix = \"{PREFIX}\"\n\
-                 advertise = \"http://{addr}\"\nlease_ttl = \"2s\"\nlease_margin = \"1s\"\n[etcd]\nendpoints = [\"{}\"]\n\
+                 advertise = \"http://{addr}\"\nlease_ttl = \"2s\"\nlease_margin = \"1s\"\n[etcd]\nendpoints = [{}]\n\
                  request_timeout = \"1s\"\n[fence]\nquarantine = \"3s\"\n{extra}\n",
                 backend.url(),
-                etcd.url()
+                listed.join(", ")
             );
             std::fs::write(&config, text).unwrap();
-            instances.push(Instance { running: None, addr, config });
+            instances.push(Instance { running: None, addr, config, stopped: Arc::clone(&stopped) });
         }
-        Cluster { instances, backend, gateway: Gateway::single(&etcd.url()), dir }
+        let gateway = Gateway::new(endpoints, std::time::Duration::from_secs(2));
+        Cluster { instances, backend, gateway, dir }
     }
 
     /// Initialises the prefix, as `fencegate init --config` does.
@@ -90,8 +105,8 @@ impl Cluster {
     }
 
     /// Built, initialised, and every instance started.
-    pub async fn start(etcd: &Etcd, n: usize, extra: &str) -> Cluster {
-        let mut c = Cluster::build(etcd, n, extra).await;
+    pub async fn start(endpoints: &[String], n: usize, extra: &str) -> Cluster {
+        let mut c = Cluster::build(endpoints, n, extra).await;
         c.init().await;
         for i in &mut c.instances {
             i.start();
@@ -111,7 +126,9 @@ impl Cluster {
         let mut found = None;
         eventually("an instance leads the fence", async || {
             let Some(url) = self.leader_url().await else { return false };
-            let Some(i) = self.instances.iter().position(|i| i.url() == url && i.running.is_some()) else { return false };
+            let Some(i) = self.instances.iter().position(|i| i.url() == url && i.running.is_some()) else {
+                return false;
+            };
             if self.instances[i].proxy().log_contains("leading the fence") {
                 found = Some(i);
                 return true;

@@ -217,7 +217,8 @@ impl Writer {
             })
             .collect();
         success.push(Op::Put { key: self.names.batch(), value: next.clone(), lease: 0 });
-        let guard = [Compare::CreateRevision(self.names.leader(), epoch), Compare::Value(self.names.batch(), last.clone())];
+        let guard =
+            [Compare::CreateRevision(self.names.leader(), epoch), Compare::Value(self.names.batch(), last.clone())];
         let failure = [Op::Get(self.names.batch())];
         let started = Instant::now();
         let outcome = match self.client.txn(&guard, &success, &failure).await {
@@ -253,7 +254,8 @@ impl Writer {
     ) -> Result<(), StoreError> {
         let barrier = batch_id(epoch, seq + 2);
         tracing::warn!(error = %error, "etcd did not answer a batch; settling it with a barrier");
-        let guard = [Compare::CreateRevision(self.names.leader(), epoch), Compare::Value(self.names.batch(), last.to_vec())];
+        let guard =
+            [Compare::CreateRevision(self.names.leader(), epoch), Compare::Value(self.names.batch(), last.to_vec())];
         let success = [Op::Put { key: self.names.batch(), value: barrier.clone(), lease: 0 }];
         let failure = [Op::Get(self.names.batch())];
         loop {
@@ -268,7 +270,11 @@ impl Writer {
                     tracing::info!("the batch etcd did not answer had committed");
                     return Ok(());
                 }
-                Ok(_) => return Err(self.lost("the leader key or the batch chain in etcd changed while a batch was unsettled")),
+                Ok(_) => {
+                    return Err(
+                        self.lost("the leader key or the batch chain in etcd changed while a batch was unsettled")
+                    );
+                }
                 Err(e) if refusal(&e).is_none() && self.shared.lease_valid() => {
                     tokio::time::sleep(BARRIER_RETRY).await;
                 }

@@ -85,8 +85,10 @@ impl Campaign {
                 return None;
             }
             let put = Op::Put { key: leader.clone(), value: self.advertise.as_bytes().to_vec(), lease };
-            let campaign =
-                self.client.txn(&[Compare::CreateRevision(leader.clone(), 0)], &[put], &[Op::Get(leader.clone())]).await;
+            let campaign = self
+                .client
+                .txn(&[Compare::CreateRevision(leader.clone(), 0)], &[put], &[Op::Get(leader.clone())])
+                .await;
             let epoch = match campaign {
                 Err(e) => {
                     // Perhaps it applied: the next try reads the key back and knows it by its lease.
@@ -165,8 +167,12 @@ impl Campaign {
             self.seek("the lease lapsed during the takeover".into());
             return false;
         }
-        tracing::info!(epoch, marks = adopted.marks, in_flight = adopted.in_flight.len() + adopted.floors_in_flight.len(),
-            "leading the fence");
+        tracing::info!(
+            epoch,
+            marks = adopted.marks,
+            in_flight = adopted.in_flight.len() + adopted.floors_in_flight.len(),
+            "leading the fence"
+        );
         self.shared.set(Standing::Leading { epoch, lease });
         loop {
             let lapse = self.shared.lease_left();
@@ -189,7 +195,8 @@ impl Campaign {
     /// Deletes the leader key if it is still this instance's: a clean hand-over.
     async fn resign(&self, epoch: i64) {
         let leader = self.names.leader();
-        let resigned = self.client.txn(&[Compare::CreateRevision(leader.clone(), epoch)], &[Op::Delete(leader)], &[]).await;
+        let resigned =
+            self.client.txn(&[Compare::CreateRevision(leader.clone(), epoch)], &[Op::Delete(leader)], &[]).await;
         match resigned {
             Ok(r) if r.succeeded => tracing::info!(epoch, "resigned the fence's leadership"),
             Ok(_) => {}

@@ -20,7 +20,10 @@ use tokio::sync::Notify;
 /// Nanoseconds on `CLOCK_BOOTTIME`.
 pub(crate) fn boottime() -> u64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
-    u64::try_from(t.tv_sec).unwrap_or(0).saturating_mul(1_000_000_000).saturating_add(u64::try_from(t.tv_nsec).unwrap_or(0))
+    u64::try_from(t.tv_sec)
+        .unwrap_or(0)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(u64::try_from(t.tv_nsec).unwrap_or(0))
 }
 
 fn nanos(d: Duration) -> u64 {
