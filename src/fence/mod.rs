@@ -328,15 +328,22 @@ impl Fence {
     }
 
     /// Closes `key` to writes for `period` from now, without taking its turn: for writes that
-    /// were in flight when the previous process stopped. Called before serving starts; a gate
-    /// someone holds is never replaced.
+    /// were in flight when the previous process (or leader) stopped. A gate someone holds is
+    /// never replaced.
     pub(crate) fn quarantine(&self, key: &str, period: Duration) {
         let until = quarantine_end(period);
         // Never refused: the key is in the table, and its write's outcome is unknown.
         let Ok(gate) = self.gate(key, true) else { return };
-        if let Ok(mut state) = gate.try_lock() {
-            state.quarantined_until = state.quarantined_until.max(Some(until));
-            state.cause = QuarantineCause::InFlightAtStart;
+        match gate.try_lock() {
+            Ok(mut state) => {
+                state.quarantined_until = state.quarantined_until.max(Some(until));
+                state.cause = QuarantineCause::InFlightAtStart;
+            }
+            // A turn holds it (a write of an earlier term of a shared fence, at a takeover):
+            // its state is the holder's, so the key is closed as a subtree instead, which the
+            // next write's check sees as well (closing what lies below the key too, which only
+            // refuses more).
+            Err(_) => self.subtrees.quarantine(node(key), until, QuarantineCause::InFlightAtStart),
         }
     }
 
@@ -348,8 +355,8 @@ impl Fence {
 
     /// Takes in a table the store loaded anew (a takeover of the shared fence): the tree and
     /// the domains' highest tokens are counted again from it, and what `adopted` says was in
-    /// flight is quarantined for `period`. Called while this instance fences no write (it was
-    /// not leading), so nothing raises the tree meanwhile.
+    /// flight is quarantined for `period`. Called before this instance leads: writes of an
+    /// earlier term may still hold turns, but none of them can advance any more.
     pub(crate) fn adopt(&self, adopted: &crate::store::Adopted, period: Duration) {
         self.tree.rebuild(&self.max_seen);
         self.recount();

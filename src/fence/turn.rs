@@ -140,12 +140,12 @@ impl Turn {
         Ok(())
     }
 
-    /// Notes that the backend answered the write of `token`.
-    fn answered(&self, token: u64) {
+    /// Notes that the backend answered the write of `token`, advanced in `term`.
+    fn answered(&self, term: u64, token: u64) {
         let store = &self.fence.store;
         match self.touches.as_slice() {
-            [Touch { key, coverage: Coverage::Key }] => store.answered(key, token),
-            touches => store.answered_all(&marks(touches), token),
+            [Touch { key, coverage: Coverage::Key }] => store.answered_in(term, key, token),
+            touches => store.answered_all_in(term, &marks(touches), token),
         }
     }
 
@@ -206,7 +206,7 @@ impl Turn {
             let result = write.await;
             turn.unsettled = None;
             match outcome(&result) {
-                Outcome::Answered => turn.answered(token),
+                Outcome::Answered => turn.answered(term, token),
                 // It stays in flight in the log too, so a restart quarantines it again.
                 Outcome::Unknown => turn.quarantine(quarantine),
             }

@@ -133,6 +133,17 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         let _ = term;
         None
     }
+    /// [`Store::answered`] for a write advanced in `term`: a store with terms forgets an answer
+    /// from an earlier one rather than clear a marker a later term may have set.
+    fn answered_in(&self, term: u64, key: &str, token: u64) {
+        let _ = term;
+        self.answered(key, token);
+    }
+    /// [`Store::answered_all`] for a write advanced in `term`.
+    fn answered_all_in(&self, term: u64, marks: &[(MarkKind, String)], token: u64) {
+        let _ = term;
+        self.answered_all(marks, token);
+    }
     /// [`Store::advance_in`] in the term now.
     fn advance(&self, key: &str, token: u64) -> StoreFuture<'_> {
         self.advance_in(self.term(), key, token)

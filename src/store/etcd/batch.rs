@@ -40,8 +40,8 @@ pub(crate) type Done = oneshot::Sender<Result<(), StoreError>>;
 pub(crate) enum Msg {
     /// Raises (or resets) marks, checked in `term`.
     Change { marks: Vec<(MarkKind, String)>, token: u64, term: u64, change: Change, done: Done },
-    /// A write of `token` to `marks` was answered.
-    Answered { marks: Vec<(MarkKind, String)>, token: u64 },
+    /// A write of `token` to `marks`, advanced in `term` (if known), was answered.
+    Answered { marks: Vec<(MarkKind, String)>, token: u64, term: Option<u64> },
     /// Commits what is queued, resigns and stops.
     Close(Done),
 }
@@ -70,8 +70,20 @@ pub(crate) struct Writer {
     pub(crate) on_commit: Option<CommitHook>,
     /// Taken from the queue and not yet in a batch: it did not fit the last one.
     carry: Option<Msg>,
-    /// The epoch the chain below belongs to, and the last batch id and sequence in it.
-    chain: Option<(i64, Vec<u8>, u64)>,
+    /// The batch chain of the epoch this writer last wrote in.
+    chain: Option<Chain>,
+}
+
+/// Where a leader's batches stand in etcd.
+struct Chain {
+    epoch: i64,
+    /// The id `P/batch` holds after this leader's last committed batch (or what the takeover
+    /// read): the next batch's guard.
+    last: Vec<u8>,
+    /// The sequence number of the last transaction sent, batch or barrier, whatever became of
+    /// it: every transaction gets an id never used before, so that reading it back in
+    /// `P/batch` proves that very transaction committed.
+    sent: u64,
 }
 
 /// One change of a batch, applied to the table once the batch commits.
@@ -128,16 +140,19 @@ impl Writer {
         }
     }
 
-    /// The last batch id for `epoch`: what the takeover read, or what this writer last wrote.
-    fn chain(&mut self, epoch: i64) -> (Vec<u8>, u64) {
-        match &self.chain {
-            Some((e, id, seq)) if *e == epoch => (id.clone(), *seq),
-            _ => {
-                let id = self.shared.last_batch();
-                self.chain = Some((epoch, id.clone(), 0));
-                (id, 0)
-            }
+    /// The chain of `epoch`: from what the takeover read, the first time.
+    fn chain(&mut self, epoch: i64) -> &mut Chain {
+        if self.chain.as_ref().is_none_or(|c| c.epoch != epoch) {
+            self.chain = Some(Chain { epoch, last: self.shared.last_batch(), sent: 0 });
         }
+        self.chain.get_or_insert_with(|| Chain { epoch, last: Vec::new(), sent: 0 })
+    }
+
+    /// The guard's last id and a new id for the next transaction of `epoch`.
+    fn next_id(&mut self, epoch: i64) -> (Vec<u8>, Vec<u8>) {
+        let chain = self.chain(epoch);
+        chain.sent += 1;
+        (chain.last.clone(), batch_id(epoch, chain.sent))
     }
 
     async fn commit(&mut self, batch: Vec<Msg>) {
@@ -154,9 +169,13 @@ impl Writer {
         let (mut new, mut new_bytes) = (0usize, 0u64);
         for msg in batch {
             match msg {
-                Msg::Answered { marks, token } => {
-                    for (mark, name) in &marks {
-                        writes.insert(self.names.in_flight(*mark, name), None);
+                Msg::Answered { marks, token, term: answered_in } => {
+                    // An answer from an earlier term leaves etcd's marker alone: a later term
+                    // may have set it for a write of its own (costing a quarantine at most).
+                    if answered_in.is_none_or(|t| t == term) {
+                        for (mark, name) in &marks {
+                            writes.insert(self.names.in_flight(*mark, name), None);
+                        }
                     }
                     applied.push(Applied::Answered { marks, token });
                 }
@@ -206,8 +225,7 @@ impl Writer {
         if applied.iter().all(|a| matches!(a, Applied::Answered { .. })) && writes.is_empty() {
             return;
         }
-        let (last, seq) = self.chain(epoch);
-        let next = batch_id(epoch, seq + 1);
+        let (last, next) = self.next_id(epoch);
         let advances = applied.iter().filter(|a| matches!(a, Applied::Change { .. })).count();
         let mut success: Vec<Op> = writes
             .into_iter()
@@ -223,15 +241,15 @@ impl Writer {
         let started = Instant::now();
         let outcome = match self.client.txn(&guard, &success, &failure).await {
             Ok(r) if r.succeeded => Ok(()),
-            Ok(_) => Err(self.lost("the leader key or the batch chain in etcd changed: another instance leads")),
+            Ok(_) => Err(self.lost(epoch, "the leader key or the batch chain in etcd changed: another instance leads")),
             Err(e) => match refusal(&e) {
                 Some(definite) => Err(definite),
-                None => self.settle(epoch, &last, seq, &next, &e).await,
+                None => self.settle(epoch, &next, &e).await,
             },
         };
         match &outcome {
             Ok(()) => {
-                self.chain = Some((epoch, next, seq + 1));
+                self.chain(epoch).last = next;
                 self.shared.set_full(None);
                 if let (Some(hook), true) = (&self.on_commit, advances > 0) {
                     hook(started.elapsed(), advances);
@@ -244,53 +262,63 @@ impl Writer {
     }
 
     /// Settles a batch whose outcome etcd did not tell, with a barrier (module docs).
-    async fn settle(
-        &mut self,
-        epoch: i64,
-        last: &[u8],
-        seq: u64,
-        lost: &[u8],
-        error: &EtcdError,
-    ) -> Result<(), StoreError> {
-        let barrier = batch_id(epoch, seq + 2);
+    async fn settle(&mut self, epoch: i64, lost: &[u8], error: &EtcdError) -> Result<(), StoreError> {
         tracing::warn!(error = %error, "etcd did not answer a batch; settling it with a barrier");
-        let guard =
-            [Compare::CreateRevision(self.names.leader(), epoch), Compare::Value(self.names.batch(), last.to_vec())];
-        let success = [Op::Put { key: self.names.batch(), value: barrier.clone(), lease: 0 }];
-        let failure = [Op::Get(self.names.batch())];
+        let cancelled = || {
+            StoreError::Unavailable(format!(
+                "etcd did not answer ({error}); the batch was cancelled and nothing was sent"
+            ))
+        };
         loop {
+            // A new id for every try: a barrier whose answer is lost too must not be taken for
+            // the batch, nor for another try of itself.
+            let (last, barrier) = self.next_id(epoch);
+            let guard = [Compare::CreateRevision(self.names.leader(), epoch), Compare::Value(self.names.batch(), last)];
+            let success = [Op::Put { key: self.names.batch(), value: barrier.clone(), lease: 0 }];
+            let failure = [Op::Get(self.names.batch())];
+            let read =
+                |r: &crate::etcd::TxnResult| r.ranges.first().and_then(Option::as_ref).map(|kv| kv.value.clone());
             match self.client.txn(&guard, &success, &failure).await {
                 Ok(r) if r.succeeded => {
-                    self.chain = Some((epoch, barrier, seq + 2));
-                    return Err(StoreError::Unavailable(format!(
-                        "etcd did not answer ({error}); the batch was cancelled and nothing was sent"
-                    )));
+                    self.chain(epoch).last = barrier;
+                    return Err(cancelled());
                 }
-                Ok(r) if r.ranges.first().and_then(Option::as_ref).is_some_and(|kv| kv.value == lost) => {
+                Ok(r) if read(&r).as_deref() == Some(lost) => {
                     tracing::info!("the batch etcd did not answer had committed");
                     return Ok(());
                 }
+                Ok(r) if read(&r).is_some_and(|id| self.ours(epoch, &id)) => {
+                    // An earlier try of this barrier, whose answer was lost, committed.
+                    self.chain(epoch).last = read(&r).unwrap_or_default();
+                    return Err(cancelled());
+                }
                 Ok(_) => {
-                    return Err(
-                        self.lost("the leader key or the batch chain in etcd changed while a batch was unsettled")
-                    );
+                    let why = "the leader key or the batch chain in etcd changed while a batch was unsettled";
+                    return Err(self.lost(epoch, why));
                 }
-                Err(e) if refusal(&e).is_none() && self.shared.lease_valid() => {
-                    tokio::time::sleep(BARRIER_RETRY).await;
-                }
+                Err(_) if self.shared.lease_valid() => tokio::time::sleep(BARRIER_RETRY).await,
                 Err(e) => {
-                    return Err(self.lost(&format!("the batch could not be settled before the lease lapsed: {e}")));
+                    return Err(
+                        self.lost(epoch, &format!("the batch could not be settled before the lease lapsed: {e}"))
+                    );
                 }
             }
         }
     }
 
-    /// Steps down: the guard no longer holds, so this instance no longer leads.
-    fn lost(&self, why: &str) -> StoreError {
-        tracing::warn!(reason = why, "no longer the leader: stepping down");
-        self.shared.set(Standing::Seeking(why.to_owned()));
-        self.shared.lapse();
-        self.shared.wake.notify_one();
+    /// Whether `id` is one of the barriers this writer sent in `epoch` (after the batch, which
+    /// was compared first): a barrier id of this epoch sent after the lost batch.
+    fn ours(&mut self, epoch: i64, id: &[u8]) -> bool {
+        let sent = self.chain(epoch).sent;
+        (1..=sent).any(|seq| batch_id(epoch, seq) == id)
+    }
+
+    /// Steps down from leading in `epoch`: its guard no longer holds. A newer leadership of
+    /// this instance is left alone.
+    fn lost(&self, epoch: i64, why: &str) -> StoreError {
+        if self.shared.step_down(epoch, why) {
+            tracing::warn!(reason = why, "no longer the leader: stepping down");
+        }
         StoreError::Unavailable(format!("this instance stopped leading: {why}"))
     }
 
@@ -327,22 +355,30 @@ impl Writer {
     }
 }
 
-/// What a refusal means for the batch, when it is certain the batch did not apply; `None` when
-/// its outcome is unknown.
+/// What a refusal means for the batch when it is certain the batch did not apply; `None` when
+/// its outcome is unknown. Only refusals etcd makes before a transaction is proposed, or that
+/// it applies as a failure, count as certain; anything else (a member shutting down, a proxy's
+/// 502, a message not known here) may have come back from a transaction that still commits,
+/// and is settled by a barrier.
 fn refusal(e: &EtcdError) -> Option<StoreError> {
-    match e {
-        EtcdError::Refused { message, .. } if message.contains("database space exceeded") => {
-            Some(StoreError::NoSpace(format!("etcd is out of space (its quota, NOSPACE): {message}")))
-        }
-        // A request etcd turned away before applying it: too large, too many operations, no
-        // permission. A timeout or a lost leader inside etcd leaves the outcome open.
-        EtcdError::Refused { message, .. }
-            if !message.contains("timed out") && !message.contains("leader") && !message.contains("stopped") =>
-        {
-            Some(StoreError::Unavailable(format!("etcd refused the batch: {e}")))
-        }
-        _ => None,
+    let EtcdError::Refused { message, .. } = e else { return None };
+    if message.contains("database space exceeded") {
+        return Some(StoreError::NoSpace(format!("etcd is out of space (its quota, NOSPACE): {message}")));
     }
+    const DEFINITE: [&str; 8] = [
+        "too many operations in txn request",
+        "duplicate key given in txn request",
+        "request is too large",
+        "permission denied",
+        "invalid auth token",
+        "user name is empty",
+        "too many requests",
+        "requested lease not found",
+    ];
+    DEFINITE
+        .iter()
+        .any(|m| message.contains(m))
+        .then(|| StoreError::Unavailable(format!("etcd refused the batch: {e}")))
 }
 
 /// Why this instance cannot advance now, for a refusal.

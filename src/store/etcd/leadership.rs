@@ -137,7 +137,10 @@ impl Campaign {
                     Err(_) => return,
                 },
                 _ = self.shared.wake.notified() => {}
-                _ = tokio::time::sleep(lapse) => {}
+                // Once a lease period, the key is read again (by the campaign): a watch can
+                // miss nothing, but one that stopped delivering must not keep this instance
+                // following a leader that is gone.
+                _ = tokio::time::sleep(lapse) => return,
             }
             if self.stopped() || !self.shared.lease_valid() {
                 return;
@@ -174,11 +177,21 @@ impl Campaign {
             "leading the fence"
         );
         self.shared.set(Standing::Leading { epoch, lease });
+        // Its own key, watched: deleted by hand, it steps down at once rather than send what it
+        // committed while another instance takes over.
+        let mut own = self.watch_own(epoch).await;
         loop {
             let lapse = self.shared.lease_left();
             tokio::select! {
                 _ = self.shared.wake.notified() => {}
                 _ = tokio::time::sleep(lapse) => {}
+                events = next_events(&mut own) => match events {
+                    Ok(events) if !events.is_empty() => {
+                        self.shared.step_down(epoch, "the leader key was deleted or replaced in etcd");
+                    }
+                    Ok(_) => {}
+                    Err(_) => own = self.watch_own(epoch).await,
+                },
             }
             match self.shared.standing() {
                 Standing::Stopped(_) => return true,
@@ -190,6 +203,24 @@ impl Campaign {
                 _ => return false,
             }
         }
+    }
+
+    /// A watch of this instance's leader key from its creation on; a key that is no longer
+    /// its own steps it down. `None` while etcd does not answer (the lease clock decides then).
+    async fn watch_own(&self, epoch: i64) -> Option<Watch> {
+        let leader = self.names.leader();
+        match self.client.range(&leader, None).await {
+            Ok((kvs, _)) if kvs.first().is_some_and(|kv| kv.create_revision == epoch) => {}
+            Ok(_) => {
+                self.shared.step_down(epoch, "the leader key was deleted or replaced in etcd");
+                return None;
+            }
+            Err(_) => {
+                tokio::time::sleep(RETRY).await;
+                return None;
+            }
+        }
+        Watch::open(&self.client, &leader, b"", epoch + 1).await.ok()
     }
 
     /// Deletes the leader key if it is still this instance's: a clean hand-over.
@@ -227,5 +258,13 @@ async fn keep_alive(client: Client, shared: Arc<Shared>, lease: i64, ttl: Durati
             }
             Err(_) => {}
         }
+    }
+}
+
+/// The next events of `watch`; never resolves without one (a watch that could not be opened).
+async fn next_events(watch: &mut Option<Watch>) -> Result<Vec<crate::etcd::Event>, crate::etcd::EtcdError> {
+    match watch {
+        Some(w) => w.next().await,
+        None => std::future::pending().await,
     }
 }

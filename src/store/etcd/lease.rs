@@ -139,6 +139,22 @@ impl Shared {
         self.last_batch.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    /// Steps down from leading in `epoch`, if this instance still does (a newer leadership is
+    /// left alone): the lease is lapsed, and the leadership task woken to take a new one.
+    /// Returns whether it stepped down.
+    pub(crate) fn step_down(&self, epoch: i64, why: &str) -> bool {
+        let mut current = self.standing.lock().unwrap_or_else(|e| e.into_inner());
+        if !matches!(*current, Standing::Leading { epoch: e, .. } if e == epoch) {
+            return false;
+        }
+        self.term.fetch_add(1, Ordering::AcqRel);
+        *current = Standing::Seeking(why.to_owned());
+        self.until.store(0, Ordering::Release);
+        drop(current);
+        self.wake.notify_one();
+        true
+    }
+
     /// Stops for good (close, or a state that cannot serve); a new term starts.
     pub(crate) fn stop(&self, why: &str) {
         let mut current = self.standing.lock().unwrap_or_else(|e| e.into_inner());

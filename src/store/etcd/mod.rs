@@ -161,7 +161,15 @@ impl Store for EtcdStore {
     }
 
     fn answered(&self, key: &str, token: u64) {
-        let _ = self.tx.send(Msg::Answered { marks: vec![(MarkKind::Key, key.to_owned())], token });
+        let _ = self.tx.send(Msg::Answered { marks: vec![(MarkKind::Key, key.to_owned())], token, term: None });
+    }
+
+    fn answered_in(&self, term: u64, key: &str, token: u64) {
+        let _ = self.tx.send(Msg::Answered { marks: vec![(MarkKind::Key, key.to_owned())], token, term: Some(term) });
+    }
+
+    fn answered_all_in(&self, term: u64, marks: &[(MarkKind, String)], token: u64) {
+        let _ = self.tx.send(Msg::Answered { marks: marks.to_vec(), token, term: Some(term) });
     }
 
     fn advance_all_in(&self, term: u64, marks: Vec<(MarkKind, String)>, token: u64) -> StoreFuture<'_> {
@@ -169,7 +177,7 @@ impl Store for EtcdStore {
     }
 
     fn answered_all(&self, marks: &[(MarkKind, String)], token: u64) {
-        let _ = self.tx.send(Msg::Answered { marks: marks.to_vec(), token });
+        let _ = self.tx.send(Msg::Answered { marks: marks.to_vec(), token, term: None });
     }
 
     fn reset_in(&self, term: u64, marks: Vec<(MarkKind, String)>, token: u64) -> StoreFuture<'_> {
