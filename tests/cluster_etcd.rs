@@ -11,7 +11,7 @@ mod common;
 use std::net::SocketAddr;
 
 use common::cluster::{Cluster, PREFIX};
-use common::services::start_etcd;
+use common::etcd_server::start_etcd;
 use common::{Resp, eventually, raw_request, try_raw_request};
 
 async fn put(addr: SocketAddr, path: &str, token: u64) -> Resp {

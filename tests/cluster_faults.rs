@@ -31,8 +31,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::cluster::Cluster;
+use common::etcd_cluster::{EtcdCluster, start_etcd_cluster};
 use common::process::signal;
-use common::services::{EtcdCluster, start_etcd_cluster};
 use common::{eventually, raw_request, try_raw_request};
 
 const RESOURCES: [&str; 3] = ["/r0", "/r1", "/r2"];

@@ -49,6 +49,11 @@ const RULES: &[Rule] = &[
         module: "config",
         may_use: &[
             "crate::config",
+            // The etcd client's options, which `EtcdConfig::client_options` fills in: data.
+            "crate::etcd::ClientOptions",
+            "crate::etcd::Credentials",
+            "crate::etcd::Password",
+            "crate::etcd::TlsOptions",
             "crate::fence::path",
             "crate::fence::keys",
             "crate::fence::locks",
@@ -61,8 +66,8 @@ const RULES: &[Rule] = &[
         ],
         no_crates: &["hyper", "tokio"],
     },
-    // The etcd client knows etcd and HTTP, nothing of fences, tokens or config.
-    Rule { module: "etcd", may_use: &["crate::etcd"], no_crates: &[] },
+    // The etcd client knows etcd, HTTP and TLS, nothing of fences, tokens or config.
+    Rule { module: "etcd", may_use: &["crate::etcd", "crate::tls"], no_crates: &[] },
 ];
 
 fn sources(dir: &Path, out: &mut Vec<PathBuf>) {

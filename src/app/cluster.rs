@@ -11,9 +11,9 @@ use crate::etcd::Client;
 use crate::fence::{Domains, Fence, keys};
 use crate::store::{CommitHook, EtcdOptions, EtcdStore, Migrated, Store, etcd};
 
-/// The client of the configuration's etcd cluster.
-fn client(config: &Config) -> Client {
-    Client::new(&config.etcd.endpoints, config.etcd.request_timeout)
+/// The client of the configuration's etcd cluster, with its TLS and credentials.
+fn client(config: &Config) -> Result<Client, Error> {
+    Client::from_options(&config.etcd.client_options()).map_err(|e| Error::Conflict(format!("etcd: {e}")))
 }
 
 /// The etcd store's settings, or why `config` has none.
@@ -46,7 +46,7 @@ pub(super) async fn open(
     };
     tracing::info!(prefix = %options.prefix, endpoints = %config.etcd.endpoints.join(","), advertise = %options.advertise,
         "opening the fence store in etcd");
-    let store = Arc::new(EtcdStore::open(client(config), options).await?);
+    let store = Arc::new(EtcdStore::open(client(config)?, options).await?);
     let fence = Arc::new(Fence::with_domains(Arc::clone(&store) as Arc<dyn Store>, domains));
     let adopting = Arc::downgrade(&fence);
     store.start(Arc::new(move |adopted| {
@@ -62,7 +62,7 @@ pub(super) async fn open(
 pub async fn init_etcd(config: &Config, floor: u64) -> Result<(), Error> {
     let settings = settings(config)?;
     let keying = keys::keying(&config.paths, &config.fence.scopes);
-    Ok(etcd::init(&client(config), &settings.prefix, &keying, floor).await?)
+    Ok(etcd::init(&client(config)?, &settings.prefix, &keying, floor).await?)
 }
 
 /// `fencegate migrate`: copies the `max_seen` of the data directory `from` into the etcd store
@@ -70,5 +70,5 @@ pub async fn init_etcd(config: &Config, floor: u64) -> Result<(), Error> {
 pub async fn migrate_to_etcd(config: &Config, from: &Path) -> Result<Migrated, Error> {
     let settings = settings(config)?;
     let keying = keys::keying(&config.paths, &config.fence.scopes);
-    Ok(etcd::migrate(&client(config), &settings.prefix, &keying, from).await?)
+    Ok(etcd::migrate(&client(config)?, &settings.prefix, &keying, from).await?)
 }

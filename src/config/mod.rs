@@ -16,12 +16,14 @@ pub use crate::fence::{DEFAULT_DOMAIN, EqualToken, Scope};
 pub use crate::store::SyncMode;
 
 mod environment;
+mod etcd;
 mod raw;
 pub mod reload;
 mod validate;
 mod verify;
 
 pub use environment::Environment;
+pub use etcd::{EtcdConfig, EtcdTls};
 pub use verify::{HmacKey, Verify, VerifyConfig};
 
 use raw::RawConfig;
@@ -92,16 +94,6 @@ pub struct Config {
     pub admin: AdminConfig,
     /// The etcd cluster that token verification reads locks from.
     pub etcd: EtcdConfig,
-}
-
-/// `[etcd]`
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct EtcdConfig {
-    /// Client URLs of the cluster's members (`http://HOST:PORT`); empty: no etcd.
-    pub endpoints: Vec<String>,
-    /// How long one request to etcd may take before the next member is tried.
-    #[serde(serialize_with = "ser_duration")]
-    pub request_timeout: Duration,
 }
 
 /// `[admin]`

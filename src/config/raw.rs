@@ -35,12 +35,34 @@ pub(super) struct RawConfig {
 pub(super) struct RawEtcd {
     pub(super) endpoints: Vec<String>,
     pub(super) request_timeout: String,
+    pub(super) username: Option<String>,
+    pub(super) password_file: Option<PathBuf>,
+    /// Refused: the password is read from `password_file`.
+    #[serde(skip_serializing)]
+    pub(super) password: Option<String>,
+    pub(super) tls: Option<RawEtcdTls>,
 }
 
 impl Default for RawEtcd {
     fn default() -> Self {
-        RawEtcd { endpoints: Vec::new(), request_timeout: "2s".into() }
+        RawEtcd {
+            endpoints: Vec::new(),
+            request_timeout: "2s".into(),
+            username: None,
+            password_file: None,
+            password: None,
+            tls: None,
+        }
     }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawEtcdTls {
+    pub(super) ca_file: Option<PathBuf>,
+    pub(super) cert_file: Option<PathBuf>,
+    pub(super) key_file: Option<PathBuf>,
+    pub(super) server_name: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]

@@ -62,6 +62,9 @@ pub(crate) fn merge(old: &Config, new: Config) -> (Config, Reload) {
             report.applied.push(format!("verify.hmac_keys: the secret of key {:?} changed", key.id));
         }
     }
+    if old.etcd.password != new.etcd.password {
+        report.kept.push("etcd.password: (changed)".to_owned());
+    }
     // Certificate files are read again even when their paths are the same: rotation in place.
     if new.server.tls.is_some() && !report.applied.iter().any(|l| l.starts_with("server.tls.")) {
         report.applied.push("server.tls: certificate files read again".to_owned());

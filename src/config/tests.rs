@@ -164,7 +164,6 @@ fn rules_that_verify_against_etcd_are_checked_whole() {
             "fence.rules[0].lock",
             "keys of 1 segments",
         ),
-        ("[etcd]\nendpoints = [\"https://127.0.0.1:2379\"]\n".to_owned(), "etcd.endpoints[0]", "not supported"),
         ("[etcd]\nendpoints = [\"127.0.0.1:2379\"]\n".to_owned(), "etcd.endpoints[0]", "expected http://"),
         ("[verify]\nmax_lag = \"0s\"\n".to_owned(), "verify.max_lag", "greater than zero"),
     ] {

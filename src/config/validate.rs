@@ -110,7 +110,7 @@ pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
         access: raw.log.access,
     };
     let admin = admin(raw.admin)?;
-    let etcd = etcd(raw.etcd)?;
+    let etcd = super::etcd::etcd(raw.etcd)?;
     verified_rules(&fence, &etcd)?;
     if store.kind == StoreKind::Etcd && etcd.endpoints.is_empty() {
         return Err(invalid("etcd.endpoints", "store.kind = \"etcd\" keeps the fence in etcd: name its members"));
@@ -322,27 +322,6 @@ fn rules(raw: &[raw::RawRule], policy: &PathPolicy) -> Result<Vec<Rule>, ConfigE
         rules.push(Rule { prefix: canonical, token_domain: domain, equal_token, verify, lock, max_jump: r.max_jump });
     }
     Ok(rules)
-}
-
-fn etcd(raw: raw::RawEtcd) -> Result<EtcdConfig, ConfigError> {
-    for (index, url) in raw.endpoints.iter().enumerate() {
-        let key = format!("etcd.endpoints[{index}]");
-        let uri: Uri = url.parse().map_err(|e| invalid(&key, format!("{url:?}: {e}")))?;
-        match (uri.scheme_str(), uri.authority(), uri.path()) {
-            (Some("http"), Some(_), "" | "/") => {}
-            (Some("https"), ..) => {
-                return Err(invalid(
-                    &key,
-                    format!("{url:?}: https to etcd is not supported yet; use http:// on a private network"),
-                ));
-            }
-            _ => return Err(invalid(&key, format!("{url:?}: expected http://HOST:PORT"))),
-        }
-    }
-    Ok(EtcdConfig {
-        endpoints: raw.endpoints,
-        request_timeout: duration("etcd.request_timeout", &raw.request_timeout)?,
-    })
 }
 
 /// Rules that verify tokens against etcd need an etcd, lock names inside their fence keys,

@@ -1,17 +1,17 @@
-//! Unary calls through the gateway: key reads and writes, leases and the lock service.
+//! The client and its unary calls through the gateway: key reads and writes, leases and the
+//! lock service, each tried at the members in turn.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client as HttpClient;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
+use super::answer::{self, Failure};
+use super::auth::Auth;
+use super::transport::{self, ClientOptions, Transport, chain};
 use super::{EtcdError, b64, bytes, int, prefix_end};
 
 /// A lock held through etcd's lock service (`/v3/lock/lock`).
@@ -53,30 +53,73 @@ impl Kv {
     }
 }
 
+/// Calls that do no harm made twice, and so go to the next member after one that may have
+/// taken them without answering: reads, renewals, deleting a lock's key, opening a watch.
+/// Others (puts, transactions, grants, revokes, taking a lock) are not sent again once a member
+/// may have taken them: the caller gets the error, and decides.
+const REPEATABLE: &[&str] = &[
+    "/v3/kv/range",
+    "/v3/lease/keepalive",
+    "/v3/lease/timetolive",
+    "/v3/lease/leases",
+    "/v3/lock/unlock",
+    "/v3/maintenance/status",
+    "/v3/watch",
+];
+
+/// One kind of request, sent to one member with one token.
+pub(crate) trait Exchange: Sync {
+    /// What it gives when it succeeds.
+    type Answer;
+
+    /// Sends it to `endpoint`.
+    fn send(
+        &self,
+        client: &Client,
+        endpoint: &str,
+        token: Option<&str>,
+    ) -> impl Future<Output = Result<Self::Answer, Failure>> + Send;
+}
+
+/// A unary call: its JSON answer. Unbounded, it waits as long as etcd takes (a lock).
+struct Unary<'a> {
+    path: &'a str,
+    body: &'a Value,
+    bounded: bool,
+}
+
+impl Exchange for Unary<'_> {
+    type Answer = Value;
+
+    fn send(
+        &self,
+        client: &Client,
+        endpoint: &str,
+        token: Option<&str>,
+    ) -> impl Future<Output = Result<Value, Failure>> + Send {
+        client.unary(endpoint, self.path, self.body, token, self.bounded)
+    }
+}
+
 /// A client of an etcd cluster's JSON gateway: tries its endpoints in turn, moving on from one
-/// that cannot be reached. Cheap to clone.
+/// that cannot be reached or cannot serve now, over plain HTTP or TLS, authenticated where
+/// given credentials. Cheap to clone; clones share their token and the endpoint in use.
 #[derive(Debug, Clone)]
 pub struct Client {
     endpoints: Arc<[String]>,
     current: Arc<AtomicUsize>,
     timeout: Duration,
-    http: HttpClient<HttpConnector, Full<Bytes>>,
+    transport: Transport,
+    auth: Option<Arc<Auth>>,
 }
 
 impl Client {
     /// A client of the members at `endpoints` (client URLs, `http://HOST:PORT`), each call
-    /// given up after `timeout`. Panics on an empty list (config validation refuses one).
+    /// given up after `timeout`, without TLS or credentials ([`Client::from_options`] has
+    /// both). Panics on an empty list (config validation refuses one).
     pub fn new(endpoints: &[String], timeout: Duration) -> Client {
         assert!(!endpoints.is_empty(), "an etcd client needs an endpoint");
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(timeout));
-        Client {
-            endpoints: endpoints.iter().map(|e| e.trim_end_matches('/').to_owned()).collect(),
-            current: Arc::new(AtomicUsize::new(0)),
-            timeout,
-            http: HttpClient::builder(TokioExecutor::new()).build(connector),
-        }
+        Client::with(endpoints, timeout, Transport::plain(timeout), None)
     }
 
     /// A client of one member, with a 5 s timeout.
@@ -84,64 +127,132 @@ impl Client {
         Client::new(&[url.to_owned()], Duration::from_secs(5))
     }
 
+    /// A client as `options` say. Reads the TLS files it names (and, for `https://` endpoints
+    /// without a CA, the system's roots); does not talk to etcd: the first call authenticates.
+    pub fn from_options(options: &ClientOptions) -> Result<Client, EtcdError> {
+        let transport = transport::transport(options)?;
+        let auth = match &options.credentials {
+            Some(c) if c.username.is_empty() => return Err(EtcdError::Options("an empty user name".into())),
+            Some(c) => Some(Arc::new(Auth::new(c.clone()))),
+            None => None,
+        };
+        Ok(Client::with(&options.endpoints, options.request_timeout, transport, auth))
+    }
+
+    fn with(endpoints: &[String], timeout: Duration, transport: Transport, auth: Option<Arc<Auth>>) -> Client {
+        Client {
+            endpoints: endpoints.iter().map(|e| e.trim_end_matches('/').to_owned()).collect(),
+            current: Arc::new(AtomicUsize::new(0)),
+            timeout,
+            transport,
+            auth,
+        }
+    }
+
     /// The endpoint calls go to now.
     pub fn endpoint(&self) -> &str {
         &self.endpoints[self.current.load(Ordering::Relaxed) % self.endpoints.len()]
     }
 
-    /// Moves on to the next endpoint, after one could not be reached.
+    /// Moves on to the next endpoint, after one could not be reached or serve.
     pub(crate) fn next_endpoint(&self) {
         self.current.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The HTTP client and the time a call may take, for the watch's long-lived request.
-    pub(crate) fn http(&self) -> (&HttpClient<HttpConnector, Full<Bytes>>, Duration) {
-        (&self.http, self.timeout)
+    pub(crate) fn auth(&self) -> Option<&Auth> {
+        self.auth.as_deref()
     }
 
-    /// POSTs `body` to `path` and returns the JSON answer. Each endpoint is tried at most once;
-    /// an answer that is an error is returned as such, not retried elsewhere.
+    /// The user calls are made as; empty without credentials.
+    pub(crate) fn user(&self) -> &str {
+        self.auth().map_or("", Auth::user)
+    }
+
+    /// The transport and the time a request may take, for the watch's long-lived request.
+    pub(crate) fn transport(&self) -> (&Transport, Duration) {
+        (&self.transport, self.timeout)
+    }
+
+    /// POSTs `body` to `path` and returns the JSON answer. Each endpoint is tried at most once,
+    /// from the one in use: the next one after a member that could not be reached or answered
+    /// that it cannot serve now ("no leader", a learner), and, for a call that does no harm
+    /// made twice, after one that may have taken it (no answer in time, "request timed out").
+    /// A token etcd refuses is renewed once. Any other error answer is returned as it is.
     pub async fn call(&self, path: &str, body: Value) -> Result<Value, EtcdError> {
+        self.attempt(path, &Unary { path, body: &body, bounded: true }).await
+    }
+
+    /// Makes a call with `exchange`, as [`Client::call`] says.
+    pub(crate) async fn attempt<E: Exchange>(&self, path: &str, exchange: &E) -> Result<E::Answer, EtcdError> {
+        let repeatable = REPEATABLE.contains(&path);
         let mut last = None;
         for _ in 0..self.endpoints.len() {
             let endpoint = self.endpoint().to_owned();
-            match tokio::time::timeout(self.timeout, self.call_at(&endpoint, path, &body)).await {
-                Ok(Ok(answer)) => return Ok(answer),
-                Ok(Err(e @ (EtcdError::Refused { .. } | EtcdError::Malformed { .. }))) => return Err(e),
-                Ok(Err(e)) => last = Some(e),
-                Err(_) => {
-                    let reason = format!("no answer to {path} within {}", humantime::format_duration(self.timeout));
-                    last = Some(EtcdError::Unreachable { endpoint, reason });
+            match self.at(&endpoint, exchange).await {
+                Ok(answer) => return Ok(answer),
+                Err(Failure::Elsewhere(e)) => last = Some(e),
+                Err(Failure::Unknown(e)) if repeatable => last = Some(e),
+                Err(Failure::Unknown(e)) => {
+                    // Not again, but the next call goes elsewhere.
+                    self.next_endpoint();
+                    return Err(e);
                 }
+                Err(Failure::Token(e) | Failure::Final(e)) => return Err(e),
             }
             self.next_endpoint();
         }
         Err(last.unwrap_or_else(|| EtcdError::Unreachable { endpoint: String::new(), reason: "no endpoint".into() }))
     }
 
-    async fn call_at(&self, endpoint: &str, path: &str, body: &Value) -> Result<Value, EtcdError> {
-        let unreachable = |reason: String| EtcdError::Unreachable { endpoint: endpoint.to_owned(), reason };
-        let malformed = |reason: String| EtcdError::Malformed { call: path.to_owned(), reason };
-        let req = http::Request::post(format!("{endpoint}{path}"))
-            .header(http::header::CONTENT_TYPE, "application/json")
-            .body(Full::new(Bytes::from(body.to_string())))
-            .map_err(|e| unreachable(e.to_string()))?;
-        let resp = self.http.request(req).await.map_err(|e| unreachable(e.to_string()))?;
-        let status = resp.status();
-        let body = resp.into_body().collect().await.map_err(|e| unreachable(e.to_string()))?.to_bytes();
-        if status != http::StatusCode::OK {
-            let message = serde_json::from_slice::<Value>(&body)
-                .ok()
-                .and_then(|v| v["message"].as_str().or(v["error"].as_str()).map(str::to_owned))
-                .unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned());
-            return Err(EtcdError::Refused {
-                endpoint: endpoint.to_owned(),
-                call: path.to_owned(),
-                status: status.as_u16(),
-                message,
-            });
+    /// `exchange` at `endpoint` with the token, and once more with a new token if etcd refuses
+    /// it.
+    async fn at<E: Exchange>(&self, endpoint: &str, exchange: &E) -> Result<E::Answer, Failure> {
+        let token = self.token(endpoint).await?;
+        match exchange.send(self, endpoint, token.as_deref()).await {
+            Err(Failure::Token(_)) if self.auth.is_some() => {
+                let renewed = self.renew(endpoint, token).await?;
+                match exchange.send(self, endpoint, renewed.as_deref()).await {
+                    Err(Failure::Token(e)) => Err(Failure::Final(e)),
+                    other => other,
+                }
+            }
+            Err(Failure::Token(EtcdError::Unauthenticated { endpoint, user, message })) => {
+                let message = format!("{message} (etcd has authentication enabled; the client has no credentials)");
+                Err(Failure::Final(EtcdError::Unauthenticated { endpoint, user, message }))
+            }
+            other => other,
         }
-        serde_json::from_slice(&body).map_err(|e| malformed(e.to_string()))
+    }
+
+    /// One request to `endpoint`; when `bounded`, given up after the client's timeout.
+    pub(crate) async fn unary(
+        &self,
+        endpoint: &str,
+        path: &str,
+        body: &Value,
+        token: Option<&str>,
+        bounded: bool,
+    ) -> Result<Value, Failure> {
+        let exchange = async {
+            let resp = self.transport.post(endpoint, path, body, token).await?;
+            let status = resp.status();
+            let body = resp.into_body().collect().await.map_err(|e| {
+                Failure::Unknown(EtcdError::Unreachable { endpoint: endpoint.to_owned(), reason: chain(&e) })
+            })?;
+            let body = body.to_bytes();
+            if status != http::StatusCode::OK {
+                return Err(answer::of_body(endpoint, path, self.user(), status.as_u16(), &body));
+            }
+            serde_json::from_slice(&body)
+                .map_err(|e| Failure::Final(EtcdError::Malformed { call: path.to_owned(), reason: e.to_string() }))
+        };
+        if !bounded {
+            return exchange.await;
+        }
+        tokio::time::timeout(self.timeout, exchange).await.unwrap_or_else(|_| {
+            let reason = format!("no answer to {path} within {}", humantime::format_duration(self.timeout));
+            Err(Failure::Unknown(EtcdError::Unreachable { endpoint: endpoint.to_owned(), reason }))
+        })
     }
 
     fn malformed(path: &str, answer: &Value) -> EtcdError {
@@ -230,12 +341,13 @@ impl Client {
     }
 
     /// Takes the lock `name` for `lease`, waiting as long as other holders are ahead (this call
-    /// is not bounded by the client's timeout). Dropping the future closes the request, and
-    /// etcd withdraws the waiting key.
+    /// is not bounded by the client's timeout; a member that cannot serve it passes it on, as
+    /// [`Client::call`] says). Dropping the future closes the request, and etcd withdraws the
+    /// waiting key.
     pub async fn lock(&self, name: &[u8], lease: i64) -> Result<Held, EtcdError> {
         let path = "/v3/lock/lock";
-        let endpoint = self.endpoint().to_owned();
-        let answer = self.call_at(&endpoint, path, &json!({ "name": b64(name), "lease": lease.to_string() })).await?;
+        let body = json!({ "name": b64(name), "lease": lease.to_string() });
+        let answer = self.attempt(path, &Unary { path, body: &body, bounded: false }).await?;
         let key = bytes(&answer["key"]).filter(|k| !k.is_empty()).ok_or_else(|| Client::malformed(path, &answer))?;
         let acquired_revision = int(&answer["header"]["revision"]).ok_or_else(|| Client::malformed(path, &answer))?;
         Ok(Held { key, acquired_revision })

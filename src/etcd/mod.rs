@@ -9,10 +9,18 @@
 //! JSON is protobuf's mapping: bytes are base64, 64-bit integers are strings, and fields at
 //! their zero value are left out (a PUT event has no `type`, an empty range no `kvs`).
 //!
-//! This module knows etcd and HTTP, and nothing of fences, tokens or config.
+//! A client speaks plain HTTP or TLS ([`TlsOptions`]: a CA, a client certificate for etcd's
+//! `--client-cert-auth`) and, given [`Credentials`], authenticates and sends its token with
+//! every call and watch, renewing it when etcd refuses it (`auth.rs`). Which answers send it
+//! to another member and which it returns is `answer.rs`.
+//!
+//! This module knows etcd, HTTP and TLS, and nothing of fences, tokens or config.
 
+mod answer;
+mod auth;
 mod client;
 mod mirror;
+mod transport;
 mod txn;
 mod watch;
 
@@ -22,13 +30,20 @@ use serde_json::Value;
 
 pub use client::{Client, Held, Kv};
 pub use mirror::{Freshness, Mirror, MirrorOptions, Mirrors};
+pub use transport::{ClientOptions, Credentials, Password, TlsOptions};
 pub use txn::{Compare, Op, Page, TxnResult};
 pub use watch::{Event, EventKind, Watch};
 
 /// What can go wrong talking to etcd.
+///
+/// For a call that changes something (a put, a transaction, a grant, a lock), an
+/// [`EtcdError::Unreachable`] or [`EtcdError::Unavailable`] does not say whether etcd applied
+/// it, unless the connection was never made: the client does not send such a call again
+/// ([`Client::call`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EtcdError {
-    /// No member could be reached, or the request did not finish in time.
+    /// No member could be reached (no connection, a TLS handshake refused), or none answered
+    /// in time.
     #[error("etcd at {endpoint} is unreachable: {reason}")]
     Unreachable {
         /// The client URL tried last.
@@ -36,7 +51,49 @@ pub enum EtcdError {
         /// What failed.
         reason: String,
     },
-    /// etcd answered with an error (`{"error": ..., "code": ...}`), e.g. no leader.
+    /// The member answered that it cannot serve now ("etcdserver: no leader", "etcdserver:
+    /// request timed out", a learner), and no other member could either.
+    #[error("etcd at {endpoint} cannot serve {call} now: {message}")]
+    Unavailable {
+        /// The client URL tried last.
+        endpoint: String,
+        /// The gateway path (`/v3/kv/range`).
+        call: String,
+        /// etcd's message.
+        message: String,
+    },
+    /// The cluster is out of space (etcd's NOSPACE alarm, "etcdserver: mvcc: database space
+    /// exceeded"): it takes no writes until an operator compacts, defragments and disarms it.
+    #[error("etcd at {endpoint} refused {call}: its database is out of space (NOSPACE alarm)")]
+    NoSpace {
+        /// The client URL.
+        endpoint: String,
+        /// The gateway path.
+        call: String,
+    },
+    /// The user may not do this ("etcdserver: permission denied"): its roles lack the key's
+    /// permission.
+    #[error("etcd at {endpoint} refused {call}: permission denied (user {user:?})")]
+    PermissionDenied {
+        /// The client URL.
+        endpoint: String,
+        /// The gateway path.
+        call: String,
+        /// The user the client authenticates as; empty without credentials.
+        user: String,
+    },
+    /// etcd refused the credentials, asked for credentials the client does not have, or
+    /// refused a token it had just given.
+    #[error("etcd at {endpoint} did not authenticate user {user:?}: {message}")]
+    Unauthenticated {
+        /// The client URL.
+        endpoint: String,
+        /// The user the client authenticates as; empty without credentials.
+        user: String,
+        /// etcd's message.
+        message: String,
+    },
+    /// etcd answered with another error (`{"error": ..., "code": ...}`).
     #[error("etcd at {endpoint} refused {call}: {status}: {message}")]
     Refused {
         /// The client URL.
@@ -62,6 +119,10 @@ pub enum EtcdError {
     /// A watch was cancelled or its stream ended.
     #[error("the etcd watch ended: {0}")]
     WatchEnded(String),
+    /// [`ClientOptions`] that make no client: no endpoint, an endpoint that is not
+    /// `http(s)://HOST:PORT`, both schemes at once, a TLS file that cannot be used.
+    #[error("etcd client options: {0}")]
+    Options(String),
 }
 
 /// A 64-bit integer as the gateway writes it: a string (or a number). Absent means zero.

@@ -1,14 +1,33 @@
 //! A watch through the gateway: one long-lived `POST /v3/watch` whose answer is a stream of
 //! JSON messages, one per batch of events, in revision order.
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use serde_json::{Value, json};
 
-use super::{Client, EtcdError, Kv, b64, int};
+use super::answer::{self, Failure};
+use super::client::Exchange;
+use super::{Client, EtcdError, Kv, b64};
 
 const CALL: &str = "/v3/watch";
+
+/// The request that creates a watch.
+struct Open {
+    body: Value,
+}
+
+impl Exchange for Open {
+    type Answer = Watch;
+
+    async fn send(&self, client: &Client, endpoint: &str, token: Option<&str>) -> Result<Watch, Failure> {
+        let timeout = client.transport().1;
+        let opened = Watch::open_at(client, endpoint, &self.body, token);
+        tokio::time::timeout(timeout, opened).await.unwrap_or_else(|_| {
+            let reason = format!("no watch within {}", humantime::format_duration(timeout));
+            Err(Failure::Unknown(EtcdError::Unreachable { endpoint: endpoint.to_owned(), reason }))
+        })
+    }
+}
 
 /// What happened to a key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,45 +52,47 @@ pub struct Event {
 pub struct Watch {
     body: Incoming,
     buf: Vec<u8>,
+    /// The member it watches at, and the user, for its errors.
+    endpoint: String,
+    user: String,
 }
 
 impl Watch {
-    /// Watches `[key, range_end)` from `start_revision` on. Resolves once etcd has created the
-    /// watch; a revision already compacted is [`EtcdError::Compacted`].
+    /// Watches `[key, range_end)` from `start_revision` on, at the members in turn as
+    /// [`Client::call`] tries them, with the client's token (renewed once if etcd refuses it;
+    /// a watch etcd has created goes on when its token expires). Resolves once etcd has created
+    /// the watch; a revision already compacted is [`EtcdError::Compacted`].
     pub async fn open(client: &Client, key: &[u8], range_end: &[u8], start_revision: i64) -> Result<Watch, EtcdError> {
-        let endpoint = client.endpoint().to_owned();
-        let unreachable = |reason: String| EtcdError::Unreachable { endpoint: endpoint.clone(), reason };
         let body = json!({ "create_request": {
             "key": b64(key), "range_end": b64(range_end), "start_revision": start_revision.to_string(),
         }});
-        let req = http::Request::post(format!("{endpoint}{CALL}"))
-            .header(http::header::CONTENT_TYPE, "application/json")
-            .body(Full::new(Bytes::from(body.to_string())))
-            .map_err(|e| unreachable(e.to_string()))?;
-        let (http, timeout) = client.http();
-        let opened = async {
-            let resp = http.request(req).await.map_err(|e| unreachable(e.to_string()))?;
-            if resp.status() != http::StatusCode::OK {
-                let status = resp.status().as_u16();
-                let text = resp.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
-                let message = String::from_utf8_lossy(&text).into_owned();
-                return Err(EtcdError::Refused { endpoint: endpoint.clone(), call: CALL.into(), status, message });
-            }
-            let mut watch = Watch { body: resp.into_body(), buf: Vec::new() };
-            // The first message says the watch exists (or why it does not).
-            let first = watch.message().await?;
-            if first["result"]["created"].as_bool() != Some(true) {
-                return Err(EtcdError::Malformed { call: CALL.into(), reason: format!("not created: {first}") });
-            }
-            Ok(watch)
-        };
-        match tokio::time::timeout(timeout, opened).await {
-            Ok(result) => result,
-            Err(_) => {
-                client.next_endpoint();
-                Err(unreachable(format!("no watch within {}", humantime::format_duration(timeout))))
-            }
+        client.attempt(CALL, &Open { body }).await
+    }
+
+    async fn open_at(client: &Client, endpoint: &str, body: &Value, token: Option<&str>) -> Result<Watch, Failure> {
+        let resp = client.transport().0.post(endpoint, CALL, body, token).await?;
+        if resp.status() != http::StatusCode::OK {
+            let status = resp.status().as_u16();
+            let text = resp.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+            return Err(answer::of_body(endpoint, CALL, client.user(), status, &text));
         }
+        let (endpoint, user) = (endpoint.to_owned(), client.user().to_owned());
+        let mut watch = Watch { body: resp.into_body(), buf: Vec::new(), endpoint, user };
+        // The first message says the watch exists (or why it does not).
+        let first = watch.read().await.map_err(|e| match e {
+            EtcdError::Malformed { .. } => Failure::Final(e),
+            e => Failure::Unknown(e),
+        })?;
+        if let Some(failure) = answer::of_watch(&watch.endpoint, CALL, &watch.user, &first) {
+            return Err(failure);
+        }
+        if first["result"]["created"].as_bool() != Some(true) {
+            return Err(Failure::Final(EtcdError::Malformed {
+                call: CALL.into(),
+                reason: format!("not created: {first}"),
+            }));
+        }
+        Ok(watch)
     }
 
     /// The next batch of events, in revision order. Never resolves while nothing changes; an
@@ -105,21 +126,10 @@ impl Watch {
     /// The next message of the stream, with the ends of a watch turned into errors.
     async fn message(&mut self) -> Result<Value, EtcdError> {
         let message = self.read().await?;
-        if !message["error"].is_null() {
-            let error = &message["error"];
-            let text = error["message"].as_str().unwrap_or("an error");
-            return Err(EtcdError::WatchEnded(text.to_owned()));
+        match answer::of_watch(&self.endpoint, CALL, &self.user, &message) {
+            Some(failure) => Err(failure.into_error()),
+            None => Ok(message),
         }
-        let result = &message["result"];
-        if result["canceled"].as_bool() == Some(true) {
-            let compacted = int(&result["compact_revision"]).unwrap_or(0);
-            if compacted > 0 {
-                return Err(EtcdError::Compacted(compacted));
-            }
-            let reason = result["cancel_reason"].as_str().unwrap_or("cancelled by etcd");
-            return Err(EtcdError::WatchEnded(reason.to_owned()));
-        }
-        Ok(message)
     }
 
     /// Reads one JSON value off the stream: the gateway writes them one after another.

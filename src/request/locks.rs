@@ -83,7 +83,7 @@ pub(crate) fn mirrors(config: &Config, previous: Option<&Mirrors>) -> Result<Mir
             "rules verify tokens against etcd, and [etcd] endpoints names no member (it needs a restart)".into()
         );
     }
-    let client = Client::new(&config.etcd.endpoints, config.etcd.request_timeout);
+    let client = Client::from_options(&config.etcd.client_options()).map_err(|e| e.to_string())?;
     let options = MirrorOptions { max_lag: config.verify.max_lag, instance: instance() };
     Ok(Mirrors::build(&client, &prefixes, &options, previous))
 }

@@ -2,9 +2,10 @@
 //! fencegate in front of it on port 0, and clients that speak real HTTP over loopback) and the
 //! [`Resp`] every helper returns. Beside it: `raw` (raw HTTP/1.1 connections), `backend` (stub
 //! backends), `process`, `logs` and `builder` (the real binary, its log, and a deployment of
-//! it), `wait` (waiting for a state instead of sleeping), `services` (real etcd and ZooKeeper
-//! for the interop tests), `etcd` (a client of etcd's JSON gateway), `cluster` (several
-//! instances sharing a fence in etcd) and `signing` (key files and signed tokens).
+//! it), `wait` (waiting for a state instead of sleeping), `services`, `etcd_server` and
+//! `etcd_cluster` (real etcd and ZooKeeper for the interop and cluster tests), `etcd` (a client of etcd's JSON gateway), `cluster`
+//! (several instances sharing a fence in etcd), `pki` (certificates made at test time) and
+//! `signing` (key files and signed tokens).
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
@@ -30,8 +31,11 @@ pub mod backend;
 pub mod builder;
 pub mod cluster;
 pub mod etcd;
+pub mod etcd_cluster;
+pub mod etcd_server;
 pub mod logs;
 pub mod nginx;
+pub mod pki;
 pub mod process;
 pub mod raw;
 pub mod services;

@@ -1,7 +1,7 @@
-//! Real lock services for the interop tests: a single-member etcd and a standalone ZooKeeper,
-//! each started by the test on loopback ports of its own with a temporary data dir, and killed
-//! and reaped by pid when its guard drops (also when the test panics, when the guard prints the
-//! service's log).
+//! Real lock services for the interop tests: a single-member etcd (`etcd_server`, re-exported
+//! here) and a standalone ZooKeeper, each started by the test on loopback ports of its own with
+//! a temporary data dir, and killed and reaped by pid when its guard drops (also when the test
+//! panics, when the guard prints the service's log).
 //!
 //! Where a service is not installed, [`start_etcd`] and [`start_zookeeper`] say so and return
 //! `None`, and the test skips; with `FG_REQUIRE_SERVICES=1` (set by `.ci/run`, which installs
@@ -15,14 +15,15 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::raw::try_raw_request;
 use super::wait::DEADLINE;
+
+// Each test crate uses its own part of these.
+#[allow(unused_imports)]
+pub use super::etcd_server::{Etcd, start_etcd};
 
 /// Set to `1` where the services must be there (CI): a missing one fails the test.
 pub const REQUIRE: &str = "FG_REQUIRE_SERVICES";
 
-const ETCD: &str = "/usr/bin/etcd";
-const ETCDCTL: &str = "/usr/bin/etcdctl";
 const JAVA: &str = "/usr/bin/java";
 /// Debian's zookeeper package: the server jar, whose manifest names the jars it needs.
 const ZOOKEEPER_JAR: &str = "/usr/share/java/zookeeper.jar";
@@ -31,7 +32,7 @@ const SLF4J_SIMPLE_JAR: &str = "/usr/share/java/slf4j-simple.jar";
 
 /// Tries to start a service on new ports this many times: a port found free can be taken by
 /// another test before the service binds it.
-const ATTEMPTS: usize = 5;
+pub const ATTEMPTS: usize = 5;
 
 /// Between two looks at a starting service.
 const INTERVAL: Duration = Duration::from_millis(25);
@@ -50,20 +51,20 @@ pub fn installed(service: &str, package: &str, paths: &[&str]) -> bool {
 }
 
 /// `N` distinct loopback ports nothing listens on now (all bound at once, then let go).
-fn free_ports<const N: usize>() -> [u16; N] {
+pub fn free_ports<const N: usize>() -> [u16; N] {
     let listeners: [TcpListener; N] = std::array::from_fn(|_| TcpListener::bind("127.0.0.1:0").unwrap());
     listeners.map(|l| l.local_addr().unwrap().port())
 }
 
 /// A started service process: killed and reaped on drop.
-struct Process {
+pub struct Process {
     name: &'static str,
-    child: Child,
+    pub child: Child,
     log: PathBuf,
 }
 
 impl Process {
-    fn spawn(name: &'static str, mut cmd: Command, log: PathBuf) -> Process {
+    pub fn spawn(name: &'static str, mut cmd: Command, log: PathBuf) -> Process {
         let out = std::fs::File::create(&log).unwrap();
         let err = out.try_clone().unwrap();
         let child = cmd.stdin(Stdio::null()).stdout(out).stderr(err).spawn().unwrap();
@@ -74,13 +75,19 @@ impl Process {
         self.child.try_wait().unwrap().is_some()
     }
 
-    fn log_text(&self) -> String {
+    /// Kills it (SIGKILL) and reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// Waits until `ready` answers true; `false` if the process ends first (a port taken since
     /// it was found free, say). Panics with the log if neither happens within [`DEADLINE`].
-    async fn wait_ready(&mut self, mut ready: impl AsyncFnMut() -> bool) -> bool {
+    pub async fn wait_ready(&mut self, mut ready: impl AsyncFnMut() -> bool) -> bool {
         let start = Instant::now();
         loop {
             if ready().await {
@@ -111,97 +118,6 @@ impl Drop for Process {
             eprintln!("--- end of the log of {} (pid {}) ---\n{}\n---", self.name, self.child.id(), tail.join("\n"));
         }
     }
-}
-
-/// A single-member etcd cluster on loopback.
-pub struct Etcd {
-    process: Process,
-    /// `127.0.0.1:PORT`, the client address (`--endpoints`, `ETCDCTL_ENDPOINTS`).
-    pub endpoint: SocketAddr,
-    peer: u16,
-    data: PathBuf,
-    starts: usize,
-    /// Holds the data dir and the log; after `process` in drop order.
-    dir: tempfile::TempDir,
-}
-
-/// The etcd command for a member with its client and peer ports and data dir.
-fn etcd_command(client: u16, peer: u16, data: &Path) -> Command {
-    let client_url = format!("http://127.0.0.1:{client}");
-    let peer_url = format!("http://127.0.0.1:{peer}");
-    let mut cmd = Command::new(ETCD);
-    cmd.arg("--name")
-        .arg("default")
-        .arg("--data-dir")
-        .arg(data)
-        .args(["--listen-client-urls", &client_url, "--advertise-client-urls", &client_url])
-        .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
-        .args(["--initial-cluster", &format!("default={peer_url}")]);
-    cmd
-}
-
-/// Whether etcd at `endpoint` has a leader and serves requests.
-async fn etcd_healthy(endpoint: SocketAddr) -> bool {
-    let r = try_raw_request(endpoint, "GET /health HTTP/1.1\r\nHost: etcd", "").await;
-    r.is_some_and(|r| r.status == 200 && String::from_utf8_lossy(&r.body).contains("\"true\""))
-}
-
-impl Etcd {
-    /// `http://127.0.0.1:PORT`: the client URL, which also serves the JSON gateway (`/v3/...`).
-    pub fn url(&self) -> String {
-        format!("http://{}", self.endpoint)
-    }
-
-    /// `etcdctl` pointed at this etcd (through `ETCDCTL_ENDPOINTS`, which an `etcdctl` run by
-    /// a command under `etcdctl lock` inherits).
-    pub fn etcdctl(&self) -> Command {
-        let mut cmd = Command::new(ETCDCTL);
-        cmd.envs(self.client_env());
-        cmd
-    }
-
-    /// The environment that points `etcdctl` at this etcd.
-    pub fn client_env(&self) -> [(&'static str, String); 2] {
-        [("ETCDCTL_API", "3".to_owned()), ("ETCDCTL_ENDPOINTS", self.endpoint.to_string())]
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.process.child.id()
-    }
-
-    /// Kills etcd (SIGKILL) and starts it again on the same ports and data: every client
-    /// connection, watches included, is cut.
-    pub async fn restart(&mut self) {
-        let _ = self.process.child.kill();
-        let _ = self.process.child.wait();
-        self.starts += 1;
-        let log = self.dir.path().join(format!("etcd-restart-{}.log", self.starts));
-        let cmd = etcd_command(self.endpoint.port(), self.peer, &self.data);
-        self.process = Process::spawn("etcd", cmd, log);
-        let endpoint = self.endpoint;
-        assert!(self.process.wait_ready(async || etcd_healthy(endpoint).await).await, "etcd did not start again");
-    }
-}
-
-/// Starts etcd, or returns `None` (the test skips) where it is not installed.
-pub async fn start_etcd() -> Option<Etcd> {
-    if !installed("etcd", "etcd-server etcd-client", &[ETCD, ETCDCTL]) {
-        return None;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    for attempt in 0..ATTEMPTS {
-        let [client, peer] = free_ports();
-        let data = dir.path().join(format!("data-{attempt}"));
-        let cmd = etcd_command(client, peer, &data);
-        let mut process = Process::spawn("etcd", cmd, dir.path().join(format!("etcd-{attempt}.log")));
-        let endpoint: SocketAddr = format!("127.0.0.1:{client}").parse().unwrap();
-        // /health answers true once the member has a leader (itself) and serves requests.
-        if process.wait_ready(async || etcd_healthy(endpoint).await).await {
-            return Some(Etcd { process, endpoint, peer, data, starts: 0, dir });
-        }
-        eprintln!("etcd ended before it answered (attempt {attempt}), trying other ports:\n{}", process.log_text());
-    }
-    panic!("etcd did not start in {ATTEMPTS} attempts");
 }
 
 /// A standalone ZooKeeper on loopback.
@@ -342,111 +258,4 @@ impl Drop for Group {
         let _ = rustix::process::kill_process_group(self.rustix_pid(), rustix::process::Signal::KILL);
         let _ = self.child.wait();
     }
-}
-
-/// A three-member etcd cluster on loopback, its data on tmpfs (`/dev/shm`) where there is one:
-/// members killed, stopped and restarted one by one.
-pub struct EtcdCluster {
-    members: Vec<Option<Process>>,
-    /// Each member's client address.
-    pub endpoints: Vec<SocketAddr>,
-    peers: Vec<u16>,
-    data: Vec<PathBuf>,
-    starts: usize,
-    dir: tempfile::TempDir,
-}
-
-fn member_command(i: usize, clients: &[SocketAddr], peers: &[u16], data: &Path, state: &str) -> Command {
-    let client_url = format!("http://{}", clients[i]);
-    let peer_url = format!("http://127.0.0.1:{}", peers[i]);
-    let initial: Vec<String> = peers.iter().enumerate().map(|(j, p)| format!("m{j}=http://127.0.0.1:{p}")).collect();
-    let mut cmd = Command::new(ETCD);
-    cmd.arg("--name")
-        .arg(format!("m{i}"))
-        .arg("--data-dir")
-        .arg(data)
-        .args(["--listen-client-urls", &client_url, "--advertise-client-urls", &client_url])
-        .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
-        .args(["--initial-cluster", &initial.join(","), "--initial-cluster-state", state])
-        .args([
-            "--initial-cluster-token",
-            "fencegate-test",
-            "--election-timeout",
-            "1000",
-            "--heartbeat-interval",
-            "100",
-        ]);
-    cmd
-}
-
-impl EtcdCluster {
-    /// The client URLs, for `[etcd] endpoints`.
-    pub fn urls(&self) -> Vec<String> {
-        self.endpoints.iter().map(|e| format!("http://{e}")).collect()
-    }
-
-    /// The pid of member `i`, while it runs.
-    pub fn pid(&self, i: usize) -> Option<u32> {
-        self.members[i].as_ref().map(|p| p.child.id())
-    }
-
-    /// The member etcd's members name their leader, if they agree on one that runs.
-    pub async fn leader(&self) -> Option<usize> {
-        for (i, e) in self.endpoints.iter().enumerate() {
-            if self.members[i].is_none() {
-                continue;
-            }
-            let body = r#"{}"#;
-            let head = format!(
-                "POST /v3/maintenance/status HTTP/1.1\r\nHost: etcd\r\nContent-Type: application/json\r\nContent-Length: {}",
-                body.len()
-            );
-            let Some(r) = try_raw_request(*e, &head, body).await else { continue };
-            let Ok(v) = serde_json::from_slice::<serde_json::Value>(&r.body) else { continue };
-            let (Some(leader), Some(me)) = (v["leader"].as_str(), v["header"]["member_id"].as_str()) else { continue };
-            if leader == me {
-                return Some(i);
-            }
-        }
-        None
-    }
-
-    /// Kills member `i` (SIGKILL).
-    pub fn kill(&mut self, i: usize) {
-        self.members[i] = None;
-    }
-
-    /// Starts member `i` again on its ports and data.
-    pub fn restart(&mut self, i: usize) {
-        self.starts += 1;
-        let log = self.dir.path().join(format!("etcd-m{i}-{}.log", self.starts));
-        let cmd = member_command(i, &self.endpoints, &self.peers, &self.data[i], "existing");
-        self.members[i] = Some(Process::spawn("etcd member", cmd, log));
-    }
-}
-
-/// Starts a three-member etcd cluster, or returns `None` (the test skips) where etcd is not
-/// installed. Resolves once every member is healthy.
-pub async fn start_etcd_cluster() -> Option<EtcdCluster> {
-    if !installed("etcd", "etcd-server etcd-client", &[ETCD, ETCDCTL]) {
-        return None;
-    }
-    let shm = Path::new("/dev/shm");
-    let dir = if shm.is_dir() { tempfile::tempdir_in(shm).unwrap() } else { tempfile::tempdir().unwrap() };
-    let ports: [u16; 6] = free_ports();
-    let endpoints: Vec<SocketAddr> = ports[..3].iter().map(|p| format!("127.0.0.1:{p}").parse().unwrap()).collect();
-    let peers = ports[3..].to_vec();
-    let data: Vec<PathBuf> = (0..3).map(|i| dir.path().join(format!("m{i}"))).collect();
-    let mut members = Vec::new();
-    for i in 0..3 {
-        let cmd = member_command(i, &endpoints, &peers, &data[i], "new");
-        members.push(Some(Process::spawn("etcd member", cmd, dir.path().join(format!("etcd-m{i}.log")))));
-    }
-    let mut cluster = EtcdCluster { members, endpoints, peers, data, starts: 0, dir };
-    for i in 0..3 {
-        let endpoint = cluster.endpoints[i];
-        let member = cluster.members[i].as_mut().unwrap();
-        assert!(member.wait_ready(async || etcd_healthy(endpoint).await).await, "etcd member {i} did not start");
-    }
-    Some(cluster)
 }

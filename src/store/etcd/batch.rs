@@ -361,18 +361,20 @@ impl Writer {
 /// 502, a message not known here) may have come back from a transaction that still commits,
 /// and is settled by a barrier.
 fn refusal(e: &EtcdError) -> Option<StoreError> {
-    let EtcdError::Refused { message, .. } = e else { return None };
-    if message.contains("database space exceeded") {
-        return Some(StoreError::NoSpace(format!("etcd is out of space (its quota, NOSPACE): {message}")));
+    match e {
+        EtcdError::NoSpace { .. } => {
+            return Some(StoreError::NoSpace(format!("etcd is out of space (its quota, NOSPACE): {e}")));
+        }
+        EtcdError::PermissionDenied { .. } | EtcdError::Unauthenticated { .. } | EtcdError::Options(_) => {
+            return Some(StoreError::Unavailable(format!("etcd refused the batch: {e}")));
+        }
+        _ => {}
     }
-    const DEFINITE: [&str; 8] = [
+    let EtcdError::Refused { message, .. } = e else { return None };
+    const DEFINITE: [&str; 4] = [
         "too many operations in txn request",
         "duplicate key given in txn request",
         "request is too large",
-        "permission denied",
-        "invalid auth token",
-        "user name is empty",
-        "too many requests",
         "requested lease not found",
     ];
     DEFINITE
