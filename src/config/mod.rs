@@ -19,6 +19,7 @@ mod environment;
 mod etcd;
 mod raw;
 pub mod reload;
+mod store;
 mod validate;
 mod verify;
 

@@ -171,3 +171,41 @@ fn rules_that_verify_against_etcd_are_checked_whole() {
         assert!(err.contains(key) && err.contains(says), "{text}: {err}");
     }
 }
+
+#[test]
+fn the_etcd_store_takes_its_own_settings_and_none_of_the_file_store_s() {
+    let etcd = "[etcd]\nendpoints = [\"http://127.0.0.1:2379\"]\n";
+    let store = |extra: &str| {
+        format!("{MINIMAL}{etcd}[store]\nkind = \"etcd\"\nadvertise = \"http://127.0.0.1:8080\"\n{extra}")
+    };
+    let c = Config::from_toml_str(&store("")).unwrap();
+    let e = c.store.etcd.as_ref().unwrap();
+    assert_eq!((c.store.kind, e.prefix.as_str()), (StoreKind::Etcd, "/fencegate/"));
+    assert_eq!((e.lease_ttl, e.lease_margin), (Duration::from_secs(5), Duration::from_secs(1)));
+    for (extra, refused) in [
+        ("dir = \"data\"\n", "store.dir: a file store's setting"),
+        ("sync = \"never\"\n", "store.sync: a file store's setting"),
+        ("prefix = \"/fg\"\n", "store.prefix: \"/fg\": must end with \"/\""),
+        ("lease_ttl = \"1s\"\n", "store.lease_ttl: must be whole seconds, at least 2s"),
+        ("lease_ttl = \"2500ms\"\n", "store.lease_ttl"),
+        ("lease_margin = \"3s\"\n", "store.lease_margin: must be at most half"),
+    ] {
+        let err = Config::from_toml_str(&store(extra)).unwrap_err().to_string();
+        assert!(err.contains(refused), "{extra}: {err}");
+    }
+    for advertise in ["http://127.0.0.1:8080/x", "https://127.0.0.1:8080", "127.0.0.1:8080"] {
+        let text = format!("{MINIMAL}{etcd}[store]\nkind = \"etcd\"\nadvertise = \"{advertise}\"\n");
+        let err = Config::from_toml_str(&text).unwrap_err().to_string();
+        assert!(err.contains("store.advertise"), "{advertise}: {err}");
+    }
+    let none = format!("{MINIMAL}[store]\nkind = \"etcd\"\n");
+    assert!(Config::from_toml_str(&none).unwrap_err().to_string().contains("store.advertise"));
+    let no_endpoints = format!("{MINIMAL}[store]\nkind = \"etcd\"\nadvertise = \"http://127.0.0.1:8080\"\n");
+    assert!(Config::from_toml_str(&no_endpoints).unwrap_err().to_string().contains("etcd.endpoints"));
+    let slow = format!(
+        "{MINIMAL}[etcd]\nendpoints = [\"http://127.0.0.1:2379\"]\nrequest_timeout = \"4s\"\n[store]\nkind = \"etcd\"\nadvertise = \"http://127.0.0.1:8080\"\n"
+    );
+    assert!(Config::from_toml_str(&slow).unwrap_err().to_string().contains("etcd.request_timeout"));
+    let file = format!("{MINIMAL}[store]\nprefix = \"/fg/\"\n");
+    assert!(Config::from_toml_str(&file).unwrap_err().to_string().contains("store.prefix: an etcd store's setting"));
+}

@@ -11,10 +11,6 @@ use super::*;
 use crate::fence::keys;
 use crate::fence::path::{self, EscapedSlashes, MatrixParams, TrailingSlash};
 
-/// Least `store.max_table_bytes`: below it a typo (a number of megabytes written as bytes)
-/// would refuse nearly every new resource from the start.
-const MIN_TABLE_BYTES: u64 = 1 << 20;
-
 pub(super) fn invalid(key: &str, message: impl Into<String>) -> ConfigError {
     ConfigError::Invalid { key: key.to_owned(), message: message.into() }
 }
@@ -93,7 +89,7 @@ pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
         scopes,
         rules,
     };
-    let store = store(raw.store)?;
+    let store = super::store::store(raw.store)?;
     let level = raw.log.level.to_ascii_lowercase();
     if !["error", "warn", "info", "debug", "trace"].contains(&level.as_str()) {
         return Err(invalid("log.level", format!("{level:?}: expected error, warn, info, debug or trace")));
@@ -115,12 +111,24 @@ pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
     if store.kind == StoreKind::Etcd && etcd.endpoints.is_empty() {
         return Err(invalid("etcd.endpoints", "store.kind = \"etcd\" keeps the fence in etcd: name its members"));
     }
+    if let Some(e) = &store.etcd
+        && etcd.request_timeout >= e.lease_ttl.saturating_sub(e.lease_margin)
+    {
+        return Err(invalid(
+            "etcd.request_timeout",
+            "must be below store.lease_ttl - store.lease_margin, or one slow keep-alive outlives the lease",
+        ));
+    }
     Ok(Config { server, backend, fence, verify, store, log, paths, limits, admin, etcd })
 }
 
 const EQUAL_TOKEN: [(&str, EqualToken); 2] = [("reject", EqualToken::Reject), ("accept", EqualToken::Accept)];
 
-fn choice<T: Copy, const N: usize>(key: &str, text: &str, options: [(&str, T); N]) -> Result<T, ConfigError> {
+pub(super) fn choice<T: Copy, const N: usize>(
+    key: &str,
+    text: &str,
+    options: [(&str, T); N],
+) -> Result<T, ConfigError> {
     options.iter().find(|(name, _)| name.eq_ignore_ascii_case(text)).map(|(_, v)| *v).ok_or_else(|| {
         let names: Vec<String> = options.iter().map(|(name, _)| format!("{name:?}")).collect();
         invalid(key, format!("{text:?}: expected {}", names.join(" or ")))
@@ -382,103 +390,4 @@ fn scope(index: usize, raw: &RawScope, policy: &PathPolicy) -> Result<Scope, Con
         }
     }
     Ok(Scope { prefix: canonical, segments: raw.segments })
-}
-
-/// `[store]`: the settings of the kind chosen, and none of the other's.
-fn store(raw: raw::RawStore) -> Result<StoreConfig, ConfigError> {
-    let kind = choice("store.kind", &raw.kind, [("file", StoreKind::File), ("etcd", StoreKind::Etcd)])?;
-    let file_keys = [
-        ("store.dir", raw.dir.is_some()),
-        ("store.sync", raw.sync.is_some()),
-        ("store.segment_bytes", raw.segment_bytes.is_some()),
-        ("store.stall_after", raw.stall_after.is_some()),
-    ];
-    let etcd_keys = [
-        ("store.prefix", raw.prefix.is_some()),
-        ("store.advertise", raw.advertise.is_some()),
-        ("store.lease_ttl", raw.lease_ttl.is_some()),
-        ("store.lease_margin", raw.lease_margin.is_some()),
-    ];
-    let (other, why) = match kind {
-        StoreKind::File => (etcd_keys, "an etcd store's setting: only with store.kind = \"etcd\""),
-        StoreKind::Etcd => (file_keys, "a file store's setting: with store.kind = \"etcd\" the fence is kept in etcd"),
-    };
-    if let Some((key, _)) = other.iter().find(|(_, set)| *set) {
-        return Err(invalid(key, why));
-    }
-    let dir = raw.dir.unwrap_or_else(|| "data".into());
-    if dir.as_os_str().is_empty() {
-        return Err(invalid("store.dir", "must not be empty"));
-    }
-    let sync_text = raw.sync.unwrap_or_else(|| "always".into());
-    let sync = choice("store.sync", &sync_text, [("always", SyncMode::Always), ("never", SyncMode::Never)])?;
-    let segment_bytes = raw.segment_bytes.unwrap_or(64 << 20);
-    if segment_bytes < 4096 {
-        return Err(invalid("store.segment_bytes", "must be at least 4096"));
-    }
-    if raw.max_resources == 0 {
-        return Err(invalid("store.max_resources", "must be at least 1"));
-    }
-    if raw.max_table_bytes < MIN_TABLE_BYTES {
-        return Err(invalid("store.max_table_bytes", format!("must be at least {MIN_TABLE_BYTES} (1 MiB)")));
-    }
-    let stall_after = duration("store.stall_after", raw.stall_after.as_deref().unwrap_or("2s"))?;
-    let etcd = match kind {
-        StoreKind::File => None,
-        StoreKind::Etcd => Some(etcd_store(raw.prefix, raw.advertise, raw.lease_ttl, raw.lease_margin)?),
-    };
-    Ok(StoreConfig {
-        kind,
-        dir,
-        sync,
-        segment_bytes,
-        max_resources: raw.max_resources,
-        max_table_bytes: raw.max_table_bytes,
-        stall_after,
-        etcd,
-    })
-}
-
-/// The etcd store's settings: a prefix, the URL peers forward to, and a lease etcd can grant.
-fn etcd_store(
-    prefix: Option<String>,
-    advertise: Option<String>,
-    ttl: Option<String>,
-    margin: Option<String>,
-) -> Result<EtcdStoreConfig, ConfigError> {
-    let prefix = prefix.unwrap_or_else(|| "/fencegate/".into());
-    if prefix.is_empty() {
-        return Err(invalid("store.prefix", "must not be empty: the fence's keys need a prefix of their own"));
-    }
-    let Some(advertise) = advertise else {
-        return Err(invalid(
-            "store.advertise",
-            "store.kind = \"etcd\" needs the URL the other instances forward fenced writes to while this one \
-            leads, e.g. \"http://10.0.0.5:8080\"",
-        ));
-    };
-    match advertise.parse::<http::Uri>() {
-        Ok(uri) if uri.scheme_str() == Some("http") && uri.authority().is_some() => {}
-        Ok(uri) if uri.scheme_str() == Some("https") => {
-            return Err(invalid(
-                "store.advertise",
-                format!(
-                    "{advertise:?}: forwarding between instances over https is not supported yet; use http:// on a private network"
-                ),
-            ));
-        }
-        _ => return Err(invalid("store.advertise", format!("{advertise:?}: expected http://HOST:PORT"))),
-    }
-    let lease_ttl = duration("store.lease_ttl", ttl.as_deref().unwrap_or("5s"))?;
-    if lease_ttl < Duration::from_secs(2) || lease_ttl.subsec_nanos() != 0 {
-        return Err(invalid(
-            "store.lease_ttl",
-            "must be whole seconds, at least 2s (etcd grants leases in seconds, 2 s at least)",
-        ));
-    }
-    let lease_margin = duration("store.lease_margin", margin.as_deref().unwrap_or("1s"))?;
-    if lease_margin * 2 > lease_ttl {
-        return Err(invalid("store.lease_margin", "must be at most half of store.lease_ttl"));
-    }
-    Ok(EtcdStoreConfig { prefix, advertise: advertise.trim_end_matches('/').to_owned(), lease_ttl, lease_margin })
 }

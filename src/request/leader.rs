@@ -18,7 +18,7 @@ use hyper_util::rt::TokioExecutor;
 
 use super::{Refusal, ResponseBody};
 use crate::store::StoreError;
-use crate::upstream::strip_hop_by_hop;
+use crate::upstream::{Peer, UpstreamError, append_forwarded_for, strip_hop_by_hop};
 
 /// Names the instance that sent a write on to the leader (its advertised URL).
 pub static FORWARDED_BY: HeaderName = HeaderName::from_static("fencegate-forwarded-by");
@@ -49,6 +49,7 @@ impl Peers {
         &self,
         leader: &str,
         mut req: Request<Incoming>,
+        client: &Peer,
         timeout: Duration,
     ) -> Result<Response<ResponseBody>, Refusal> {
         let unavailable = |why: String| Refusal::Store(StoreError::Unavailable(why));
@@ -66,11 +67,20 @@ impl Peers {
             headers.insert(http::header::HOST, host);
         }
         headers.insert(FORWARDED_BY.clone(), self.me.clone());
+        // The backend learns the client's address as it would from the leader itself.
+        append_forwarded_for(headers, client);
         *req.version_mut() = http::Version::HTTP_11;
+        // Once the write may have reached the leader, which runs it to its end on its own, its
+        // outcome is unknown: a gateway error, not "not forwarded".
         let resp = match tokio::time::timeout(timeout, self.http.request(req)).await {
             Ok(Ok(resp)) => resp,
-            Ok(Err(e)) => return Err(unavailable(format!("the leader at {leader} did not answer: {e}"))),
-            Err(_) => return Err(unavailable(format!("the leader at {leader} did not answer within {timeout:?}"))),
+            Ok(Err(e)) if e.is_connect() => {
+                return Err(unavailable(format!("the leader at {leader} cannot be reached: {e}")));
+            }
+            Ok(Err(e)) => {
+                return Err(Refusal::Upstream(UpstreamError::Failed(format!("the leader at {leader} failed: {e}"))));
+            }
+            Err(_) => return Err(Refusal::Upstream(UpstreamError::Timeout(timeout))),
         };
         let (mut parts, body) = resp.into_parts();
         strip_hop_by_hop(&mut parts.headers);

@@ -95,7 +95,7 @@ async fn execute(
             };
             let backend = &settings.config.backend;
             let timeout = backend.pool_timeout + backend.request_timeout + settings.config.fence.queue_timeout;
-            return peers.forward(&url, req, timeout).await;
+            return peers.forward(&url, req, &client, timeout).await;
         }
         Role::Forward(url) => {
             return Err(StoreError::Unavailable(format!(

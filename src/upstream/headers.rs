@@ -74,7 +74,8 @@ impl std::fmt::Display for Peer {
     }
 }
 
-pub(super) fn append_forwarded_for(headers: &mut HeaderMap, client: &Peer) {
+/// Adds the client's address to `X-Forwarded-For`.
+pub fn append_forwarded_for(headers: &mut HeaderMap, client: &Peer) {
     const FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
     match headers.entry(FORWARDED_FOR) {
         header::Entry::Vacant(entry) => {

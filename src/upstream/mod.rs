@@ -29,8 +29,7 @@ use crate::config::BackendConfig;
 use checkout::Checkout;
 pub use gated::Gate;
 use gated::Gated;
-use headers::append_forwarded_for;
-pub use headers::{Peer, strip_hop_by_hop};
+pub use headers::{Peer, append_forwarded_for, strip_hop_by_hop};
 use pool::{Bounds, Pool, SendError};
 use sent::{Ended, Sent};
 

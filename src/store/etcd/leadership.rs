@@ -236,8 +236,8 @@ impl Campaign {
     }
 }
 
-/// Renews `lease` every third of what is left of it, counting each acknowledgement from its
-/// send; stops when etcd says the lease is gone, or when the lease lapsed before an answer came.
+/// Renews `lease` every quarter of its TTL, counting each acknowledgement from its send; stops
+/// when etcd says the lease is gone, or when the lease lapsed before an answer came.
 async fn keep_alive(client: Client, shared: Arc<Shared>, lease: i64, ttl: Duration) {
     let period = (ttl / 4).max(Duration::from_millis(100));
     loop {

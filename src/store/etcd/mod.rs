@@ -151,6 +151,18 @@ impl EtcdStore {
     }
 }
 
+impl Drop for EtcdStore {
+    /// A store dropped without `close` (an open that failed later, a proxy dropped) stops its
+    /// election at once, so that it cannot lead with no writer behind it; its key goes with its
+    /// lease.
+    fn drop(&mut self) {
+        self.shared.stop("the store was dropped");
+        if let Some(campaign) = self.campaign.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            campaign.abort();
+        }
+    }
+}
+
 impl Store for EtcdStore {
     fn table(&self) -> &Arc<Table> {
         &self.table

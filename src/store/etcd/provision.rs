@@ -120,8 +120,13 @@ async fn raise(client: &Client, names: &Names, key: &[u8], token: u64) -> Result
             return Err(leading(names));
         }
         let Some(Some(existing)) = first.ranges.first() else { continue };
-        if parse_token(&existing.value).is_some_and(|t| t >= token) {
-            return Ok(false);
+        match parse_token(&existing.value) {
+            Some(t) if t >= token => return Ok(false),
+            Some(_) => {}
+            None => {
+                let key = String::from_utf8_lossy(key);
+                return Err(StoreError::Failed(format!("etcd key {key} holds no token; refusing to migrate over it")));
+            }
         }
         // Padded values: a byte-wise LESS is a numeric one.
         let lower = [Compare::ValueLess(key.to_vec(), value.clone()), no_leader.clone()];

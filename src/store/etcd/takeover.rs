@@ -109,16 +109,16 @@ pub(crate) async fn read(
             _ => break,
         }
     }
-    // After every level is in: an in-flight marker marks its entry (its token is at or below
-    // the level, which it never raises).
+    // After every level is in: a marker marks its entry in flight, at the level etcd holds
+    // (a reset may have lowered the level below the marker's token; the marker never raises it).
     for (mark, name, token) in flying {
         match mark {
             MarkKind::Key => {
-                table.advance(&name, token);
+                table.load(&name, table.get(&name).unwrap_or(token), true);
                 adopted.in_flight.push((name, token));
             }
             MarkKind::Floor => {
-                table.advance_floor(&name, token);
+                table.load_floor(&name, table.floor(&name).unwrap_or(token), true);
                 adopted.floors_in_flight.push((name, token));
             }
         }
