@@ -106,8 +106,8 @@ pub async fn start_etcd_cluster() -> Option<EtcdCluster> {
     let peers = ports[3..].to_vec();
     let data: Vec<PathBuf> = (0..3).map(|i| dir.path().join(format!("m{i}"))).collect();
     let mut members = Vec::new();
-    for i in 0..3 {
-        let cmd = member_command(i, &endpoints, &peers, &data[i], "new");
+    for (i, data) in data.iter().enumerate() {
+        let cmd = member_command(i, &endpoints, &peers, data, "new");
         members.push(Some(Process::spawn("etcd member", cmd, dir.path().join(format!("etcd-m{i}.log")))));
     }
     let mut cluster = EtcdCluster { members, endpoints, peers, data, starts: 0, dir };
