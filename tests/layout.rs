@@ -41,6 +41,7 @@ const RULES: &[Rule] = &[
             "crate::logging::dropped_lines",
             "crate::request::refusal",
             "crate::store::Condition",
+            "crate::store::Role",
             "crate::upstream::backend_addr",
         ],
         no_crates: &[],

@@ -76,6 +76,13 @@ pub struct PrefixLabels {
     pub prefix: String,
 }
 
+/// Labels of `fencegate_store_role`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RoleLabels {
+    /// `writer` (fences writes here), `follower` (sends them to the leader) or `unavailable`.
+    pub role: &'static str,
+}
+
 /// What operators did and what the process uses, beside the requests.
 #[derive(Debug, Default)]
 struct Operations {
@@ -89,6 +96,7 @@ struct Operations {
     open_connections: Family<ListenerLabels, Gauge>,
     quarantined: Gauge,
     lock_view_age: Family<PrefixLabels, Gauge<f64, AtomicU64>>,
+    role: Family<RoleLabels, Gauge>,
 }
 
 /// All of fencegate's metrics.
@@ -215,6 +223,11 @@ impl Default for Metrics {
             Unit::Seconds,
             m.ops.lock_view_age.clone(),
         );
+        registry.register(
+            "store_role",
+            "1 for what this instance does with fenced writes now: writer, follower (the etcd store's, sending them to the leader) or unavailable; 0 for the others (set when scraped)",
+            m.ops.role.clone(),
+        );
         registry.register("process_open_fds", "Open file descriptors", m.ops.open_fds.clone());
         registry.register("process_max_fds", "The limit on open file descriptors", m.ops.max_fds.clone());
         registry.register("requests", "Requests by method and outcome", m.requests.clone());
@@ -328,6 +341,13 @@ impl Metrics {
         for (prefix, age) in ages {
             let seconds = age.map_or(f64::INFINITY, |a| a.as_secs_f64());
             self.ops.lock_view_age.get_or_create(&PrefixLabels { prefix }).set(seconds);
+        }
+    }
+
+    /// Sets which role this instance has (when scraped): `writer`, `follower` or `unavailable`.
+    pub(crate) fn role(&self, now: &'static str) {
+        for role in ["writer", "follower", "unavailable"] {
+            self.ops.role.get_or_create(&RoleLabels { role }).set(i64::from(role == now));
         }
     }
 

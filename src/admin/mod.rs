@@ -20,7 +20,7 @@ mod process;
 use crate::app::State;
 use crate::listener::{self, Handler, Listening};
 use crate::request::refusal::{Refusal, json_response};
-use crate::store::Condition;
+use crate::store::{Condition, Role};
 
 mod fences;
 use fences::Change;
@@ -128,6 +128,11 @@ async fn route(state: &State, req: Request<Incoming>, caller: SocketAddr) -> Res
             state.metrics.process();
             state.metrics.quarantined(state.fence.quarantined());
             state.metrics.lock_views(state.locks.load().ages());
+            state.metrics.role(match state.store.role() {
+                Role::Writer => "writer",
+                Role::Forward(_) => "follower",
+                Role::Unavailable(_) => "unavailable",
+            });
             let mut resp = Response::new(Full::new(Bytes::from(state.metrics.encode())));
             let kind = "application/openmetrics-text; version=1.0.0; charset=utf-8";
             resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(kind));

@@ -37,6 +37,14 @@ pub fn preflight(config: &Config) -> Result<Vec<String>, Error> {
             }
         }
     }
+    if let Some(etcd) = &config.store.etcd {
+        notes.push(format!(
+            "etcd store under {:?} on {}: not contacted here; `run` refuses a prefix `fencegate init --config` did not start",
+            etcd.prefix,
+            config.etcd.endpoints.join(", ")
+        ));
+        return Ok(notes);
+    }
     let dir = &config.store.dir;
     match store::check_usable(dir, &keys::keying(&config.paths, &config.fence.scopes))? {
         Usable::Free => notes.push(format!("data dir {}: initialised, same key rules, writable", dir.display())),

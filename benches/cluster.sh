@@ -1,0 +1,186 @@
+#!/usr/bin/env bash
+# Cluster benchmark (issue 18): fenced PUTs through the etcd store against the file store, and
+# against the baseline of one compare-and-put transaction per write. Run by hand, not by CI:
+#
+#   benches/cluster.sh                           # 3 rounds of 8 s at 64 connections
+#   ROUNDS=5 SECONDS_PER_RUN=10 CONNS="16 64" benches/cluster.sh
+#
+# What runs, all on loopback:
+#   etcd      three members, data on disk (/var/tmp), the Debian package's defaults   18201-18203
+#   backend   nginx serving WebDAV PUTs from tmpfs, 1 worker                         127.0.0.1:18091
+#   file      fencegate with the file store, sync = "always", data on disk           127.0.0.1:18093
+#   etcd-1/3  three fencegates sharing one fence in the etcd cluster                 127.0.0.1:18094-18096
+# Targets, in interleaved rounds so that the machine's noise falls on each alike:
+#   cas     examples/etcd_cas: CONNS clients, each write one If(value < token) Then(put)
+#           transaction against etcd, and nothing else: the per-write design's floor
+#   file    wrk against the file store's fencegate
+#   etcd-1  wrk against the leader of the three
+#   etcd-3  three wrk at once, one per instance, CONNS/3 connections each (writes that reach a
+#           follower are forwarded to the leader); req/s summed, p50 and p99 the worst of the three
+# Every PUT is 100 bytes to one of 999 resources, with tokens climbing per resource. It prints
+# each run, then per target and connection count the median req/s, p50 and p99 and the ratio to
+# cas. Everything it starts, it stops, by pid.
+set -euo pipefail
+
+ROUNDS=${ROUNDS:-3}
+SECONDS_PER_RUN=${SECONDS_PER_RUN:-8}
+CONNS=${CONNS:-64}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+BIN=${FG_BIN:-$TARGET_DIR/release/fencegate}
+CAS=$TARGET_DIR/release/examples/etcd_cas
+NGINX=/usr/sbin/nginx
+ETCD=/usr/bin/etcd
+
+for tool in wrk "$NGINX" "$ETCD"; do
+    command -v "$tool" >/dev/null || { echo "needs $tool (apt-get install wrk nginx-light etcd-server)" >&2; exit 1; }
+done
+[ -x "$BIN" ] && [ -x "$CAS" ] || { echo "build first: cargo build --release --bin fencegate --example etcd_cas" >&2; exit 1; }
+
+SHM=$(mktemp -d /dev/shm/fg-cluster.XXXXXX)
+DISK=$(mktemp -d /var/tmp/fg-cluster.XXXXXX)
+PIDS=()
+cleanup() {
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+    rm -rf "$SHM" "$DISK"
+}
+trap cleanup EXIT
+
+# etcd: three members.
+cluster="m0=http://127.0.0.1:18211,m1=http://127.0.0.1:18212,m2=http://127.0.0.1:18213"
+for i in 0 1 2; do
+    "$ETCD" --name "m$i" --data-dir "$DISK/etcd-$i" \
+        --listen-client-urls "http://127.0.0.1:1820$((i + 1))" --advertise-client-urls "http://127.0.0.1:1820$((i + 1))" \
+        --listen-peer-urls "http://127.0.0.1:1821$((i + 1))" --initial-advertise-peer-urls "http://127.0.0.1:1821$((i + 1))" \
+        --initial-cluster "$cluster" --initial-cluster-state new --initial-cluster-token fg-bench \
+        >"$DISK/etcd-$i.log" 2>&1 &
+    PIDS+=($!)
+done
+ENDPOINTS='"http://127.0.0.1:18201", "http://127.0.0.1:18202", "http://127.0.0.1:18203"'
+for _ in $(seq 200); do
+    curl -sf http://127.0.0.1:18201/health | grep -q '"true"' && break
+    sleep 0.1
+done
+
+# The backend.
+mkdir -p "$SHM/www/put" "$SHM/body"
+cat >"$SHM/backend.conf" <<EOF
+worker_processes 1;
+pid $SHM/backend.pid;
+error_log $SHM/backend.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    keepalive_requests 10000000;
+    client_body_temp_path $SHM/body;
+    server {
+        listen 127.0.0.1:18091 backlog=4096;
+        root $SHM/www;
+        dav_methods PUT DELETE;
+        create_full_put_path on;
+        dav_access user:rw group:rw all:r;
+    }
+}
+EOF
+"$NGINX" -c "$SHM/backend.conf" -g 'daemon off;' & PIDS+=($!)
+
+common() { # PORT ADMIN
+    printf '[server]\nlisten = "127.0.0.1:%s"\n[backend]\nurl = "http://127.0.0.1:18091"\n[log]\nlevel = "warn"\n[admin]\nlisten = "127.0.0.1:%s"\n' "$1" "$2"
+}
+{ common 18093 18193; printf '[store]\ndir = "%s"\nsync = "always"\n' "$DISK/file"; } >"$SHM/file.toml"
+for i in 0 1 2; do
+    port=$((18094 + i))
+    { common "$port" $((18194 + i))
+      printf '[store]\nkind = "etcd"\nprefix = "/bench/"\nadvertise = "http://127.0.0.1:%s"\n[etcd]\nendpoints = [%s]\n' "$port" "$ENDPOINTS"
+    } >"$SHM/etcd-$i.toml"
+done
+"$BIN" init --dir "$DISK/file" >/dev/null
+"$BIN" init --config "$SHM/etcd-0.toml" >/dev/null
+"$BIN" run --config "$SHM/file.toml" 2>"$DISK/file.log" & PIDS+=($!)
+for i in 0 1 2; do "$BIN" run --config "$SHM/etcd-$i.toml" 2>"$DISK/fg-etcd-$i.log" & PIDS+=($!); done
+
+# The leader: the instance whose log says it leads.
+LEADER=""
+for _ in $(seq 200); do
+    for i in 0 1 2; do grep -q "leading the fence" "$DISK/fg-etcd-$i.log" 2>/dev/null && LEADER=$i; done
+    [ -n "$LEADER" ] && break
+    sleep 0.1
+done
+[ -n "$LEADER" ] || { echo "no instance leads:" >&2; tail -5 "$DISK"/fg-etcd-*.log >&2; exit 1; }
+for port in 18093 18094 18095 18096; do
+    for _ in $(seq 100); do (echo >/dev/tcp/127.0.0.1/$port) 2>/dev/null && break; sleep 0.05; done
+done
+
+cat >"$SHM/put.lua" <<'EOF'
+-- 333 resources of this part in turn, tokens from the clock and a counter, so that they climb
+-- per resource across runs; each concurrent wrk has a part of its own.
+local n = 0
+local part = os.getenv("PART") or "0"
+local base = os.time() * 1000000
+local body = string.rep("v", 100)
+request = function()
+    n = n + 1
+    local headers = { ["Fencing-Token"] = string.format("%.0f", base + n) }
+    return wrk.format("PUT", "/put/p" .. part .. "-" .. (n % 333), headers, body)
+end
+EOF
+
+wrk_run() { # PORT CONNS SECONDS PART -> "req/s p50_us p99_us non2xx"
+    PART=$4 wrk -t1 -c"$2" -d"${3}s" --latency -s "$SHM/put.lua" "http://127.0.0.1:$1/" | awk '
+        function us(v) { if (v ~ /us$/) return v + 0; if (v ~ /ms$/) return v * 1000; if (v ~ /s$/) return v * 1000000; return v }
+        /^ +50%/ { p50 = us($2) } /^ +99%/ { p99 = us($2) }
+        /Requests\/sec/ { rps = $2 } /Non-2xx/ { bad = $NF }
+        END { printf "%s %s %s %s\n", rps, p50, p99, bad + 0 }'
+}
+
+run() { # TARGET CONNS SECONDS -> "req/s p50 p99 failures"
+    case $1 in
+        cas) "$CAS" "http://127.0.0.1:18201,http://127.0.0.1:18202,http://127.0.0.1:18203" "$2" "$3" ;;
+        file) wrk_run 18093 "$2" "$3" 0 ;;
+        etcd-1) wrk_run $((18094 + LEADER)) "$2" "$3" 1 ;;
+        etcd-3)
+            per=$(( ($2 + 2) / 3 ))
+            parts=()
+            for i in 0 1 2; do wrk_run $((18094 + i)) "$per" "$3" "$((i + 2))" >"$SHM/part-$i" & parts+=($!); done
+            for j in "${parts[@]}"; do wait "$j"; done
+            cat "$SHM"/part-* | awk '{ r += $1; if ($2 > p50) p50 = $2; if ($3 > p99) p99 = $3; b += $4 }
+                END { printf "%.0f %s %s %d\n", r, p50, p99, b }' ;;
+    esac
+}
+
+TARGETS=(cas file etcd-1 etcd-3)
+RESULTS="$SHM/results.tsv"
+: >"$RESULTS"
+echo "cluster benchmark: $(nproc) CPUs, $(uname -r), rounds=$ROUNDS x ${SECONDS_PER_RUN}s, leader etcd-$LEADER" >&2
+for conns in $CONNS; do
+    for target in "${TARGETS[@]}"; do run "$target" "$conns" 2 >/dev/null; done # warm-up
+    for round in $(seq "$ROUNDS"); do
+        for target in "${TARGETS[@]}"; do
+            read -r rps p50 p99 bad < <(run "$target" "$conns" "$SECONDS_PER_RUN")
+            printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$target" "$conns" "$round" "$rps" "$p50" "$p99" "$bad" >>"$RESULTS"
+            printf '  c=%-3s round %s %-7s %8.0f req/s  p50 %7.0f us  p99 %7.0f us  failed %s\n' \
+                "$conns" "$round" "$target" "$rps" "$p50" "$p99" "$bad" >&2
+        done
+    done
+done
+
+echo
+printf '| conns | target | req/s (median) | p50 µs | p99 µs | failed | × cas |\n|---:|---|---:|---:|---:|---:|---:|\n'
+python3 - "$RESULTS" <<'EOF'
+import statistics, sys
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
+by = {}
+for target, conns, _round, rps, p50, p99, bad in rows:
+    by.setdefault((int(conns), target), []).append((float(rps), float(p50), float(p99), int(float(bad))))
+for conns in sorted({c for c, _ in by}):
+    cas = statistics.median(r[0] for r in by[(conns, "cas")])
+    for target in ["cas", "file", "etcd-1", "etcd-3"]:
+        runs = by.get((conns, target), [])
+        if not runs: continue
+        rps = statistics.median(r[0] for r in runs)
+        p50 = statistics.median(r[1] for r in runs)
+        p99 = statistics.median(r[2] for r in runs)
+        bad = sum(r[3] for r in runs)
+        print(f"| {conns} | {target} | {rps:,.0f} | {p50:,.0f} | {p99:,.0f} | {bad} | {rps / cas:.2f} |")
+EOF
