@@ -112,11 +112,11 @@ pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
         return Err(invalid("etcd.endpoints", "store.kind = \"etcd\" keeps the fence in etcd: name its members"));
     }
     if let Some(e) = &store.etcd
-        && etcd.request_timeout >= e.lease_ttl.saturating_sub(e.lease_margin)
+        && etcd.request_timeout > e.lease_ttl.saturating_sub(e.lease_margin)
     {
         return Err(invalid(
             "etcd.request_timeout",
-            "must be below store.lease_ttl - store.lease_margin, or one slow keep-alive outlives the lease",
+            "must be at most store.lease_ttl - store.lease_margin, or one slow keep-alive outlives the lease",
         ));
     }
     Ok(Config { server, backend, fence, verify, store, log, paths, limits, admin, etcd })
