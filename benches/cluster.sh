@@ -65,6 +65,7 @@ done
 
 # The backend.
 mkdir -p "$SHM/www/put" "$SHM/body"
+chmod -R 777 "$SHM"   # nginx's worker runs as nobody when started by root
 cat >"$SHM/backend.conf" <<EOF
 worker_processes 1;
 pid $SHM/backend.pid;
@@ -100,14 +101,16 @@ done
 "$BIN" run --config "$SHM/file.toml" 2>"$DISK/file.log" & PIDS+=($!)
 for i in 0 1 2; do "$BIN" run --config "$SHM/etcd-$i.toml" 2>"$DISK/fg-etcd-$i.log" & PIDS+=($!); done
 
-# The leader: the instance whose log says it leads.
+# The leader: the instance whose metrics say it is the writer.
 LEADER=""
 for _ in $(seq 200); do
-    for i in 0 1 2; do grep -q "leading the fence" "$DISK/fg-etcd-$i.log" 2>/dev/null && LEADER=$i; done
+    for i in 0 1 2; do
+        curl -sf "http://127.0.0.1:$((18194 + i))/metrics" 2>/dev/null | grep -q '^fencegate_store_role{role="writer"} 1' && LEADER=$i
+    done
     [ -n "$LEADER" ] && break
     sleep 0.1
 done
-[ -n "$LEADER" ] || { echo "no instance leads:" >&2; tail -5 "$DISK"/fg-etcd-*.log >&2; exit 1; }
+[ -n "$LEADER" ] || { echo "no instance leads:" >&2; for f in "$DISK"/fg-etcd-*.log "$DISK"/etcd-0.log; do tail -n 5 "$f" >&2; done; exit 1; }
 for port in 18093 18094 18095 18096; do
     for _ in $(seq 100); do (echo >/dev/tcp/127.0.0.1/$port) 2>/dev/null && break; sleep 0.05; done
 done

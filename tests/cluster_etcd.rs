@@ -226,3 +226,50 @@ async fn a_leader_stopped_past_its_lease_cuts_its_write_off() {
     eventually("a newer write passes once the quarantine ends", async || ok(&put(addr, "/x", 6).await)).await;
     assert_eq!(c.applied_tokens("/x"), [6]);
 }
+
+/// A leader whose key is deleted by hand (a forced failover) steps down at once, rather than
+/// at its next batch, and does not send what it committed meanwhile.
+#[tokio::test]
+async fn a_leader_whose_key_is_deleted_steps_down_at_once() {
+    let Some(etcd) = start_etcd().await else { return };
+    let c = Cluster::start(&[etcd.url()], 2, "").await;
+    let leader = c.wait_leader().await;
+    let key = format!("{PREFIX}leader");
+    c.gateway.delete(key.as_bytes()).await.unwrap();
+    eventually("the leader steps down without a batch", async || {
+        c.instances[leader].proxy().log_contains("the leader key was deleted or replaced in etcd")
+    })
+    .await;
+    c.wait_leader().await;
+    eventually("writes go on through whichever instance leads now", async || {
+        ok(&put(c.instances[0].addr, "/k", 1).await)
+    })
+    .await;
+}
+
+/// A store dropped without `close` (an open that failed later) resigns and gives its lease up,
+/// so that it never holds the leadership with no writer behind it.
+#[tokio::test]
+async fn a_store_dropped_without_close_gives_the_leadership_up() {
+    let Some(etcd) = start_etcd().await else { return };
+    let c = Cluster::build(&[etcd.url()], 1, "").await;
+    c.init().await;
+    let config = fencegate::Config::load(&c.instances[0].config, None).unwrap();
+    let options = fencegate::store::EtcdOptions {
+        prefix: PREFIX.into(),
+        advertise: "http://127.0.0.1:9".into(),
+        lease_ttl: std::time::Duration::from_secs(30),
+        lease_margin: std::time::Duration::from_secs(1),
+        max_resources: 1000,
+        max_table_bytes: 1 << 20,
+        keying: fencegate::fence::keys::keying(&config.paths, &config.fence.scopes),
+        on_commit: None,
+    };
+    let store = fencegate::store::EtcdStore::open(fencegate::etcd::Client::single(&etcd.url()), options).await.unwrap();
+    store.start(std::sync::Arc::new(|_| {}));
+    eventually("it leads", async || store.leading()).await;
+    assert!(c.leader_url().await.is_some());
+    drop(store);
+    // Well before its 30 s lease would expire.
+    eventually("the leader key is gone", async || c.leader_url().await.is_none()).await;
+}

@@ -38,7 +38,7 @@ use common::{eventually, raw_request, try_raw_request};
 const RESOURCES: [&str; 3] = ["/r0", "/r1", "/r2"];
 const ADMIN_TOKEN: &str = "an-admin-token-for-the-fault-rounds";
 /// The instances' lease (`store.lease_ttl` in `common::cluster`).
-const LEASE: Duration = Duration::from_secs(2);
+const LEASE: Duration = Duration::from_secs(3);
 /// How long clients write in a round.
 const LOAD: Duration = Duration::from_millis(2500);
 const CLIENTS: usize = 4;

@@ -72,6 +72,9 @@ fn etcd_store(
     margin: Option<String>,
 ) -> Result<EtcdStoreConfig, ConfigError> {
     let prefix = prefix.unwrap_or_else(|| "/fencegate/".into());
+    if prefix == "/" {
+        return Err(invalid("store.prefix", "\"/\" is the whole key space: give the fence a prefix of its own"));
+    }
     if !prefix.ends_with('/') {
         return Err(invalid(
             "store.prefix",

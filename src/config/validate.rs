@@ -111,12 +111,15 @@ pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
     if store.kind == StoreKind::Etcd && etcd.endpoints.is_empty() {
         return Err(invalid("etcd.endpoints", "store.kind = \"etcd\" keeps the fence in etcd: name its members"));
     }
+    // A keep-alive is sent a quarter of the lease after the last one was, and must be answered
+    // before the trusted part of the lease ends: ttl/4 + request_timeout within ttl - margin.
     if let Some(e) = &store.etcd
-        && etcd.request_timeout > e.lease_ttl.saturating_sub(e.lease_margin)
+        && e.lease_ttl / 4 + etcd.request_timeout > e.lease_ttl.saturating_sub(e.lease_margin)
     {
         return Err(invalid(
             "etcd.request_timeout",
-            "must be at most store.lease_ttl - store.lease_margin, or one slow keep-alive outlives the lease",
+            "with store.lease_ttl / 4 (the keep-alive period) must stay within store.lease_ttl - \
+            store.lease_margin, or one slow keep-alive lapses the lease",
         ));
     }
     Ok(Config { server, backend, fence, verify, store, log, paths, limits, admin, etcd })

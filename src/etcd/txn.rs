@@ -116,6 +116,11 @@ impl Client {
         Ok(TxnResult { succeeded, revision, ranges })
     }
 
+    /// Deletes `key`.
+    pub async fn delete(&self, key: &[u8]) -> Result<(), EtcdError> {
+        self.txn(&[], &[Op::Delete(key.to_vec())], &[]).await.map(drop)
+    }
+
     /// At most `limit` keys of `[key, range_end)`, at `revision` (0: the newest), linearizable.
     /// Reading page after page at the first page's revision gives one consistent image of a
     /// range too large for one answer.

@@ -414,6 +414,19 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_quarantine_of_a_key_whose_turn_is_held_closes_it_all_the_same() {
+        let (t, _dir) = turn::tests::fence();
+        let key = |k: &str| vec![Touch { key: k.into(), coverage: Coverage::Key }];
+        // A write of an earlier term holds the turn when a takeover quarantines the key.
+        let held = t.acquire(key("/busy"), Duration::from_secs(1)).await.unwrap();
+        t.quarantine("/busy", Duration::from_secs(60));
+        drop(held);
+        let mut next = t.acquire(key("/busy"), Duration::from_secs(1)).await.unwrap();
+        let err = next.check(99, EqualToken::Reject).unwrap_err();
+        assert!(matches!(err, FenceError::Quarantined { cause: QuarantineCause::InFlightAtStart, .. }), "{err}");
+    }
+
+    #[tokio::test]
     async fn a_quarantine_says_what_left_the_outcome_unknown() {
         let (t, _dir) = turn::tests::fence();
         let key = |k: &str| vec![Touch { key: k.into(), coverage: Coverage::Key }];

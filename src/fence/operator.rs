@@ -109,6 +109,8 @@ impl Fence {
     /// expires: for an operator who knows the backend will not apply the write whose outcome
     /// was unknown. Takes the key's turn, so it never cuts in before a write in flight.
     pub async fn lift(self: &Arc<Self>, key: &str, wait: Duration) -> Result<Lifted, FenceError> {
+        // The answer below is of this term of the store: a later one's marker is left alone.
+        let term = self.store.term();
         let mut turn = self.acquire(vec![Touch { key: key.into(), coverage: Coverage::Key }], wait).await?;
         let lifted = Lifted { key: turn.lift_quarantine(), subtree: self.subtrees.lift(node(key)) };
         // The write whose outcome was unknown is still in flight in the log, so without an
@@ -116,12 +118,12 @@ impl Fence {
         // key's turn, no write of the key is in flight now; a subtree that was quarantined had
         // none running at its node either.
         if let Some((token, true)) = self.max_seen.entry(key) {
-            self.store.answered(key, token);
+            self.store.answered_in(term, key, token);
         }
         if lifted.subtree
             && let Some((token, true)) = self.max_seen.floor_entry(node(key))
         {
-            self.store.answered_all(&[(MarkKind::Floor, node(key).to_owned())], token);
+            self.store.answered_all_in(term, &[(MarkKind::Floor, node(key).to_owned())], token);
         }
         if lifted.key || lifted.subtree {
             tracing::warn!(resource = %key, key = lifted.key, subtree = lifted.subtree,

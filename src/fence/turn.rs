@@ -237,7 +237,7 @@ impl Turn {
                 // Nothing was forwarded for this advance. But a write that is still in flight
                 // (its answer never came) must stay marked, or a restart would not quarantine it.
                 if !previous.is_some_and(|(_, in_flight)| in_flight) {
-                    fence.store.answered(key, to);
+                    fence.store.answered_in(term, key, to);
                 }
                 tracing::warn!(resource = %key, previous = %previous.map_or_else(|| "none".to_owned(), |(m, _)| m.to_string()), max_seen = to,
                     "max_seen raised by an operator: every holder of a lower token is cut off");

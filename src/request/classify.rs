@@ -109,7 +109,10 @@ pub fn classify<B: Body>(req: &Request<B>, config: &Config) -> Result<Plan, Refu
     };
     let mut touches = Vec::with_capacity(2);
     // COPY only reads its source: fencing it would refuse other locks' holders copying from it.
-    if !methods().all(|m| m == b"COPY") {
+    // Only as spelled exactly: a backend may read another spelling as a write to the path, and
+    // spellings only ever add keys here.
+    let spelled = || std::iter::once(req.method().as_str().as_bytes()).chain(claimed.as_deref());
+    if !spelled().all(|m| m == b"COPY") {
         touches.push(source);
     }
     if let Some(d) = &destination {

@@ -98,7 +98,7 @@ fn a_write_is_fenced_for_what_its_own_method_and_its_override_may_change() {
     assert_eq!(plan("POST", "move"), (vec![sub("/scratch"), sub("/acct")], Some("/acct".into())));
     assert_eq!(plan("delete", "PUT").0, [sub("/scratch")], "a lower-case DELETE covers its subtree");
     assert_eq!(plan("move", "PUT"), (vec![sub("/scratch"), sub("/acct")], Some("/acct".into())));
-    assert_eq!(plan("copy", "COPY").0, [sub("/acct")], "a lower-case COPY only reads its source");
+    assert_eq!(plan("copy", "COPY").0, [sub("/scratch"), sub("/acct")], "a lower-case COPY may write its path");
     let code = classify(&request("move", "/a", &[token], ""), &c).unwrap_err().code();
     assert_eq!(code, "invalid_header", "a lower-case MOVE needs a Destination too");
 }

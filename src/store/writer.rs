@@ -97,6 +97,18 @@ pub(super) enum Change {
     Reset,
 }
 
+/// Raises (or, for a reset, sets) `marks` in `table` to `token`, once that is durable.
+pub(super) fn apply(table: &Table, marks: &[(MarkKind, String)], token: u64, change: Change) {
+    for (mark, name) in marks {
+        match (mark, change) {
+            (MarkKind::Key, Change::Advance) => table.advance(name, token),
+            (MarkKind::Floor, Change::Advance) => table.advance_floor(name, token),
+            (MarkKind::Key, Change::Reset) => table.reset(name, token),
+            (MarkKind::Floor, Change::Reset) => table.reset_floor(name, token),
+        }
+    }
+}
+
 enum Op {
     Advance { key: String, token: u64, done: Done },
     AdvanceAll { marks: Vec<(MarkKind, String)>, token: u64, change: Change, done: Done },
@@ -347,14 +359,7 @@ impl Writer {
                 }
                 Op::AdvanceAll { marks, token, change, done } => {
                     if outcome.is_ok() {
-                        for (mark, name) in &marks {
-                            match (mark, change) {
-                                (MarkKind::Key, Change::Advance) => self.table.advance(name, token),
-                                (MarkKind::Floor, Change::Advance) => self.table.advance_floor(name, token),
-                                (MarkKind::Key, Change::Reset) => self.table.reset(name, token),
-                                (MarkKind::Floor, Change::Reset) => self.table.reset_floor(name, token),
-                            }
-                        }
+                        apply(&self.table, &marks, token, change);
                     }
                     self.answering.push((done, outcome.clone()));
                 }

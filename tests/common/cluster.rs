@@ -86,8 +86,8 @@ impl Cluster {
             let config = dir.path().join(format!("fencegate-{i}.toml"));
             let text = format!(
                 "[server]\nlisten = \"{addr}\"\n[backend]\nurl = \"{}\"\n[store]\nkind = \"etcd\"\nprefix = \"{PREFIX}\"\n\
-                 advertise = \"http://{addr}\"\nlease_ttl = \"2s\"\nlease_margin = \"1s\"\n[etcd]\nendpoints = [{}]\n\
-                 request_timeout = \"1s\"\n[fence]\nquarantine = \"3s\"\n{extra}\n",
+                 advertise = \"http://{addr}\"\nlease_ttl = \"3s\"\nlease_margin = \"1s\"\n[etcd]\nendpoints = [{}]\n\
+                 request_timeout = \"500ms\"\n[fence]\nquarantine = \"3s\"\n{extra}\n",
                 backend.url(),
                 listed.join(", ")
             );

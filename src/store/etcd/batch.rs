@@ -19,11 +19,11 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 
 use super::lease::{Shared, Standing};
-use super::names::{Names, batch_id, token_value};
+use super::names::{Names, batch_id, parse_batch_id, token_value};
 use crate::etcd::{Client, Compare, EtcdError, Op};
 use crate::store::file::CommitHook;
 use crate::store::table::mark_bytes;
-use crate::store::writer::Change;
+use crate::store::writer::{Change, apply};
 use crate::store::{MarkKind, StoreError, Table};
 
 /// Operations one transaction may hold: etcd's default `--max-txn-ops` is 128, and the batch id
@@ -148,11 +148,11 @@ impl Writer {
         self.chain.get_or_insert_with(|| Chain { epoch, last: Vec::new(), sent: 0 })
     }
 
-    /// The guard's last id and a new id for the next transaction of `epoch`.
-    fn next_id(&mut self, epoch: i64) -> (Vec<u8>, Vec<u8>) {
+    /// The guard's last id, and a new id and its sequence for the next transaction of `epoch`.
+    fn next_id(&mut self, epoch: i64) -> (Vec<u8>, Vec<u8>, u64) {
         let chain = self.chain(epoch);
         chain.sent += 1;
-        (chain.last.clone(), batch_id(epoch, chain.sent))
+        (chain.last.clone(), batch_id(epoch, chain.sent), chain.sent)
     }
 
     async fn commit(&mut self, batch: Vec<Msg>) {
@@ -223,9 +223,11 @@ impl Writer {
             return;
         };
         if applied.iter().all(|a| matches!(a, Applied::Answered { .. })) && writes.is_empty() {
+            // Answers of an earlier term only: nothing for etcd, but the table hears of them.
+            self.apply(applied, Ok(()), true);
             return;
         }
-        let (last, next) = self.next_id(epoch);
+        let (last, next, seq) = self.next_id(epoch);
         let advances = applied.iter().filter(|a| matches!(a, Applied::Change { .. })).count();
         let mut success: Vec<Op> = writes
             .into_iter()
@@ -244,7 +246,7 @@ impl Writer {
             Ok(_) => Err(self.lost(epoch, "the leader key or the batch chain in etcd changed: another instance leads")),
             Err(e) => match refusal(&e) {
                 Some(definite) => Err(definite),
-                None => self.settle(epoch, &next, &e).await,
+                None => self.settle(term, epoch, (&next, seq), &e).await,
             },
         };
         match &outcome {
@@ -262,8 +264,9 @@ impl Writer {
     }
 
     /// Settles a batch whose outcome etcd did not tell, with a barrier (module docs).
-    async fn settle(&mut self, epoch: i64, lost: &[u8], error: &EtcdError) -> Result<(), StoreError> {
+    async fn settle(&mut self, term: u64, epoch: i64, lost: (&[u8], u64), error: &EtcdError) -> Result<(), StoreError> {
         tracing::warn!(error = %error, "etcd did not answer a batch; settling it with a barrier");
+        let (lost, lost_seq) = lost;
         let cancelled = || {
             StoreError::Unavailable(format!(
                 "etcd did not answer ({error}); the batch was cancelled and nothing was sent"
@@ -272,7 +275,7 @@ impl Writer {
         loop {
             // A new id for every try: a barrier whose answer is lost too must not be taken for
             // the batch, nor for another try of itself.
-            let (last, barrier) = self.next_id(epoch);
+            let (last, barrier, _) = self.next_id(epoch);
             let guard = [Compare::CreateRevision(self.names.leader(), epoch), Compare::Value(self.names.batch(), last)];
             let success = [Op::Put { key: self.names.batch(), value: barrier.clone(), lease: 0 }];
             let failure = [Op::Get(self.names.batch())];
@@ -287,7 +290,11 @@ impl Writer {
                     tracing::info!("the batch etcd did not answer had committed");
                     return Ok(());
                 }
-                Ok(r) if read(&r).is_some_and(|id| self.ours(epoch, &id)) => {
+                Ok(r)
+                    if read(&r)
+                        .and_then(|id| parse_batch_id(&id))
+                        .is_some_and(|(e, seq)| e == epoch && seq > lost_seq && seq <= self.chain(epoch).sent) =>
+                {
                     // An earlier try of this barrier, whose answer was lost, committed.
                     self.chain(epoch).last = read(&r).unwrap_or_default();
                     return Err(cancelled());
@@ -296,21 +303,17 @@ impl Writer {
                     let why = "the leader key or the batch chain in etcd changed while a batch was unsettled";
                     return Err(self.lost(epoch, why));
                 }
-                Err(_) if self.shared.lease_valid() => tokio::time::sleep(BARRIER_RETRY).await,
+                // Only while this leadership lasts: a definite refusal, or a lease that lapsed,
+                // ends it (the writes are refused; a batch that did commit is in etcd for the
+                // next takeover).
+                Err(e) if refusal(&e).is_none() && self.shared.leading_in(term).is_some() => {
+                    tokio::time::sleep(BARRIER_RETRY).await;
+                }
                 Err(e) => {
-                    return Err(
-                        self.lost(epoch, &format!("the batch could not be settled before the lease lapsed: {e}"))
-                    );
+                    return Err(self.lost(epoch, &format!("the batch could not be settled: {e}")));
                 }
             }
         }
-    }
-
-    /// Whether `id` is one of the barriers this writer sent in `epoch` (after the batch, which
-    /// was compared first): a barrier id of this epoch sent after the lost batch.
-    fn ours(&mut self, epoch: i64, id: &[u8]) -> bool {
-        let sent = self.chain(epoch).sent;
-        (1..=sent).any(|seq| batch_id(epoch, seq) == id)
     }
 
     /// Steps down from leading in `epoch`: its guard no longer holds. A newer leadership of
@@ -339,14 +342,7 @@ impl Writer {
                 }
                 Applied::Change { marks, token, change, done } => {
                     if outcome.is_ok() {
-                        for (mark, name) in &marks {
-                            match (mark, change) {
-                                (MarkKind::Key, Change::Advance) => self.table.advance(name, token),
-                                (MarkKind::Floor, Change::Advance) => self.table.advance_floor(name, token),
-                                (MarkKind::Key, Change::Reset) => self.table.reset(name, token),
-                                (MarkKind::Floor, Change::Reset) => self.table.reset_floor(name, token),
-                            }
-                        }
+                        apply(&self.table, &marks, token, change);
                     }
                     let _ = done.send(outcome.clone());
                 }
@@ -391,5 +387,44 @@ pub(crate) fn not_leading(standing: &Standing) -> String {
         Standing::TakingOver => "this instance is taking over the fence and reading it from etcd".into(),
         Standing::Leading { .. } => "this instance's lease is not trusted now".into(),
         Standing::Stopped(why) => format!("the etcd store stopped: {why}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(message: &str) -> EtcdError {
+        EtcdError::Refused { endpoint: "e".into(), call: "/v3/kv/txn".into(), status: 400, message: message.into() }
+    }
+
+    #[test]
+    fn only_refusals_known_to_be_definite_skip_the_barrier() {
+        let definite = [
+            EtcdError::NoSpace { endpoint: "e".into(), call: "c".into() },
+            EtcdError::PermissionDenied { endpoint: "e".into(), call: "c".into(), user: "u".into() },
+            refused("etcdserver: too many operations in txn request"),
+            refused("etcdserver: duplicate key given in txn request"),
+            refused("etcdserver: request is too large"),
+        ];
+        for e in &definite {
+            assert!(refusal(e).is_some(), "{e}");
+        }
+        assert!(matches!(refusal(&definite[0]), Some(StoreError::NoSpace(_))));
+        let unknown = [
+            refused("grpc: the client connection is closing"),
+            refused("transport is closing"),
+            refused("504 Gateway Time-out"),
+            refused("something etcd says one day"),
+            EtcdError::Unavailable {
+                endpoint: "e".into(),
+                call: "c".into(),
+                message: "etcdserver: request timed out".into(),
+            },
+            EtcdError::Unreachable { endpoint: "e".into(), reason: "no answer".into() },
+        ];
+        for e in &unknown {
+            assert!(refusal(e).is_none(), "{e} may come back from a transaction that commits");
+        }
     }
 }

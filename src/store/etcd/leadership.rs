@@ -59,9 +59,11 @@ impl Campaign {
                 }
             };
             self.shared.acknowledged(sent, self.ttl);
-            let keeper = tokio::spawn(keep_alive(self.client.clone(), Arc::clone(&self.shared), lease, self.ttl));
+            // Aborted with this future too, should the runtime drop it.
+            let keeper =
+                Aborting(tokio::spawn(keep_alive(self.client.clone(), Arc::clone(&self.shared), lease, self.ttl)));
             let epoch = self.with_lease(lease).await;
-            keeper.abort();
+            drop(keeper);
             self.shared.lapse();
             if let Some(epoch) = epoch.filter(|_| self.stopped()) {
                 self.resign(epoch).await;
@@ -101,7 +103,7 @@ impl Campaign {
                     Some(kv) if kv.lease == lease => kv.create_revision,
                     Some(kv) => {
                         let url = String::from_utf8_lossy(&kv.value).into_owned();
-                        self.follow(url, r.revision).await;
+                        self.follow(url, kv.create_revision, r.revision).await;
                         continue;
                     }
                     None => continue,
@@ -113,7 +115,7 @@ impl Campaign {
 
     /// Follows the leader at `url` until its key is deleted (or may have been), the lease
     /// lapses, or the store stops.
-    async fn follow(&self, url: String, revision: i64) {
+    async fn follow(&self, url: String, created: i64, revision: i64) {
         if url == self.advertise {
             // An earlier run of this instance, on a lease that has not expired yet.
             self.seek("the leader key is an earlier run's of this instance, until its lease expires".into());
@@ -129,7 +131,7 @@ impl Campaign {
             Err(_) => return self.pause().await,
         };
         loop {
-            let lapse = self.shared.lease_left();
+            let period = self.ttl.min(self.shared.lease_left().max(RETRY));
             tokio::select! {
                 events = watch.next() => match events {
                     Ok(events) if events.iter().any(|e| e.kind == EventKind::Delete) => return,
@@ -137,10 +139,14 @@ impl Campaign {
                     Err(_) => return,
                 },
                 _ = self.shared.wake.notified() => {}
-                // Once a lease period, the key is read again (by the campaign): a watch can
-                // miss nothing, but one that stopped delivering must not keep this instance
-                // following a leader that is gone.
-                _ = tokio::time::sleep(lapse) => return,
+                // Once a lease period, the key is read again (a read, repeatable and no raft
+                // write): a watch that stopped delivering must not keep this instance following
+                // a leader that is gone. While etcd does not answer, it goes on following.
+                _ = tokio::time::sleep(period) => match self.client.range(&leader, None).await {
+                    Ok((kvs, _)) if kvs.first().is_some_and(|kv| kv.create_revision == created) => {}
+                    Ok(_) => return,
+                    Err(_) => {}
+                },
             }
             if self.stopped() || !self.shared.lease_valid() {
                 return;
@@ -178,8 +184,10 @@ impl Campaign {
         );
         self.shared.set(Standing::Leading { epoch, lease });
         // Its own key, watched: deleted by hand, it steps down at once rather than send what it
-        // committed while another instance takes over.
-        let mut own = self.watch_own(epoch).await;
+        // committed while another instance takes over. A watch that breaks is opened again
+        // (from a read that proves the key is still its own), never left off.
+        let mut own: Option<Watch> = None;
+        let mut reopen = tokio::time::Instant::now();
         loop {
             let lapse = self.shared.lease_left();
             tokio::select! {
@@ -187,11 +195,22 @@ impl Campaign {
                 _ = tokio::time::sleep(lapse) => {}
                 events = next_events(&mut own) => match events {
                     Ok(events) if !events.is_empty() => {
-                        self.shared.step_down(epoch, "the leader key was deleted or replaced in etcd");
+                        self.step_down(epoch, "the leader key was deleted or replaced in etcd");
                     }
                     Ok(_) => {}
-                    Err(_) => own = self.watch_own(epoch).await,
+                    Err(_) => {
+                        own = None;
+                        reopen = tokio::time::Instant::now() + RETRY;
+                    }
                 },
+                _ = tokio::time::sleep_until(reopen), if own.is_none() => {
+                    tokio::select! {
+                        opened = self.watch_own(epoch) => own = opened,
+                        _ = self.shared.wake.notified() => {}
+                        _ = tokio::time::sleep(lapse) => {}
+                    }
+                    reopen = tokio::time::Instant::now() + RETRY;
+                }
             }
             match self.shared.standing() {
                 Standing::Stopped(_) => return true,
@@ -205,22 +224,28 @@ impl Campaign {
         }
     }
 
-    /// A watch of this instance's leader key from its creation on; a key that is no longer
-    /// its own steps it down. `None` while etcd does not answer (the lease clock decides then).
+    /// A watch of this instance's leader key from a read that found it still its own; a key
+    /// that is not its own any more steps it down. `None` while etcd does not answer (the
+    /// lease clock decides meanwhile, and the caller tries again).
     async fn watch_own(&self, epoch: i64) -> Option<Watch> {
         let leader = self.names.leader();
         match self.client.range(&leader, None).await {
-            Ok((kvs, _)) if kvs.first().is_some_and(|kv| kv.create_revision == epoch) => {}
+            Ok((kvs, revision)) if kvs.first().is_some_and(|kv| kv.create_revision == epoch) => {
+                Watch::open(&self.client, &leader, b"", revision + 1).await.ok()
+            }
             Ok(_) => {
-                self.shared.step_down(epoch, "the leader key was deleted or replaced in etcd");
-                return None;
+                self.step_down(epoch, "the leader key was deleted or replaced in etcd");
+                None
             }
-            Err(_) => {
-                tokio::time::sleep(RETRY).await;
-                return None;
-            }
+            Err(_) => None,
         }
-        Watch::open(&self.client, &leader, b"", epoch + 1).await.ok()
+    }
+
+    /// Steps down from leading in `epoch`, saying why, if it still does.
+    fn step_down(&self, epoch: i64, why: &str) {
+        if self.shared.step_down(epoch, why) {
+            tracing::warn!(reason = why, "no longer the leader: stepping down");
+        }
     }
 
     /// Deletes the leader key if it is still this instance's: a clean hand-over.
@@ -236,12 +261,24 @@ impl Campaign {
     }
 }
 
+/// A task aborted when this is dropped.
+struct Aborting(tokio::task::JoinHandle<()>);
+
+impl Drop for Aborting {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Renews `lease` every quarter of its TTL, counting each acknowledgement from its send; stops
 /// when etcd says the lease is gone, or when the lease lapsed before an answer came.
 async fn keep_alive(client: Client, shared: Arc<Shared>, lease: i64, ttl: Duration) {
     let period = (ttl / 4).max(Duration::from_millis(100));
     loop {
         tokio::time::sleep(period).await;
+        if shared.stopped() {
+            return;
+        }
         let sent = boottime();
         match client.keep_alive_once(lease).await {
             Ok(left) if left > 0 => shared.acknowledged(sent, Duration::from_secs(left.unsigned_abs())),

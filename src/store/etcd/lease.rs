@@ -155,13 +155,20 @@ impl Shared {
         true
     }
 
-    /// Stops for good (close, or a state that cannot serve); a new term starts.
+    /// Stops for good (close, or a state that cannot serve): a new term starts and the lease
+    /// lapses, so nothing more is sent, and the keep-alive and the election end.
     pub(crate) fn stop(&self, why: &str) {
         let mut current = self.standing.lock().unwrap_or_else(|e| e.into_inner());
         self.term.fetch_add(1, Ordering::AcqRel);
         *current = Standing::Stopped(why.to_owned());
+        self.until.store(0, Ordering::Release);
         drop(current);
         self.wake.notify_one();
+    }
+
+    /// Whether the store stopped for good.
+    pub(crate) fn stopped(&self) -> bool {
+        matches!(*self.standing.lock().unwrap_or_else(|e| e.into_inner()), Standing::Stopped(_))
     }
 
     /// The epoch and lease to guard a batch of `term` with, if this instance leads in it with
@@ -220,8 +227,19 @@ mod tests {
         assert!(!shared.may_send(t1));
         shared.set(Standing::Seeking("lost".into()));
         assert!(shared.term() > t1);
+
+        // A writer that settles a batch of an old leadership leaves a newer one alone.
+        shared.acknowledged(boottime(), Duration::from_secs(5));
+        shared.set(Standing::Leading { epoch: 12, lease: 9 });
+        let t2 = shared.term();
+        assert!(!shared.step_down(7, "an old epoch's batch"), "epoch 7 is not the one leading");
+        assert_eq!((shared.term(), shared.lease_valid()), (t2, true));
+        assert!(shared.step_down(12, "its own"));
+        assert!(!shared.lease_valid() && shared.term() > t2);
+        shared.acknowledged(boottime(), Duration::from_secs(5));
         shared.stop("closed");
+        assert!(!shared.lease_valid(), "a stopped store sends nothing more");
         shared.set(Standing::TakingOver);
-        assert!(matches!(shared.standing(), Standing::Stopped(_)), "stopped for good");
+        assert!(shared.stopped(), "stopped for good");
     }
 }

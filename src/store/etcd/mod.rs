@@ -74,6 +74,9 @@ pub struct EtcdStore {
     campaign: Mutex<Option<JoinHandle<()>>>,
     /// What the election needs, until `start`.
     pending: Mutex<Option<(Client, Names, EtcdOptions)>>,
+    /// How long a change waits for its batch before it is refused: a writer settling an
+    /// unknown outcome gives up within the lease, so this only bounds a writer that hangs.
+    answer_within: Duration,
 }
 
 impl EtcdStore {
@@ -97,8 +100,9 @@ impl EtcdStore {
         writer.on_commit = options.on_commit.clone();
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(writer.run(rx));
+        let answer_within = options.lease_ttl * 2;
         let pending = Mutex::new(Some((client, names, options)));
-        Ok(EtcdStore { tx, table, shared, campaign: Mutex::new(None), pending })
+        Ok(EtcdStore { tx, table, shared, campaign: Mutex::new(None), pending, answer_within })
     }
 
     /// Starts campaigning; `hook` hears of each takeover before this instance leads. Once.
@@ -127,9 +131,15 @@ impl EtcdStore {
     fn send(&self, make: impl FnOnce(oneshot::Sender<Result<(), StoreError>>) -> Msg) -> StoreFuture<'_> {
         let (done, rx) = oneshot::channel();
         let sent = self.tx.send(make(done));
+        let within = self.answer_within;
         Box::pin(async move {
             sent.map_err(|_| StoreError::Closed)?;
-            rx.await.map_err(|_| StoreError::Closed)?
+            match tokio::time::timeout(within, rx).await {
+                Ok(answer) => answer.map_err(|_| StoreError::Closed)?,
+                // Refused unsent: should the batch still commit, its advance is in etcd, which
+                // only refuses more.
+                Err(_) => Err(StoreError::Unavailable(format!("the fence store did not answer within {within:?}"))),
+            }
         })
     }
 
@@ -152,14 +162,11 @@ impl EtcdStore {
 }
 
 impl Drop for EtcdStore {
-    /// A store dropped without `close` (an open that failed later, a proxy dropped) stops its
-    /// election at once, so that it cannot lead with no writer behind it; its key goes with its
-    /// lease.
+    /// A store dropped without `close` (an open that failed later, a proxy dropped) stops: its
+    /// lease lapses, its keep-alive ends, and the election resigns if it led and revokes the
+    /// lease, on the runtime while it runs; so it never leads with no writer behind it.
     fn drop(&mut self) {
         self.shared.stop("the store was dropped");
-        if let Some(campaign) = self.campaign.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            campaign.abort();
-        }
     }
 }
 

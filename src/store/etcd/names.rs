@@ -113,6 +113,14 @@ pub(crate) fn batch_id(epoch: i64, sequence: u64) -> Vec<u8> {
     format!("{epoch:020}.{sequence:020}").into_bytes()
 }
 
+/// A batch id read back: its epoch and sequence; `None` if it is not one.
+pub(crate) fn parse_batch_id(id: &[u8]) -> Option<(i64, u64)> {
+    let text = std::str::from_utf8(id).ok()?;
+    let (epoch, seq) = text.split_once('.')?;
+    (epoch.len() == 20 && seq.len() == 20).then_some(())?;
+    Some((epoch.parse().ok()?, seq.parse().ok()?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -132,5 +140,8 @@ mod tests {
         assert_eq!(parse_token(&token_value(u64::MAX)), Some(u64::MAX));
         assert_eq!(parse_token(b"34"), None, "only the padded form is a token");
         assert!(batch_id(7, 2) < batch_id(7, 10));
+        assert_eq!(parse_batch_id(&batch_id(7, 10)), Some((7, 10)));
+        assert_eq!(parse_batch_id(b"7.10"), None);
+        assert_eq!(parse_batch_id(b"x"), None);
     }
 }
