@@ -136,7 +136,7 @@ async fn a_new_leader_quarantines_what_the_old_one_left_in_flight() {
 #[tokio::test]
 async fn without_etcd_fenced_writes_fail_closed_and_come_back() {
     let Some(mut etcd) = start_etcd().await else { return };
-    let c = Cluster::start(&[etcd.url()], 1, "[admin]\nlisten = \"127.0.0.1:0\"\n").await;
+    let c = Cluster::start(&[etcd.url()], 1, "").await;
     c.wait_leader().await;
     let addr = c.instances[0].addr;
     let admin = c.instances[0].proxy().admin_addr().await;

@@ -23,11 +23,13 @@ pub(super) struct Closed;
 pub(super) struct Gated<B> {
     body: B,
     gate: Gate,
+    /// Chunks seen so far (for the fail point between chunks).
+    chunks: u64,
 }
 
 impl<B> Gated<B> {
     pub(super) fn new(body: B, gate: Gate) -> Self {
-        Gated { body, gate }
+        Gated { body, gate, chunks: 0 }
     }
 }
 
@@ -59,7 +61,11 @@ where
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let polled = ready!(Pin::new(&mut self.body).poll_frame(cx));
         if matches!(polled, Some(Ok(_))) {
-            failpoint("upstream::mid_body");
+            self.chunks += 1;
+            // After the first chunk: the head and that chunk have gone to the backend.
+            if self.chunks > 1 {
+                failpoint("upstream::mid_body");
+            }
         }
         if matches!(polled, Some(Ok(_))) && !(self.gate)() {
             return Poll::Ready(Some(Err(Box::new(Closed))));

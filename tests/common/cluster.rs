@@ -17,6 +17,8 @@ use super::wait::eventually;
 
 /// The key prefix of the fence in etcd.
 pub const PREFIX: &str = "/fg/";
+/// Every instance's admin token (its admin API listens on a port of its own).
+pub const ADMIN_TOKEN: &str = "an-admin-token-for-the-cluster-tests";
 
 /// One instance: its config and, while it runs, its process.
 pub struct Instance {
@@ -42,7 +44,8 @@ impl Instance {
         let stopped = Arc::clone(&self.stopped);
         self.running = Some(Running::spawn_with(cmd, move |line, pid| {
             if line.contains("failpoint reached") {
-                super::process::signal(pid, "STOP");
+                // Not asserted: the process may have ended since it wrote the line.
+                let _ = Command::new("kill").args(["-s", "STOP", &pid.to_string()]).status();
                 stopped.lock().unwrap().push(pid);
             }
         }));
@@ -76,6 +79,11 @@ impl Cluster {
     /// `n` instances configured on the prefix [`PREFIX`] of the etcd cluster at `endpoints`,
     /// with `extra` appended to each config; none started, and the prefix not initialised.
     pub async fn build(endpoints: &[String], n: usize, extra: &str) -> Cluster {
+        Cluster::build_with(endpoints, n, "3s", extra).await
+    }
+
+    /// [`Cluster::build`] with `fence.quarantine` set to `quarantine`.
+    pub async fn build_with(endpoints: &[String], n: usize, quarantine: &str, extra: &str) -> Cluster {
         let backend = MemBackend::start().await.unwrap();
         let dir = tempfile::tempdir().unwrap();
         let stopped = Arc::new(Mutex::new(Vec::new()));
@@ -87,7 +95,8 @@ impl Cluster {
             let text = format!(
                 "[server]\nlisten = \"{addr}\"\n[backend]\nurl = \"{}\"\n[store]\nkind = \"etcd\"\nprefix = \"{PREFIX}\"\n\
                  advertise = \"http://{addr}\"\nlease_ttl = \"3s\"\nlease_margin = \"1s\"\n[etcd]\nendpoints = [{}]\n\
-                 request_timeout = \"500ms\"\n[fence]\nquarantine = \"3s\"\n{extra}\n",
+                 request_timeout = \"500ms\"\n[fence]\nquarantine = \"{quarantine}\"\n\
+                 [admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{ADMIN_TOKEN}\"\n{extra}\n",
                 backend.url(),
                 listed.join(", ")
             );
@@ -121,7 +130,8 @@ impl Cluster {
         kvs.first().map(|kv| String::from_utf8_lossy(&kv.value).into_owned())
     }
 
-    /// Waits until a running instance leads and says so on its readiness; returns its index.
+    /// Waits until a running instance leads: etcd's leader key names it and its metrics say it
+    /// fences writes now (`fencegate_store_role{role="writer"}`); returns its index.
     pub async fn wait_leader(&self) -> usize {
         let mut found = None;
         eventually("an instance leads the fence", async || {
@@ -129,7 +139,7 @@ impl Cluster {
             let Some(i) = self.instances.iter().position(|i| i.url() == url && i.running.is_some()) else {
                 return false;
             };
-            if self.instances[i].proxy().log_contains("leading the fence") {
+            if self.is_writer(i).await {
                 found = Some(i);
                 return true;
             }
@@ -139,11 +149,42 @@ impl Cluster {
         found.unwrap()
     }
 
-    /// `max_seen` of `key` as etcd holds it.
+    /// Whether instance `i` says it fences writes now.
+    pub async fn is_writer(&self, i: usize) -> bool {
+        let Some(running) = self.instances[i].running.as_ref() else { return false };
+        let admin = running.admin_addr().await;
+        // Briefly: a stopped instance does not answer.
+        let scrape = super::try_raw_request(admin, "GET /metrics HTTP/1.1\r\nHost: x", "");
+        let Ok(Some(r)) = tokio::time::timeout(std::time::Duration::from_secs(1), scrape).await else {
+            return false;
+        };
+        String::from_utf8_lossy(&r.body).contains("fencegate_store_role{role=\"writer\"} 1")
+    }
+
+    /// Sets a fail point's actions on instance `i` (`off` disarms it); whether it was set.
+    pub async fn failpoint(&self, i: usize, name: &str, actions: &str) -> bool {
+        let Some(running) = self.instances[i].running.as_ref() else { return false };
+        let admin = running.admin_addr().await;
+        let head = format!(
+            "PUT /failpoints/{name} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN_TOKEN}\r\nContent-Length: {}",
+            actions.len()
+        );
+        super::try_raw_request(admin, &head, actions).await.is_some_and(|r| r.status == 200)
+    }
+
+    /// `max_seen` of `key` as etcd holds it (read again while etcd does not answer).
     pub async fn max_seen_in_etcd(&self, key: &str) -> Option<u64> {
         let name = format!("{PREFIX}k/{key}");
-        let (kvs, _) = self.gateway.range(name.as_bytes(), None).await.unwrap();
-        kvs.first().map(|kv| std::str::from_utf8(&kv.value).unwrap().parse().unwrap())
+        let mut found = None;
+        eventually("etcd answers a read", async || match self.gateway.range(name.as_bytes(), None).await {
+            Ok((kvs, _)) => {
+                found = Some(kvs.first().map(|kv| std::str::from_utf8(&kv.value).unwrap().parse().unwrap()));
+                true
+            }
+            Err(_) => false,
+        })
+        .await;
+        found.flatten()
     }
 
     /// Whether etcd holds an in-flight marker for `key`.

@@ -54,8 +54,25 @@ impl EtcdCluster {
     }
 
     /// The pid of member `i`, while it runs.
-    pub fn pid(&self, i: usize) -> Option<u32> {
-        self.members[i].as_ref().map(|p| p.child.id())
+    pub fn pid(&mut self, i: usize) -> Option<u32> {
+        let member = self.members[i].as_mut()?;
+        match member.child.try_wait() {
+            Ok(None) => Some(member.child.id()),
+            _ => None,
+        }
+    }
+
+    /// Waits until every member answers healthy (a leader, serving requests).
+    pub async fn wait_healthy(&mut self) {
+        for i in 0..self.members.len() {
+            let endpoint = self.endpoints[i];
+            if let Some(member) = self.members[i].as_mut() {
+                assert!(
+                    member.wait_ready(async || etcd_healthy(endpoint).await).await,
+                    "etcd member {i} did not come back"
+                );
+            }
+        }
     }
 
     /// The member etcd's members name their leader, if they agree on one that runs.

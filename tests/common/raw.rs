@@ -61,6 +61,35 @@ impl RawConn {
         RawConn { stream, pending: Vec::new() }
     }
 
+    /// Like [`RawConn::open`], but `None` when nothing listens (a killed proxy).
+    pub async fn try_open(addr: SocketAddr) -> Option<RawConn> {
+        Some(RawConn { stream: TcpStream::connect(addr).await.ok()?, pending: Vec::new() })
+    }
+
+    /// Like [`RawConn::send`], but `false` when the connection broke.
+    pub async fn try_send(&mut self, bytes: impl AsRef<[u8]>) -> bool {
+        self.stream.write_all(bytes.as_ref()).await.is_ok()
+    }
+
+    /// The next complete response, or `None` when the connection breaks or ends before one
+    /// (a proxy killed, stopped for good, or cutting a write off). No deadline of its own.
+    pub async fn try_read_response(&mut self) -> Option<Resp> {
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            if let Some(len) = response_len(&self.pending, false) {
+                let raw: Vec<u8> = self.pending.drain(..len).collect();
+                return parse_response(&raw);
+            }
+            let n = self.stream.read(&mut buf).await.ok()?;
+            if n == 0 {
+                let len = response_len(&self.pending, true)?;
+                let raw: Vec<u8> = self.pending.drain(..len).collect();
+                return parse_response(&raw);
+            }
+            self.pending.extend_from_slice(&buf[..n]);
+        }
+    }
+
     /// Writes `bytes` as they are.
     pub async fn send(&mut self, bytes: impl AsRef<[u8]>) {
         self.stream.write_all(bytes.as_ref()).await.expect("write to the server");
