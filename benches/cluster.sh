@@ -4,6 +4,7 @@
 #
 #   benches/cluster.sh                           # 3 rounds of 8 s at 64 connections
 #   ROUNDS=5 SECONDS_PER_RUN=10 CONNS="16 64" benches/cluster.sh
+#   MAX_TXN_OPS=1024 benches/cluster.sh       # etcd's --max-txn-ops and store.max_txn_ops raised
 #
 # What runs, all on loopback:
 #   etcd      three members, data on disk (/var/tmp), the Debian package's defaults   18201-18203
@@ -25,6 +26,7 @@ set -euo pipefail
 ROUNDS=${ROUNDS:-3}
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-8}
 CONNS=${CONNS:-64}
+MAX_TXN_OPS=${MAX_TXN_OPS:-128}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 BIN=${FG_BIN:-$TARGET_DIR/release/fencegate}
@@ -54,6 +56,7 @@ for i in 0 1 2; do
         --listen-client-urls "http://127.0.0.1:1820$((i + 1))" --advertise-client-urls "http://127.0.0.1:1820$((i + 1))" \
         --listen-peer-urls "http://127.0.0.1:1821$((i + 1))" --initial-advertise-peer-urls "http://127.0.0.1:1821$((i + 1))" \
         --initial-cluster "$cluster" --initial-cluster-state new --initial-cluster-token fg-bench \
+        --max-txn-ops "$MAX_TXN_OPS" \
         >"$DISK/etcd-$i.log" 2>&1 &
     PIDS+=($!)
 done
@@ -93,7 +96,7 @@ common() { # PORT ADMIN
 for i in 0 1 2; do
     port=$((18094 + i))
     { common "$port" $((18194 + i))
-      printf '[store]\nkind = "etcd"\nprefix = "/bench/"\nadvertise = "http://127.0.0.1:%s"\n[etcd]\nendpoints = [%s]\n' "$port" "$ENDPOINTS"
+      printf '[store]\nkind = "etcd"\nprefix = "/bench/"\nadvertise = "http://127.0.0.1:%s"\nmax_txn_ops = %s\n[etcd]\nendpoints = [%s]\n' "$port" "$MAX_TXN_OPS" "$ENDPOINTS"
     } >"$SHM/etcd-$i.toml"
 done
 "$BIN" init --dir "$DISK/file" >/dev/null
@@ -155,7 +158,7 @@ run() { # TARGET CONNS SECONDS -> "req/s p50 p99 failures"
 TARGETS=(cas file etcd-1 etcd-3)
 RESULTS="$SHM/results.tsv"
 : >"$RESULTS"
-echo "cluster benchmark: $(nproc) CPUs, $(uname -r), rounds=$ROUNDS x ${SECONDS_PER_RUN}s, leader etcd-$LEADER" >&2
+echo "cluster benchmark: $(nproc) CPUs, $(uname -r), rounds=$ROUNDS x ${SECONDS_PER_RUN}s, max_txn_ops=$MAX_TXN_OPS, leader etcd-$LEADER" >&2
 for conns in $CONNS; do
     for target in "${TARGETS[@]}"; do run "$target" "$conns" 2 >/dev/null; done # warm-up
     for round in $(seq "$ROUNDS"); do

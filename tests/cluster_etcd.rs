@@ -263,6 +263,7 @@ async fn a_store_dropped_without_close_gives_the_leadership_up() {
         max_resources: 1000,
         max_table_bytes: 1 << 20,
         keying: fencegate::fence::keys::keying(&config.paths, &config.fence.scopes),
+        max_txn_ops: fencegate::store::etcd::DEFAULT_MAX_TXN_OPS,
         on_commit: None,
     };
     let store = fencegate::store::EtcdStore::open(fencegate::etcd::Client::single(&etcd.url()), options).await.unwrap();

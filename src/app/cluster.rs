@@ -42,6 +42,7 @@ pub(super) async fn open(
         max_resources: config.store.max_resources,
         max_table_bytes: config.store.max_table_bytes,
         keying,
+        max_txn_ops: settings.max_txn_ops,
         on_commit,
     };
     tracing::info!(prefix = %options.prefix, endpoints = %config.etcd.endpoints.join(","), advertise = %options.advertise,

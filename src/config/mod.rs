@@ -305,6 +305,8 @@ pub struct EtcdStoreConfig {
     /// How much sooner than etcd the leader stops trusting its lease.
     #[serde(serialize_with = "ser_duration")]
     pub lease_margin: Duration,
+    /// The most operations etcd takes in one transaction (its `--max-txn-ops`).
+    pub max_txn_ops: usize,
 }
 
 /// `[log]`

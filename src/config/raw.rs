@@ -242,6 +242,8 @@ pub(super) struct RawStore {
     pub(super) lease_ttl: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) lease_margin: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) max_txn_ops: Option<usize>,
 }
 
 impl Default for RawStore {
@@ -258,6 +260,7 @@ impl Default for RawStore {
             advertise: None,
             lease_ttl: None,
             lease_margin: None,
+            max_txn_ops: None,
         }
     }
 }

@@ -23,10 +23,11 @@ pub(super) fn store(raw: raw::RawStore) -> Result<StoreConfig, ConfigError> {
         ("store.advertise", raw.advertise.is_some()),
         ("store.lease_ttl", raw.lease_ttl.is_some()),
         ("store.lease_margin", raw.lease_margin.is_some()),
+        ("store.max_txn_ops", raw.max_txn_ops.is_some()),
     ];
-    let (other, why) = match kind {
-        StoreKind::File => (etcd_keys, "an etcd store's setting: only with store.kind = \"etcd\""),
-        StoreKind::Etcd => (file_keys, "a file store's setting: with store.kind = \"etcd\" the fence is kept in etcd"),
+    let (other, why): (&[(&str, bool)], _) = match kind {
+        StoreKind::File => (&etcd_keys, "an etcd store's setting: only with store.kind = \"etcd\""),
+        StoreKind::Etcd => (&file_keys, "a file store's setting: with store.kind = \"etcd\" the fence is kept in etcd"),
     };
     if let Some((key, _)) = other.iter().find(|(_, set)| *set) {
         return Err(invalid(key, why));
@@ -50,7 +51,14 @@ pub(super) fn store(raw: raw::RawStore) -> Result<StoreConfig, ConfigError> {
     let stall_after = duration("store.stall_after", raw.stall_after.as_deref().unwrap_or("2s"))?;
     let etcd = match kind {
         StoreKind::File => None,
-        StoreKind::Etcd => Some(etcd_store(raw.prefix, raw.advertise, raw.lease_ttl, raw.lease_margin)?),
+        StoreKind::Etcd => {
+            let mut settings = etcd_store(raw.prefix, raw.advertise, raw.lease_ttl, raw.lease_margin)?;
+            settings.max_txn_ops = match raw.max_txn_ops.unwrap_or(crate::store::etcd::DEFAULT_MAX_TXN_OPS) {
+                n @ 8..=1_000_000 => n,
+                n => return Err(invalid("store.max_txn_ops", format!("{n}: between 8 and 1000000, as etcd's --max-txn-ops"))),
+            };
+            Some(settings)
+        }
     };
     Ok(StoreConfig {
         kind,
@@ -119,5 +127,6 @@ fn etcd_store(
     if lease_margin * 2 > lease_ttl {
         return Err(invalid("store.lease_margin", "must be at most half of store.lease_ttl"));
     }
-    Ok(EtcdStoreConfig { prefix, advertise: advertise.trim_end_matches('/').to_owned(), lease_ttl, lease_margin })
+    let advertise = advertise.trim_end_matches('/').to_owned();
+    Ok(EtcdStoreConfig { prefix, advertise, lease_ttl, lease_margin, max_txn_ops: crate::store::etcd::DEFAULT_MAX_TXN_OPS })
 }

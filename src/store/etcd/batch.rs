@@ -26,9 +26,8 @@ use crate::store::table::mark_bytes;
 use crate::store::writer::{Change, apply};
 use crate::store::{MarkKind, StoreError, Table};
 
-/// Operations one transaction may hold: etcd's default `--max-txn-ops` is 128, and the batch id
-/// takes one.
-pub(crate) const MAX_OPS: usize = 127;
+/// etcd's default `--max-txn-ops`: the operations one transaction may hold.
+pub const DEFAULT_MAX_TXN_OPS: usize = 128;
 /// Bytes of keys and values one transaction may carry, well under etcd's default request limit
 /// (1.5 MiB).
 const MAX_BYTES: usize = 1 << 20;
@@ -67,6 +66,9 @@ pub(crate) struct Writer {
     pub(crate) shared: Arc<Shared>,
     pub(crate) table: Arc<Table>,
     pub(crate) max_resources: usize,
+    /// Operations of changes and answers one batch may hold: etcd's `--max-txn-ops` less the
+    /// batch id's.
+    pub(crate) max_ops: usize,
     pub(crate) on_commit: Option<CommitHook>,
     /// Taken from the queue and not yet in a batch: it did not fit the last one.
     carry: Option<Msg>,
@@ -94,7 +96,17 @@ enum Applied {
 
 impl Writer {
     pub(crate) fn new(client: Client, names: Names, shared: Arc<Shared>, table: Arc<Table>) -> Writer {
-        Writer { client, names, shared, table, max_resources: usize::MAX, on_commit: None, carry: None, chain: None }
+        Writer {
+            client,
+            names,
+            shared,
+            table,
+            max_resources: usize::MAX,
+            max_ops: DEFAULT_MAX_TXN_OPS - 1,
+            on_commit: None,
+            carry: None,
+            chain: None,
+        }
     }
 
     /// Runs until closed, or until every sender is gone.
@@ -117,7 +129,7 @@ impl Writer {
                     break;
                 }
                 let (o, b) = msg.cost();
-                if !batch.is_empty() && (ops + o > MAX_OPS || bytes + b > MAX_BYTES) {
+                if !batch.is_empty() && (ops + o > self.max_ops || bytes + b > MAX_BYTES) {
                     self.carry = Some(msg);
                     break;
                 }

@@ -25,6 +25,7 @@ use super::writer::Change;
 use super::{Condition, MarkKind, Permit, Role, Store, StoreError, StoreFuture, Table};
 use crate::etcd::Client;
 use batch::Msg;
+pub use batch::DEFAULT_MAX_TXN_OPS;
 pub use leadership::TakeoverHook;
 use lease::{Shared, Standing};
 use names::Names;
@@ -49,6 +50,9 @@ pub struct EtcdOptions {
     pub max_table_bytes: u64,
     /// The key rules the fence keys are made under, recorded at `init`.
     pub keying: String,
+    /// The most operations one transaction may hold: etcd's `--max-txn-ops` (128 by default),
+    /// which bounds how many writes one batch commits.
+    pub max_txn_ops: usize,
     /// Called after each batch that made advances durable (metrics).
     pub on_commit: Option<CommitHook>,
 }
@@ -74,6 +78,8 @@ pub struct EtcdStore {
     campaign: Mutex<Option<JoinHandle<()>>>,
     /// What the election needs, until `start`.
     pending: Mutex<Option<(Client, Names, EtcdOptions)>>,
+    /// Operations a change may take in one batch.
+    max_ops: usize,
     /// How long a change waits for its batch before it is refused: a writer settling an
     /// unknown outcome gives up within the lease, so this only bounds a writer that hangs.
     answer_within: Duration,
@@ -97,12 +103,14 @@ impl EtcdStore {
         let shared = Arc::new(Shared::new(options.lease_margin));
         let mut writer = batch::Writer::new(client.clone(), names.clone(), Arc::clone(&shared), Arc::clone(&table));
         writer.max_resources = options.max_resources;
+        writer.max_ops = options.max_txn_ops.max(2) - 1;
         writer.on_commit = options.on_commit.clone();
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(writer.run(rx));
         let answer_within = options.lease_ttl * 2;
+        let max_ops = options.max_txn_ops.max(2) - 1;
         let pending = Mutex::new(Some((client, names, options)));
-        Ok(EtcdStore { tx, table, shared, campaign: Mutex::new(None), pending, answer_within })
+        Ok(EtcdStore { tx, table, shared, campaign: Mutex::new(None), pending, max_ops, answer_within })
     }
 
     /// Starts campaigning; `hook` hears of each takeover before this instance leads. Once.
@@ -153,7 +161,7 @@ impl EtcdStore {
         marks.sort_unstable();
         marks.dedup();
         let per = if change == Change::Advance { 2 } else { 1 };
-        if marks.len() * per > batch::MAX_OPS {
+        if marks.len() * per > self.max_ops {
             let why = format!("a write of {} marks does not fit one etcd transaction", marks.len());
             return Box::pin(std::future::ready(Err(StoreError::Unavailable(why))));
         }
