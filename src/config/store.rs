@@ -55,7 +55,12 @@ pub(super) fn store(raw: raw::RawStore) -> Result<StoreConfig, ConfigError> {
             let mut settings = etcd_store(raw.prefix, raw.advertise, raw.lease_ttl, raw.lease_margin)?;
             settings.max_txn_ops = match raw.max_txn_ops.unwrap_or(crate::store::etcd::DEFAULT_MAX_TXN_OPS) {
                 n @ 8..=1_000_000 => n,
-                n => return Err(invalid("store.max_txn_ops", format!("{n}: between 8 and 1000000, as etcd's --max-txn-ops"))),
+                n => {
+                    return Err(invalid(
+                        "store.max_txn_ops",
+                        format!("{n}: between 8 and 1000000, as etcd's --max-txn-ops"),
+                    ));
+                }
             };
             Some(settings)
         }
@@ -128,5 +133,11 @@ fn etcd_store(
         return Err(invalid("store.lease_margin", "must be at most half of store.lease_ttl"));
     }
     let advertise = advertise.trim_end_matches('/').to_owned();
-    Ok(EtcdStoreConfig { prefix, advertise, lease_ttl, lease_margin, max_txn_ops: crate::store::etcd::DEFAULT_MAX_TXN_OPS })
+    Ok(EtcdStoreConfig {
+        prefix,
+        advertise,
+        lease_ttl,
+        lease_margin,
+        max_txn_ops: crate::store::etcd::DEFAULT_MAX_TXN_OPS,
+    })
 }
