@@ -63,6 +63,7 @@ const RULES: &[Rule] = &[
             "crate::fence::DEFAULT_DOMAIN",
             "crate::fence::verify",
             "crate::store::SyncMode",
+            "crate::store::etcd::DEFAULT_MAX_TXN_OPS",
             "crate::tls",
         ],
         no_crates: &["hyper", "tokio"],
