@@ -308,3 +308,32 @@ fn the_documented_test_vector_agrees_with_sign_and_with_python() {
     assert!(out.status.success(), "python3: {}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(String::from_utf8(out.stdout).unwrap().trim(), header, "Python's hmac module");
 }
+
+/// A signed write that waits for its turn is checked again when the turn comes, against the
+/// keys in force then: a key a reload withdrew (after a leak) lets nothing more through.
+#[tokio::test]
+async fn a_waiting_write_is_checked_again_against_the_keys_in_force_at_its_turn() {
+    let keys = KeyFiles::new();
+    keys.write("2026-11", OLD);
+    keys.write("2026-12", NEW);
+    let h = signed_harness(&keys, &["2026-11", "2026-12"], "").await;
+    let later = now() + 600;
+    let (first, second) = (sign(OLD, "2026-11", "default", 1, later), sign(OLD, "2026-11", "default", 2, later));
+    let slow_headers = [("fencing-token", "1"), (SIGNATURE, first.as_str()), (common::DELAY_HEADER, "1500")];
+    let queued_headers = [("fencing-token", "2"), (SIGNATURE, second.as_str())];
+    let slow = h.send("PUT", "/signed/q", &slow_headers, "v");
+    let queued = async {
+        h.wait_queue_len("/signed/q", 1).await;
+        let waiting = h.send("PUT", "/signed/q", &queued_headers, "v");
+        let reload = async {
+            h.wait_queue_len("/signed/q", 2).await;
+            h.proxy.reload(with_rules(&h.config, &signed_rules(&keys, &["2026-12"], ""))).unwrap();
+        };
+        tokio::join!(waiting, reload).0
+    };
+    let (slow, queued) = tokio::join!(slow, queued);
+    assert_eq!(slow.status, 200);
+    queued.assert_refused(403, "signature_rejected");
+    assert_eq!(queued.json()["reason"], "unknown_key");
+    assert_eq!(h.applied_tokens("/signed/q"), [1]);
+}

@@ -91,14 +91,32 @@ impl Mark {
 pub(crate) struct HighWater {
     domains: Domains,
     marks: Box<[Mark]>,
-    /// Whether the table has been counted in: until then no domain has a bound.
+    /// Whether the table has been counted in.
     counted: AtomicBool,
+    /// Until then, the highest token of the mapping this one replaced, over every domain: at or
+    /// above what the count will find for any of them, so it bounds meanwhile without refusing
+    /// anything the count would let through.
+    fallback: Option<u64>,
 }
 
 impl HighWater {
     fn new(domains: Domains) -> HighWater {
+        HighWater::replacing(domains, None)
+    }
+
+    /// A high water to be counted, bounded meanwhile by `fallback`.
+    fn replacing(domains: Domains, fallback: Option<u64>) -> HighWater {
         let marks = domains.names.iter().map(|_| Mark::default()).collect();
-        HighWater { domains, marks, counted: AtomicBool::new(false) }
+        HighWater { domains, marks, counted: AtomicBool::new(false), fallback }
+    }
+
+    /// The highest token over every domain (while uncounted, with the fallback).
+    fn overall(&self) -> Option<u64> {
+        let marks = self.marks.iter().filter_map(Mark::get).max();
+        match self.counted.load(Ordering::Acquire) {
+            true => marks,
+            false => marks.max(self.fallback),
+        }
     }
 
     /// Counts every key and floor of `table` in.
@@ -117,7 +135,7 @@ impl HighWater {
 
     fn get(&self, index: usize) -> Option<u64> {
         if !self.counted.load(Ordering::Acquire) {
-            return None;
+            return self.marks[index].get().max(self.fallback);
         }
         self.marks[index].get()
     }
@@ -133,33 +151,38 @@ pub(crate) fn counted(domains: Domains, table: &Table) -> HighWater {
 impl Fence {
     /// Maps keys to token domains by `domains` from now on. When that changes the mapping, each
     /// domain's highest token is counted again from the table on a thread of its own (a pass
-    /// over every key), and until it is done keys without a level of their own have no bound;
-    /// advances made meanwhile are counted too. Returns whether a count started.
+    /// over every key); until it is done, keys without a level of their own are bounded by the
+    /// highest token of the old mapping over every domain, and advances made meanwhile are
+    /// counted too. Returns whether a count started.
     pub fn set_domains(&self, domains: Domains) -> bool {
-        if self.high_water.load().domains == domains {
+        let old = self.high_water.load();
+        if old.domains == domains {
             return false;
         }
-        let high = Arc::new(HighWater::new(domains));
+        let high = Arc::new(HighWater::replacing(domains, old.overall()));
         // Installed before the count reads the table: an advance raises either the table
         // before the count passes its key, or this high water.
         self.high_water.store(Arc::clone(&high));
         let table = Arc::clone(&self.max_seen);
+        let counting = Arc::clone(&high);
         let spawned = std::thread::Builder::new().name("fencegate-count".into()).spawn(move || {
             let started = std::time::Instant::now();
-            high.count(&table);
+            counting.count(&table);
             tracing::info!(took_ms = started.elapsed().as_millis() as u64, "token domains' highest tokens counted");
         });
         if let Err(e) = spawned {
-            tracing::error!(error = %e, "cannot count the token domains' highest tokens: max_jump bounds only keys with a max_seen");
+            tracing::warn!(error = %e, "no thread to count the token domains' highest tokens on: counting here");
+            high.count(&self.max_seen);
         }
         true
     }
 
-    /// The highest token accepted in `domain`, if it has one and it has been counted.
+    /// The highest token accepted in `domain`, if it has one and it has been counted (while a
+    /// count runs, `max_jump` measures from the old mapping's highest token instead).
     pub fn domain_max(&self, domain: &str) -> Option<u64> {
         let high = self.high_water.load();
         let index = high.domains.names.iter().position(|n| n == domain)?;
-        high.get(index)
+        high.counted.load(Ordering::Acquire).then(|| high.marks[index].get()).flatten()
     }
 
     /// Counts the domains again from the table, at once: after an operator's reset lowered
@@ -265,10 +288,11 @@ mod tests {
         let d = Domains::new([("/consul/".to_owned(), "consul".to_owned()), ("/zk/".to_owned(), "zk".to_owned())]);
         let high = counted(d.clone(), &table);
         assert_eq!((high.get(0), high.get(1), high.get(2)), (Some(100), Some(9), None));
-        let pending = HighWater::new(d);
+        let pending = HighWater::replacing(d.clone(), high.overall());
         pending.raise(&[Touch { key: "/zk/x".into(), coverage: Coverage::Key }], 5);
-        assert_eq!(pending.get(2), None, "nothing is bounded until the table is counted in");
+        assert_eq!(pending.get(2), Some(100), "until it is counted, the old mapping's highest token bounds");
         pending.count(&table);
         assert_eq!((pending.get(1), pending.get(2)), (Some(9), Some(5)), "advances made meanwhile count");
+        assert_eq!(HighWater::new(d).get(2), None, "a fence with nothing counted yet has no bound");
     }
 }

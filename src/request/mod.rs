@@ -119,6 +119,12 @@ async fn execute(
     locks::check(&state.locks.load(), &locks_held, token).map_err(Refusal::Lock)?;
     state.fence.precheck(&touches, token, policy)?;
     let waiting = Instant::now();
+    // For the proof's second look, at the turn: the first key is what a refusal names (kept
+    // only for a write that has a proof, so that the others pay no copy).
+    let first = match proof {
+        verify::Proof::None => None,
+        _ => touches.first().cloned(),
+    };
     let turn = state.fence.acquire(touches, fence.queue_timeout).await;
     state.metrics.queue_wait.observe(waiting.elapsed().as_secs_f64());
     let turn = turn?;
@@ -134,6 +140,9 @@ async fn execute(
         // there (waiting for one can take pool_timeout): a holder that lost its lock meanwhile
         // is refused, with its token not used up.
         locks::check(&state.locks.load(), &locks_held, token).map_err(Refusal::Lock)?;
+        // The proof again, against the keys in force now: a key a reload withdrew (after a
+        // leak), or a signature that expired while the write waited, no longer passes.
+        verify::check(&proof, token, first.as_slice(), &state.settings.get().verifiers)?;
         // A shared fence's leader sends only while it trusts its lease: checked before the
         // head and each body chunk (docs/cluster.md: self-fencing).
         let gate = state.store.permit(state.store.term());
