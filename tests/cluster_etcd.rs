@@ -11,7 +11,7 @@ mod common;
 use std::net::SocketAddr;
 
 use common::cluster::{Cluster, PREFIX};
-use common::etcd_server::start_etcd;
+use common::etcd_server::{Etcd, start_etcd};
 use common::{Resp, eventually, raw_request, try_raw_request};
 
 async fn put(addr: SocketAddr, path: &str, token: u64) -> Resp {
@@ -247,12 +247,8 @@ async fn a_leader_whose_key_is_deleted_steps_down_at_once() {
     .await;
 }
 
-/// A store dropped without `close` (an open that failed later) resigns and gives its lease up,
-/// so that it never holds the leadership with no writer behind it.
-#[tokio::test]
-async fn a_store_dropped_without_close_gives_the_leadership_up() {
-    let Some(etcd) = start_etcd().await else { return };
-    let c = Cluster::build(&[etcd.url()], 1, "").await;
+/// An etcd store on `c`'s prefix, opened in this process and leading, with a lease of 30 s.
+async fn leading_store(c: &Cluster, etcd: &Etcd) -> fencegate::store::EtcdStore {
     c.init().await;
     let config = fencegate::Config::load(&c.instances[0].config, None).unwrap();
     let options = fencegate::store::EtcdOptions {
@@ -269,8 +265,38 @@ async fn a_store_dropped_without_close_gives_the_leadership_up() {
     let store = fencegate::store::EtcdStore::open(fencegate::etcd::Client::single(&etcd.url()), options).await.unwrap();
     store.start(std::sync::Arc::new(|_| {}));
     eventually("it leads", async || store.leading()).await;
+    store
+}
+
+/// A store dropped without `close` (an open that failed later) resigns and gives its lease up,
+/// so that it never holds the leadership with no writer behind it.
+#[tokio::test]
+async fn a_store_dropped_without_close_gives_the_leadership_up() {
+    let Some(etcd) = start_etcd().await else { return };
+    let c = Cluster::build(&[etcd.url()], 1, "").await;
+    let store = leading_store(&c, &etcd).await;
     assert!(c.leader_url().await.is_some());
     drop(store);
     // Well before its 30 s lease would expire.
     eventually("the leader key is gone", async || c.leader_url().await.is_none()).await;
+}
+
+/// The writer never lowers a level, whatever its callers checked: a change whose caller
+/// stopped waiting can still be queued ahead of a later, lower one.
+#[tokio::test]
+async fn the_writer_never_lowers_a_level_in_etcd() {
+    use fencegate::store::Store;
+    let Some(etcd) = start_etcd().await else { return };
+    let c = Cluster::build(&[etcd.url()], 1, "").await;
+    let store = leading_store(&c, &etcd).await;
+    // Both queued before either is answered: in one batch, or the lower one in the next.
+    let (higher, lower) = (store.advance("/a", 10), store.advance("/a", 8));
+    assert!(higher.await.is_ok());
+    let refused = lower.await.unwrap_err().to_string();
+    assert!(refused.contains("a higher level"), "{refused}");
+    assert_eq!(c.max_seen_in_etcd("/a").await, Some(10));
+    // And against a committed level too.
+    assert!(store.advance("/a", 9).await.is_err());
+    assert!(store.advance("/a", 11).await.is_ok());
+    assert_eq!(c.max_seen_in_etcd("/a").await, Some(11));
 }

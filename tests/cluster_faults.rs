@@ -11,8 +11,10 @@
 //!   on every resource, so that a stalled write that went out on waking would reach the backend
 //!   after a newer one (the quarantine is set far below the stall, so only the self-fence can
 //!   keep the order);
-//! - `kill -9` of the leader with a write in flight, and SIGSTOP of the leader at a random
-//!   moment past its lease;
+//! - `kill -9` of the leader with a write at the backend that is applied after the next leader
+//!   took over (only the quarantine of its marker keeps it ahead of newer writes), and SIGSTOP
+//!   of the leader at a random moment past its lease (woken, it must not fence with its old
+//!   table);
 //! - `kill -9` of etcd's leader with a batch under way, SIGSTOP of etcd's leader past the
 //!   election timeout.
 //!
@@ -46,9 +48,15 @@ use common::{RawConn, eventually, raw_request};
 const RESOURCES: [&str; 3] = ["/r0", "/r1", "/r2"];
 /// The instances' lease (`store.lease_ttl` in `common::cluster`).
 const LEASE: Duration = Duration::from_secs(3);
-/// `fence.quarantine` in these rounds: far below a stall, so that the gate, not the
-/// quarantine, is what keeps a stalled leader's write from landing late.
-const QUARANTINE: &str = "200ms";
+/// `fence.quarantine` in these rounds: above any write's time at the backend, as it must be,
+/// and below a stall, which lasts until another instance has accepted newer writes after its
+/// quarantine: the gate, not the quarantine, is what keeps a stalled leader's write from
+/// landing late.
+const QUARANTINE: &str = "5s";
+/// A write the backend holds longer than a takeover takes, and less than the quarantine: in
+/// flight when its leader dies, it is applied after the next leader took over, which only the
+/// quarantine of its marker keeps ahead of newer writes.
+const LATE_MS: u64 = 4000;
 const CLIENTS: usize = 4;
 const BARRIER: &str = "settling it with a barrier";
 
@@ -113,8 +121,8 @@ struct World {
 
 /// One PUT of `token` to `resource` at `addr`, its body in two chunks a moment apart (so that a
 /// fail point between chunks has something on either side).
-async fn put(addr: SocketAddr, resource: &str, token: u64, slow: bool) -> Option<u16> {
-    let delay = if slow { "\r\nx-memstore-delay-ms: 150" } else { "" };
+async fn put(addr: SocketAddr, resource: &str, token: u64, delay_ms: u64) -> Option<u16> {
+    let delay = if delay_ms > 0 { format!("\r\nx-memstore-delay-ms: {delay_ms}") } else { String::new() };
     let body = "v".repeat(64);
     let head = format!(
         "PUT {resource} HTTP/1.1\r\nHost: x\r\nFencing-Token: {token}{delay}\r\nContent-Length: {}\r\n\r\n",
@@ -154,7 +162,7 @@ fn load(world: &World, seed: u64, stop: Arc<AtomicBool>) -> tokio::task::JoinHan
                     let resource = RESOURCES[rng.below(RESOURCES.len() as u64) as usize];
                     let addr = addrs[rng.below(addrs.len() as u64) as usize];
                     let token = token(&counter);
-                    let status = put(addr, resource, token, rng.below(4) == 0).await;
+                    let status = put(addr, resource, token, if rng.below(4) == 0 { 150 } else { 0 }).await;
                     outcomes.lock().unwrap().push(Outcome { resource, token, status });
                     if status.is_none_or(|s| s == 503) {
                         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -172,16 +180,6 @@ impl World {
     /// The running instance that leads, once one does.
     async fn leader(&self) -> usize {
         self.cluster.wait_leader().await
-    }
-
-    /// Whether etcd holds an in-flight marker for any resource now.
-    async fn any_in_flight(&self) -> bool {
-        for r in RESOURCES {
-            if self.cluster.in_flight_in_etcd(r).await {
-                return true;
-            }
-        }
-        false
     }
 
     /// Lines saying `needle` in every running instance's log.
@@ -212,7 +210,7 @@ impl World {
                     return false;
                 }
                 let token = token(&self.counter);
-                let status = put(self.cluster.instances[new].addr, resource, token, false).await;
+                let status = put(self.cluster.instances[new].addr, resource, token, 0).await;
                 self.outcomes.lock().unwrap().push(Outcome { resource, token, status });
                 if status.is_some_and(|s| (200..300).contains(&s)) {
                     break;
@@ -293,15 +291,31 @@ impl World {
             Fault::StallMidBody => self.stall_at("upstream::mid_body").await,
             Fault::KillLeader => {
                 let leader = self.leader().await;
-                let flying = self.any_in_flight().await;
+                // A write the backend applies after the next leader has taken over.
+                let resource = RESOURCES[rng.below(RESOURCES.len() as u64) as usize];
+                let (addr, late) = (self.cluster.instances[leader].addr, token(&self.counter));
+                let outcomes = Arc::clone(&self.outcomes);
+                tokio::spawn(async move {
+                    let status = put(addr, resource, late, LATE_MS).await;
+                    outcomes.lock().unwrap().push(Outcome { resource, token: late, status });
+                });
+                let start = Instant::now();
+                while !self.cluster.backend.requests().iter().any(|r| r.path == resource && r.token() == Some(late)) {
+                    if start.elapsed() > Duration::from_secs(5) {
+                        return None;
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                let marked = self.cluster.in_flight_in_etcd(resource).await;
                 tokio::task::block_in_place(|| self.cluster.instances[leader].kill9());
                 self.leader().await;
-                flying.then(|| "kill -9 of the leader with a write in flight".to_owned())
+                marked.then(|| {
+                    format!("kill -9 of the leader with a write to {resource} at the backend for {LATE_MS} ms")
+                })
             }
             Fault::StopLeader => {
                 let leader = self.leader().await;
                 let pid = self.cluster.instances[leader].proxy().pid();
-                let flying = self.any_in_flight().await;
                 common::process::signal(pid, "STOP");
                 let held = Instant::now();
                 let moved = self.newer_writes_elsewhere(leader).await;

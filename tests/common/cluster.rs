@@ -187,10 +187,19 @@ impl Cluster {
         found.flatten()
     }
 
-    /// Whether etcd holds an in-flight marker for `key`.
+    /// Whether etcd holds an in-flight marker for `key` (read again while etcd does not answer).
     pub async fn in_flight_in_etcd(&self, key: &str) -> bool {
         let name = format!("{PREFIX}i/{key}");
-        !self.gateway.range(name.as_bytes(), None).await.unwrap().0.is_empty()
+        let mut found = false;
+        eventually("etcd answers a read", async || match self.gateway.range(name.as_bytes(), None).await {
+            Ok((kvs, _)) => {
+                found = !kvs.is_empty();
+                true
+            }
+            Err(_) => false,
+        })
+        .await;
+        found
     }
 
     /// Tokens the backend applied to `path`, in the order it applied them.

@@ -86,7 +86,9 @@ impl EtcdCluster {
                 "POST /v3/maintenance/status HTTP/1.1\r\nHost: etcd\r\nContent-Type: application/json\r\nContent-Length: {}",
                 body.len()
             );
-            let Some(r) = try_raw_request(*e, &head, body).await else { continue };
+            // Briefly: a stopped member does not answer.
+            let asked = tokio::time::timeout(std::time::Duration::from_secs(1), try_raw_request(*e, &head, body));
+            let Ok(Some(r)) = asked.await else { continue };
             let Ok(v) = serde_json::from_slice::<serde_json::Value>(&r.body) else { continue };
             let (Some(leader), Some(me)) = (v["leader"].as_str(), v["header"]["member_id"].as_str()) else { continue };
             if leader == me {

@@ -179,6 +179,8 @@ impl Writer {
         let mut writes: BTreeMap<Vec<u8>, Option<Vec<u8>>> = BTreeMap::new();
         let mut applied = Vec::with_capacity(batch.len());
         let (mut new, mut new_bytes) = (0usize, 0u64);
+        // The highest advance of each mark so far in this batch.
+        let mut batch_levels: std::collections::HashMap<(MarkKind, String), u64> = std::collections::HashMap::new();
         for msg in batch {
             match msg {
                 Msg::Answered { marks, token, term: answered_in } => {
@@ -195,6 +197,29 @@ impl Writer {
                     let _ = done.send(Err(not_leader()));
                 }
                 Msg::Change { marks, token, change, done, .. } => {
+                    // Levels only climb here, whatever the caller checked: an advance below a
+                    // mark's level, or below an advance of it earlier in this batch, is refused
+                    // (a change whose caller stopped waiting may still be queued ahead of it).
+                    let level = |mark: &MarkKind, name: &str| match mark {
+                        MarkKind::Key => self.table.get(name),
+                        MarkKind::Floor => self.table.floor(name),
+                    };
+                    if change == Change::Advance
+                        && marks.iter().any(|(m, n)| {
+                            let queued = batch_levels.get(&(*m, n.clone())).copied();
+                            level(m, n).max(queued).is_some_and(|l| token < l)
+                        })
+                    {
+                        let why = "a higher level of one of its marks was committed or is being committed";
+                        let _ = done.send(Err(StoreError::Unavailable(why.into())));
+                        continue;
+                    }
+                    if change == Change::Advance {
+                        for (m, n) in &marks {
+                            let e = batch_levels.entry((*m, n.clone())).or_insert(token);
+                            *e = (*e).max(token);
+                        }
+                    }
                     let fresh: Vec<&str> = marks
                         .iter()
                         .filter(|(m, n)| match m {

@@ -274,13 +274,23 @@ impl Drop for Aborting {
 /// when etcd says the lease is gone, or when the lease lapsed before an answer came.
 async fn keep_alive(client: Client, shared: Arc<Shared>, lease: i64, ttl: Duration) {
     let period = (ttl / 4).max(Duration::from_millis(100));
+    // Each send a period after the last one was sent, not after its answer: a slow answer does
+    // not push the next renewal later (the config check counts on that).
+    let mut next = tokio::time::Instant::now() + period;
     loop {
-        tokio::time::sleep(period).await;
+        tokio::time::sleep_until(next).await;
+        next = (next + period).max(tokio::time::Instant::now());
         if shared.stopped() {
             return;
         }
         let sent = boottime();
         match client.keep_alive_once(lease).await {
+            // Not once the lease lapsed on this instance's clock (or it stepped down, or
+            // stopped): a lost lease is never trusted again, whatever etcd says of it.
+            Ok(_) if shared.stopped() || !shared.lease_valid() => {
+                shared.wake.notify_one();
+                return;
+            }
             Ok(left) if left > 0 => shared.acknowledged(sent, Duration::from_secs(left.unsigned_abs())),
             Ok(_) => {
                 tracing::warn!(lease, "etcd says the lease expired");

@@ -80,8 +80,9 @@ pub struct EtcdStore {
     pending: Mutex<Option<(Client, Names, EtcdOptions)>>,
     /// Operations a change may take in one batch.
     max_ops: usize,
-    /// How long a change waits for its batch before it is refused: a writer settling an
-    /// unknown outcome gives up within the lease, so this only bounds a writer that hangs.
+    /// How long a change waits for its batch before it is refused (etcd that keeps answering
+    /// neither way while the lease holds). The change may still commit after that: the writer
+    /// never lowers a level, so a later write checked against the older level is refused there.
     answer_within: Duration,
 }
 
