@@ -323,8 +323,10 @@ impl World {
                     tokio::time::sleep(rest + Duration::from_millis(200)).await;
                 }
                 common::process::signal(pid, "CONT");
-                (moved && flying).then(|| {
-                    "SIGSTOP of the leader with a write in flight, past its lease; another took over".to_owned()
+                // Woken, it still holds its old table: the clients' writes through it must be
+                // refused or forwarded, never fenced against what it knew.
+                moved.then(|| {
+                    "SIGSTOP of the leader past its lease; another took over and accepted newer writes".to_owned()
                 })
             }
             Fault::KillEtcdLeader => {
