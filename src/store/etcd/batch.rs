@@ -12,7 +12,7 @@
 //! `P/batch` holds the lost batch's id, the batch committed and its writes go. Otherwise the
 //! leadership is gone, and the writes are refused (sending nothing is always safe).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,6 +20,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::lease::{Shared, Standing};
 use super::names::{Names, batch_id, parse_batch_id, token_value};
+use super::outcome::refusal;
 use crate::etcd::{Client, Compare, EtcdError, Op};
 use crate::store::file::CommitHook;
 use crate::store::table::mark_bytes;
@@ -180,7 +181,7 @@ impl Writer {
         let mut applied = Vec::with_capacity(batch.len());
         let (mut new, mut new_bytes) = (0usize, 0u64);
         // The highest advance of each mark so far in this batch.
-        let mut batch_levels: std::collections::HashMap<(MarkKind, String), u64> = std::collections::HashMap::new();
+        let mut batch_levels: HashMap<(MarkKind, String), u64> = HashMap::new();
         for msg in batch {
             match msg {
                 Msg::Answered { marks, token, term: answered_in } => {
@@ -388,34 +389,6 @@ impl Writer {
     }
 }
 
-/// What a refusal means for the batch when it is certain the batch did not apply; `None` when
-/// its outcome is unknown. Only refusals etcd makes before a transaction is proposed, or that
-/// it applies as a failure, count as certain; anything else (a member shutting down, a proxy's
-/// 502, a message not known here) may have come back from a transaction that still commits,
-/// and is settled by a barrier.
-fn refusal(e: &EtcdError) -> Option<StoreError> {
-    match e {
-        EtcdError::NoSpace { .. } => {
-            return Some(StoreError::NoSpace(format!("etcd is out of space (its quota, NOSPACE): {e}")));
-        }
-        EtcdError::PermissionDenied { .. } | EtcdError::Unauthenticated { .. } | EtcdError::Options(_) => {
-            return Some(StoreError::Unavailable(format!("etcd refused the batch: {e}")));
-        }
-        _ => {}
-    }
-    let EtcdError::Refused { message, .. } = e else { return None };
-    const DEFINITE: [&str; 4] = [
-        "too many operations in txn request",
-        "duplicate key given in txn request",
-        "request is too large",
-        "requested lease not found",
-    ];
-    DEFINITE
-        .iter()
-        .any(|m| message.contains(m))
-        .then(|| StoreError::Unavailable(format!("etcd refused the batch: {e}")))
-}
-
 /// Why this instance cannot advance now, for a refusal.
 pub(crate) fn not_leading(standing: &Standing) -> String {
     match standing {
@@ -424,44 +397,5 @@ pub(crate) fn not_leading(standing: &Standing) -> String {
         Standing::TakingOver => "this instance is taking over the fence and reading it from etcd".into(),
         Standing::Leading { .. } => "this instance's lease is not trusted now".into(),
         Standing::Stopped(why) => format!("the etcd store stopped: {why}"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn refused(message: &str) -> EtcdError {
-        EtcdError::Refused { endpoint: "e".into(), call: "/v3/kv/txn".into(), status: 400, message: message.into() }
-    }
-
-    #[test]
-    fn only_refusals_known_to_be_definite_skip_the_barrier() {
-        let definite = [
-            EtcdError::NoSpace { endpoint: "e".into(), call: "c".into() },
-            EtcdError::PermissionDenied { endpoint: "e".into(), call: "c".into(), user: "u".into() },
-            refused("etcdserver: too many operations in txn request"),
-            refused("etcdserver: duplicate key given in txn request"),
-            refused("etcdserver: request is too large"),
-        ];
-        for e in &definite {
-            assert!(refusal(e).is_some(), "{e}");
-        }
-        assert!(matches!(refusal(&definite[0]), Some(StoreError::NoSpace(_))));
-        let unknown = [
-            refused("grpc: the client connection is closing"),
-            refused("transport is closing"),
-            refused("504 Gateway Time-out"),
-            refused("something etcd says one day"),
-            EtcdError::Unavailable {
-                endpoint: "e".into(),
-                call: "c".into(),
-                message: "etcdserver: request timed out".into(),
-            },
-            EtcdError::Unreachable { endpoint: "e".into(), reason: "no answer".into() },
-        ];
-        for e in &unknown {
-            assert!(refusal(e).is_none(), "{e} may come back from a transaction that commits");
-        }
     }
 }

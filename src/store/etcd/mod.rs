@@ -10,6 +10,7 @@ mod batch;
 mod leadership;
 mod lease;
 pub(crate) mod names;
+mod outcome;
 mod provision;
 mod takeover;
 
