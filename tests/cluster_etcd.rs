@@ -15,7 +15,7 @@ use common::etcd_server::{Etcd, start_etcd};
 use common::{Resp, eventually, raw_request, try_raw_request};
 
 async fn put(addr: SocketAddr, path: &str, token: u64) -> Resp {
-    raw_request(addr, &format!("PUT {path} HTTP/1.1\r\nHost: x\r\nFencing-Token: {token}"), "v").await
+    common::raw::put_response(addr, path, token).await.expect("a complete response")
 }
 
 fn ok(r: &Resp) -> bool {

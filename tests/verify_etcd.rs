@@ -56,7 +56,7 @@ async fn request(addr: SocketAddr, head: &str) -> Resp {
 }
 
 async fn put(addr: SocketAddr, path: &str, token: u64) -> Resp {
-    request(addr, &format!("PUT {path} HTTP/1.1\r\nFencing-Token: {token}")).await
+    common::raw::put_response(addr, path, token).await.expect("a complete response")
 }
 
 /// The holder of `LOCK` as the proxy's admin API shows it, once its view is fresh.

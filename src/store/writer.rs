@@ -73,10 +73,8 @@ pub(super) struct Writer {
     batch: Vec<Op>,
     /// Advance records in the batch, counted as they join.
     advances_in_batch: usize,
-    /// New marks (keys and floors) among the batch's advances, for the `max_resources` bound.
-    new_in_batch: usize,
-    /// What those new marks will count for in [`Table::bytes`], for `max_table_bytes`.
-    new_bytes_in_batch: u64,
+    /// Room the batch's new marks take, for `max_resources` and `max_table_bytes`.
+    room: Room,
     /// Whether `run` finished; if not, its thread is unwinding (see `Drop`).
     finished: bool,
     /// The data directory's lock: released only once this writer can write no more.
@@ -95,6 +93,40 @@ pub(super) enum Change {
     /// Sets them, lowering them if need be: an operator's reset, logged as records that count
     /// in log order.
     Reset,
+}
+
+/// The room a batch's new marks (keys and floors) take beside the table, for the bounds
+/// `max_resources` (keys and floors together) and `max_table_bytes` ([`Table::bytes`]).
+#[derive(Debug, Default)]
+pub(super) struct Room {
+    marks: usize,
+    bytes: u64,
+}
+
+impl Room {
+    /// Counts `new` more marks taking `bytes` if they fit beside the table and the batch's
+    /// other new marks; counting every new mark as distinct can only refuse early, never late.
+    pub(super) fn take(
+        &mut self,
+        table: &Table,
+        max_resources: usize,
+        new: usize,
+        bytes: u64,
+    ) -> Result<(), StoreError> {
+        if new == 0 {
+            return Ok(());
+        }
+        if table.len() + table.floors_len() + self.marks + new > max_resources {
+            return Err(StoreError::Full(max_resources));
+        }
+        let bytes = self.bytes.saturating_add(bytes);
+        if !table.fits(bytes) {
+            return Err(StoreError::FullBytes(table.max_bytes()));
+        }
+        self.marks += new;
+        self.bytes = bytes;
+        Ok(())
+    }
 }
 
 /// Raises (or, for a reset, sets) `marks` in `table` to `token`, once that is durable.
@@ -137,8 +169,7 @@ impl Writer {
             snapshot_bytes: Arc::new(AtomicU64::new(0)),
             batch: Vec::with_capacity(MAX_BATCH),
             advances_in_batch: 0,
-            new_in_batch: 0,
-            new_bytes_in_batch: 0,
+            room: Room::default(),
             finished: false,
             lock: Some(lock),
             relay,
@@ -277,20 +308,7 @@ impl Writer {
     /// the batch's other new marks: `max_resources` bounds keys and floors together, and
     /// `max_table_bytes` their memory with what is held beside them ([`Table::bytes`]).
     fn make_room(&mut self, new: usize, bytes: u64) -> Result<(), StoreError> {
-        if new == 0 {
-            return Ok(());
-        }
-        let marks = self.table.len() + self.table.floors_len();
-        if marks + self.new_in_batch + new > self.options.max_resources {
-            return Err(StoreError::Full(self.options.max_resources));
-        }
-        let bytes_in_batch = self.new_bytes_in_batch.saturating_add(bytes);
-        if !self.table.fits(bytes_in_batch) {
-            return Err(StoreError::FullBytes(self.table.max_bytes()));
-        }
-        self.new_in_batch += new;
-        self.new_bytes_in_batch = bytes_in_batch;
-        Ok(())
+        self.room.take(&self.table, self.options.max_resources, new, bytes)
     }
 
     /// Queues a change of several marks for this batch, whole, or refuses it whole at once.
@@ -324,8 +342,7 @@ impl Writer {
 
     /// Writes the batch; syncs it if it holds an advance (a lost answer only costs a quarantine).
     fn commit(&mut self) {
-        self.new_in_batch = 0;
-        self.new_bytes_in_batch = 0;
+        self.room = Room::default();
         let advances = std::mem::take(&mut self.advances_in_batch);
         if self.batch.is_empty() {
             return;

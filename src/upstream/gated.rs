@@ -66,9 +66,9 @@ where
             if self.chunks > 1 {
                 failpoint("upstream::mid_body");
             }
-        }
-        if matches!(polled, Some(Ok(_))) && !(self.gate)() {
-            return Poll::Ready(Some(Err(Box::new(Closed))));
+            if !(self.gate)() {
+                return Poll::Ready(Some(Err(Box::new(Closed))));
+            }
         }
         Poll::Ready(polled)
     }

@@ -24,7 +24,7 @@ use super::outcome::refusal;
 use crate::etcd::{Client, Compare, EtcdError, Op};
 use crate::store::file::CommitHook;
 use crate::store::table::mark_bytes;
-use crate::store::writer::{Change, apply};
+use crate::store::writer::{Change, Room, apply};
 use crate::store::{MarkKind, StoreError, Table};
 
 /// etcd's default `--max-txn-ops`: the operations one transaction may hold.
@@ -179,7 +179,7 @@ impl Writer {
         // transaction that names a key twice.
         let mut writes: BTreeMap<Vec<u8>, Option<Vec<u8>>> = BTreeMap::new();
         let mut applied = Vec::with_capacity(batch.len());
-        let (mut new, mut new_bytes) = (0usize, 0u64);
+        let mut room = Room::default();
         // The highest advance of each mark so far in this batch.
         let mut batch_levels: HashMap<(MarkKind, String), u64> = HashMap::new();
         for msg in batch {
@@ -230,17 +230,10 @@ impl Writer {
                         .map(|(_, n)| n.as_str())
                         .collect();
                     let bytes = fresh.iter().map(|n| mark_bytes(n)).sum::<u64>();
-                    let marks_now = self.table.len() + self.table.floors_len();
-                    if !fresh.is_empty() && marks_now + new + fresh.len() > self.max_resources {
-                        let _ = done.send(Err(StoreError::Full(self.max_resources)));
+                    if let Err(e) = room.take(&self.table, self.max_resources, fresh.len(), bytes) {
+                        let _ = done.send(Err(e));
                         continue;
                     }
-                    if !fresh.is_empty() && !self.table.fits(new_bytes + bytes) {
-                        let _ = done.send(Err(StoreError::FullBytes(self.table.max_bytes())));
-                        continue;
-                    }
-                    new += fresh.len();
-                    new_bytes += bytes;
                     for (mark, name) in &marks {
                         writes.insert(self.names.level(*mark, name), Some(token_value(token)));
                         if change == Change::Advance {
