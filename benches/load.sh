@@ -2,7 +2,7 @@
 # Load benchmark: fencegate against nginx as a plain reverse proxy, and against the backend
 # reached directly. Run by hand, not by CI (it needs about 10 minutes of a quiet machine):
 #
-#   benches/load.sh                      # 3 rounds of 10 s, at 1, 32 and 64 connections
+#   benches/load.sh                      # 3 rounds of 10 s, at 1, 32, 64, 128 and 256 connections
 #   ROUNDS=5 SECONDS_PER_RUN=10 CONNS="32 64" WORKLOADS="get" benches/load.sh
 #   FLOOR=1 benches/load.sh              # and a bare hyper proxy beside them (below)
 #   BASE_BIN=/path/to/old/fencegate CONNS="32 256" benches/load.sh   # and another build (below)
@@ -18,9 +18,11 @@
 #        fencegate each is a fenced write made durable (fdatasync, group commit) before it is
 #        forwarded; nginx and direct just write the file.
 # It prints, per workload and connection count, the median req/s, p50 and p99 of the rounds,
-# the ratios to direct and to nginx, fencegate's CPU time per request, the machine's idle CPU
-# during each target's runs, and fencegate's mean batch and sync time (from its metrics); then
-# fencegate's idle RSS and its peak RSS under load. Everything it starts, it stops, by pid.
+# the ratios to direct and to nginx, CPU time per request of nginx's worker (the proxy's; the
+# backend's for direct) and of fencegate (all its threads, and its serving thread alone), the
+# machine's idle CPU during each target's runs, and fencegate's mean batch and sync time (from
+# its metrics); then fencegate's idle RSS and its peak RSS under load. Everything it starts, it
+# stops, by pid.
 #
 # FLOOR=1 adds a fourth target, examples/hyper_floor.rs on 127.0.0.1:18084: the least a hyper
 # reverse proxy does (hyper's HTTP/1 server and client connections on one current-thread
@@ -31,6 +33,13 @@
 # BASE_BIN=PATH adds a fifth target on 127.0.0.1:18085: another fencegate binary (an earlier
 # commit's, say), configured alike with a data dir of its own, measured in the same
 # interleaved rounds, so that a change is compared with its baseline under the same noise.
+#
+# OPEN_LOOP=1 then runs PUTs open-loop (examples/open_loop.rs: requests at a fixed rate, each
+# one's latency from when it was due, so a stall is charged for every request it held up) at
+# 50% and 80% of the highest PUT rate nginx reached in the closed-loop runs (OPEN_RATES="0.5
+# 0.8"), over OPEN_CONNS connections (64), against nginx and fencegate in turn; and it measures
+# one fdatasync on fencegate's data disk (a 100-byte write and its sync, 2,000 times), so that
+# fencegate's latency over nginx's can be read against the sync it must wait for.
 #
 # FG_EXTRA_CONFIG and BASE_EXTRA_CONFIG are TOML merged into fencegate's and the baseline's
 # config (a key given there replaces the script's; the script's own is [server] listen,
@@ -47,7 +56,7 @@ set -euo pipefail
 
 ROUNDS=${ROUNDS:-3}
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-10}
-CONNS=${CONNS:-"1 32 64"}
+CONNS=${CONNS:-"1 32 64 128 256"}
 WORKLOADS=${WORKLOADS:-"get put"}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
@@ -66,6 +75,9 @@ TARGETS=(direct nginx fencegate)
 if [ "${FLOOR:-0}" = 1 ]; then
     (cd "$ROOT" && cargo build --release --quiet --example hyper_floor)
     TARGETS+=(hyper)
+fi
+if [ "${OPEN_LOOP:-0}" = 1 ]; then
+    (cd "$ROOT" && cargo build --release --quiet --example open_loop)
 fi
 if [ -n "${BASE_BIN:-}" ]; then
     [ -x "$BASE_BIN" ] || { echo "BASE_BIN=$BASE_BIN is not an executable" >&2; exit 1; }
@@ -186,8 +198,8 @@ request = function()
 end
 EOF
 
-"$NGINX" -c "$SHM/backend.conf" -g 'daemon off;' & PIDS+=($!)
-"$NGINX" -c "$SHM/proxy.conf" -g 'daemon off;' & PIDS+=($!)
+"$NGINX" -c "$SHM/backend.conf" -g 'daemon off;' & BACKEND=$!; PIDS+=($BACKEND)
+"$NGINX" -c "$SHM/proxy.conf" -g 'daemon off;' & PROXY=$!; PIDS+=($PROXY)
 "$BIN" run --config "$SHM/fencegate.toml" 2>"$DISK/logs/fencegate.log" & FG=$!; PIDS+=($FG)
 declare -A PID=([fencegate]=$FG)
 if [ -n "${BASE_BIN:-}" ]; then
@@ -204,6 +216,10 @@ for target in "${TARGETS[@]}"; do
 done
 sleep 1
 kill -0 "$FG" 2>/dev/null || { echo "fencegate did not start:" >&2; cat "$DISK/logs/fencegate.log" >&2; exit 1; }
+# nginx's CPU is its worker's (the master only watches it): the proxy's for the nginx target,
+# the backend's for direct, where the backend is the server under test.
+PID[nginx]=$(pgrep -P "$PROXY" | head -1) PID[direct]=$(pgrep -P "$BACKEND" | head -1)
+[ -n "${PID[nginx]}" ] && [ -n "${PID[direct]}" ] || { echo "nginx's workers did not start" >&2; exit 1; }
 if [ -n "${PID[baseline]:-}" ] && ! kill -0 "${PID[baseline]}" 2>/dev/null; then
     echo "the baseline did not start:" >&2; cat "$DISK/logs/baseline.log" >&2; exit 1
 fi
@@ -214,6 +230,8 @@ fi
 idle_rss=$(awk '/VmRSS/ {print $2}' /proc/$FG/status)
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# The CPU of a process's first thread alone: fencegate's serving thread (its event loop).
+main_ticks() { awk '{print $14 + $15}' "/proc/$1/task/$1/stat"; }
 # The machine's idle ticks (idle + iowait), all CPUs.
 idle_ticks() { awk '/^cpu / {print $5 + $6}' /proc/stat; }
 # fencegate's batches so far, from its metrics: "count advances sync_seconds".
@@ -243,24 +261,56 @@ for workload in $WORKLOADS; do
         for target in "${TARGETS[@]}"; do run_wrk "$workload" "$conns" "$target" 2 >/dev/null; done # warm-up
         for round in $(seq "$ROUNDS"); do
             for target in "${TARGETS[@]}"; do
-                pid=${PID[$target]:-$FG} # CPU of the proxy under test; of fencegate (idle) otherwise
-                before=$(cpu_ticks "$pid") idle_before=$(idle_ticks)
+                pid=${PID[$target]:-$FG} # CPU of the server under test
+                before=$(cpu_ticks "$pid") main_before=$(main_ticks "$pid") idle_before=$(idle_ticks)
                 read -r b_count b_adv b_secs < <(batches)
                 read -r rps p50 p99 bad < <(run_wrk "$workload" "$conns" "$target" "$SECONDS_PER_RUN")
-                cpu=$(( $(cpu_ticks "$pid") - before )) idle=$(( $(idle_ticks) - idle_before ))
+                cpu=$(( $(cpu_ticks "$pid") - before )) main=$(( $(main_ticks "$pid") - main_before ))
+                idle=$(( $(idle_ticks) - idle_before ))
                 read -r a_count a_adv a_secs < <(batches)
                 sync_us=$(awk -v a="$a_secs" -v b="$b_secs" -v n=$((a_count - b_count)) 'BEGIN { print n ? (a - b) / n * 1e6 : 0 }')
                 rss=$(awk '/VmHWM/ {print $2}' /proc/$FG/status)
                 [ "$rss" -gt "$peak_rss" ] && peak_rss=$rss
-                printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' \
+                printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' \
                     "$workload" "$conns" "$round" "$target" "$rps" "$p50" "$p99" "$bad" "$cpu" "$idle" \
-                    "$((a_count - b_count))" "$((a_adv - b_adv))" "$sync_us" >>"$RESULTS"
+                    "$((a_count - b_count))" "$((a_adv - b_adv))" "$sync_us" "$main" >>"$RESULTS"
                 printf '  %-4s c=%-3s round %s %-9s %9.0f req/s  p50 %7.0f us  p99 %7.0f us  non-2xx %s\n' \
                     "$workload" "$conns" "$round" "$target" "$rps" "$p50" "$p99" "$bad" >&2
             done
         done
     done
 done
+
+OPEN="$SHM/open.tsv"
+: >"$OPEN"
+if [ "${OPEN_LOOP:-0}" = 1 ] && grep -q '^put' "$RESULTS"; then
+    # The highest closed-loop PUT rate nginx reached, over every connection count.
+    nginx_max=$(awk -F'\t' '$1 == "put" && $4 == "nginx" && $5 > m { m = $5 } END { printf "%.0f", m }' "$RESULTS")
+    for share in ${OPEN_RATES:-0.5 0.8}; do
+        rate=$(awk -v m="$nginx_max" -v s="$share" 'BEGIN { printf "%.0f", m * s }')
+        for round in $(seq "$ROUNDS"); do
+            for target in nginx fencegate ${BASE_BIN:+baseline}; do
+                read -r sent ok non2xx errors achieved p50 p90 p99 max late < <("$TARGET_DIR/release/examples/open_loop" \
+                    "http://127.0.0.1:${PORT[$target]}" "$rate" "$SECONDS_PER_RUN" "${OPEN_CONNS:-64}" put)
+                printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$share" "$rate" "$target" "$sent" "$ok" \
+                    "$((non2xx + errors))" "$achieved" "$p50" "$p90" "$p99" "$max" "$late" >>"$OPEN"
+                printf '  open loop %s x %s = %s PUT/s round %s %-9s p50 %6s us  p99 %7s us  late p50 %s us  failed %s\n' \
+                    "$share" "$nginx_max" "$rate" "$round" "$target" "$p50" "$p99" "$late" "$((non2xx + errors))" >&2
+            done
+        done
+    done
+    # One fdatasync of a small append on the data disk, as fencegate's log does it.
+    python3 - "$DISK/sync-probe" >"$SHM/sync.txt" <<'EOF'
+import os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+os.pwrite(fd, b"\0" * (4 << 20), 0); os.fsync(fd)  # written ahead, as the log's zeros are
+times = []
+for i in range(2000):
+    t = time.perf_counter(); os.pwrite(fd, b"r" * 100, i * 100); os.fdatasync(fd); times.append(time.perf_counter() - t)
+times.sort()
+print(f"{times[len(times) // 2] * 1e6:.0f} {times[int(len(times) * 0.99)] * 1e6:.0f}")
+EOF
+fi
 
 python3 - "$RESULTS" "$(getconf CLK_TCK)" "$idle_rss" "$peak_rss" "$SECONDS_PER_RUN" "$(nproc)" <<'EOF'
 import sys, statistics
@@ -269,28 +319,31 @@ path, hz, idle, peak, secs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), in
 ncpu = int(sys.argv[6])
 runs = defaultdict(list)
 for line in open(path):
-    w, c, r, t, rps, p50, p99, bad, cpu, idle_ticks, batches, advances, sync_us = line.split("\t")
+    w, c, r, t, rps, p50, p99, bad, cpu, idle_ticks, batches, advances, sync_us, main = line.split("\t")
     runs[(w, int(c), t)].append((float(rps), float(p50), float(p99), int(bad), int(cpu), int(idle_ticks),
-                                 int(batches), int(advances), float(sync_us)))
+                                 int(batches), int(advances), float(sync_us), int(main)))
 med = lambda xs: statistics.median(xs)
+# CPU µs per request over a target's rounds, from field i (4: all threads, 9: the first thread).
+per_req = lambda r, i=4: sum(x[i] for x in r) / hz / max(1.0, sum(x[0] for x in r) * secs) * 1e6
 print("| workload | conns | direct req/s | nginx req/s | fencegate req/s | fg/direct | fg/nginx | nginx/direct "
-      "| p50 direct / nginx / fg (µs) | p99 direct / nginx / fg (µs) | fg CPU µs/req | machine idle % direct / nginx / fg "
-      "| fg batch (advances) / sync (µs) | non-2xx |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+      "| p50 direct / nginx / fg (µs) | p99 direct / nginx / fg (µs) | CPU µs/req nginx / fg (serving thread) | fg − nginx CPU "
+      "| machine idle % direct / nginx / fg | fg batch (advances) / sync (µs) | non-2xx |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for w, c in sorted({(w, c) for (w, c, _) in runs}, key=lambda k: (k[0], k[1])):
     d, n, f = (runs[(w, c, t)] for t in ("direct", "nginx", "fencegate"))
     rps = [med([x[0] for x in r]) for r in (d, n, f)]
     p50 = [med([x[1] for x in r]) for r in (d, n, f)]
     p99 = [med([x[2] for x in r]) for r in (d, n, f)]
     bad = sum(x[3] for r in (d, n, f) for x in r)
-    cpu_per_req = sum(x[4] for x in f) / hz / max(1.0, sum(x[0] for x in f) * secs) * 1e6
+    cpu_nginx, cpu_fg, cpu_serving = per_req(n), per_req(f), per_req(f, 9)
     # Idle share of all CPUs during the runs (100% = every CPU idle the whole time).
     idle_pct = [med([x[5] / hz / secs / ncpu * 100 for x in r]) for r in (d, n, f)]
     n_batches = sum(x[6] for x in f)
     batch = f"{sum(x[7] for x in f) / n_batches:.1f} / {med([x[8] for x in f if x[6]]):.0f}" if n_batches else "–"
     print(f"| {w} | {c} | {rps[0]:,.0f} | {rps[1]:,.0f} | {rps[2]:,.0f} | {rps[2]/rps[0]:.2f} | {rps[2]/rps[1]:.2f} "
           f"| {rps[1]/rps[0]:.2f} | {p50[0]:.0f} / {p50[1]:.0f} / {p50[2]:.0f} | {p99[0]:.0f} / {p99[1]:.0f} / {p99[2]:.0f} "
-          f"| {cpu_per_req:.1f} | {idle_pct[0]:.0f} / {idle_pct[1]:.0f} / {idle_pct[2]:.0f} | {batch} | {bad} |")
+          f"| {cpu_nginx:.1f} / {cpu_fg:.1f} ({cpu_serving:.1f}) | {cpu_fg - cpu_nginx:+.1f} "
+          f"| {idle_pct[0]:.0f} / {idle_pct[1]:.0f} / {idle_pct[2]:.0f} | {batch} | {bad} |")
 for w in sorted({w for (w, _, _) in runs}):
     if (w, 1, "direct") in runs:
         d, n, f = (med([x[1] for x in runs[(w, 1, t)]]) for t in ("direct", "nginx", "fencegate"))
@@ -302,7 +355,7 @@ if any(t == "hyper" for (_, _, t) in runs):
     for w, c in sorted({(w, c) for (w, c, t) in runs if t == "hyper"}):
         n, f, h = (runs[(w, c, t)] for t in ("nginx", "fencegate", "hyper"))
         rps = [med([x[0] for x in r]) for r in (n, f, h)]
-        cpu = [sum(x[4] for x in r) / hz / max(1.0, sum(x[0] for x in r) * secs) * 1e6 for r in (h, f)]
+        cpu = [per_req(r) for r in (h, f)]
         p50, p99 = ([med([x[i] for x in r]) for r in (h, f)] for i in (1, 2))
         print(f"| {w} | {c} | {rps[2]:,.0f} | {rps[1]/rps[2]:.2f} | {rps[2]/rps[0]:.2f} | {p50[0]:.0f} / {p50[1]:.0f} "
               f"| {p99[0]:.0f} / {p99[1]:.0f} | {cpu[0]:.1f} / {cpu[1]:.1f} | {sum(x[3] for x in h)} |")
@@ -313,7 +366,7 @@ if any(t == "baseline" for (_, _, t) in runs):
     for w, c in sorted({(w, c) for (w, c, t) in runs if t == "baseline"}):
         b, f = (runs[(w, c, t)] for t in ("baseline", "fencegate"))
         rps = [med([x[0] for x in r]) for r in (b, f)]
-        cpu = [sum(x[4] for x in r) / hz / max(1.0, sum(x[0] for x in r) * secs) * 1e6 for r in (b, f)]
+        cpu = [per_req(r) for r in (b, f)]
         p50, p99 = ([med([x[i] for x in r]) for r in (b, f)] for i in (1, 2))
         idle_pct = [med([x[5] / hz / secs / ncpu * 100 for x in r]) for r in (b, f)]
         print(f"| {w} | {c} | {rps[0]:,.0f} | {rps[1]:,.0f} | {rps[1]/rps[0]:.2f} | {p50[0]:.0f} / {p50[1]:.0f} "
@@ -321,6 +374,29 @@ if any(t == "baseline" for (_, _, t) in runs):
               f"| {sum(x[3] for x in b)} |")
 print(f"\nfencegate RSS: idle {idle / 1024:.1f} MB, peak under load {peak / 1024:.1f} MB")
 EOF
+if [ -s "$OPEN" ]; then
+    python3 - "$OPEN" "$SHM/sync.txt" <<'EOF'
+import sys, statistics
+from collections import defaultdict
+runs = defaultdict(list)
+for line in open(sys.argv[1]):
+    share, rate, target, sent, ok, failed, achieved, p50, p90, p99, mx, late = line.split("\t")
+    runs[(float(share), int(rate), target)].append([float(x) for x in (achieved, p50, p90, p99, mx, late, failed)])
+sync_p50, sync_p99 = map(float, open(sys.argv[2]).read().split())
+print(f"\nOpen loop (examples/open_loop.rs, latency from each request's due time); one fdatasync on the "
+      f"data disk: p50 {sync_p50:.0f} µs, p99 {sync_p99:.0f} µs")
+print("\n| share of nginx's max | PUT/s | target | achieved | p50 (µs) | p90 (µs) | p99 (µs) | max (µs) "
+      "| sent late p50 (µs) | failed | p50 − nginx's (µs) | p50 budget: sync p50 + 50 (µs) |")
+print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+med = lambda r, i: statistics.median(x[i] for x in r)
+for (share, rate, target) in sorted(runs, key=lambda k: (k[0], k[2] != "nginx", k[2])):
+    r, n = runs[(share, rate, target)], runs[(share, rate, "nginx")]
+    gap = "" if target == "nginx" else f"{med(r, 1) - med(n, 1):+.0f}"
+    budget = "" if target == "nginx" else f"{sync_p50 + 50:.0f}"
+    print(f"| {share:.0%} | {rate:,} | {target} | {med(r, 0):,.0f} | {med(r, 1):.0f} | {med(r, 2):.0f} | {med(r, 3):.0f} "
+          f"| {med(r, 4):.0f} | {med(r, 5):.0f} | {sum(x[6] for x in r):.0f} | {gap} | {budget} |")
+EOF
+fi
 # What each fencegate wrote to its log, and what its log's queue dropped (a dropped line is a
 # line's cost not paid, so a run that drops many understates the access log's).
 for target in fencegate baseline; do

@@ -15,6 +15,7 @@
 //! checked by [`verify`] before any of this, by the request module, which reads them.
 
 mod acquire;
+mod detach;
 pub mod domains;
 mod gates;
 pub mod keys;
@@ -177,8 +178,7 @@ pub enum FenceError {
         /// The table's limit in bytes.
         max_bytes: u64,
     },
-    /// The task that ran a write's turn ended without an answer (it panicked, or its runtime
-    /// shut down).
+    /// A write's turn ended without an answer (its future panicked, or its runtime shut down).
     #[error("the write's task failed: {0}")]
     TaskFailed(String),
 }

@@ -4,14 +4,15 @@
 //!
 //! [`Turn::finish_after`] owns the sequence a fenced write goes through once its turn has come
 //! (check, prepare, advance, write, answered or quarantined), and [`Turn::raise`] the one an
-//! operator's raise goes through, so that no caller can reorder them: each runs in a task of
-//! its own, which finishes even if whoever waits for it leaves.
+//! operator's raise goes through, so that no caller can reorder them: each finishes even if
+//! whoever waits for it leaves (a write through [`Detached`], a raise in a task of its own).
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::acquire::{Held, Registered};
+use super::detach::Detached;
 use super::tree::{Coverage, Touch, node};
 use super::{Fence, FenceError, Policy, QuarantineCause, quarantine_end};
 use crate::store::{MarkKind, StoreError};
@@ -189,9 +190,10 @@ impl Turn {
         E: From<FenceError> + From<StoreError> + Send + 'static,
     {
         let policy = policy.into();
-        // In a task of its own: were it cancelled mid-forward, the backend could still apply
-        // the write after the next one was sent.
-        let task = tokio::spawn(async move {
+        // Never cancelled: were it dropped mid-forward, the backend could still apply the
+        // write after the next one was sent. It moves to a task of its own if its caller
+        // leaves.
+        let write = Detached::new(async move {
             let mut turn = self;
             // The levels checked belong to this term of the store; the advance is made in it
             // or not at all.
@@ -213,7 +215,7 @@ impl Turn {
             result
             // `turn` drops here: the next overlapping writes may go.
         });
-        task.await.unwrap_or_else(|e| Err(FenceError::TaskFailed(e.to_string()).into()))
+        write.await.unwrap_or_else(|panic| Err(FenceError::TaskFailed(panic).into()))
     }
 
     /// Raises `max_seen` of this turn's key to `to` by hand: durable like a write's advance,
