@@ -20,11 +20,13 @@ type Boxed<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 /// Runs `future` to its end: here while awaited, on a task of its own once dropped unfinished.
 pub(super) struct Detached<T: Send + 'static> {
     future: Option<Boxed<T>>,
+    /// The runtime it was made on: where it finishes if dropped, whichever thread drops it.
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 impl<T: Send + 'static> Detached<T> {
     pub(super) fn new(future: impl Future<Output = T> + Send + 'static) -> Self {
-        Detached { future: Some(Box::pin(future)) }
+        Detached { future: Some(Box::pin(future)), runtime: tokio::runtime::Handle::try_current().ok() }
     }
 }
 
@@ -55,11 +57,13 @@ impl<T: Send + 'static> Future for Detached<T> {
 impl<T: Send + 'static> Drop for Detached<T> {
     fn drop(&mut self) {
         if let Some(future) = self.future.take() {
-            match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => drop(runtime.spawn(future)),
-                // No runtime to finish it on (it is shutting down): dropped, which settles the
-                // turn as unknown, as a task cancelled by a runtime's shutdown would.
-                Err(_) => drop(future),
+            match self.runtime.take().or_else(|| tokio::runtime::Handle::try_current().ok()) {
+                // A runtime that is shutting down drops it at once, as it cancels its tasks:
+                // the turn settles as unknown (quarantined, and still in flight in the log).
+                Some(runtime) => drop(runtime.spawn(future)),
+                // Made and dropped outside any runtime: nothing can finish it, and dropping
+                // it settles the turn the same way.
+                None => drop(future),
             }
         }
     }

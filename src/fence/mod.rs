@@ -179,7 +179,7 @@ pub enum FenceError {
         max_bytes: u64,
     },
     /// A write's turn ended without an answer (its future panicked, or its runtime shut down).
-    #[error("the write's task failed: {0}")]
+    #[error("the write failed inside fencegate: {0}")]
     TaskFailed(String),
 }
 

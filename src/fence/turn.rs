@@ -44,7 +44,7 @@ pub struct Turn {
     held: Vec<Held>,
     /// A subtree write's place in the registry.
     registered: Option<Registered>,
-    /// Set while a forwarded write's outcome is open: a turn dropped then (its task panicked)
+    /// Set while a forwarded write's outcome is open: a turn dropped then (its write panicked)
     /// quarantines what it touches for this long, as for any unknown outcome.
     unsettled: Option<Duration>,
 }

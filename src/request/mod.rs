@@ -132,7 +132,7 @@ async fn execute(
     // ...but once the turn is ours, `finish_after` runs the write to its end.
     let quarantine = fence.quarantine;
     // Boxed: the connection's checkout and the forward's state (request, timer) would
-    // otherwise make up most of the write task's future, which the spawn copies several times.
+    // otherwise make up most of the write's future, which is moved into its box whole.
     let prepare = Box::pin(async move {
         // Before the advance: without a connection the token is not used up.
         let conn = settings.upstream.connection().await?;
