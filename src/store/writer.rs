@@ -83,6 +83,8 @@ pub(super) struct Writer {
     relay: Relay,
     /// The answers of the batch being committed.
     answering: Vec<Answer>,
+    /// Answered writes just taken from `answers`, kept for its capacity.
+    taken: Vec<(MarkKind, String, u64)>,
 }
 
 /// What a message of several marks does to them.
@@ -174,6 +176,7 @@ impl Writer {
             lock: Some(lock),
             relay,
             answering: Vec::with_capacity(MAX_BATCH),
+            taken: Vec::new(),
         }
     }
 
@@ -275,11 +278,13 @@ impl Writer {
 
     /// Adds the answered writes recorded since the last batch.
     fn take_answers(&mut self) {
-        let answers = std::mem::take(&mut *self.answers.lock().unwrap_or_else(|e| e.into_inner()));
+        // Swapped with an emptied list, so that neither side allocates for the next ones.
+        std::mem::swap(&mut *self.answers.lock().unwrap_or_else(|e| e.into_inner()), &mut self.taken);
         if self.failed.is_some() {
+            self.taken.clear();
             return;
         }
-        for (mark, key, token) in answers {
+        for (mark, key, token) in self.taken.drain(..) {
             self.log.append(Kind::answered(mark), &key, token);
             self.batch.push(Op::Answered { mark, key, token });
         }
