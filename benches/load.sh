@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Load benchmark: fencegate against nginx as a plain reverse proxy, and against the backend
-# reached directly. Run by hand, not by CI (it needs about 10 minutes of a quiet machine):
+# reached directly. Run by hand, not by CI (at its defaults it needs about 25 minutes of a quiet
+# machine):
 #
 #   benches/load.sh                      # 3 rounds of 10 s, at 1, 32, 64, 128 and 256 connections
 #   ROUNDS=5 SECONDS_PER_RUN=10 CONNS="32 64" WORKLOADS="get" benches/load.sh

@@ -32,12 +32,12 @@ use tokio::net::TcpStream;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// What one connection measured: per request, latency from the due time and lateness of the
-/// send, in µs, and the counts.
+/// What one connection measured, in µs: each 2xx answer's latency from its due time, and
+/// each request's wait from its due time for a free connection; and the counts.
 #[derive(Default)]
 struct Measured {
     latency: Vec<u64>,
-    late: Vec<u64>,
+    queued: Vec<u64>,
     ok: u64,
     non2xx: u64,
     errors: u64,
@@ -91,7 +91,7 @@ async fn main() -> Result<(), BoxError> {
                 let Some((i, due)) = due_rx.lock().await.recv().await else {
                     return m;
                 };
-                m.late.push(Instant::now().saturating_duration_since(due).as_micros() as u64);
+                m.queued.push(Instant::now().saturating_duration_since(due).as_micros() as u64);
                 // A connection the server closed is replaced before the request goes out.
                 if sender.as_ref().is_none_or(|s: &http1::SendRequest<Full<Bytes>>| s.is_closed()) {
                     sender = connect(&authority).await.ok();
@@ -118,16 +118,16 @@ async fn main() -> Result<(), BoxError> {
     for t in tasks {
         let m = t.await?;
         all.latency.extend(m.latency);
-        all.late.extend(m.late);
+        all.queued.extend(m.queued);
         all.ok += m.ok;
         all.non2xx += m.non2xx;
         all.errors += m.errors;
     }
     let mut pacer_late = pacer.join().map_err(|_| "the pacer thread panicked")?;
     let elapsed = start.elapsed().as_secs_f64();
-    let sent = all.late.len();
+    let sent = all.queued.len();
     all.latency.sort_unstable();
-    all.late.sort_unstable();
+    all.queued.sort_unstable();
     pacer_late.sort_unstable();
     let q =
         |v: &[u64], p: f64| v.get(((v.len() as f64 * p) as usize).min(v.len().saturating_sub(1))).copied().unwrap_or(0);
@@ -142,7 +142,7 @@ async fn main() -> Result<(), BoxError> {
         q(&all.latency, 0.90),
         q(&all.latency, 0.99),
         all.latency.last().copied().unwrap_or(0),
-        q(&all.late, 0.50),
+        q(&all.queued, 0.50),
         q(&pacer_late, 0.50),
     );
     Ok(())

@@ -178,7 +178,8 @@ pub enum FenceError {
         /// The table's limit in bytes.
         max_bytes: u64,
     },
-    /// A write's turn ended without an answer (its future panicked, or its runtime shut down).
+    /// A write or an operator's raise ended without an answer: the write's future panicked,
+    /// or the raise's task panicked or was cancelled by its runtime's shutdown.
     #[error("the write failed inside fencegate: {0}")]
     TaskFailed(String),
 }

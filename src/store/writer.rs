@@ -309,9 +309,7 @@ impl Writer {
         self.advances_in_batch += 1;
     }
 
-    /// Counts `new` more marks taking `bytes` into this batch if they fit beside the table and
-    /// the batch's other new marks: `max_resources` bounds keys and floors together, and
-    /// `max_table_bytes` their memory with what is held beside them ([`Table::bytes`]).
+    /// [`Room::take`] for this batch, under this store's `max_resources`.
     fn make_room(&mut self, new: usize, bytes: u64) -> Result<(), StoreError> {
         self.room.take(&self.table, self.options.max_resources, new, bytes)
     }
