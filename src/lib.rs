@@ -13,7 +13,8 @@
 //!
 //! The binary is a thin shell around [`run`]: tests bind port 0 and run the same server
 //! in-process.
-#![forbid(unsafe_code)]
+// One system call needs it: the writer thread's scheduling policy (src/store/scheduling.rs).
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 mod admin;

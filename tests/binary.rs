@@ -7,7 +7,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use common::builder::{Deployment, write_config};
-use common::process::BIN;
+use common::process::{BIN, thread_policies};
 use common::raw::put;
 
 fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
@@ -26,6 +26,23 @@ async fn a_second_instance_on_the_same_data_dir_exits_at_once_with_a_clear_messa
     assert!(!second.status.success());
     let msg = String::from_utf8_lossy(&second.stderr);
     assert!(msg.contains("in use by another fencegate"), "{msg}");
+}
+
+/// `SCHED_OTHER` and `SCHED_BATCH`, as Linux numbers them.
+const SCHED_OTHER: u32 = 0;
+const SCHED_BATCH: u32 = 3;
+
+#[tokio::test]
+async fn the_store_writer_runs_as_a_batch_thread_unless_configured_normal() {
+    let d = Deployment::builder().start().await;
+    assert_eq!(thread_policies(d.proxy().pid(), "fencegate-log"), [SCHED_BATCH]);
+    let serving = thread_policies(d.proxy().pid(), "fencegate");
+    assert!(
+        !serving.is_empty() && serving.iter().all(|&p| p == SCHED_OTHER),
+        "the serving thread keeps the default: {serving:?}"
+    );
+    let normal = Deployment::builder().config_extra("writer_scheduling = \"normal\"").start().await;
+    assert_eq!(thread_policies(normal.proxy().pid(), "fencegate-log"), [SCHED_OTHER]);
 }
 
 #[test]

@@ -97,6 +97,7 @@ impl Proxy {
             max_table_bytes: config.store.max_table_bytes,
             keying: String::new(),
             on_commit: Some(Arc::new(move |took, advances| observed.commit(took, advances))),
+            writer_scheduling: config.store.writer_scheduling,
         };
         if config.fence.missing_token == MissingToken::Forward {
             warn_forwarding_tokenless();

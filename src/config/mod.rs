@@ -13,7 +13,7 @@ use serde::{Serialize, Serializer};
 pub use crate::fence::locks::LockTemplate;
 pub use crate::fence::path::PathPolicy;
 pub use crate::fence::{DEFAULT_DOMAIN, EqualToken, Scope};
-pub use crate::store::SyncMode;
+pub use crate::store::{SyncMode, WriterScheduling};
 
 mod environment;
 mod etcd;
@@ -287,6 +287,8 @@ pub struct StoreConfig {
     /// `/readyz` reports the store stalled once a write or sync of its log has taken this long.
     #[serde(serialize_with = "ser_duration")]
     pub stall_after: Duration,
+    /// How the file store's writer thread is scheduled (`batch`: never preempting on wake-up).
+    pub writer_scheduling: WriterScheduling,
     /// The etcd store's settings, with `kind = "etcd"`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub etcd: Option<EtcdStoreConfig>,

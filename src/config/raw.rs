@@ -235,6 +235,8 @@ pub(super) struct RawStore {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) stall_after: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) writer_scheduling: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) prefix: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) advertise: Option<String>,
@@ -256,6 +258,7 @@ impl Default for RawStore {
             max_resources: 10_000_000,
             max_table_bytes: 1 << 30,
             stall_after: None,
+            writer_scheduling: None,
             prefix: None,
             advertise: None,
             lease_ttl: None,

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::raw;
 use super::validate::{choice, duration, invalid};
-use super::{ConfigError, EtcdStoreConfig, StoreConfig, StoreKind, SyncMode};
+use super::{ConfigError, EtcdStoreConfig, StoreConfig, StoreKind, SyncMode, WriterScheduling};
 
 /// The least `store.max_table_bytes`: 1 MiB.
 const MIN_TABLE_BYTES: u64 = 1 << 20;
@@ -17,6 +17,7 @@ pub(super) fn store(raw: raw::RawStore) -> Result<StoreConfig, ConfigError> {
         ("store.sync", raw.sync.is_some()),
         ("store.segment_bytes", raw.segment_bytes.is_some()),
         ("store.stall_after", raw.stall_after.is_some()),
+        ("store.writer_scheduling", raw.writer_scheduling.is_some()),
     ];
     let etcd_keys = [
         ("store.prefix", raw.prefix.is_some()),
@@ -49,6 +50,12 @@ pub(super) fn store(raw: raw::RawStore) -> Result<StoreConfig, ConfigError> {
         return Err(invalid("store.max_table_bytes", format!("must be at least {MIN_TABLE_BYTES} (1 MiB)")));
     }
     let stall_after = duration("store.stall_after", raw.stall_after.as_deref().unwrap_or("2s"))?;
+    let scheduling_text = raw.writer_scheduling.unwrap_or_else(|| "batch".into());
+    let writer_scheduling = choice(
+        "store.writer_scheduling",
+        &scheduling_text,
+        [("batch", WriterScheduling::Batch), ("normal", WriterScheduling::Normal)],
+    )?;
     let etcd = match kind {
         StoreKind::File => None,
         StoreKind::Etcd => {
@@ -73,6 +80,7 @@ pub(super) fn store(raw: raw::RawStore) -> Result<StoreConfig, ConfigError> {
         max_resources: raw.max_resources,
         max_table_bytes: raw.max_table_bytes,
         stall_after,
+        writer_scheduling,
         etcd,
     })
 }

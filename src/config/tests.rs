@@ -18,6 +18,7 @@ fn minimal_file_gets_documented_defaults() {
     assert_eq!(c.fence.quarantine, c.backend.request_timeout);
     assert_eq!(c.store.dir, PathBuf::from("data"));
     assert_eq!(c.store.sync, SyncMode::Always);
+    assert_eq!(c.store.writer_scheduling, WriterScheduling::Batch);
     assert_eq!(c.store.max_table_bytes, 1 << 30);
 }
 
@@ -32,6 +33,10 @@ fn bad_values_name_their_key() {
     for (extra, key) in [
         ("[fence]\nequal_token = \"maybe\"\n", "fence.equal_token: \"maybe\": expected \"reject\" or \"accept\""),
         ("[store]\nsync = \"sometimes\"\n", "store.sync"),
+        (
+            "[store]\nwriter_scheduling = \"idle\"\n",
+            "store.writer_scheduling: \"idle\": expected \"batch\" or \"normal\"",
+        ),
         ("[store]\nmax_table_bytes = 1048575\n", "store.max_table_bytes: must be at least 1048576"),
         ("[backend]\nurl = \"ftp://x\"\n", "backend.url"),
         ("[fence]\nqueue_timeout = \"soon\"\n", "fence.queue_timeout"),
@@ -185,6 +190,7 @@ fn the_etcd_store_takes_its_own_settings_and_none_of_the_file_store_s() {
     for (extra, refused) in [
         ("dir = \"data\"\n", "store.dir: a file store's setting"),
         ("sync = \"never\"\n", "store.sync: a file store's setting"),
+        ("writer_scheduling = \"normal\"\n", "store.writer_scheduling: a file store's setting"),
         ("prefix = \"/fg\"\n", "store.prefix: \"/fg\": must end with \"/\""),
         ("lease_ttl = \"1s\"\n", "store.lease_ttl: must be whole seconds, at least 2s"),
         ("lease_ttl = \"2500ms\"\n", "store.lease_ttl"),

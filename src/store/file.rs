@@ -13,6 +13,7 @@ use super::format::MAX_KEY_LEN;
 use super::log::{self, Log};
 use super::recovery::{self, Mode, io_err, round_ms};
 use super::relay::Relay;
+use super::scheduling::{self, WriterScheduling};
 use super::status::{Condition, Status};
 use super::writer::{Change, Msg, Writer};
 use super::{MarkKind, Store, StoreError, StoreFuture, Table};
@@ -46,6 +47,8 @@ pub struct StoreOptions {
     pub keying: String,
     /// Called after each batch that made advances durable (metrics).
     pub on_commit: Option<CommitHook>,
+    /// How the writer thread is scheduled.
+    pub writer_scheduling: WriterScheduling,
 }
 
 impl std::fmt::Debug for StoreOptions {
@@ -56,6 +59,7 @@ impl std::fmt::Debug for StoreOptions {
             .field("max_resources", &self.max_resources)
             .field("max_table_bytes", &self.max_table_bytes)
             .field("keying", &self.keying)
+            .field("writer_scheduling", &self.writer_scheduling)
             .finish_non_exhaustive()
     }
 }
@@ -69,6 +73,7 @@ impl Default for StoreOptions {
             max_table_bytes: 1 << 30,
             keying: String::new(),
             on_commit: None,
+            writer_scheduling: WriterScheduling::Batch,
         }
     }
 }
@@ -170,11 +175,18 @@ impl FileStore {
         // may append meanwhile.
         // Started here, on the runtime that opens the store, if there is one.
         let relay = Relay::start();
+        let scheduling = options.writer_scheduling;
         let writer =
             Writer::new(log, Arc::clone(&table), Arc::clone(&status), options, Arc::clone(&answers), lock, relay);
         std::thread::Builder::new()
             .name("fencegate-log".into())
-            .spawn(move || writer.run(rx))
+            .spawn(move || {
+                // Only a cost if refused (a seccomp profile, say): the writer runs as any thread.
+                if let Err(e) = scheduling::apply(scheduling) {
+                    tracing::warn!(policy = ?scheduling, error = %e, "the store's writer keeps the default scheduling policy");
+                }
+                writer.run(rx)
+            })
             .map_err(|e| io_err(dir, e))?;
         Ok(FileStore { tx, answers, table, status, in_flight_at_start, floors_in_flight_at_start })
     }

@@ -25,6 +25,7 @@ mod preflight;
 pub(crate) mod recovery;
 mod relay;
 mod replay;
+mod scheduling;
 mod status;
 mod table;
 mod writer;
@@ -40,6 +41,7 @@ pub use init::{check_initialised, init};
 pub use inspect::{Inspection, inspect};
 pub use listing::Listed;
 pub use preflight::{Usable, check_usable};
+pub use scheduling::WriterScheduling;
 pub use status::Condition;
 #[cfg(feature = "stall-hook")]
 pub use status::{Held, hold};

@@ -115,6 +115,21 @@ fn logged_addr(line: &str) -> Option<SocketAddr> {
     text.or(json).and_then(|a| a.parse().ok())
 }
 
+/// The scheduling policy (`SCHED_*`, from /proc) of each of process `pid`'s threads named
+/// `name`.
+pub fn thread_policies(pid: u32, name: &str) -> Vec<u32> {
+    let mut policies = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else { continue };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else { continue };
+        if &stat[open + 1..close] == name {
+            // Field 41 of stat: the 39th after the command name's closing parenthesis.
+            policies.push(stat[close + 2..].split(' ').nth(38).unwrap().parse().unwrap());
+        }
+    }
+    policies
+}
+
 /// The descriptors process `pid` has open now, by number.
 pub fn open_fds(pid: u32) -> Vec<u32> {
     let entries = std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap();
