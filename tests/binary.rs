@@ -9,6 +9,7 @@ use std::time::Duration;
 use common::builder::{Deployment, write_config};
 use common::process::{BIN, thread_policies};
 use common::raw::put;
+use common::{eventually, poll_until};
 
 fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(BIN);
@@ -32,17 +33,48 @@ async fn a_second_instance_on_the_same_data_dir_exits_at_once_with_a_clear_messa
 const SCHED_OTHER: u32 = 0;
 const SCHED_BATCH: u32 = 3;
 
+/// `count` fenced PUTs at once, to resources of their own, each with `token`.
+async fn burst(addr: std::net::SocketAddr, count: usize, token: u64) {
+    let mut writes = tokio::task::JoinSet::new();
+    for i in 0..count {
+        writes.spawn(async move { put(addr, &format!("/burst/{i}"), token).await });
+    }
+    while let Some(status) = writes.join_next().await {
+        assert_ne!(status.unwrap(), 0, "every write is answered");
+    }
+}
+
 #[tokio::test]
-async fn the_store_writer_runs_as_a_batch_thread_unless_configured_normal() {
+async fn the_store_writer_is_a_batch_thread_while_writes_come_several_to_a_batch() {
+    // The test runs under the default policy, which the serving thread keeps.
     let d = Deployment::builder().start().await;
-    assert_eq!(thread_policies(d.proxy().pid(), "fencegate-log"), [SCHED_BATCH]);
-    let serving = thread_policies(d.proxy().pid(), "fencegate");
-    assert!(
-        !serving.is_empty() && serving.iter().all(|&p| p == SCHED_OTHER),
-        "the serving thread keeps the default: {serving:?}"
-    );
+    let (pid, addr) = (d.proxy().pid(), d.addr());
+    let writer = || thread_policies(pid, "fencegate-log");
+    poll_until("the writer is up", || writer().len() == 1).await;
+    assert_eq!(writer(), [SCHED_OTHER], "an ordinary thread before any write");
+    let mut token = 0;
+    eventually("a batch of several writes makes the writer a batch thread", async || {
+        token += 1;
+        burst(addr, 16, token).await;
+        writer() == [SCHED_BATCH]
+    })
+    .await;
+    let serving = thread_policies(pid, "fencegate");
+    assert!(!serving.is_empty() && serving.iter().all(|&p| p == SCHED_OTHER), "the serving thread: {serving:?}");
+    assert_eq!(thread_policies(pid, "fencegate-compa"), [SCHED_OTHER], "nor does the compaction thread change");
+    eventually("lone writes make it an ordinary thread again", async || {
+        token += 1;
+        assert_ne!(put(addr, "/lone", token).await, 0);
+        writer() == [SCHED_OTHER]
+    })
+    .await;
+
     let normal = Deployment::builder().config_extra("writer_scheduling = \"normal\"").start().await;
-    assert_eq!(thread_policies(normal.proxy().pid(), "fencegate-log"), [SCHED_OTHER]);
+    let (pid, addr) = (normal.proxy().pid(), normal.addr());
+    for token in 1..=20 {
+        burst(addr, 16, token).await;
+    }
+    assert_eq!(thread_policies(pid, "fencegate-log"), [SCHED_OTHER], "normal: never changed");
 }
 
 #[test]

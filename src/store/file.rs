@@ -13,7 +13,7 @@ use super::format::MAX_KEY_LEN;
 use super::log::{self, Log};
 use super::recovery::{self, Mode, io_err, round_ms};
 use super::relay::Relay;
-use super::scheduling::{self, WriterScheduling};
+use super::scheduling::WriterScheduling;
 use super::status::{Condition, Status};
 use super::writer::{Change, Msg, Writer};
 use super::{MarkKind, Store, StoreError, StoreFuture, Table};
@@ -175,18 +175,11 @@ impl FileStore {
         // may append meanwhile.
         // Started here, on the runtime that opens the store, if there is one.
         let relay = Relay::start();
-        let scheduling = options.writer_scheduling;
         let writer =
             Writer::new(log, Arc::clone(&table), Arc::clone(&status), options, Arc::clone(&answers), lock, relay);
         std::thread::Builder::new()
             .name("fencegate-log".into())
-            .spawn(move || {
-                // Only a cost if refused (a seccomp profile, say): the writer runs as any thread.
-                if let Err(e) = scheduling::apply(scheduling) {
-                    tracing::warn!(policy = ?scheduling, error = %e, "the store's writer keeps the default scheduling policy");
-                }
-                writer.run(rx)
-            })
+            .spawn(move || writer.run(rx))
             .map_err(|e| io_err(dir, e))?;
         Ok(FileStore { tx, answers, table, status, in_flight_at_start, floors_in_flight_at_start })
     }

@@ -1,5 +1,6 @@
-//! How the writer thread is scheduled: by default as a batch thread (Linux `SCHED_BATCH`),
-//! which the kernel never lets preempt a running thread when it wakes.
+//! How the writer thread is scheduled. By default it is an ordinary thread while fenced writes
+//! come one at a time, and a batch thread (Linux `SCHED_BATCH`) once they come several to a
+//! batch: a batch thread's wake-ups never preempt a running thread of the normal class.
 //!
 //! Why: the writer wakes several times a batch (for the first advance, then at each step of
 //! the sync), and each wake-up, as an ordinary thread, preempts whatever runs on that CPU. On a
@@ -8,56 +9,148 @@
 //! advance arrives, so batches stay small. As a batch thread it runs once the serving thread
 //! yields the CPU (it waits for I/O, or its time slice ends) or on an idle CPU: batches hold
 //! what the serving thread produced meanwhile, and the sync's cost is spread over more writes.
-//! With a CPU idle, nothing changes: the writer runs there at once. The price is on a machine
-//! whose every CPU is kept busy by other work (a flood of pass-through reads, other processes):
-//! each wake-up of the writer may then wait for a time slice, which delays fenced writes by up
-//! to a few milliseconds. docs/benchmarks.md has both. `normal` keeps the kernel's default.
+//! A lone write has no company to wait for, and as a batch thread it would wait for whatever
+//! holds the CPU its wake-up lands on: after `LONE_BATCHES` batches of one write each, the
+//! writer is an ordinary thread again. The price is on a machine whose every CPU is kept busy by
+//! other work (a flood of pass-through reads, other processes): each wake-up of the writer may
+//! then wait for a time slice, which delays fenced writes by up to a few milliseconds.
+//! docs/benchmarks.md ("The writer as a batch thread") has both.
 //!
-//! `SCHED_BATCH` needs no privilege and keeps the thread's nice value. rustix has no
-//! `sched_setscheduler`, and thread-priority sets a policy only together with a nice value
-//! (it would reset one an operator gave the process): this is the one call, made here.
+//! `SCHED_BATCH` and back need no privilege and keep the thread's nice value. A thread started
+//! under another policy than the default (`chrt`, systemd's `CPUSchedulingPolicy=`) is left as
+//! it is. rustix has no `sched_setscheduler`, and thread-priority sets a policy only together
+//! with a nice value (it would reset one an operator gave the process): these calls are made
+//! here, in `sys`.
 
-use std::io;
-
-/// The writer thread's scheduling policy (`store.writer_scheduling`).
+/// The writer thread's scheduling (`store.writer_scheduling`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum WriterScheduling {
-    /// `SCHED_BATCH` (Linux): never preempts on wake-up (the default).
+    /// A batch thread while batches hold several writes, an ordinary one for lone writes (the
+    /// default).
     #[default]
     Batch,
-    /// The kernel's default policy (`SCHED_OTHER`), as every other thread.
+    /// Never changed: the policy the process started with, as every other thread.
     Normal,
 }
 
-/// Puts the calling thread under `policy`. Elsewhere than on Linux, `Batch` is unsupported.
-pub(super) fn apply(policy: WriterScheduling) -> io::Result<()> {
-    match policy {
-        WriterScheduling::Normal => Ok(()),
-        WriterScheduling::Batch => batch(),
+/// Lone batches (one write each) in a row after which a batch thread becomes ordinary again:
+/// a few, so that a load between one and two writes a batch does not switch at every batch.
+const LONE_BATCHES: u32 = 8;
+
+/// The writer thread's policy as its batches go.
+#[derive(Debug)]
+pub(super) struct Scheduler {
+    /// Whether the policy follows the batches (`Batch`, on a thread under the default policy).
+    adapts: bool,
+    /// Whether the thread is a batch thread now.
+    batch: bool,
+    /// Batches of one write in a row.
+    lone: u32,
+}
+
+impl Scheduler {
+    /// The calling thread's scheduler under `setting`: an ordinary thread to begin with.
+    pub(super) fn new(setting: WriterScheduling) -> Scheduler {
+        let adapts = setting == WriterScheduling::Batch
+            && match sys::is_default() {
+                Ok(true) => true,
+                Ok(false) => {
+                    tracing::info!("the store's writer keeps the scheduling policy the process was started with");
+                    false
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "the store's writer keeps its scheduling policy");
+                    false
+                }
+            };
+        Scheduler { adapts, batch: false, lone: 0 }
+    }
+
+    /// Before a batch of `writes` (advances and resets; 0 for answers only) is committed: its
+    /// sync's wake-ups are the ones a batch thread lets wait.
+    pub(super) fn committing(&mut self, writes: usize) {
+        if !self.adapts || writes == 0 {
+            return;
+        }
+        self.lone = if writes == 1 { self.lone.saturating_add(1) } else { 0 };
+        let batch = match (self.batch, writes) {
+            (false, 2..) => true,
+            (true, _) if self.lone >= LONE_BATCHES => false,
+            (now, _) => now,
+        };
+        if batch == self.batch {
+            return;
+        }
+        match sys::set(batch) {
+            Ok(()) => self.batch = batch,
+            Err(e) => {
+                // Refused (a seccomp profile, say): the writer runs as any thread from now on.
+                tracing::warn!(
+                    error = %e,
+                    "store.writer_scheduling = \"batch\" was refused: the store's writer stays an ordinary thread"
+                );
+                self.adapts = false;
+            }
+        }
+    }
+
+    /// Whether the thread is a batch thread now.
+    #[cfg(test)]
+    pub(super) fn is_batch(&self) -> bool {
+        self.batch
     }
 }
 
-#[cfg(target_os = "linux")]
-#[allow(unsafe_code)] // one system call, on a parameter that lives on this stack
-fn batch() -> io::Result<()> {
-    // SCHED_BATCH takes static priority 0, the only one a normal policy has. Pid 0 is the
-    // calling thread: Linux schedules threads, not processes.
-    let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: `param` is a valid, initialised sched_param for the duration of the call, which
-    // only reads it; the call has no other memory effects.
-    match unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) } {
-        0 => Ok(()),
-        _ => Err(io::Error::last_os_error()),
+/// The system calls, on Linux with glibc (musl's `sched_setscheduler` always fails, by design;
+/// elsewhere there is no `SCHED_BATCH`): [`io::ErrorKind::Unsupported`] anywhere else.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[allow(unsafe_code)] // two system calls, on no memory but a parameter on this stack
+mod sys {
+    use std::io;
+
+    /// Whether the calling thread is under the default policy (`SCHED_OTHER`).
+    pub(super) fn is_default() -> io::Result<bool> {
+        // SAFETY: takes no pointer; pid 0 is the calling thread.
+        match unsafe { libc::sched_getscheduler(0) } {
+            -1 => Err(io::Error::last_os_error()),
+            policy => Ok(policy == libc::SCHED_OTHER),
+        }
+    }
+
+    /// Makes the calling thread a batch thread (`SCHED_BATCH`), or an ordinary one again.
+    pub(super) fn set(batch: bool) -> io::Result<()> {
+        // Both take static priority 0, the only one a normal policy has. Pid 0 is the calling
+        // thread: Linux applies the policy per thread (POSIX would say per process).
+        let param = libc::sched_param { sched_priority: 0 };
+        let policy = if batch { libc::SCHED_BATCH } else { libc::SCHED_OTHER };
+        // SAFETY: `param` is a valid, initialised sched_param for the duration of the call,
+        // which only reads it.
+        match unsafe { libc::sched_setscheduler(0, policy, &param) } {
+            0 => Ok(()),
+            _ => Err(io::Error::last_os_error()),
+        }
     }
 }
 
-#[cfg(not(target_os = "linux"))]
-fn batch() -> io::Result<()> {
-    Err(io::Error::new(io::ErrorKind::Unsupported, "SCHED_BATCH is Linux's"))
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+mod sys {
+    use std::io;
+
+    fn unsupported() -> io::Error {
+        io::Error::new(io::ErrorKind::Unsupported, "SCHED_BATCH is set on Linux with glibc only")
+    }
+
+    pub(super) fn is_default() -> io::Result<bool> {
+        Err(unsupported())
+    }
+
+    pub(super) fn set(_batch: bool) -> io::Result<()> {
+        Err(unsupported())
+    }
 }
 
-#[cfg(all(test, target_os = "linux"))]
+#[cfg(all(test, target_os = "linux", target_env = "gnu"))]
 mod tests {
     use super::*;
 
@@ -68,20 +161,47 @@ mod tests {
         after_name.split(' ').nth(38).unwrap().parse().unwrap()
     }
 
+    const OTHER: u32 = libc::SCHED_OTHER as u32;
+    const BATCH: u32 = libc::SCHED_BATCH as u32;
+
     #[test]
-    fn batch_puts_the_calling_thread_alone_under_sched_batch_and_normal_leaves_it() {
-        let (batch, normal) = std::thread::scope(|s| {
-            let batch = s.spawn(|| {
-                apply(WriterScheduling::Batch).unwrap();
-                policy()
+    fn the_writer_is_a_batch_thread_from_a_batch_of_two_until_eight_lone_ones() {
+        assert_eq!(policy(), OTHER, "the test runs under the default policy");
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut scheduler = Scheduler::new(WriterScheduling::Batch);
+                let mut seen = Vec::new();
+                for writes in [1, 1, 0, 2, 1, 5, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 3] {
+                    scheduler.committing(writes);
+                    assert_eq!(scheduler.is_batch(), policy() == BATCH, "the thread is what the scheduler says");
+                    seen.push(scheduler.is_batch());
+                }
+                let want = [
+                    false, false, false, true, true, true, true, true, true, true, true, true, true, true, false,
+                    false, true,
+                ];
+                assert_eq!(seen, want);
             });
-            let normal = s.spawn(|| {
-                apply(WriterScheduling::Normal).unwrap();
-                policy()
-            });
-            (batch.join().unwrap(), normal.join().unwrap())
         });
-        assert_eq!((batch, normal), (libc::SCHED_BATCH as u32, libc::SCHED_OTHER as u32));
-        assert_eq!(policy(), libc::SCHED_OTHER as u32, "the test's own thread is not changed");
+        assert_eq!(policy(), OTHER, "only the writer's own thread is changed");
+    }
+
+    #[test]
+    fn normal_and_a_thread_started_under_another_policy_are_never_changed() {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut normal = Scheduler::new(WriterScheduling::Normal);
+                normal.committing(10);
+                assert_eq!((normal.is_batch(), policy()), (false, OTHER));
+            });
+            s.spawn(|| {
+                sys::set(true).unwrap();
+                let mut started_batch = Scheduler::new(WriterScheduling::Batch);
+                for _ in 0..LONE_BATCHES + 1 {
+                    started_batch.committing(1);
+                }
+                assert_eq!(policy(), BATCH, "left as it was started");
+            });
+        });
     }
 }

@@ -31,6 +31,7 @@ use super::format::Kind;
 use super::log::{Log, LogError};
 use super::recovery::io_err;
 use super::relay::{Answer, Done, Relay};
+use super::scheduling::Scheduler;
 use super::status::{Status, stall_point};
 use super::table::mark_bytes;
 use super::{MarkKind, StoreError, Table};
@@ -73,6 +74,8 @@ pub(super) struct Writer {
     batch: Vec<Op>,
     /// Advance records in the batch, counted as they join.
     advances_in_batch: usize,
+    /// Writes (advances and resets, however many marks each) in the batch.
+    writes_in_batch: usize,
     /// Room the batch's new marks take, for `max_resources` and `max_table_bytes`.
     room: Room,
     /// Whether `run` finished; if not, its thread is unwinding (see `Drop`).
@@ -171,6 +174,7 @@ impl Writer {
             snapshot_bytes: Arc::new(AtomicU64::new(0)),
             batch: Vec::with_capacity(MAX_BATCH),
             advances_in_batch: 0,
+            writes_in_batch: 0,
             room: Room::default(),
             finished: false,
             lock: Some(lock),
@@ -185,6 +189,9 @@ impl Writer {
         let (compact_tx, compact_rx) = mpsc::sync_channel::<u64>(1);
         let dir = self.log.dir().to_owned();
         let compactor = compact::spawn(dir, &self.table, &self.snapshot_bytes, self.lock.as_ref(), compact_rx);
+        // On this thread, which it schedules; after the compaction thread started, which keeps
+        // the policy the process started with.
+        let mut scheduler = Scheduler::new(self.options.writer_scheduling);
         let mut closing = None;
         while closing.is_none() {
             // Answered writes ride along with the next batch; without one, they are written
@@ -231,6 +238,7 @@ impl Writer {
                     Err(_) => break,
                 }
             }
+            scheduler.committing(self.writes_in_batch);
             self.commit();
             self.maybe_rotate(&compact_tx);
         }
@@ -307,6 +315,7 @@ impl Writer {
         self.log.append(Kind::Advance, &key, token);
         self.batch.push(Op::Advance { key, token, done });
         self.advances_in_batch += 1;
+        self.writes_in_batch += 1;
     }
 
     /// [`Room::take`] for this batch, under this store's `max_resources`.
@@ -340,12 +349,14 @@ impl Writer {
             self.log.append(kind, name, token);
         }
         self.advances_in_batch += marks.len();
+        self.writes_in_batch += 1;
         self.batch.push(Op::AdvanceAll { marks, token, change, done });
     }
 
     /// Writes the batch; syncs it if it holds an advance (a lost answer only costs a quarantine).
     fn commit(&mut self) {
         self.room = Room::default();
+        self.writes_in_batch = 0;
         let advances = std::mem::take(&mut self.advances_in_batch);
         if self.batch.is_empty() {
             return;
