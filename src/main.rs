@@ -1,5 +1,6 @@
 //! The `fencegate` binary: parse the command line, load the config, bind, and hand over to the
 //! library.
+#![deny(unsafe_code)]
 
 use std::path::PathBuf;
 use std::process::ExitCode;

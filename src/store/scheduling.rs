@@ -22,6 +22,8 @@
 //! with a nice value (it would reset one an operator gave the process): these calls are made
 //! here, in `sys`.
 
+use std::io;
+
 /// The writer thread's scheduling (`store.writer_scheduling`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -59,8 +61,12 @@ impl Scheduler {
                     tracing::info!("the store's writer keeps the scheduling policy the process was started with");
                     false
                 }
-                Err(e) => {
+                Err(e) if e.kind() == io::ErrorKind::Unsupported => {
                     tracing::debug!(error = %e, "the store's writer keeps its scheduling policy");
+                    false
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "the store's writer cannot read its scheduling policy and keeps it");
                     false
                 }
             };
@@ -85,10 +91,11 @@ impl Scheduler {
         match sys::set(batch) {
             Ok(()) => self.batch = batch,
             Err(e) => {
-                // Refused (a seccomp profile, say): the writer runs as any thread from now on.
+                // Refused (a seccomp profile, say): the policy stays as it is from now on.
+                let now = if self.batch { "a batch thread" } else { "an ordinary thread" };
                 tracing::warn!(
                     error = %e,
-                    "store.writer_scheduling = \"batch\" was refused: the store's writer stays an ordinary thread"
+                    "store.writer_scheduling = \"batch\": changing the writer's policy was refused; it stays {now}"
                 );
                 self.adapts = false;
             }
@@ -171,13 +178,14 @@ mod tests {
             s.spawn(|| {
                 let mut scheduler = Scheduler::new(WriterScheduling::Batch);
                 let mut seen = Vec::new();
-                for writes in [1, 1, 0, 2, 1, 5, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 3] {
+                // A batch of answers only (0) changes nothing, not even the count of lone ones.
+                for writes in [1, 1, 0, 2, 1, 5, 0, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 3] {
                     scheduler.committing(writes);
                     assert_eq!(scheduler.is_batch(), policy() == BATCH, "the thread is what the scheduler says");
                     seen.push(scheduler.is_batch());
                 }
                 let want = [
-                    false, false, false, true, true, true, true, true, true, true, true, true, true, true, false,
+                    false, false, false, true, true, true, true, true, true, true, true, true, true, true, true, false,
                     false, true,
                 ];
                 assert_eq!(seen, want);
@@ -197,6 +205,8 @@ mod tests {
             s.spawn(|| {
                 sys::set(true).unwrap();
                 let mut started_batch = Scheduler::new(WriterScheduling::Batch);
+                // What would make an adapting writer a batch thread, then an ordinary one.
+                started_batch.committing(2);
                 for _ in 0..LONE_BATCHES + 1 {
                     started_batch.committing(1);
                 }
