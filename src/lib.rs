@@ -13,7 +13,7 @@
 //!
 //! The binary is a thin shell around [`run`]: tests bind port 0 and run the same server
 //! in-process.
-// One system call needs it: the writer thread's scheduling policy (src/store/scheduling.rs).
+// Allowed in one module only: the writer thread's scheduling calls (src/store/scheduling.rs).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 

@@ -287,7 +287,8 @@ pub struct StoreConfig {
     /// `/readyz` reports the store stalled once a write or sync of its log has taken this long.
     #[serde(serialize_with = "ser_duration")]
     pub stall_after: Duration,
-    /// How the file store's writer thread is scheduled (`batch`: never preempting on wake-up).
+    /// How the file store's writer thread is scheduled (`batch`: a batch thread, which never
+    /// preempts on wake-up, while batches hold several writes).
     pub writer_scheduling: WriterScheduling,
     /// The etcd store's settings, with `kind = "etcd"`.
     #[serde(skip_serializing_if = "Option::is_none")]
