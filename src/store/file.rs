@@ -18,8 +18,20 @@ use super::status::{Condition, Status};
 use super::writer::{Change, Msg, Writer};
 use super::{MarkKind, Store, StoreError, StoreFuture, Table};
 
-/// Answered writes waiting for the writer's next batch, as `(mark, name, token)`.
-pub(super) type Answers = Arc<std::sync::Mutex<Vec<(MarkKind, String, u64)>>>;
+/// Answered writes waiting for the writer's next batch, shared by the store and its writer.
+pub(super) type Answers = Arc<std::sync::Mutex<Answered>>;
+
+/// What [`Answers`] holds.
+#[derive(Debug, Default)]
+pub(super) struct Answered {
+    /// The answered writes, as `(mark, name, token)`.
+    pub(super) list: Vec<(MarkKind, String, u64)>,
+    /// The writer sleeps until told: the next answer sends it a reminder. Otherwise it wakes by
+    /// itself within `ANSWER_FLUSH` (it committed advances whose answers it expects), and an
+    /// answer wakes nobody: at one write at a time, that is one wake-up of the writer less per
+    /// write.
+    pub(super) remind: bool,
+}
 
 /// Name of the lock file in a data directory.
 pub(crate) const LOCK_FILE: &str = "LOCK";
@@ -124,8 +136,8 @@ pub(crate) fn lock(dir: &Path, create: bool) -> Result<File, StoreError> {
 #[derive(Debug)]
 pub struct FileStore {
     tx: mpsc::Sender<Msg>,
-    /// Answered writes, logged with the next batch: recording one wakes the writer at most once
-    /// per batch.
+    /// Answered writes, logged with the next batch: recording one wakes the writer only if it
+    /// sleeps without a deadline.
     answers: Answers,
     table: Arc<Table>,
     status: Arc<Status>,
@@ -169,7 +181,7 @@ impl FileStore {
             );
         }
         let (tx, rx) = mpsc::channel();
-        let answers = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let answers = Arc::new(std::sync::Mutex::new(Answered::default()));
         // The writer holds the directory's lock, so it is released only once it can write no
         // more: a store dropped without close() still logs what it knew, and no second store
         // may append meanwhile.
@@ -196,13 +208,22 @@ impl FileStore {
         &self.floors_in_flight_at_start
     }
 
-    /// Queues answered writes for the writer's next batch; the first since it last took them
-    /// reminds it.
+    /// Whether the writer sleeps until an answered write reminds it.
+    #[cfg(test)]
+    pub(super) fn writer_awaits_reminder(&self) -> bool {
+        self.answers.lock().unwrap_or_else(|e| e.into_inner()).remind
+    }
+
+    /// Queues answered writes for the writer's next batch, reminding it if it sleeps until told.
     fn note_answers(&self, answered: impl IntoIterator<Item = (MarkKind, String, u64)>) {
         let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
-        let was_empty = answers.is_empty();
-        answers.extend(answered);
-        if was_empty && !answers.is_empty() {
+        answers.list.extend(answered);
+        let remind = answers.remind && !answers.list.is_empty();
+        if remind {
+            answers.remind = false;
+        }
+        drop(answers);
+        if remind {
             let _ = self.tx.send(Msg::AnswersWaiting);
         }
     }
@@ -246,11 +267,7 @@ impl Store for FileStore {
     }
 
     fn answered(&self, key: &str, token: u64) {
-        let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
-        answers.push((MarkKind::Key, key.to_owned(), token));
-        if answers.len() == 1 {
-            let _ = self.tx.send(Msg::AnswersWaiting);
-        }
+        self.note_answers(std::iter::once((MarkKind::Key, key.to_owned(), token)));
     }
 
     fn advance_all_in(&self, _term: u64, marks: Vec<(MarkKind, String)>, token: u64) -> StoreFuture<'_> {

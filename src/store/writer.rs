@@ -39,7 +39,8 @@ use super::{MarkKind, StoreError, Table};
 /// Most advances committed by one write and one sync (an advance of several marks counts once:
 /// it is never split).
 const MAX_BATCH: usize = 4096;
-/// Longest answered writes wait to be logged as such when no advance comes to carry them.
+/// Longest answered writes wait to be logged as such when no advance comes to carry them; also
+/// how long after committing advances the writer waits, with no reminder, for their answers.
 const ANSWER_FLUSH: Duration = Duration::from_millis(200);
 
 pub(super) enum Msg {
@@ -55,7 +56,7 @@ pub(super) enum Msg {
         change: Change,
         done: Done,
     },
-    /// The first answered write since the writer last took them: it must not wait forever.
+    /// An answered write came while the writer slept with no deadline: it must not wait forever.
     AnswersWaiting,
     Close(Done),
 }
@@ -195,10 +196,12 @@ impl Writer {
         let mut closing = None;
         while closing.is_none() {
             // Answered writes ride along with the next batch; without one, they are written
-            // on their own ANSWER_FLUSH after the first of them. A store refused room looks
-            // for some every ROOM_RETRY meanwhile.
+            // on their own by `flush_by`: ANSWER_FLUSH after the batch whose advances they
+            // answer, or after the reminder the first of them sends a writer that had none to
+            // expect. A store refused room looks for some every ROOM_RETRY meanwhile.
             let retry = self.status.full().then(|| Instant::now() + faults::ROOM_RETRY);
-            let wake = match (self.flush_by, retry) {
+            let flush = self.flush_by.or_else(|| self.until_reminded());
+            let wake = match (flush, retry) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
@@ -284,10 +287,27 @@ impl Writer {
         None
     }
 
+    /// Before a sleep with no deadline: asks for a reminder from the next answered write, or,
+    /// if answered writes already wait, returns when to write them.
+    fn until_reminded(&mut self) -> Option<Instant> {
+        let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
+        if answers.list.is_empty() {
+            answers.remind = true;
+            return None;
+        }
+        drop(answers);
+        let by = Instant::now() + ANSWER_FLUSH;
+        self.flush_by = Some(by);
+        Some(by)
+    }
+
     /// Adds the answered writes recorded since the last batch.
     fn take_answers(&mut self) {
+        let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
+        answers.remind = false;
         // Swapped with an emptied list, so that neither side allocates for the next ones.
-        std::mem::swap(&mut *self.answers.lock().unwrap_or_else(|e| e.into_inner()), &mut self.taken);
+        std::mem::swap(&mut answers.list, &mut self.taken);
+        drop(answers);
         if self.failed.is_some() {
             self.taken.clear();
             return;
@@ -368,6 +388,11 @@ impl Writer {
         self.status.idle();
         if let (Ok(()), Some(hook), true) = (&written, &self.options.on_commit, advances > 0) {
             hook(started.elapsed(), advances);
+        }
+        if advances > 0 {
+            // Their answers follow soon: written with the next batch, or on their own by then,
+            // without a reminder each.
+            self.flush_by = Some(Instant::now() + ANSWER_FLUSH);
         }
         let outcome = match written {
             Ok(()) => {

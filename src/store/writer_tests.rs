@@ -120,6 +120,32 @@ async fn an_answer_reaches_the_log_soon_even_when_no_advance_follows() {
 }
 
 #[tokio::test]
+async fn an_answer_reminds_a_writer_that_stopped_expecting_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    write(&store, &[("/a", 1), ("/b", 2)]).await;
+    // ANSWER_FLUSH after its last batch the writer sleeps until an answer tells it.
+    let asleep = async {
+        while !store.writer_awaits_reminder() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), asleep).await.expect("the writer stopped expecting answers");
+    store.answered("/a", 1);
+    let logged = async {
+        loop {
+            let (_, found) = as_a_crash_would_leave(dir.path());
+            if found.in_flight == [("/b".to_string(), 2)] {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), logged).await.expect("the answer to /a reminded the writer");
+    drop(store);
+}
+
+#[tokio::test]
 async fn an_earlier_answer_does_not_clear_a_later_write_with_the_same_token() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
