@@ -11,71 +11,18 @@
 # backend nginx (WebDAV on tmpfs, one worker) on 127.0.0.1:18081, A on 18083, B on 18085, data
 # dirs on disk, store.sync = "always". Everything it starts, it stops, by pid.
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+source "$(dirname "$0")/common.sh" mixed
 A_BIN=${A_BIN:-$TARGET_DIR/release/fencegate}
 B_BIN=${B_BIN:-$A_BIN}
 GET_CONNS=${GET_CONNS:-128}
 PUT_CONNS=${PUT_CONNS:-16}
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-6}
 ROUNDS=${ROUNDS:-3}
-NGINX=$(command -v nginx || echo /usr/sbin/nginx)
-for port in 18081 18083 18085; do
-    if (echo >/dev/tcp/127.0.0.1/$port) 2>/dev/null; then
-        echo "127.0.0.1:$port is taken: stop what listens there first" >&2
-        exit 1
-    fi
-done
-PIDS=()
-SHM=
-DISK=
-cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$SHM" "$DISK"
-}
-trap cleanup EXIT
-SHM=$(mktemp -d /dev/shm/fencegate-mixed.XXXX)
-DISK=$(mktemp -d /var/tmp/fencegate-mixed.XXXX)
-mkdir -p "$SHM/www/get" "$SHM/body" "$SHM/logs"
-head -c 1024 /dev/zero | tr '\0' 'x' >"$SHM/www/get/file"
-chmod -R 777 "$SHM" # nginx's worker runs as nobody when started by root
-{
-    echo "worker_processes 1; pid $SHM/backend.pid; error_log $SHM/logs/backend.log warn;"
-    echo "events { worker_connections 4096; }"
-    echo "http { access_log off; keepalive_requests 10000000; client_body_temp_path $SHM/body; sendfile on;"
-    echo "  server { listen 127.0.0.1:18081 backlog=4096; root $SHM/www; dav_methods PUT DELETE;"
-    echo "           create_full_put_path on; dav_access user:rw group:rw all:r; } }"
-} >"$SHM/backend.conf"
-# 1,000 resources in turn, every resource's tokens climbing (as load.sh's put.lua).
-{
-    echo 'local n = 0'
-    echo 'local base = os.time() * 1000000'
-    echo 'local body = string.rep("v", 100)'
-    echo 'request = function()'
-    echo '    n = n + 1'
-    echo '    return wrk.format("PUT", "/put/r" .. (n % 1000), { ["Fencing-Token"] = string.format("%.0f", base + n) }, body)'
-    echo 'end'
-} >"$SHM/put.lua"
-"$NGINX" -c "$SHM/backend.conf" -g 'daemon off;' &
-PIDS+=($!)
+bench_ports_free 18081 18083 18085
+bench_backend
 declare -A PORT=([A]=18083 [B]=18085) BIN=([A]=$A_BIN [B]=$B_BIN) EXTRA=([A]=${A_EXTRA:-} [B]=${B_EXTRA:-})
 for t in A B; do
-    "${BIN[$t]}" init --dir "$DISK/$t" >/dev/null
-    printf '[server]\nlisten = "127.0.0.1:%s"\n[backend]\nurl = "http://127.0.0.1:18081"\n[store]\ndir = "%s"\nsync = "always"\n%s\n[log]\nlevel = "warn"\n' \
-        "${PORT[$t]}" "$DISK/$t" "${EXTRA[$t]}" >"$SHM/$t.toml"
-    "${BIN[$t]}" run --config "$SHM/$t.toml" 2>"$SHM/logs/$t.log" &
-    pid=$!
-    PIDS+=($pid)
-    for _ in $(seq 100); do
-        (echo >/dev/tcp/127.0.0.1/"${PORT[$t]}") 2>/dev/null && break
-        sleep 0.05
-    done
-    if ! kill -0 $pid 2>/dev/null || ! (echo >/dev/tcp/127.0.0.1/"${PORT[$t]}") 2>/dev/null; then
-        echo "fencegate $t did not start:" >&2
-        cat "$SHM/logs/$t.log" >&2
-        exit 1
-    fi
+    bench_fencegate "$t" "${BIN[$t]}" "${PORT[$t]}" "${EXTRA[$t]}"
 done
 echo "A: $A_BIN ${A_EXTRA:-}"
 echo "B: $B_BIN ${B_EXTRA:-}"

@@ -3,36 +3,12 @@
 # the same PUT load (wrk -t1, nginx WebDAV backend on tmpfs, data dirs on disk), in turn:
 #   NEW=target/release/fencegate OLD=/path/to/old/fencegate C=64 D=8 benches/threads.sh
 set -euo pipefail
-NEW=${NEW:-target/release/fencegate}; OLD=${OLD:?OLD=path of the build to compare with}; C=${C:-64}; D=${D:-8}
-SHM=$(mktemp -d /dev/shm/fgprof.XXXX); DISK=$(mktemp -d /var/tmp/fgprof.XXXX)
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill $p 2>/dev/null || true; done; wait 2>/dev/null; rm -rf $SHM $DISK; }
-trap cleanup EXIT
-mkdir -p $SHM/www $SHM/body $SHM/logs
-chmod -R 777 $SHM
-cat > $SHM/backend.conf <<EOF
-worker_processes 1; pid $SHM/b.pid; error_log $SHM/logs/b.log warn;
-events { worker_connections 4096; }
-http { access_log off; keepalive_requests 10000000; client_body_temp_path $SHM/body;
- server { listen 127.0.0.1:18081 backlog=4096; root $SHM/www; dav_methods PUT DELETE; create_full_put_path on; dav_access user:rw group:rw all:r; } }
-EOF
-/usr/sbin/nginx -c $SHM/backend.conf -g 'daemon off;' & PIDS+=($!)
-for name in new old; do
-  bin=$NEW; port=18083; [ $name = old ] && { bin=$OLD; port=18085; }
-  $bin init --dir $DISK/$name >/dev/null
-  printf '[server]\nlisten = "127.0.0.1:%s"\n[backend]\nurl = "http://127.0.0.1:18081"\n[store]\ndir = "%s"\n[log]\nlevel = "warn"\n' $port $DISK/$name > $SHM/$name.toml
-  $bin run --config $SHM/$name.toml 2>$SHM/logs/$name.log & PIDS+=($!); eval "PID_$name=$!"
-done
-cat > $SHM/put.lua <<'EOF'
-local n = 0
-local base = os.time() * 1000000
-local body = string.rep("v", 100)
-request = function()
-    n = n + 1
-    return wrk.format("PUT", "/put/r" .. (n % 1000), { ["Fencing-Token"] = string.format("%.0f", base + n) }, body)
-end
-EOF
-sleep 1
+source "$(dirname "$0")/common.sh" threads
+NEW=${NEW:-$TARGET_DIR/release/fencegate}; OLD=${OLD:?OLD=path of the build to compare with}; C=${C:-64}; D=${D:-8}
+bench_ports_free 18081 18083 18085
+bench_backend
+bench_fencegate new "$NEW" 18083; PID_new=$FG_PID
+bench_fencegate old "$OLD" 18085; PID_old=$FG_PID
 snap() { # pid -> lines: tid name utime stime vcs nvcs
   for t in /proc/$1/task/*; do
     tid=${t##*/}; comm=$(cat $t/comm)

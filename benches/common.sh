@@ -1,0 +1,108 @@
+# Sourced by the benchmark scripts (mixed.sh, threads.sh, timeline.sh): the pieces they share,
+# all on loopback. After `source benches/common.sh NAME`:
+#   $ROOT $TARGET_DIR $NGINX   the repository, cargo's target directory, nginx's binary
+#   $SHM $DISK                 scratch directories on tmpfs (the backend's files) and on disk
+#                              (fencegate's data dirs), removed at exit
+#   PIDS+=(pid)                stopped at exit, by pid
+#   bench_ports_free PORT...   exits unless every port is free
+#   bench_backend              nginx WebDAV (PUT, DELETE) from $SHM/www on 127.0.0.1:18081,
+#                              one worker, with a 1 KiB file at /get/file; sets BACKEND_PID
+#   bench_proxy                nginx reverse proxy to it on 127.0.0.1:18082, keepalive pool of
+#                              128; sets PROXY_PID to its worker (the master only watches it)
+#   $SHM/put.lua               100-byte PUTs over 1,000 resources, every resource's tokens
+#                              climbing, the base from the clock (a later run's are higher)
+#   bench_fencegate NAME BIN PORT [STORE_LINES]
+#                              inits a data dir, starts `BIN run` on PORT with the backend above,
+#                              store.sync = "always", log level warn (stderr to $SHM/logs/NAME.log),
+#                              STORE_LINES added to [store]; waits until it listens; sets FG_PID
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+PIDS=()
+SHM=$(mktemp -d "/dev/shm/fencegate-${1:-bench}.XXXX")
+DISK=$(mktemp -d "/var/tmp/fencegate-${1:-bench}.XXXX")
+bench_cleanup() {
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+    rm -rf "$SHM" "$DISK"
+}
+trap bench_cleanup EXIT INT TERM
+mkdir -p "$SHM/www/get" "$SHM/body" "$SHM/logs"
+head -c 1024 /dev/zero | tr '\0' 'x' >"$SHM/www/get/file"
+chmod -R 777 "$SHM" # nginx's worker runs as nobody when started by root
+
+bench_ports_free() {
+    for port in "$@"; do
+        if (echo >/dev/tcp/127.0.0.1/"$port") 2>/dev/null; then
+            echo "127.0.0.1:$port is taken: stop what listens there first" >&2
+            exit 1
+        fi
+    done
+}
+
+# Waits until PID listens on PORT; exits with its log if it never does.
+bench_wait() { # PID PORT LOG
+    for _ in $(seq 100); do
+        (echo >/dev/tcp/127.0.0.1/"$2") 2>/dev/null && return 0
+        kill -0 "$1" 2>/dev/null || break
+        sleep 0.05
+    done
+    echo "what should listen on 127.0.0.1:$2 did not start:" >&2
+    cat "$3" >&2
+    exit 1
+}
+
+# Writes $SHM/NAME.conf (one worker, no access log, connections never closed for their request
+# count; the http block's own lines from stdin) and starts it; sets STARTED to the master's pid.
+bench_nginx() { # NAME PORT
+    {
+        echo "worker_processes 1; pid $SHM/$1.pid; error_log $SHM/logs/$1.log warn;"
+        echo "events { worker_connections 4096; }"
+        echo "http { access_log off; keepalive_requests 10000000; client_body_temp_path $SHM/body;"
+        cat
+        echo "}"
+    } >"$SHM/$1.conf"
+    "$NGINX" -c "$SHM/$1.conf" -g 'daemon off;' &
+    STARTED=$!
+    PIDS+=("$STARTED")
+    bench_wait "$STARTED" "$2" "$SHM/logs/$1.log"
+}
+
+bench_backend() {
+    bench_nginx backend 18081 <<EOF
+  sendfile on;
+  server { listen 127.0.0.1:18081 backlog=4096; root $SHM/www; dav_methods PUT DELETE;
+           create_full_put_path on; dav_access user:rw group:rw all:r; }
+EOF
+    BACKEND_PID=$STARTED
+}
+
+bench_proxy() {
+    bench_nginx proxy 18082 <<EOF
+  upstream backend { server 127.0.0.1:18081; keepalive 128; keepalive_requests 10000000; }
+  server { listen 127.0.0.1:18082 backlog=4096;
+           location / { proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection ""; } }
+EOF
+    PROXY_PID=$(pgrep -P "$STARTED" | head -1)
+}
+
+cat >"$SHM/put.lua" <<'EOF'
+local n = 0
+local base = os.time() * 1000000
+local body = string.rep("v", 100)
+request = function()
+    n = n + 1
+    return wrk.format("PUT", "/put/r" .. (n % 1000), { ["Fencing-Token"] = string.format("%.0f", base + n) }, body)
+end
+EOF
+
+bench_fencegate() { # NAME BIN PORT [STORE_LINES]
+    "$2" init --dir "$DISK/$1" >/dev/null
+    printf '[server]\nlisten = "127.0.0.1:%s"\n[backend]\nurl = "http://127.0.0.1:18081"\n[store]\ndir = "%s"\nsync = "always"\n%s\n[log]\nlevel = "warn"\n' \
+        "$3" "$DISK/$1" "${4:-}" >"$SHM/$1.toml"
+    "$2" run --config "$SHM/$1.toml" 2>"$SHM/logs/$1.log" &
+    FG_PID=$!
+    PIDS+=("$FG_PID")
+    bench_wait "$FG_PID" "$3" "$SHM/logs/$1.log"
+}
