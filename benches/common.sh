@@ -3,7 +3,7 @@
 #   $ROOT $TARGET_DIR $NGINX   the repository, cargo's target directory, nginx's binary
 #   $SHM $DISK                 scratch directories on tmpfs (the backend's files) and on disk
 #                              (fencegate's data dirs), removed at exit
-#   PIDS+=(pid)                stopped at exit, by pid
+#   PIDS+=(pid)                stopped at exit, by pid; `bench_waited PID` once waited for
 #   bench_ports_free PORT...   exits unless every port is free
 #   bench_backend              nginx WebDAV (PUT, DELETE) from $SHM/www on 127.0.0.1:18081,
 #                              one worker, with a 1 KiB file at /get/file; sets BACKEND_PID
@@ -27,7 +27,14 @@ bench_cleanup() {
     for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
     rm -rf "$SHM" "$DISK"
 }
-trap bench_cleanup EXIT INT TERM
+trap bench_cleanup EXIT
+trap 'exit 130' INT TERM
+# Forgets a pid that was waited for, so that cleanup never kills whoever has it since.
+bench_waited() {
+    local keep=() p
+    for p in "${PIDS[@]}"; do [ "$p" = "$1" ] || keep+=("$p"); done
+    PIDS=("${keep[@]}")
+}
 mkdir -p "$SHM/www/get" "$SHM/body" "$SHM/logs"
 head -c 1024 /dev/zero | tr '\0' 'x' >"$SHM/www/get/file"
 chmod -R 777 "$SHM" # nginx's worker runs as nobody when started by root
@@ -84,7 +91,14 @@ bench_proxy() {
   server { listen 127.0.0.1:18082 backlog=4096;
            location / { proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection ""; } }
 EOF
-    PROXY_PID=$(pgrep -P "$STARTED" | head -1)
+    PROXY_PID=
+    for _ in $(seq 100); do
+        PROXY_PID=$(pgrep -P "$STARTED" | head -1 || true)
+        [ -n "$PROXY_PID" ] && return 0
+        sleep 0.05
+    done
+    echo "nginx's proxy worker did not start" >&2
+    exit 1
 }
 
 cat >"$SHM/put.lua" <<'EOF'

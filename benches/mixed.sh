@@ -35,6 +35,7 @@ for round in $(seq "$ROUNDS"); do
         PIDS+=($get)
         put=$(wrk -t1 -c"$PUT_CONNS" -d"${SECONDS_PER_RUN}s" --latency -s "$SHM/put.lua" "$url/")
         wait $get
+        bench_waited $get
         echo "$put" | awk -v t="$t" -v r="$round" -v g="$(awk '/^Requests/ {print $2}' "$SHM/get.out")" '
             /^Requests/ { rps = $2 } /^ +50%/ { p50 = $2 } /^ +99%/ { p99 = $2 } /Non-2xx/ { bad = $NF }
             END { printf "round %d %s: PUT %8.0f/s p50 %8s p99 %8s non-2xx %d   GET %8.0f/s\n", r, t, rps, p50, p99, bad, g }'

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CPU time and context switches per request, thread by thread, of two fencegate builds under
 # the same PUT load (wrk -t1, nginx WebDAV backend on tmpfs, data dirs on disk), in turn:
-#   NEW=target/release/fencegate OLD=/path/to/old/fencegate C=64 D=8 benches/threads.sh
+#   NEW=target/release/fencegate OLD=/path/to/old/fencegate C=64 D=8 ROUNDS=2 benches/threads.sh
 set -euo pipefail
 source "$(dirname "$0")/common.sh" threads
 NEW=${NEW:-$TARGET_DIR/release/fencegate}; OLD=${OLD:?OLD=path of the build to compare with}; C=${C:-64}; D=${D:-8}
@@ -17,7 +17,7 @@ snap() { # pid -> lines: tid name utime stime vcs nvcs
     echo "$tid $comm $ut $st $v $nv"
   done
 }
-for round in 1 2; do
+for round in $(seq "${ROUNDS:-2}"); do
 for name in new old; do
   port=18083; [ $name = old ] && port=18085; eval "pid=\$PID_$name"
   snap $pid > $SHM/before

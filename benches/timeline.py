@@ -3,8 +3,8 @@ syscall and scheduler tracepoints that benches/timeline.sh records.
 
     timeline.py FILE SERVING_TID CLIENT_FDS BACKEND_FDS [WRITER_TID]
 
-A request starts where the serving thread reads it from the client (recvfrom on a client fd)
-and ends where it writes the response (writev on a client fd). With WRITER_TID (fencegate's
+A request starts where the serving thread reads it from the client (a recvfrom on a client fd
+that returns bytes) and ends where it writes the response (writev on a client fd). With WRITER_TID (fencegate's
 store writer), the legs of a fenced write are cut at the wake-up of the writer (futex), its
 pwrite and fdatasync, its wake-up of the serving thread (a write to the runtime's eventfd) and
 the serving thread's return from epoll_wait; without, at the forward to the backend (writev on
@@ -54,45 +54,44 @@ def main():
         ]
     order = [name for name, _ in legs] + ["resp"]
     done, cur = [], None
-    same_cpu = []
+    reading = None  # the serving thread's recvfrom under way: (time, fd)
     for tid, cpu, t, event, rest in events(path):
-        if tid == serving and event == "sys_enter_recvfrom" and on(rest, client):
-            if cur is not None and "resp" in cur:
-                done.append(cur)
-            cur = {"read": t}
+        step = None
+        if tid == serving and event == "sys_enter_recvfrom":
+            reading = (t, rest.split(",")[0])
             continue
+        if tid == serving and event == "sys_exit_recvfrom" and reading is not None:
+            (began, fd), reading = reading, None
+            ret = int(rest.split()[0], 16)
+            if ret >= 1 << 63 or ret == 0:
+                continue  # EAGAIN, an error or EOF: no bytes, no step
+            if fd in client and (cur is None or "resp" in cur):
+                if cur is not None:
+                    done.append(cur)
+                cur = {"read": began}
+                continue
+            if fd in backend:
+                step, t = "back", began
         if cur is None:
             continue
-        step = None
-        if writer is None:
-            if tid == serving and event == "sys_enter_writev" and on(rest, backend):
-                step = "fwd"
-            elif tid == serving and event == "sys_enter_recvfrom" and on(rest, backend):
-                step = "back"
-            elif tid == serving and event == "sys_enter_writev" and on(rest, client):
-                step = "resp"
-        elif tid == serving:
-            if event == "sys_enter_futex" and "op: 0x00000081" in rest:  # FUTEX_WAKE_PRIVATE
+        if tid == serving and step is None:
+            if event == "sys_enter_futex" and "op: 0x00000081" in rest and writer is not None:  # FUTEX_WAKE_PRIVATE
                 step = "wake"
-                cur["wake_cpu"] = cpu
-            elif event == "sys_exit_epoll_wait":
+            elif event == "sys_exit_epoll_wait" and writer is not None:
                 step = "woken"
             elif event == "sys_enter_writev" and on(rest, backend):
                 step = "fwd"
-            elif event == "sys_enter_recvfrom" and on(rest, backend):
-                step = "back"
             elif event == "sys_enter_writev" and on(rest, client):
                 step = "resp"
         elif tid == writer:
             step = {"sys_enter_pwrite64": "pwrite", "sys_enter_fdatasync": "sync",
                     "sys_exit_fdatasync": "synced", "sys_enter_write": "answer"}.get(event)
-            if step == "pwrite":
-                cur["pwrite_cpu"] = cpu
         # Each step counts once, in order: the first of its kind after the step before it.
         if step is not None and step not in cur:
             before = order[order.index(step) - 1]
             if before in cur:
                 cur[step] = t
+                cur[step + "_cpu"] = cpu
     complete = [c for c in done if all(s in c for s in order)]
     if not complete:
         print("  no complete request seen")

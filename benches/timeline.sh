@@ -21,14 +21,15 @@ bench_ports_free 18081 18082 18083
 bench_backend
 bench_proxy
 bench_fencegate fencegate "$BIN" 18083 "${STORE_LINES:-}"
-WRITER=$(grep -l '^fencegate-log$' /proc/"$FG_PID"/task/*/comm | cut -d/ -f5)
+WRITER=$(grep -l '^fencegate-log$' /proc/"$FG_PID"/task/*/comm | cut -d/ -f5 || true)
+[ -n "$WRITER" ] || { echo "fencegate has no thread named fencegate-log (its store writer)" >&2; exit 1; }
 EVENTS=sched:sched_switch,sched:sched_wakeup
 for call in recvfrom writev write futex pwrite64 fdatasync; do EVENTS+=,syscalls:sys_enter_$call; done
-EVENTS+=,syscalls:sys_exit_fdatasync,syscalls:sys_exit_epoll_wait
+EVENTS+=,syscalls:sys_exit_recvfrom,syscalls:sys_exit_fdatasync,syscalls:sys_exit_epoll_wait
 
 # The server's fds for its client connection and its backend connections, from ss.
 fds_of() { # PID PORT_FILTER
-    ss -tnpH state established "$2" | grep -o "pid=$1,fd=[0-9]*" | cut -d= -f3 | paste -sd, -
+    { ss -tnpH state established "$2" | grep -o "pid=$1,fd=[0-9]*" || true; } | cut -d= -f3 | paste -sd, -
 }
 
 for workload in put get; do
@@ -38,12 +39,17 @@ for workload in put get; do
         url=http://127.0.0.1:$port/get/file lua=()
         [ $workload = put ] && { url=http://127.0.0.1:$port/; lua=(-s "$SHM/put.lua"); }
         wrk -t1 -c1 -d$((D + 2))s --latency "${lua[@]}" "$url" >"$SHM/wrk.out" &
-        PIDS+=($!)
         wrk_pid=$!
+        PIDS+=($wrk_pid)
         sleep 1 # past the connection's set-up
-        client=$(fds_of "$pid" "( sport = :$port )") backend=$(fds_of "$pid" "( dport = :18081 )")
-        perf record -q -e "$EVENTS" -p "$pid" -o "$SHM/perf.data" -- sleep "$D" 2>/dev/null
+        client=$(fds_of "$pid" "( sport = :$port )")
+        [ -n "$client" ] || { echo "no connection from wrk to $target found" >&2; exit 1; }
+        perf record -q -e "$EVENTS" -p "$pid" -o "$SHM/perf.data" -- sleep "$D" 2>"$SHM/perf.err" ||
+            { echo "perf record failed (root and tracefs needed):" >&2; cat "$SHM/perf.err" >&2; exit 1; }
+        # Backend connections outlive the run in the pool, so one opened during it is seen here.
+        backend=$(fds_of "$pid" "( dport = :18081 )")
         wait "$wrk_pid"
+        bench_waited "$wrk_pid"
         perf script -i "$SHM/perf.data" -F tid,cpu,time,event,trace 2>/dev/null >"$SHM/events.txt"
         echo "== $workload, $target: wrk p50 $(awk '$1 == "50%" {print $2}' "$SHM/wrk.out"), $(awk '/^Requests/ {print $2}' "$SHM/wrk.out") req/s under tracing"
         python3 "$ROOT/benches/timeline.py" "$SHM/events.txt" "$pid" "$client" "$backend" $writer
