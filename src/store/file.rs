@@ -26,11 +26,14 @@ pub(super) type Answers = Arc<std::sync::Mutex<Answered>>;
 pub(super) struct Answered {
     /// The answered writes, as `(mark, name, token)`.
     pub(super) list: Vec<(MarkKind, String, u64)>,
-    /// The writer sleeps until told: the next answer sends it a reminder. Otherwise it wakes by
-    /// itself within `ANSWER_FLUSH` (it committed advances whose answers it expects), and an
-    /// answer wakes nobody: at one write at a time, that is one wake-up of the writer less per
-    /// write.
+    /// The writer sleeps with no deadline for answers: the next answer sends it a reminder.
+    /// Otherwise the writer is busy, or wakes by itself within `ANSWER_FLUSH` (it committed
+    /// advances whose answers it expects), and an answer wakes nobody: at one write at a time,
+    /// that is one wake-up of the writer less per write.
     pub(super) remind: bool,
+    /// Reminders sent.
+    #[cfg(test)]
+    pub(super) reminders: usize,
 }
 
 /// Name of the lock file in a data directory.
@@ -214,6 +217,12 @@ impl FileStore {
         self.answers.lock().unwrap_or_else(|e| e.into_inner()).remind
     }
 
+    /// How many reminders answered writes sent the writer.
+    #[cfg(test)]
+    pub(super) fn reminders_sent(&self) -> usize {
+        self.answers.lock().unwrap_or_else(|e| e.into_inner()).reminders
+    }
+
     /// Queues answered writes for the writer's next batch, reminding it if it sleeps until told.
     fn note_answers(&self, answered: impl IntoIterator<Item = (MarkKind, String, u64)>) {
         let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
@@ -221,6 +230,10 @@ impl FileStore {
         let remind = answers.remind && !answers.list.is_empty();
         if remind {
             answers.remind = false;
+            #[cfg(test)]
+            {
+                answers.reminders += 1;
+            }
         }
         drop(answers);
         if remind {

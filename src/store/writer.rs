@@ -56,7 +56,8 @@ pub(super) enum Msg {
         change: Change,
         done: Done,
     },
-    /// An answered write came while the writer slept with no deadline: it must not wait forever.
+    /// An answered write came while the writer slept with no deadline for answers: it must not
+    /// wait forever.
     AnswersWaiting,
     Close(Done),
 }
@@ -287,8 +288,9 @@ impl Writer {
         None
     }
 
-    /// Before a sleep with no deadline: asks for a reminder from the next answered write, or,
-    /// if answered writes already wait, returns when to write them.
+    /// Before a sleep with no deadline for answers (at most the look for room's): asks for a
+    /// reminder from the next answered write, or, if answered writes already wait, returns when
+    /// to write them.
     fn until_reminded(&mut self) -> Option<Instant> {
         let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
         if answers.list.is_empty() {
