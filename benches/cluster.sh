@@ -18,20 +18,23 @@
 #   etcd-1  wrk against the leader of the three
 #   etcd-3  three wrk at once, one per instance, CONNS/3 connections each (writes that reach a
 #           follower are forwarded to the leader); req/s summed, p50 and p99 the worst of the three
-# Every PUT is 100 bytes to one of 999 resources, with tokens climbing per resource. It prints
-# each run, then per target and connection count the median req/s, p50 and p99 and the ratio to
-# cas. Everything it starts, it stops, by pid.
+# Every PUT is 100 bytes to one of 333 resources of the wrk's own (999 for etcd-3's three), with
+# tokens climbing per resource. It prints each run, then per target and connection count the
+# median req/s, p50 and p99 and the ratio to cas. Everything it starts, it stops, by pid. The
+# scratch dirs, the backend, put.lua and the cleanup are benches/common.sh's; it stops at once
+# if one of its ports (those above, etcd's peers on 18211-18213 and the fencegates' admin ports
+# 18193-18196) is taken.
 set -euo pipefail
 
 ROUNDS=${ROUNDS:-3}
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-8}
 CONNS=${CONNS:-64}
 MAX_TXN_OPS=${MAX_TXN_OPS:-128}
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+# ROOT, TARGET_DIR, NGINX; SHM (the backend's files: tmpfs) and DISK (the data dirs and logs of
+# etcd and fencegate: a real disk); PIDS, stopped at exit; the backend and put.lua.
+source "$(dirname "$0")/common.sh" cluster
 BIN=${FG_BIN:-$TARGET_DIR/release/fencegate}
 CAS=$TARGET_DIR/release/examples/etcd_cas
-NGINX=/usr/sbin/nginx
 ETCD=/usr/bin/etcd
 
 for tool in wrk "$NGINX" "$ETCD"; do
@@ -39,15 +42,8 @@ for tool in wrk "$NGINX" "$ETCD"; do
 done
 [ -x "$BIN" ] && [ -x "$CAS" ] || { echo "build first: cargo build --release --bin fencegate --example etcd_cas" >&2; exit 1; }
 
-SHM=$(mktemp -d /dev/shm/fg-cluster.XXXXXX)
-DISK=$(mktemp -d /var/tmp/fg-cluster.XXXXXX)
-PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-    rm -rf "$SHM" "$DISK"
-}
-trap cleanup EXIT
+# The backend, the fencegates (and their admin ports), etcd's clients and peers.
+bench_ports_free 18091 18093 18094 18095 18096 18193 18194 18195 18196 18201 18202 18203 18211 18212 18213
 
 # etcd: three members.
 cluster="m0=http://127.0.0.1:18211,m1=http://127.0.0.1:18212,m2=http://127.0.0.1:18213"
@@ -67,27 +63,7 @@ for _ in $(seq 200); do
 done
 
 # The backend.
-mkdir -p "$SHM/www/put" "$SHM/body"
-chmod -R 777 "$SHM"   # nginx's worker runs as nobody when started by root
-cat >"$SHM/backend.conf" <<EOF
-worker_processes 1;
-pid $SHM/backend.pid;
-error_log $SHM/backend.log warn;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    keepalive_requests 10000000;
-    client_body_temp_path $SHM/body;
-    server {
-        listen 127.0.0.1:18091 backlog=4096;
-        root $SHM/www;
-        dav_methods PUT DELETE;
-        create_full_put_path on;
-        dav_access user:rw group:rw all:r;
-    }
-}
-EOF
-"$NGINX" -c "$SHM/backend.conf" -g 'daemon off;' & PIDS+=($!)
+bench_backend 18091
 
 common() { # PORT ADMIN
     printf '[server]\nlisten = "127.0.0.1:%s"\n[backend]\nurl = "http://127.0.0.1:18091"\n[log]\nlevel = "warn"\n[admin]\nlisten = "127.0.0.1:%s"\n' "$1" "$2"
@@ -101,8 +77,9 @@ for i in 0 1 2; do
 done
 "$BIN" init --dir "$DISK/file" >/dev/null
 "$BIN" init --config "$SHM/etcd-0.toml" >/dev/null
-"$BIN" run --config "$SHM/file.toml" 2>"$DISK/file.log" & PIDS+=($!)
-for i in 0 1 2; do "$BIN" run --config "$SHM/etcd-$i.toml" 2>"$DISK/fg-etcd-$i.log" & PIDS+=($!); done
+"$BIN" run --config "$SHM/file.toml" 2>"$DISK/file.log" & FG_FILE=$!; PIDS+=($FG_FILE)
+FG_ETCD=()
+for i in 0 1 2; do "$BIN" run --config "$SHM/etcd-$i.toml" 2>"$DISK/fg-etcd-$i.log" & FG_ETCD+=($!); PIDS+=($!); done
 
 # The leader: the instance whose metrics say it is the writer.
 LEADER=""
@@ -114,26 +91,13 @@ for _ in $(seq 200); do
     sleep 0.1
 done
 [ -n "$LEADER" ] || { echo "no instance leads:" >&2; for f in "$DISK"/fg-etcd-*.log "$DISK"/etcd-0.log; do tail -n 5 "$f" >&2; done; exit 1; }
-for port in 18093 18094 18095 18096; do
-    for _ in $(seq 100); do (echo >/dev/tcp/127.0.0.1/$port) 2>/dev/null && break; sleep 0.05; done
-done
+bench_wait "$FG_FILE" 18093 "$DISK/file.log"
+for i in 0 1 2; do bench_wait "${FG_ETCD[$i]}" $((18094 + i)) "$DISK/fg-etcd-$i.log"; done
 
-cat >"$SHM/put.lua" <<'EOF'
--- 333 resources of this part in turn, tokens from the clock and a counter, so that they climb
--- per resource across runs; each concurrent wrk has a part of its own.
-local n = 0
-local part = os.getenv("PART") or "0"
-local base = os.time() * 1000000
-local body = string.rep("v", 100)
-request = function()
-    n = n + 1
-    local headers = { ["Fencing-Token"] = string.format("%.0f", base + n) }
-    return wrk.format("PUT", "/put/p" .. part .. "-" .. (n % 333), headers, body)
-end
-EOF
-
+# put.lua over 333 resources of the part PART, so that each concurrent wrk has resources of its
+# own; the tokens, from the clock and a counter, climb per resource across runs.
 wrk_run() { # PORT CONNS SECONDS PART -> "req/s p50_us p99_us non2xx"
-    PART=$4 wrk -t1 -c"$2" -d"${3}s" --latency -s "$SHM/put.lua" "http://127.0.0.1:$1/" | awk '
+    wrk -t1 -c"$2" -d"${3}s" --latency -s "$SHM/put.lua" "http://127.0.0.1:$1/" -- "$4" 333 | awk '
         function us(v) { if (v ~ /us$/) return v + 0; if (v ~ /ms$/) return v * 1000; if (v ~ /s$/) return v * 1000000; return v }
         /^ +50%/ { p50 = us($2) } /^ +99%/ { p99 = us($2) }
         /Requests\/sec/ { rps = $2 } /Non-2xx/ { bad = $NF }

@@ -1,20 +1,31 @@
-# Sourced by the benchmark scripts (mixed.sh, threads.sh, timeline.sh): the pieces they share,
-# all on loopback. After `source benches/common.sh NAME`:
+# Sourced by the benchmark scripts (load.sh, cluster.sh, mixed.sh, threads.sh, timeline.sh): the
+# pieces they share, all on loopback. After `source benches/common.sh NAME`:
 #   $ROOT $TARGET_DIR $NGINX   the repository, cargo's target directory, nginx's binary
 #   $SHM $DISK                 scratch directories on tmpfs (the backend's files) and on disk
-#                              (fencegate's data dirs), removed at exit
+#                              (fencegate's data dirs), /dev/shm/fencegate-NAME.* and
+#                              /var/tmp/fencegate-NAME.*, removed at exit
 #   PIDS+=(pid)                stopped at exit, by pid; `bench_waited PID` once waited for
 #   bench_ports_free PORT...   exits unless every port is free
-#   bench_backend              nginx WebDAV (PUT, DELETE) from $SHM/www on 127.0.0.1:18081,
+#   bench_wait PID PORT LOG    waits until PID listens on PORT; exits with LOG if it never does
+#   bench_nginx NAME PORT      an nginx of one worker on PORT, its http block's lines from stdin
+#                              ($SHM/NAME.conf, log $SHM/logs/NAME.log); sets STARTED (master)
+#   bench_worker MASTER        sets WORKER to the pid of nginx's worker under MASTER
+#   bench_backend [PORT]       nginx WebDAV (PUT, DELETE) from $SHM/www on 127.0.0.1:PORT (18081),
 #                              one worker, with a 1 KiB file at /get/file; sets BACKEND_PID
-#   bench_proxy                nginx reverse proxy to it on 127.0.0.1:18082, keepalive pool of
-#                              128; sets PROXY_PID to its worker (the master only watches it)
+#                              (the master)
+#   bench_proxy                nginx reverse proxy to the backend on 18081 from 127.0.0.1:18082,
+#                              keepalive pool of 128; sets PROXY_PID to its worker (the master
+#                              only watches it)
 #   $SHM/put.lua               100-byte PUTs over 1,000 resources, every resource's tokens
-#                              climbing, the base from the clock (a later run's are higher)
+#                              climbing, the base from the clock (a later run's are higher);
+#                              `wrk ... -s $SHM/put.lua URL -- PART COUNT` PUTs to /put/pPART-i
+#                              over COUNT resources instead, so that concurrent wrks each have
+#                              resources of their own
 #   bench_fencegate NAME BIN PORT [STORE_LINES]
-#                              inits a data dir, starts `BIN run` on PORT with the backend above,
-#                              store.sync = "always", log level warn (stderr to $SHM/logs/NAME.log),
-#                              STORE_LINES added to [store]; waits until it listens; sets FG_PID
+#                              inits a data dir, starts `BIN run` on PORT with the backend on
+#                              18081, store.sync = "always", log level warn (stderr to
+#                              $SHM/logs/NAME.log), STORE_LINES added to [store]; waits until it
+#                              listens; sets FG_PID
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
@@ -76,10 +87,22 @@ bench_nginx() { # NAME PORT
     bench_wait "$STARTED" "$2" "$SHM/logs/$1.log"
 }
 
-bench_backend() {
-    bench_nginx backend 18081 <<EOF
+bench_worker() { # MASTER
+    WORKER=
+    for _ in $(seq 100); do
+        WORKER=$(pgrep -P "$1" | head -1 || true)
+        [ -n "$WORKER" ] && return 0
+        sleep 0.05
+    done
+    echo "nginx's worker (of master $1) did not start" >&2
+    exit 1
+}
+
+bench_backend() { # [PORT]
+    local port=${1:-18081}
+    bench_nginx backend "$port" <<EOF
   sendfile on;
-  server { listen 127.0.0.1:18081 backlog=4096; root $SHM/www; dav_methods PUT DELETE;
+  server { listen 127.0.0.1:$port backlog=4096; root $SHM/www; dav_methods PUT DELETE;
            create_full_put_path on; dav_access user:rw group:rw all:r; }
 EOF
     BACKEND_PID=$STARTED
@@ -91,23 +114,21 @@ bench_proxy() {
   server { listen 127.0.0.1:18082 backlog=4096;
            location / { proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection ""; } }
 EOF
-    PROXY_PID=
-    for _ in $(seq 100); do
-        PROXY_PID=$(pgrep -P "$STARTED" | head -1 || true)
-        [ -n "$PROXY_PID" ] && return 0
-        sleep 0.05
-    done
-    echo "nginx's proxy worker did not start" >&2
-    exit 1
+    bench_worker "$STARTED"
+    PROXY_PID=$WORKER
 }
 
 cat >"$SHM/put.lua" <<'EOF'
 local n = 0
 local base = os.time() * 1000000
 local body = string.rep("v", 100)
+local prefix, count = "/put/r", 1000
+init = function(args) -- wrk's arguments after `--`: PART COUNT
+    if args[1] then prefix, count = "/put/p" .. args[1] .. "-", tonumber(args[2] or count) end
+end
 request = function()
     n = n + 1
-    return wrk.format("PUT", "/put/r" .. (n % 1000), { ["Fencing-Token"] = string.format("%.0f", base + n) }, body)
+    return wrk.format("PUT", prefix .. (n % count), { ["Fencing-Token"] = string.format("%.0f", base + n) }, body)
 end
 EOF
 

@@ -23,7 +23,9 @@
 # direct), of the proxy's worker and of fencegate (all its threads, and its serving thread), the
 # machine's idle CPU during each target's runs, and fencegate's mean batch and sync time (from
 # its metrics); then fencegate's idle RSS and its peak RSS under load. Everything it starts, it
-# stops, by pid.
+# stops, by pid. The pieces it shares with the other bench scripts (scratch dirs, the backend,
+# the proxy, put.lua, cleanup) are benches/common.sh's; it stops at once if one of its ports
+# (its targets' below and above, and the admin ports 18183 and, with BASE_BIN, 18185) is taken.
 #
 # FLOOR=1 adds a fourth target, examples/hyper_floor.rs on 127.0.0.1:18084: the least a hyper
 # reverse proxy does (hyper's HTTP/1 server and client connections on one current-thread
@@ -60,16 +62,16 @@ ROUNDS=${ROUNDS:-3}
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-10}
 CONNS=${CONNS:-"1 32 64 128 256"}
 WORKLOADS=${WORKLOADS:-"get put"}
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
-BIN=${FG_BIN:-$TARGET_DIR/release/fencegate}
 
 need() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ]; }
 if ! need nginx || ! need wrk; then
     echo "installing nginx-light and wrk with apt" >&2
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light wrk >/dev/null
 fi
-NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+# ROOT, TARGET_DIR, NGINX; SHM (the backend's files: tmpfs) and DISK (fencegate's data dirs and
+# logs: a real disk); PIDS, stopped at exit; the backend, the proxy and put.lua.
+source "$(dirname "$0")/common.sh" load
+BIN=${FG_BIN:-$TARGET_DIR/release/fencegate}
 if [ -z "${FG_BIN:-}" ]; then
     (cd "$ROOT" && cargo build --release --quiet)
 fi
@@ -87,17 +89,11 @@ if [ -n "${BASE_BIN:-}" ]; then
 fi
 declare -A PORT=([direct]=18081 [nginx]=18082 [fencegate]=18083 [hyper]=18084 [baseline]=18085)
 
-SHM=$(mktemp -d /dev/shm/fencegate-load.XXXXXX)   # the backend's files: tmpfs
-DISK=$(mktemp -d /var/tmp/fencegate-load.XXXXXX)  # fencegate's data dir: a real disk
-PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-    rm -rf "$SHM" "$DISK"
-}
-trap cleanup EXIT INT TERM
+ports=()
+for target in "${TARGETS[@]}"; do ports+=("${PORT[$target]}"); done
+bench_ports_free "${ports[@]}" 18183 ${BASE_BIN:+18185} # and the admin ports
 
-mkdir -p "$SHM/www/get" "$SHM/body" "$SHM/logs" "$DISK/logs" "$DISK/data" "$DISK/base"
+mkdir -p "$DISK/logs" "$DISK/data" "$DISK/base"
 # A new deployment's data dir, as `fencegate init` makes it (`run` refuses an empty one);
 # builds from before `init` existed start an empty one themselves.
 init_data_dir() { # BINARY DIR
@@ -105,52 +101,6 @@ init_data_dir() { # BINARY DIR
 }
 init_data_dir "$BIN" "$DISK/data"
 if [ -n "${BASE_BIN:-}" ]; then init_data_dir "$BASE_BIN" "$DISK/base"; fi
-head -c 1024 /dev/zero | tr '\0' 'x' >"$SHM/www/get/file"
-chmod -R 777 "$SHM"   # nginx's worker runs as nobody when started by root
-
-# Writes $SHM/NAME.conf: one worker, no access log, connections never closed for their
-# request count; the http block's own lines come from stdin.
-nginx_conf() {
-    {
-        cat <<EOF
-worker_processes 1;
-pid $SHM/$1.pid;
-error_log $SHM/logs/$1.log warn;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    keepalive_requests 10000000;
-    client_body_temp_path $SHM/body;
-EOF
-        cat
-        echo "}"
-    } >"$SHM/$1.conf"
-}
-nginx_conf backend <<EOF
-    sendfile on;
-    server {
-        listen 127.0.0.1:18081 backlog=4096;
-        root $SHM/www;
-        dav_methods PUT DELETE;
-        create_full_put_path on;
-        dav_access user:rw group:rw all:r;
-    }
-EOF
-nginx_conf proxy <<EOF
-    upstream backend {
-        server 127.0.0.1:18081;
-        keepalive 128;
-        keepalive_requests 10000000;
-    }
-    server {
-        listen 127.0.0.1:18082 backlog=4096;
-        location / {
-            proxy_pass http://backend;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-        }
-    }
-EOF
 # Writes $SHM/NAME.toml: the script's config for a fencegate on PORT (admin on ADMIN) with its
 # data in DIR, EXTRA (TOML) merged over it, table by table.
 fg_config() { # NAME PORT ADMIN DIR EXTRA
@@ -187,48 +137,27 @@ EOF
 }
 fg_config fencegate 18083 18183 "$DISK/data" "${FG_EXTRA_CONFIG:-}"
 fg_config baseline 18085 18185 "$DISK/base" "${BASE_EXTRA_CONFIG:-}"
-cat >"$SHM/put.lua" <<'EOF'
--- 1,000 resources in turn; one counter for the run, so every resource's tokens climb. The base
--- comes from the clock, so a later run's tokens are above an earlier run's.
-local n = 0
-local base = os.time() * 1000000
-local body = string.rep("v", 100)
-request = function()
-    n = n + 1
-    local headers = { ["Fencing-Token"] = string.format("%.0f", base + n) }
-    return wrk.format("PUT", "/put/r" .. (n % 1000), headers, body)
-end
-EOF
 
-"$NGINX" -c "$SHM/backend.conf" -g 'daemon off;' & BACKEND=$!; PIDS+=($BACKEND)
-"$NGINX" -c "$SHM/proxy.conf" -g 'daemon off;' & PROXY=$!; PIDS+=($PROXY)
+bench_backend
+bench_proxy
 "$BIN" run --config "$SHM/fencegate.toml" 2>"$DISK/logs/fencegate.log" & FG=$!; PIDS+=($FG)
+bench_wait "$FG" "${PORT[fencegate]}" "$DISK/logs/fencegate.log"
 declare -A PID=([fencegate]=$FG)
 if [ -n "${BASE_BIN:-}" ]; then
     "$BASE_BIN" run --config "$SHM/baseline.toml" 2>"$DISK/logs/baseline.log" & PID[baseline]=$!; PIDS+=($!)
+    bench_wait "${PID[baseline]}" "${PORT[baseline]}" "$DISK/logs/baseline.log"
 fi
 if [ "${FLOOR:-0}" = 1 ]; then
-    "$TARGET_DIR/release/examples/hyper_floor" 127.0.0.1:18084 127.0.0.1:18081 & PID[hyper]=$!; PIDS+=($!)
+    "$TARGET_DIR/release/examples/hyper_floor" 127.0.0.1:18084 127.0.0.1:18081 2>"$SHM/logs/hyper.log" &
+    PID[hyper]=$!; PIDS+=($!)
+    bench_wait "${PID[hyper]}" "${PORT[hyper]}" "$SHM/logs/hyper.log"
 fi
-for target in "${TARGETS[@]}"; do
-    for _ in $(seq 100); do
-        (echo >/dev/tcp/127.0.0.1/"${PORT[$target]}") 2>/dev/null && break
-        sleep 0.05
-    done
-done
 sleep 1
 kill -0 "$FG" 2>/dev/null || { echo "fencegate did not start:" >&2; cat "$DISK/logs/fencegate.log" >&2; exit 1; }
 # nginx's CPU is its worker's (the master only watches it): the proxy's for the nginx target,
 # the backend's for direct, where the backend is the server under test.
-PID[nginx]=$(pgrep -P "$PROXY" | head -1 || true) PID[direct]=$(pgrep -P "$BACKEND" | head -1 || true)
-[ -n "${PID[nginx]}" ] && [ -n "${PID[direct]}" ] || { echo "nginx's workers did not start" >&2; exit 1; }
-if [ -n "${PID[baseline]:-}" ] && ! kill -0 "${PID[baseline]}" 2>/dev/null; then
-    echo "the baseline did not start:" >&2; cat "$DISK/logs/baseline.log" >&2; exit 1
-fi
-if [ -n "${PID[hyper]:-}" ] && ! kill -0 "${PID[hyper]}" 2>/dev/null; then
-    echo "hyper_floor did not start (is 127.0.0.1:18084 taken?)" >&2
-    exit 1
-fi
+bench_worker "$BACKEND_PID"
+PID[nginx]=$PROXY_PID PID[direct]=$WORKER
 idle_rss=$(awk '/VmRSS/ {print $2}' /proc/$FG/status)
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
