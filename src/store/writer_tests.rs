@@ -99,6 +99,22 @@ async fn writes_in_flight_at_a_crash_are_reported_and_answered_ones_are_not() {
     assert_eq!(flying, [("/old".to_string(), 3), ("/pending".to_string(), 2)]);
 }
 
+/// Polls `done` every 5 ms until it holds; fails, saying `what`, after 10 s.
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let polled = async {
+        while !done() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), polled).await.unwrap_or_else(|_| panic!("{what}"));
+}
+
+/// Whether the log, read as a crash would leave it while the store runs, has the write of `key`
+/// at `token` alone in flight.
+fn only_in_flight(dir: &std::path::Path, (key, token): (&str, u64)) -> bool {
+    as_a_crash_would_leave(dir).1.in_flight == [(key.to_string(), token)]
+}
+
 #[tokio::test]
 async fn an_answer_soon_after_its_advance_wakes_nobody_and_is_logged() {
     let dir = tempfile::tempdir().unwrap();
@@ -109,16 +125,7 @@ async fn an_answer_soon_after_its_advance_wakes_nobody_and_is_logged() {
     // The batch was committed after `began`, so before ANSWER_FLUSH from it the writer still
     // expected answers; a test thread held up longer than that cannot tell.
     let expected = began.elapsed() < Duration::from_millis(150);
-    let logged = async {
-        loop {
-            let (_, found) = as_a_crash_would_leave(dir.path());
-            if found.in_flight == [("/b".to_string(), 2)] {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(10), logged).await.expect("the answer to /a was logged on its own");
+    until("the answer to /a was logged on its own", || only_in_flight(dir.path(), ("/b", 2))).await;
     if expected {
         assert_eq!(store.reminders_sent(), 0, "an answer the writer expected reminded it");
     }
@@ -131,24 +138,10 @@ async fn an_answer_reminds_a_writer_that_stopped_expecting_one() {
     let store = open(dir.path());
     write(&store, &[("/a", 1), ("/b", 2)]).await;
     // ANSWER_FLUSH after its last batch the writer sleeps until an answer tells it.
-    let asleep = async {
-        while !store.writer_awaits_reminder() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(10), asleep).await.expect("the writer stopped expecting answers");
+    until("the writer stopped expecting answers", || store.writer_awaits_reminder()).await;
     store.answered("/a", 1);
     assert_eq!(store.reminders_sent(), 1);
-    let logged = async {
-        loop {
-            let (_, found) = as_a_crash_would_leave(dir.path());
-            if found.in_flight == [("/b".to_string(), 2)] {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(10), logged).await.expect("the answer to /a reminded the writer");
+    until("the answer to /a reminded the writer", || only_in_flight(dir.path(), ("/b", 2))).await;
     drop(store);
 }
 
