@@ -8,6 +8,7 @@
 #
 #   benches/timeline.sh                                   # D=4 seconds a run
 #   FG_BIN=/path/to/fencegate STORE_LINES='writer_scheduling = "normal"' benches/timeline.sh
+#   PIN_CPU=1 benches/timeline.sh      # fencegate's serving and writer threads both on CPU 1
 #
 # All on loopback: the backend nginx (WebDAV on tmpfs) on 18081, the nginx proxy on 18082,
 # fencegate on 18083 with its data dir on disk and store.sync = "always".
@@ -23,6 +24,9 @@ bench_proxy
 bench_fencegate fencegate "$BIN" 18083 "${STORE_LINES:-}"
 WRITER=$(grep -l '^fencegate-log$' /proc/"$FG_PID"/task/*/comm | cut -d/ -f5 || true)
 [ -n "$WRITER" ] || { echo "fencegate has no thread named fencegate-log (its store writer)" >&2; exit 1; }
+if [ -n "${PIN_CPU:-}" ]; then
+    taskset -p -c "$PIN_CPU" "$FG_PID" >/dev/null && taskset -p -c "$PIN_CPU" "$WRITER" >/dev/null
+fi
 EVENTS=sched:sched_switch,sched:sched_wakeup
 for call in recvfrom writev write futex pwrite64 fdatasync; do EVENTS+=,syscalls:sys_enter_$call; done
 EVENTS+=,syscalls:sys_exit_recvfrom,syscalls:sys_exit_fdatasync,syscalls:sys_exit_epoll_wait
