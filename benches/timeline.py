@@ -1,5 +1,5 @@
 """Legs of one connection's requests, from `perf script -F tid,cpu,time,event,trace` of the
-syscall and scheduler tracepoints that benches/timeline.sh records.
+syscall tracepoints that benches/timeline.sh records.
 
     timeline.py FILE SERVING_TID CLIENT_FDS BACKEND_FDS [WRITER_TID]
 
@@ -65,7 +65,9 @@ def main():
             ret = int(rest.split()[0], 16)
             if ret >= 1 << 63 or ret == 0:
                 continue  # EAGAIN, an error or EOF: no bytes, no step
-            if fd in client and (cur is None or "resp" in cur):
+            if fd in client:
+                # One connection, one request at a time: bytes from the client begin the next
+                # request, whether or not every step of the one before was seen.
                 if cur is not None:
                     done.append(cur)
                 cur = {"read": began}

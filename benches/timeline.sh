@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Where one connection's request spends its time, leg by leg: nginx as a reverse proxy and
 # fencegate, PUT (fenced, durable) and GET, each under `wrk -t1 -c1` while `perf record` takes
-# the serving process's syscall and scheduler tracepoints; benches/timeline.py cuts each
+# the serving process's syscall tracepoints; benches/timeline.py cuts each
 # request at its system calls (read, wake of the store's writer, pwrite, fdatasync, wake of the
 # serving thread, forward, backend's answer, response). Run by hand, as root (tracepoints), not
 # by CI; tracing adds a few microseconds to every system call it sees, alike for both.
@@ -27,9 +27,9 @@ WRITER=$(grep -l '^fencegate-log$' /proc/"$FG_PID"/task/*/comm | cut -d/ -f5 || 
 if [ -n "${PIN_CPU:-}" ]; then
     taskset -p -c "$PIN_CPU" "$FG_PID" >/dev/null && taskset -p -c "$PIN_CPU" "$WRITER" >/dev/null
 fi
-EVENTS=sched:sched_switch,sched:sched_wakeup
-for call in recvfrom writev write futex pwrite64 fdatasync; do EVENTS+=,syscalls:sys_enter_$call; done
-EVENTS+=,syscalls:sys_exit_recvfrom,syscalls:sys_exit_fdatasync,syscalls:sys_exit_epoll_wait
+EVENTS=
+for call in recvfrom writev write futex pwrite64 fdatasync; do EVENTS+=syscalls:sys_enter_$call,; done
+EVENTS+=syscalls:sys_exit_recvfrom,syscalls:sys_exit_fdatasync,syscalls:sys_exit_epoll_wait
 
 # The server's fds for its client connection and its backend connections, from ss.
 fds_of() { # PID PORT_FILTER

@@ -140,7 +140,7 @@ pub(crate) fn lock(dir: &Path, create: bool) -> Result<File, StoreError> {
 pub struct FileStore {
     tx: mpsc::Sender<Msg>,
     /// Answered writes, logged with the next batch: recording one wakes the writer only if it
-    /// sleeps without a deadline.
+    /// sleeps with no deadline for answers.
     answers: Answers,
     table: Arc<Table>,
     status: Arc<Status>,

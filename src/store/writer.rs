@@ -41,7 +41,7 @@ use super::{MarkKind, StoreError, Table};
 const MAX_BATCH: usize = 4096;
 /// Longest answered writes wait to be logged as such when no advance comes to carry them; also
 /// how long after committing advances the writer waits, with no reminder, for their answers.
-const ANSWER_FLUSH: Duration = Duration::from_millis(200);
+pub(super) const ANSWER_FLUSH: Duration = Duration::from_millis(200);
 
 pub(super) enum Msg {
     Advance {
@@ -198,8 +198,8 @@ impl Writer {
         while closing.is_none() {
             // Answered writes ride along with the next batch; without one, they are written
             // on their own by `flush_by`: ANSWER_FLUSH after the batch whose advances they
-            // answer, or after the reminder the first of them sends a writer that had none to
-            // expect. A store refused room looks for some every ROOM_RETRY meanwhile.
+            // answer, after the reminder the first of them sends a writer that had none to
+            // expect, or after the writer found them waiting as it was about to sleep. A store refused room looks for some every ROOM_RETRY meanwhile.
             let retry = self.status.full().then(|| Instant::now() + faults::ROOM_RETRY);
             let flush = self.flush_by.or_else(|| self.until_reminded());
             let wake = match (flush, retry) {
