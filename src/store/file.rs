@@ -28,8 +28,8 @@ pub(super) struct Answered {
     pub(super) list: Vec<(MarkKind, String, u64)>,
     /// The writer sleeps with no deadline for answers: the next answer sends it a reminder.
     /// Otherwise the writer is busy, or wakes by itself within `ANSWER_FLUSH` (it committed
-    /// advances whose answers it expects), and an answer wakes nobody: at one write at a time,
-    /// that is one wake-up of the writer less per write.
+    /// advances whose answers it expects), and an answer wakes nobody: for writes less than
+    /// `ANSWER_FLUSH` apart, that is one wake-up of the writer less per write.
     pub(super) remind: bool,
     /// Reminders sent.
     #[cfg(test)]

@@ -199,10 +199,13 @@ impl Writer {
             // Answered writes ride along with the next batch; without one, they are written
             // on their own by `flush_by`: ANSWER_FLUSH after the batch whose advances they
             // answer, after the reminder the first of them sends a writer that had none to
-            // expect, or after the writer found them waiting as it was about to sleep. A store refused room looks for some every ROOM_RETRY meanwhile.
+            // expect, or after the writer found them waiting as it was about to sleep. A store
+            // refused room looks for some every ROOM_RETRY meanwhile.
             let retry = self.status.full().then(|| Instant::now() + faults::ROOM_RETRY);
-            let flush = self.flush_by.or_else(|| self.until_reminded());
-            let wake = match (flush, retry) {
+            if self.flush_by.is_none() {
+                self.until_reminded();
+            }
+            let wake = match (self.flush_by, retry) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
@@ -289,18 +292,16 @@ impl Writer {
     }
 
     /// Before a sleep with no deadline for answers (at most the look for room's): asks for a
-    /// reminder from the next answered write, or, if answered writes already wait, returns when
-    /// to write them.
-    fn until_reminded(&mut self) -> Option<Instant> {
+    /// reminder from the next answered write, or, if answered writes already wait, sets
+    /// `flush_by` for them.
+    fn until_reminded(&mut self) {
         let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
         if answers.list.is_empty() {
             answers.remind = true;
-            return None;
+        } else {
+            drop(answers);
+            self.flush_by = Some(Instant::now() + ANSWER_FLUSH);
         }
-        drop(answers);
-        let by = Instant::now() + ANSWER_FLUSH;
-        self.flush_by = Some(by);
-        Some(by)
     }
 
     /// Adds the answered writes recorded since the last batch.
