@@ -1,13 +1,15 @@
 //! The access log (`log.access`): one line per proxied request, whatever became of it, at info
-//! under the target `fencegate::access`. Lines go through the log's queue to its own thread
-//! (`crate::logging`), so writing one never blocks a thread that serves requests; with the
-//! setting off, a request pays one branch and allocates nothing for it.
+//! under the target `fencegate::access`. A request gathers its line's fields here and hands them
+//! to the log's access thread (`crate::logging::access`), which formats and writes them, so a
+//! line costs a serving thread neither formatting nor a system call; with the setting off, or
+//! the level above `info`, a request pays a branch and allocates nothing for it.
 
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use http::{Method, StatusCode};
 
 use super::classify::Plan;
+use crate::logging::access::Line;
 
 /// What the access line says about one request, gathered as it goes.
 #[derive(Debug)]
@@ -21,8 +23,13 @@ pub(crate) struct Entry {
 }
 
 impl Entry {
-    /// Starts the line of a request to `path`, received at `started`.
-    pub(crate) fn new(method: &Method, path: &str, started: Instant) -> Entry {
+    /// Starts the line of a request to `path`, received at `started`, if access lines are
+    /// written at all.
+    pub(crate) fn start(method: &Method, path: &str, started: Instant) -> Option<Entry> {
+        crate::logging::access_enabled().then(|| Entry::new(method, path, started))
+    }
+
+    fn new(method: &Method, path: &str, started: Instant) -> Entry {
         Entry { method: method.clone(), path: path.to_owned(), keys: String::new(), token: None, started }
     }
 
@@ -36,11 +43,18 @@ impl Entry {
 
     /// Writes the line: `outcome` is `forwarded` or the refusal's code, `status` what the
     /// client got, `backend` the backend's status when it answered.
-    pub(crate) fn log(self, outcome: &str, status: StatusCode, backend: Option<StatusCode>) {
-        let duration_ms = self.started.elapsed().as_secs_f64() * 1000.0;
-        tracing::info!(target: "fencegate::access", method = %self.method, path = %self.path, keys = %self.keys,
-            token = self.token, outcome = %outcome, status = status.as_u16(), backend_status = backend.map(|s| s.as_u16()),
-            duration_ms, "request");
+    pub(crate) fn log(self, outcome: &'static str, status: StatusCode, backend: Option<StatusCode>) {
+        crate::logging::access(Line {
+            at: SystemTime::now(),
+            duration_ms: self.started.elapsed().as_secs_f64() * 1000.0,
+            method: self.method,
+            path: self.path,
+            keys: self.keys,
+            token: self.token,
+            outcome,
+            status: status.as_u16(),
+            backend_status: backend.map(|s| s.as_u16()),
+        });
     }
 }
 

@@ -36,7 +36,8 @@ pub(crate) async fn handle(state: Arc<State>, req: Request<Incoming>, client: Pe
     let uri = req.uri().clone();
     // One snapshot of the settings for the whole request, however long it takes.
     let settings = state.settings.get();
-    let mut access = settings.config.log.access.then(|| access::Entry::new(&method, req.uri().path(), started));
+    let mut access =
+        if settings.config.log.access { access::Entry::start(&method, req.uri().path(), started) } else { None };
     let result = match classify::classify(&req, &settings.config) {
         Ok(plan) => {
             if let Some(entry) = access.as_mut() {

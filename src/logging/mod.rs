@@ -3,9 +3,12 @@
 //! Lines are handed to a thread of their own through a bounded queue (`log.buffer_lines`):
 //! writing to stderr blocks when whatever reads it falls behind (a full pipe, a stalled
 //! journal), and a thread that serves requests must never wait for that. When the queue is
-//! full a line is dropped and counted ([`dropped_lines`], `/metrics`).
+//! full a line is dropped and counted ([`dropped_lines`], `/metrics`). Access lines are
+//! formatted on a thread of their own too ([`access`]).
 
-use std::sync::OnceLock;
+pub(crate) mod access;
+
+use std::sync::{Arc, OnceLock};
 
 use tracing_appender::non_blocking::{ErrorCounter, NonBlockingBuilder, WorkerGuard};
 use tracing_subscriber::filter::LevelFilter;
@@ -20,11 +23,25 @@ static LEVEL: OnceLock<reload::Handle<LevelFilter, Registry>> = OnceLock::new();
 /// Counts the lines the installed subscriber dropped.
 static DROPPED: OnceLock<ErrorCounter> = OnceLock::new();
 
-/// Keeps the log's writer thread; dropping it writes out the lines still queued.
+/// The installed subscriber's queue of access lines.
+static ACCESS: OnceLock<Arc<access::Queue>> = OnceLock::new();
+
+/// Keeps the log's writer threads; dropping it writes out the lines still queued, access lines
+/// first.
 #[derive(Debug)]
 #[must_use = "lines still queued are lost unless this lives until the process ends"]
 pub struct Flush {
+    access: Option<std::thread::JoinHandle<()>>,
     _writer: Option<WorkerGuard>,
+}
+
+impl Drop for Flush {
+    fn drop(&mut self) {
+        if let (Some(thread), Some(queue)) = (self.access.take(), ACCESS.get()) {
+            queue.close();
+            let _ = thread.join();
+        }
+    }
 }
 
 /// Installs the process-wide subscriber, queueing at most `buffer_lines` lines for stderr.
@@ -37,6 +54,8 @@ pub fn init(level: &str, format: LogFormat, buffer_lines: usize) -> Flush {
         .thread_name("fencegate-stderr")
         .finish(std::io::stderr());
     let dropped = writer.error_counter();
+    let queue = Arc::new(access::Queue::new(buffer_lines));
+    let access_writer = writer.clone();
     let (json, text) = match format {
         // Fields at the top level, beside time, level and message, for log tools to index.
         LogFormat::Json => (Some(fmt::layer().json().flatten_event(true).with_writer(writer)), None),
@@ -49,14 +68,39 @@ pub fn init(level: &str, format: LogFormat, buffer_lines: usize) -> Flush {
     if tracing_subscriber::registry().with(filter).with(json).with(text).try_init().is_ok() {
         let _ = LEVEL.set(handle);
         let _ = DROPPED.set(dropped);
-        return Flush { _writer: Some(guard) };
+        let thread = std::thread::Builder::new().name("fencegate-access".into()).spawn({
+            let queue = Arc::clone(&queue);
+            move || access::run(queue, format, access_writer)
+        });
+        // Without its thread, access lines go through `tracing` on the serving thread.
+        let access = thread.ok().inspect(|_| {
+            let _ = ACCESS.set(queue);
+        });
+        return Flush { access, _writer: Some(guard) };
     }
-    Flush { _writer: None }
+    Flush { access: None, _writer: None }
 }
 
-/// Lines dropped because the queue to stderr was full, since the process started.
+/// Lines dropped because a queue to stderr was full, since the process started.
 pub fn dropped_lines() -> u64 {
-    DROPPED.get().map_or(0, |d| d.dropped_lines() as u64)
+    DROPPED.get().map_or(0, |d| d.dropped_lines() as u64) + ACCESS.get().map_or(0, |q| q.dropped())
+}
+
+/// Whether an access line would be written: the log's level lets `info` through for it.
+pub(crate) fn access_enabled() -> bool {
+    tracing::enabled!(target: "fencegate::access", tracing::Level::INFO)
+}
+
+/// Writes an access line: through the access thread under the subscriber [`init`] installed,
+/// through `tracing` under any other (a program embedding the library).
+pub(crate) fn access(line: access::Line) {
+    if let Some(queue) = ACCESS.get() {
+        queue.push(line);
+        return;
+    }
+    let access::Line { method, path, keys, token, outcome, status, backend_status, duration_ms, .. } = line;
+    tracing::info!(target: "fencegate::access", method = %method, path = %path, keys = %keys, token,
+        outcome = %outcome, status, backend_status, duration_ms, "request");
 }
 
 /// Changes the level from `old` to `new`, calling `announce` while the more verbose of the
