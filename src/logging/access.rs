@@ -1,33 +1,36 @@
 //! Access lines (`log.access`), formatted off the threads that serve requests.
 //!
-//! A request hands its line's fields to a queue under a lock and goes on: no formatting, no
-//! system call. The `fencegate-access` thread formats what the queue holds, in the log's
-//! format (the same text or JSON as every other line), and writes it to the log's writer in a
-//! few large writes. Formatting through `tracing` on the serving thread cost about 14,000
-//! instructions a line; here the request pays for a push, and the thread for a line written
-//! by hand.
+//! A request hands its line's fields to a queue under a lock and goes on: it formats nothing.
+//! The `fencegate-access` thread formats what the queue holds in the layout of the log's other
+//! lines (text, never coloured, or JSON) and writes it to stderr in a few large writes. Each
+//! write holds stderr's lock, so it never interleaves with a line of the log's own thread; when
+//! stderr blocks, this thread blocks, its queue fills, and further lines are dropped and
+//! counted, one by one.
 //!
 //! The thread wakes by itself every [`FLUSH`] while lines come, and sleeps without a deadline
-//! once a wake finds none: then the next line wakes it. So a line reaches the log at most
-//! `FLUSH` after its request ended (its timestamp is that end, so lines a little out of order
-//! with other lines are possible), an idle process has no timer, and a busy one wakes this
-//! thread 20 times a second, not once a line. A queue half full wakes it early; a full one
-//! drops the line and counts it, as the log's own queue does.
+//! once a wake finds none: then the next line wakes it (a futex wake on the serving thread,
+//! once per idle spell). So a line reaches the log about `FLUSH` after its request ended, plus
+//! the time to write the lines before it (its timestamp is that end, so it can follow lines
+//! logged after it); an idle process has no timer, and a busy one wakes this thread 20 times a
+//! second, not once a line. A queue half full wakes it early.
 
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use http::Method;
 
 use crate::config::LogFormat;
 
-/// Longest a line waits in the queue while lines come.
-pub(crate) const FLUSH: Duration = Duration::from_millis(50);
+/// How long the thread gathers lines between two writes while lines come.
+const FLUSH: Duration = Duration::from_millis(50);
 
-/// Formatted lines are handed to the log's writer in writes of about this many bytes.
+/// Formatted lines are written to stderr in writes of about this many bytes.
 const CHUNK: usize = 32 << 10;
+
+/// The latest timestamp a line can show: 9999-12-31T23:59:59.999999Z.
+const LATEST: Duration = Duration::from_micros(253_402_300_799_999_999);
 
 /// One request's access line.
 #[derive(Debug)]
@@ -74,10 +77,10 @@ impl Queue {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Queues `line`, or drops and counts it if the queue is full.
+    /// Queues `line`, or drops and counts it if the queue is full or closed.
     pub(super) fn push(&self, line: Line) {
         let mut state = self.lock();
-        if state.lines.len() >= self.capacity {
+        if state.lines.len() >= self.capacity || state.closed {
             drop(state);
             self.dropped.fetch_add(1, Ordering::Relaxed);
             return;
@@ -109,14 +112,16 @@ impl Queue {
         self.wake.notify_one();
     }
 
-    /// Waits for lines (see the module's doc) and swaps them into `into`, which the caller
-    /// emptied; false once the queue is closed and empty.
-    fn take(&self, into: &mut Vec<Line>) -> bool {
+    /// Waits for lines until `due` (see the module's doc) and swaps them into `into`, which
+    /// the caller emptied; false once the queue is closed and empty.
+    fn take(&self, into: &mut Vec<Line>, due: Instant) -> bool {
         let mut state = self.lock();
         if !state.closed && !state.urged {
-            let (next, waited) = self.wake.wait_timeout(state, FLUSH).unwrap_or_else(|e| e.into_inner());
+            let wait = due.saturating_duration_since(Instant::now());
+            let (next, _) =
+                self.wake.wait_timeout_while(state, wait, |s| !s.closed && !s.urged).unwrap_or_else(|e| e.into_inner());
             state = next;
-            if waited.timed_out() && state.lines.is_empty() && !state.closed {
+            if state.lines.is_empty() && !state.closed {
                 // A whole FLUSH without a line: sleep until the next one (`push` clears
                 // `asleep`) or the close.
                 state.asleep = true;
@@ -134,7 +139,9 @@ impl Queue {
 pub(super) fn run(queue: Arc<Queue>, format: LogFormat, mut out: impl Write) {
     let mut lines = Vec::new();
     let mut buf = Vec::with_capacity(CHUNK + 1024);
-    while queue.take(&mut lines) {
+    let mut due = Instant::now() + FLUSH;
+    while queue.take(&mut lines, due) {
+        due = Instant::now() + FLUSH;
         for line in lines.drain(..) {
             match format {
                 LogFormat::Text => text(&line, &mut buf),
@@ -152,13 +159,27 @@ pub(super) fn run(queue: Arc<Queue>, format: LogFormat, mut out: impl Write) {
     }
 }
 
-/// The line as the log's text format writes an event: timestamp, level, target, message,
-/// then `name=value` fields, an absent value leaving its field out. (Never coloured.)
-pub(crate) fn text(line: &Line, buf: &mut Vec<u8>) {
+/// `at` as the log stamps its lines (RFC 3339, microseconds, UTC), within the years it can
+/// show: a clock set before 1970 shows 1970.
+fn timestamp(at: SystemTime) -> humantime::Rfc3339Timestamp {
+    let since = at.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().min(LATEST);
+    humantime::format_rfc3339_micros(SystemTime::UNIX_EPOCH + since)
+}
+
+/// Logs `line` through `tracing`, for a subscriber other than the one `init` installs.
+pub(super) fn through_tracing(line: Line) {
+    let Line { method, path, keys, token, outcome, status, backend_status, duration_ms, .. } = line;
+    tracing::info!(target: "fencegate::access", method = %method, path = %path, keys = %keys, token,
+        outcome = %outcome, status, backend_status, duration_ms, "request");
+}
+
+/// The line as the log's text format writes an event, uncoloured: timestamp, level, target,
+/// message, then `name=value` fields, an absent value leaving its field out.
+fn text(line: &Line, buf: &mut Vec<u8>) {
     let _ = write!(
         buf,
         "{}  INFO fencegate::access: request method={} path={} keys={}",
-        humantime::format_rfc3339_micros(line.at),
+        timestamp(line.at),
         line.method,
         line.path,
         line.keys
@@ -174,7 +195,7 @@ pub(crate) fn text(line: &Line, buf: &mut Vec<u8>) {
 }
 
 /// The line as the log's JSON format writes an event: one object, the fields at its top level.
-pub(crate) fn json(line: &Line, buf: &mut Vec<u8>) {
+fn json(line: &Line, buf: &mut Vec<u8>) {
     let _ = write!(
         buf,
         r#"{{"timestamp":"{}","level":"INFO","message":"request","method":"#,

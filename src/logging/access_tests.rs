@@ -1,8 +1,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use tracing_subscriber::fmt::format::Writer;
-use tracing_subscriber::fmt::time::FormatTime;
 use tracing_subscriber::prelude::*;
 
 use super::*;
@@ -29,15 +27,6 @@ impl Shared {
 
 const AT: Duration = Duration::from_micros(1_764_694_800_123_456);
 
-/// The time tracing-subscriber stamps an event with, fixed at `AT`.
-struct Fixed;
-
-impl FormatTime for Fixed {
-    fn format_time(&self, w: &mut Writer<'_>) -> std::fmt::Result {
-        write!(w, "{}", humantime::format_rfc3339_micros(SystemTime::UNIX_EPOCH + AT))
-    }
-}
-
 fn line(path: &str, token: Option<u64>, backend_status: Option<u16>) -> Line {
     Line {
         at: SystemTime::UNIX_EPOCH + AT,
@@ -52,38 +41,30 @@ fn line(path: &str, token: Option<u64>, backend_status: Option<u16>) -> Line {
     }
 }
 
-/// The line as `tracing` writes the event `crate::logging::access` falls back to.
-fn through_tracing(line: &Line, format: LogFormat) -> String {
+/// The line as `tracing` writes it (`through_tracing`) under the log's own text or JSON layer.
+fn from_tracing(line: Line, format: LogFormat) -> String {
     let out = Shared::default();
     let writer = {
         let out = out.clone();
         move || out.clone()
     };
+    let layer = tracing_subscriber::fmt::layer().with_ansi(false).with_writer(writer);
     let layer = match format {
-        LogFormat::Text => fmt_layer(writer).boxed(),
-        LogFormat::Json => fmt_layer(writer).json().flatten_event(true).boxed(),
+        LogFormat::Text => layer.boxed(),
+        LogFormat::Json => layer.json().flatten_event(true).boxed(),
     };
-    let subscriber = tracing_subscriber::registry().with(layer);
-    tracing::subscriber::with_default(subscriber, || {
-        let Line { method, path, keys, token, outcome, status, backend_status, duration_ms, .. } = line;
-        tracing::info!(target: "fencegate::access", method = %method, path = %path, keys = %keys, token,
-            outcome = %outcome, status, backend_status, duration_ms, "request");
-    });
+    tracing::subscriber::with_default(tracing_subscriber::registry().with(layer), || through_tracing(line));
     out.lines().concat()
 }
 
-fn fmt_layer<W>(
-    writer: W,
-) -> tracing_subscriber::fmt::Layer<
-    tracing_subscriber::Registry,
-    tracing_subscriber::fmt::format::DefaultFields,
-    tracing_subscriber::fmt::format::Format<tracing_subscriber::fmt::format::Full, Fixed>,
-    W,
->
-where
-    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + 'static,
-{
-    tracing_subscriber::fmt::layer().with_ansi(false).with_timer(Fixed).with_writer(writer)
+/// A line's timestamp and the rest of it.
+fn split_time(line: &str, format: LogFormat) -> (&str, String) {
+    let at = match format {
+        LogFormat::Text => 0,
+        LogFormat::Json => r#"{"timestamp":""#.len(),
+    };
+    let time = &line[at..at + 27];
+    (time, format!("{}{}", &line[..at], &line[at + 27..]))
 }
 
 #[test]
@@ -96,10 +77,22 @@ fn lines_read_as_the_logs_own_text_and_json_lines() {
                 LogFormat::Json => json(&l, &mut buf),
             }
             let ours = String::from_utf8(buf).unwrap();
-            assert_eq!(ours.trim_end_matches('\n'), through_tracing(&l, format), "{format:?}");
             assert!(ours.ends_with('\n') && ours.matches('\n').count() == 1, "one line: {ours}");
+            let theirs = from_tracing(line(&l.path, l.token, l.backend_status), format);
+            let ((our_time, ours), (their_time, theirs)) = (split_time(&ours, format), split_time(&theirs, format));
+            assert_eq!(ours.trim_end_matches('\n'), theirs, "{format:?}");
+            assert_eq!(our_time, "2025-12-02T17:00:00.123456Z");
+            assert!(their_time.ends_with('Z') && humantime::parse_rfc3339(their_time).is_ok(), "{their_time}");
         }
     }
+}
+
+#[test]
+fn a_clock_outside_the_years_a_timestamp_shows_is_shown_at_their_edge() {
+    let before = SystemTime::UNIX_EPOCH - Duration::from_secs(1);
+    assert_eq!(timestamp(before).to_string(), "1970-01-01T00:00:00.000000Z");
+    let after = SystemTime::UNIX_EPOCH + LATEST + Duration::from_secs(86_400 * 365);
+    assert_eq!(timestamp(after).to_string(), "9999-12-31T23:59:59.999999Z");
 }
 
 /// Polls `done` until it holds; fails after a generous while.
@@ -126,15 +119,37 @@ fn the_thread_writes_every_line_sleeps_when_none_come_and_drains_on_close() {
     until("the thread sleeps with no deadline", || queue.lock().asleep);
     queue.push(line("/woken", Some(9), None));
     until("the line that woke it is written", || out.lines().len() == 4);
-    queue.push(line("/last", Some(10), None));
+    // More than one write's worth, then a close with them queued.
+    let many = 2 * CHUNK / 150;
+    for i in 0..many {
+        queue.push(line(&format!("/many/{i}"), Some(i as u64), None));
+    }
     queue.close();
     thread.join().unwrap();
     let lines = out.lines();
-    assert_eq!(lines.len(), 5, "{lines:#?}");
-    for (i, path) in ["/0", "/1", "/2", "/woken", "/last"].iter().enumerate() {
+    assert_eq!(lines.len(), 4 + many, "every line, each whole");
+    for (i, path) in ["/0", "/1", "/2", "/woken"].iter().enumerate() {
         assert!(lines[i].contains(&format!(" path={path} ")), "{}", lines[i]);
     }
+    for (i, l) in lines[4..].iter().enumerate() {
+        assert!(l.contains(&format!(" path=/many/{i} ")) && l.ends_with(" duration_ms=0.5798580000000001"), "{l}");
+    }
     assert_eq!(queue.dropped(), 0);
+}
+
+#[test]
+fn a_close_wakes_a_sleeping_thread_and_later_lines_are_dropped_and_counted() {
+    let queue = Arc::new(Queue::new(16));
+    let out = Shared::default();
+    let thread = std::thread::spawn({
+        let (queue, out) = (Arc::clone(&queue), out.clone());
+        move || run(queue, LogFormat::Json, out)
+    });
+    until("the thread sleeps with no deadline", || queue.lock().asleep);
+    queue.close();
+    thread.join().unwrap();
+    queue.push(line("/late", None, None));
+    assert_eq!((out.lines().len(), queue.dropped()), (0, 1));
 }
 
 #[test]
@@ -149,10 +164,11 @@ fn a_full_queue_drops_and_counts_and_a_half_full_one_urges_the_thread() {
     queue.push(line("/5", None, None));
     assert_eq!((queue.lock().lines.len(), queue.dropped()), (4, 1));
     let mut taken = Vec::new();
-    assert!(queue.take(&mut taken), "urged: taken at once");
+    let never = Instant::now() + Duration::from_secs(3600);
+    assert!(queue.take(&mut taken, never), "urged: taken at once");
     assert_eq!(taken.len(), 4);
     assert!(!queue.lock().urged);
     queue.close();
     taken.clear();
-    assert!(!queue.take(&mut taken), "closed and empty");
+    assert!(!queue.take(&mut taken, never), "closed and empty");
 }

@@ -55,7 +55,6 @@ pub fn init(level: &str, format: LogFormat, buffer_lines: usize) -> Flush {
         .finish(std::io::stderr());
     let dropped = writer.error_counter();
     let queue = Arc::new(access::Queue::new(buffer_lines));
-    let access_writer = writer.clone();
     let (json, text) = match format {
         // Fields at the top level, beside time, level and message, for log tools to index.
         LogFormat::Json => (Some(fmt::layer().json().flatten_event(true).with_writer(writer)), None),
@@ -70,7 +69,7 @@ pub fn init(level: &str, format: LogFormat, buffer_lines: usize) -> Flush {
         let _ = DROPPED.set(dropped);
         let thread = std::thread::Builder::new().name("fencegate-access".into()).spawn({
             let queue = Arc::clone(&queue);
-            move || access::run(queue, format, access_writer)
+            move || access::run(queue, format, std::io::stderr())
         });
         // Without its thread, access lines go through `tracing` on the serving thread.
         let access = thread.ok().inspect(|_| {
@@ -98,9 +97,7 @@ pub(crate) fn access(line: access::Line) {
         queue.push(line);
         return;
     }
-    let access::Line { method, path, keys, token, outcome, status, backend_status, duration_ms, .. } = line;
-    tracing::info!(target: "fencegate::access", method = %method, path = %path, keys = %keys, token,
-        outcome = %outcome, status, backend_status, duration_ms, "request");
+    access::through_tracing(line);
 }
 
 /// Changes the level from `old` to `new`, calling `announce` while the more verbose of the

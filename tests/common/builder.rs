@@ -120,6 +120,12 @@ impl<B> Deployment<B> {
         self.running.as_ref().expect("a running proxy")
     }
 
+    /// Stops the running proxy with SIGTERM and waits for its exit and last log lines; it stays
+    /// here for its log.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        self.running.as_mut().expect("a running proxy").terminate()
+    }
+
     /// The running proxy's address.
     pub fn addr(&self) -> SocketAddr {
         self.proxy().addr

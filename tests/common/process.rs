@@ -79,6 +79,15 @@ impl Running {
         signal(self.pid(), name);
     }
 
+    /// Stops the process with SIGTERM, as an operator would, and waits until it has exited
+    /// and its last log lines are in.
+    pub fn terminate(&mut self) -> ExitStatus {
+        self.signal("TERM");
+        let status = self.child.wait().unwrap();
+        self.log.wait_for_end();
+        status
+    }
+
     /// The exit status, once the process has ended.
     pub fn exited(&mut self) -> Option<ExitStatus> {
         self.child.try_wait().unwrap()
