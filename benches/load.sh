@@ -53,6 +53,13 @@
 # nothing, so the level goes with it):
 #   FG_EXTRA_CONFIG=$'[log]\nlevel = "info"' BASE_BIN=target/release/fencegate \
 #   BASE_EXTRA_CONFIG=$'[log]\nlevel = "info"\naccess = true' benches/load.sh
+# SIGNED=1 signs every PUT's token (`verify = "hmac"`, docs/tokens.md): fencegate checks the
+# signature under a rule for "/"; the other targets get the same requests and ignore it. A run's
+# tokens are then its start in milliseconds plus the number of times it has visited the
+# resource, so each token is signed once, ahead of the run (Python's hmac), and put.lua's
+# variant ($SHM/signed.lua) reads the signatures from $SHM/sigs.lua. With BASE_BIN the same
+# binary, this is verification on against off:
+#   SIGNED=1 BASE_BIN=target/release/fencegate WORKLOADS=put benches/load.sh
 # Each fencegate's stderr goes to a file on the data disk (/var/tmp/fencegate-load.*/logs/,
 # removed at the end), as an operator's log file would; at the end the script prints each
 # file's lines and size, and the lines its log's queue dropped (from /metrics).
@@ -135,7 +142,38 @@ def emit(table, path, header):
 emit(conf, [], None)
 EOF
 }
-fg_config fencegate 18083 18183 "$DISK/data" "${FG_EXTRA_CONFIG:-}"
+FG_EXTRA_CONFIG=${FG_EXTRA_CONFIG:-}
+if [ "${SIGNED:-0}" = 1 ]; then
+    [ "${OPEN_LOOP:-0}" = 1 ] && { echo "SIGNED=1 with OPEN_LOOP=1: open_loop sends no signatures" >&2; exit 1; }
+    head -c 32 /dev/urandom | base64 | tr -d '\n' >"$SHM/hmac.key"
+    FG_EXTRA_CONFIG+=$'\n[[fence.rules]]\nprefix = "/"\nverify = "hmac"\n[[verify.hmac_keys]]\nid = "bench"\n'
+    FG_EXTRA_CONFIG+="secret_file = \"$SHM/hmac.key\""
+    cat >"$SHM/signed.lua" <<LUA
+local n = 0
+local body = string.rep("v", 100)
+dofile("$SHM/sigs.lua") -- base, and sigs[k]: the signature of token base + k
+request = function()
+    n = n + 1
+    local k = math.floor(n / 1000)
+    return wrk.format("PUT", "/put/r" .. (n % 1000),
+        { ["Fencing-Token"] = string.format("%.0f", base + k), ["Fencing-Token-Signature"] = sigs[k] }, body)
+end
+LUA
+fi
+# Before each signed run: $SHM/sigs.lua with a new base (above every earlier run's tokens) and
+# the signatures of base + 0 ... base + 4,999 (5,000,000 PUTs).
+sign_tokens() {
+    python3 - "$SHM/hmac.key" >"$SHM/sigs.lua" <<'PY'
+import base64, hashlib, hmac, sys, time
+key = open(sys.argv[1], "rb").read().rstrip(b" \t\r\n\f")
+base, expiry = time.time_ns() // 1_000_000, int(time.time()) + 3600
+print(f"base = {base}\nsigs = {{}}")
+for k in range(5000):
+    mac = hmac.new(key, f"v1\nbench\ndefault\n{base + k}\n{expiry}".encode(), hashlib.sha256).digest()
+    print(f'sigs[{k}] = "v1.bench.{expiry}.{base64.urlsafe_b64encode(mac).rstrip(b"=").decode()}"')
+PY
+}
+fg_config fencegate 18083 18183 "$DISK/data" "$FG_EXTRA_CONFIG"
 fg_config baseline 18085 18185 "$DISK/base" "${BASE_EXTRA_CONFIG:-}"
 
 bench_backend
@@ -178,7 +216,14 @@ RESULTS="$SHM/results.tsv"
 run_wrk() { # workload conns target seconds -> "req/s p50_us p99_us non2xx"
     local workload=$1 conns=$2 target=$3 secs=$4 url script=()
     url="http://127.0.0.1:${PORT[$target]}"
-    if [ "$workload" = get ]; then url="$url/get/file"; else script=(-s "$SHM/put.lua"); url="$url/"; fi
+    if [ "$workload" = get ]; then
+        url="$url/get/file"
+    elif [ "${SIGNED:-0}" = 1 ]; then
+        sign_tokens
+        script=(-s "$SHM/signed.lua") url="$url/"
+    else
+        script=(-s "$SHM/put.lua") url="$url/"
+    fi
     wrk -t1 -c"$conns" -d"${secs}s" --latency "${script[@]}" "$url" | awk '
         function us(v) { if (v ~ /us$/) return v + 0; if (v ~ /ms$/) return v * 1000; if (v ~ /s$/) return v * 1000000; return v }
         /^ +50%/ { p50 = us($2) } /^ +99%/ { p99 = us($2) }

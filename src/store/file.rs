@@ -34,6 +34,9 @@ pub(super) struct Answered {
     /// Reminders sent.
     #[cfg(test)]
     pub(super) reminders: usize,
+    /// Times the writer woke and found nothing to write.
+    #[cfg(test)]
+    pub(super) empty_wakes: usize,
 }
 
 /// Name of the lock file in a data directory.
@@ -221,6 +224,12 @@ impl FileStore {
     #[cfg(test)]
     pub(super) fn reminders_sent(&self) -> usize {
         self.answers.lock().unwrap_or_else(|e| e.into_inner()).reminders
+    }
+
+    /// How many times the writer woke and found nothing to write.
+    #[cfg(test)]
+    pub(super) fn empty_wakes(&self) -> usize {
+        self.answers.lock().unwrap_or_else(|e| e.into_inner()).empty_wakes
     }
 
     /// Queues answered writes for the writer's next batch, reminding it if it sleeps until told.

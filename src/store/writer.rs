@@ -78,6 +78,9 @@ pub(super) struct Writer {
     advances_in_batch: usize,
     /// Writes (advances and resets, however many marks each) in the batch.
     writes_in_batch: usize,
+    /// Whether the batch holds a fenced write's advance, whose answer follows (an operator's
+    /// reset has none).
+    answers_follow: bool,
     /// Room the batch's new marks take, for `max_resources` and `max_table_bytes`.
     room: Room,
     /// Whether `run` finished; if not, its thread is unwinding (see `Drop`).
@@ -177,6 +180,7 @@ impl Writer {
             batch: Vec::with_capacity(MAX_BATCH),
             advances_in_batch: 0,
             writes_in_batch: 0,
+            answers_follow: false,
             room: Room::default(),
             finished: false,
             lock: Some(lock),
@@ -339,6 +343,7 @@ impl Writer {
         self.batch.push(Op::Advance { key, token, done });
         self.advances_in_batch += 1;
         self.writes_in_batch += 1;
+        self.answers_follow = true;
     }
 
     /// [`Room::take`] for this batch, under this store's `max_resources`.
@@ -373,6 +378,7 @@ impl Writer {
         }
         self.advances_in_batch += marks.len();
         self.writes_in_batch += 1;
+        self.answers_follow |= change == Change::Advance;
         self.batch.push(Op::AdvanceAll { marks, token, change, done });
     }
 
@@ -381,7 +387,12 @@ impl Writer {
         self.room = Room::default();
         self.writes_in_batch = 0;
         let advances = std::mem::take(&mut self.advances_in_batch);
+        let answers_follow = std::mem::take(&mut self.answers_follow);
         if self.batch.is_empty() {
+            #[cfg(test)]
+            {
+                self.answers.lock().unwrap_or_else(|e| e.into_inner()).empty_wakes += 1;
+            }
             return;
         }
         let started = Instant::now();
@@ -392,7 +403,7 @@ impl Writer {
         if let (Ok(()), Some(hook), true) = (&written, &self.options.on_commit, advances > 0) {
             hook(started.elapsed(), advances);
         }
-        if advances > 0 {
+        if answers_follow {
             // Their answers follow soon: written with the next batch, or on their own by then,
             // without a reminder each.
             self.flush_by = Some(Instant::now() + ANSWER_FLUSH);

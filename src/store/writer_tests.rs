@@ -146,6 +146,16 @@ async fn an_answer_reminds_a_writer_that_stopped_expecting_one() {
 }
 
 #[tokio::test]
+async fn after_an_operators_reset_the_writer_expects_no_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    store.reset_in(0, vec![(MarkKind::Key, "/a".to_owned())], 5).await.unwrap();
+    until("the writer sleeps until reminded", || store.writer_awaits_reminder()).await;
+    assert_eq!(store.empty_wakes(), 0, "the writer waited for an answer a reset never gets");
+    drop(store);
+}
+
+#[tokio::test]
 async fn an_earlier_answer_does_not_clear_a_later_write_with_the_same_token() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
