@@ -54,11 +54,13 @@
 #   FG_EXTRA_CONFIG=$'[log]\nlevel = "info"' BASE_BIN=target/release/fencegate \
 #   BASE_EXTRA_CONFIG=$'[log]\nlevel = "info"\naccess = true' benches/load.sh
 # SIGNED=1 signs every PUT's token (`verify = "hmac"`, docs/tokens.md): fencegate checks the
-# signature under a rule for "/"; the other targets get the same requests and ignore it. A run's
-# tokens are then its start in milliseconds plus the number of times it has visited the
-# resource, so each token is signed once, ahead of the run (Python's hmac), and put.lua's
-# variant ($SHM/signed.lua) reads the signatures from $SHM/sigs.lua. With BASE_BIN the same
-# binary, this is verification on against off:
+# signature under a rule for "/" it adds (so FG_EXTRA_CONFIG must have no rule of its own over
+# /put/; tokens are signed for the domain "default"); the other targets get the same requests
+# and ignore it. A run's n-th request goes to resource n % 1000 with token base + n / 1000
+# (rounded down; base: the time just before the run, in ms), so each token is signed once,
+# ahead of the run (Python's hmac), and put.lua's variant ($SHM/signed.lua) reads the
+# signatures from $SHM/sigs.lua. With BASE_BIN the same binary, this is verification on
+# against off:
 #   SIGNED=1 BASE_BIN=target/release/fencegate WORKLOADS=put benches/load.sh
 # Each fencegate's stderr goes to a file on the data disk (/var/tmp/fencegate-load.*/logs/,
 # removed at the end), as an operator's log file would; at the end the script prints each
@@ -156,7 +158,8 @@ request = function()
     n = n + 1
     local k = math.floor(n / 1000)
     return wrk.format("PUT", "/put/r" .. (n % 1000),
-        { ["Fencing-Token"] = string.format("%.0f", base + k), ["Fencing-Token-Signature"] = sigs[k] }, body)
+        { ["Fencing-Token"] = string.format("%.0f", base + k),
+          ["Fencing-Token-Signature"] = sigs[k] or error("no signature for token base + " .. k) }, body)
 end
 LUA
 fi

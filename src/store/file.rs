@@ -34,9 +34,9 @@ pub(super) struct Answered {
     /// Reminders sent.
     #[cfg(test)]
     pub(super) reminders: usize,
-    /// Times the writer woke and found nothing to write.
+    /// Commits of an empty batch: the writer woke and found nothing to write.
     #[cfg(test)]
-    pub(super) empty_wakes: usize,
+    pub(super) empty_commits: usize,
 }
 
 /// Name of the lock file in a data directory.
@@ -226,10 +226,10 @@ impl FileStore {
         self.answers.lock().unwrap_or_else(|e| e.into_inner()).reminders
     }
 
-    /// How many times the writer woke and found nothing to write.
+    /// How many times the writer committed an empty batch.
     #[cfg(test)]
-    pub(super) fn empty_wakes(&self) -> usize {
-        self.answers.lock().unwrap_or_else(|e| e.into_inner()).empty_wakes
+    pub(super) fn empty_commits(&self) -> usize {
+        self.answers.lock().unwrap_or_else(|e| e.into_inner()).empty_commits
     }
 
     /// Queues answered writes for the writer's next batch, reminding it if it sleeps until told.

@@ -40,7 +40,8 @@ use super::{MarkKind, StoreError, Table};
 /// it is never split).
 const MAX_BATCH: usize = 4096;
 /// Longest answered writes wait to be logged as such when no advance comes to carry them; also
-/// how long after committing advances the writer waits, with no reminder, for their answers.
+/// how long after committing advances (not resets, which are never answered) the writer waits,
+/// with no reminder, for their answers.
 pub(super) const ANSWER_FLUSH: Duration = Duration::from_millis(200);
 
 pub(super) enum Msg {
@@ -78,8 +79,9 @@ pub(super) struct Writer {
     advances_in_batch: usize,
     /// Writes (advances and resets, however many marks each) in the batch.
     writes_in_batch: usize,
-    /// Whether the batch holds a fenced write's advance, whose answer follows (an operator's
-    /// reset has none).
+    /// Whether the batch holds an advance (a fenced write's or an operator's), whose answer
+    /// follows; a reset has none. A batch of resets alone ends the wait for the answers of an
+    /// earlier batch: the first of them then sends a reminder.
     answers_follow: bool,
     /// Room the batch's new marks take, for `max_resources` and `max_table_bytes`.
     room: Room,
@@ -391,7 +393,7 @@ impl Writer {
         if self.batch.is_empty() {
             #[cfg(test)]
             {
-                self.answers.lock().unwrap_or_else(|e| e.into_inner()).empty_wakes += 1;
+                self.answers.lock().unwrap_or_else(|e| e.into_inner()).empty_commits += 1;
             }
             return;
         }
@@ -403,9 +405,9 @@ impl Writer {
         if let (Ok(()), Some(hook), true) = (&written, &self.options.on_commit, advances > 0) {
             hook(started.elapsed(), advances);
         }
-        if answers_follow {
+        if answers_follow && written.is_ok() {
             // Their answers follow soon: written with the next batch, or on their own by then,
-            // without a reminder each.
+            // without a reminder each. (Advances refused get no answer.)
             self.flush_by = Some(Instant::now() + ANSWER_FLUSH);
         }
         let outcome = match written {
