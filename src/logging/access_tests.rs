@@ -104,14 +104,19 @@ fn until(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
-#[test]
-fn the_thread_writes_every_line_sleeps_when_none_come_and_drains_on_close() {
-    let queue = Arc::new(Queue::new(1024));
-    let out = Shared::default();
+/// A queue of `capacity` lines, its thread running and writing to what it returns.
+fn started(capacity: usize, format: LogFormat) -> (Arc<Queue>, Shared, std::thread::JoinHandle<()>) {
+    let (queue, out) = (Arc::new(Queue::new(capacity)), Shared::default());
     let thread = std::thread::spawn({
         let (queue, out) = (Arc::clone(&queue), out.clone());
-        move || run(queue, LogFormat::Text, out)
+        move || run(queue, format, out)
     });
+    (queue, out, thread)
+}
+
+#[test]
+fn the_thread_writes_every_line_sleeps_when_none_come_and_drains_on_close() {
+    let (queue, out, thread) = started(1024, LogFormat::Text);
     for i in 0..3 {
         queue.push(line(&format!("/{i}"), Some(i), None));
     }
@@ -139,12 +144,7 @@ fn the_thread_writes_every_line_sleeps_when_none_come_and_drains_on_close() {
 
 #[test]
 fn a_close_wakes_a_sleeping_thread_and_later_lines_are_dropped_and_counted() {
-    let queue = Arc::new(Queue::new(16));
-    let out = Shared::default();
-    let thread = std::thread::spawn({
-        let (queue, out) = (Arc::clone(&queue), out.clone());
-        move || run(queue, LogFormat::Json, out)
-    });
+    let (queue, out, thread) = started(16, LogFormat::Json);
     until("the thread sleeps with no deadline", || queue.lock().asleep);
     queue.close();
     thread.join().unwrap();
