@@ -196,11 +196,7 @@ fn text(line: &Line, buf: &mut Vec<u8>) {
 
 /// The line as the log's JSON format writes an event: one object, the fields at its top level.
 fn json(line: &Line, buf: &mut Vec<u8>) {
-    let _ = write!(
-        buf,
-        r#"{{"timestamp":"{}","level":"INFO","message":"request","method":"#,
-        humantime::format_rfc3339_micros(line.at)
-    );
+    let _ = write!(buf, r#"{{"timestamp":"{}","level":"INFO","message":"request","method":"#, timestamp(line.at));
     string(buf, line.method.as_str());
     buf.extend_from_slice(br#","path":"#);
     string(buf, &line.path);

@@ -93,6 +93,13 @@ fn a_clock_outside_the_years_a_timestamp_shows_is_shown_at_their_edge() {
     assert_eq!(timestamp(before).to_string(), "1970-01-01T00:00:00.000000Z");
     let after = SystemTime::UNIX_EPOCH + LATEST + Duration::from_secs(86_400 * 365);
     assert_eq!(timestamp(after).to_string(), "9999-12-31T23:59:59.999999Z");
+    for at in [before, after] {
+        let (mut t, mut j) = (Vec::new(), Vec::new());
+        text(&Line { at, ..line("/a", None, None) }, &mut t);
+        json(&Line { at, ..line("/a", None, None) }, &mut j);
+        let (t, j) = (String::from_utf8(t).unwrap(), String::from_utf8(j).unwrap());
+        assert!(t.starts_with(&timestamp(at).to_string()) && j.contains(&timestamp(at).to_string()), "{t}{j}");
+    }
 }
 
 /// Polls `done` until it holds; fails after a generous while.

@@ -44,7 +44,8 @@ impl Drop for Flush {
     }
 }
 
-/// Installs the process-wide subscriber, queueing at most `buffer_lines` lines for stderr.
+/// Installs the process-wide subscriber, queueing at most `buffer_lines` lines for stderr, and
+/// as many access lines.
 /// Call once, before anything logs, and keep what it returns until the end.
 pub fn init(level: &str, format: LogFormat, buffer_lines: usize) -> Flush {
     let (filter, handle) = reload::Layer::new(parse(level));
