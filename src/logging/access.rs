@@ -2,17 +2,20 @@
 //!
 //! A request hands its line's fields to a queue under a lock and goes on: it formats nothing.
 //! The `fencegate-access` thread formats what the queue holds in the layout of the log's other
-//! lines (text, never coloured, or JSON) and writes it to stderr in a few large writes. Each
-//! write holds stderr's lock, so it never interleaves with a line of the log's own thread; when
-//! stderr blocks, this thread blocks, its queue fills, and further lines are dropped and
-//! counted, one by one.
+//! lines (text, never coloured, or JSON) and writes it to stderr in writes of whole lines, at
+//! most [`CHUNK`] bytes each unless one line is longer. Each write holds stderr's lock, so it
+//! never interleaves with a line of the log's own thread, and a pipe takes it whole, so no
+//! other process's bytes land inside it either. When stderr blocks, this thread blocks, its
+//! queue fills, and further lines are dropped and counted, one by one; lines a write fails to
+//! take (a closed pipe, a full disk) are dropped and counted too.
 //!
 //! The thread wakes by itself every [`FLUSH`] while lines come, and sleeps without a deadline
 //! once a wake finds none: then the next line wakes it (a futex wake on the serving thread,
-//! once per idle spell). So a line reaches the log about `FLUSH` after its request ended, plus
-//! the time to write the lines before it (its timestamp is that end, so it can follow lines
-//! logged after it); an idle process has no timer, and a busy one wakes this thread 20 times a
-//! second, not once a line. A queue half full wakes it early.
+//! once per idle spell) and is written at once. Lines after it reach the log within about
+//! `FLUSH`, plus the time to write the lines before them (each is stamped when its response
+//! was ready, so it can follow lines logged after that); an idle process has no timer, and a
+//! busy one wakes this thread 20 times a second, not once a line. A queue half full wakes it
+//! early.
 
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,8 +29,9 @@ use crate::config::LogFormat;
 /// How long the thread gathers lines between two writes while lines come.
 const FLUSH: Duration = Duration::from_millis(50);
 
-/// Formatted lines are written to stderr in writes of about this many bytes.
-const CHUNK: usize = 32 << 10;
+/// Lines are written to stderr in writes of at most this many bytes, unless one line is longer:
+/// a pipe takes a write of up to `PIPE_BUF` (4,096 bytes on Linux) whole.
+const CHUNK: usize = 4096;
 
 /// The latest timestamp a line can show: 9999-12-31T23:59:59.999999Z.
 const LATEST: Duration = Duration::from_micros(253_402_300_799_999_999);
@@ -35,7 +39,8 @@ const LATEST: Duration = Duration::from_micros(253_402_300_799_999_999);
 /// One request's access line.
 #[derive(Debug)]
 pub(crate) struct Line {
-    /// When the request ended: the line's timestamp.
+    /// When the response's head was ready (its body, if any, still to be relayed): the
+    /// line's timestamp.
     pub(crate) at: SystemTime,
     pub(crate) method: Method,
     pub(crate) path: String,
@@ -53,7 +58,10 @@ pub(crate) struct Line {
 #[derive(Debug)]
 pub(super) struct Queue {
     state: Mutex<State>,
+    /// Wakes the thread: a line after an idle spell, a queue half full, the close.
     wake: Condvar,
+    /// Tells the closer that the thread has written everything and ended.
+    ended: Condvar,
     capacity: usize,
     dropped: AtomicU64,
 }
@@ -66,11 +74,19 @@ struct State {
     /// The thread was woken for a queue half full, and has not taken it yet.
     urged: bool,
     closed: bool,
+    /// The thread has ended.
+    finished: bool,
 }
 
 impl Queue {
     pub(super) fn new(capacity: usize) -> Queue {
-        Queue { state: Mutex::default(), wake: Condvar::new(), capacity: capacity.max(1), dropped: AtomicU64::new(0) }
+        Queue {
+            state: Mutex::default(),
+            wake: Condvar::new(),
+            ended: Condvar::new(),
+            capacity: capacity.max(1),
+            dropped: AtomicU64::new(0),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -101,7 +117,7 @@ impl Queue {
         }
     }
 
-    /// Lines dropped because the queue was full.
+    /// Lines dropped: the queue was full or closed, or stderr refused them.
     pub(super) fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
     }
@@ -110,6 +126,14 @@ impl Queue {
     pub(super) fn close(&self) {
         self.lock().closed = true;
         self.wake.notify_one();
+    }
+
+    /// Waits at most `within` for the thread to end; whether it did.
+    pub(super) fn wait_ended(&self, within: Duration) -> bool {
+        let state = self.lock();
+        let (state, _) =
+            self.ended.wait_timeout_while(state, within, |s| !s.finished).unwrap_or_else(|e| e.into_inner());
+        state.finished
     }
 
     /// Waits for lines until `due` (see the module's doc) and swaps them into `into`, which
@@ -136,26 +160,76 @@ impl Queue {
 }
 
 /// The access thread's body: formats and writes every line queued, until the queue closes.
-pub(super) fn run(queue: Arc<Queue>, format: LogFormat, mut out: impl Write) {
-    let mut lines = Vec::new();
-    let mut buf = Vec::with_capacity(CHUNK + 1024);
+pub(super) fn run(queue: Arc<Queue>, format: LogFormat, out: impl Write) {
+    /// Marks the thread ended, however it ends.
+    struct Ended<'a>(&'a Queue);
+    impl Drop for Ended<'_> {
+        fn drop(&mut self) {
+            self.0.lock().finished = true;
+            self.0.ended.notify_all();
+        }
+    }
+    let _ended = Ended(&queue);
+    let mut out = Chunks { out, buf: Vec::with_capacity(CHUNK), torn: false, dropped: &queue.dropped };
+    let (mut lines, mut line) = (Vec::new(), Vec::with_capacity(512));
     let mut due = Instant::now() + FLUSH;
     while queue.take(&mut lines, due) {
         due = Instant::now() + FLUSH;
-        for line in lines.drain(..) {
+        for l in lines.drain(..) {
+            line.clear();
             match format {
-                LogFormat::Text => text(&line, &mut buf),
-                LogFormat::Json => json(&line, &mut buf),
+                LogFormat::Text => text(&l, &mut line),
+                LogFormat::Json => json(&l, &mut line),
             }
-            if buf.len() >= CHUNK {
-                let _ = out.write_all(&buf);
-                buf.clear();
+            out.push(&line);
+        }
+        out.write();
+    }
+}
+
+/// Whole lines gathered into writes of at most `CHUNK` bytes (or one longer line).
+struct Chunks<'a, W> {
+    out: W,
+    buf: Vec<u8>,
+    /// A failed write left a line unfinished: the next write starts on a new line.
+    torn: bool,
+    dropped: &'a AtomicU64,
+}
+
+impl<W: Write> Chunks<'_, W> {
+    fn push(&mut self, line: &[u8]) {
+        if !self.buf.is_empty() && self.buf.len() + line.len() > CHUNK {
+            self.write();
+        }
+        self.buf.extend_from_slice(line);
+    }
+
+    /// Writes what is gathered; what stderr refuses is counted as dropped, line by line.
+    fn write(&mut self) {
+        if self.buf.is_empty() {
+            return;
+        }
+        if std::mem::take(&mut self.torn) {
+            self.buf.insert(0, b'\n');
+        }
+        let mut written = 0;
+        while written < self.buf.len() {
+            match self.out.write(&self.buf[written..]) {
+                Ok(0) => break,
+                Ok(n) => written += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                // A stderr left non-blocking by whoever started the process: wait as a blocking
+                // one would.
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(1)),
+                Err(_) => break,
             }
         }
-        if !buf.is_empty() {
-            let _ = out.write_all(&buf);
-            buf.clear();
+        let lost = self.buf[written..].iter().filter(|&&b| b == b'\n').count();
+        if lost > 0 {
+            self.dropped.fetch_add(lost as u64, Ordering::Relaxed);
+            self.torn = written > 0 && self.buf[written - 1] != b'\n';
         }
+        self.buf.clear();
     }
 }
 

@@ -179,3 +179,130 @@ fn a_full_queue_drops_and_counts_and_a_half_full_one_urges_the_thread() {
     taken.clear();
     assert!(!queue.take(&mut taken, never), "closed and empty");
 }
+
+/// A stderr that takes `left` more bytes, then fails with `then`, once if `once`.
+struct Refusing {
+    out: Shared,
+    left: usize,
+    then: std::io::ErrorKind,
+    once: bool,
+    writes: Vec<usize>,
+}
+
+impl Refusing {
+    fn new(left: usize, then: std::io::ErrorKind, once: bool) -> Refusing {
+        Refusing { out: Shared::default(), left, then, once, writes: Vec::new() }
+    }
+}
+
+impl Write for Refusing {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.left == 0 {
+            if self.once {
+                self.left = usize::MAX;
+            }
+            return Err(self.then.into());
+        }
+        let n = buf.len().min(self.left);
+        self.left -= n;
+        self.writes.push(n);
+        self.out.write(&buf[..n])
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn chunks<W: Write>(out: W, dropped: &AtomicU64) -> Chunks<'_, W> {
+    Chunks { out, buf: Vec::new(), torn: false, dropped }
+}
+
+#[test]
+fn lines_stderr_refuses_are_counted_and_the_next_write_starts_on_a_new_line() {
+    let dropped = AtomicU64::new(0);
+    let mut c = chunks(Refusing::new(10, std::io::ErrorKind::BrokenPipe, false), &dropped);
+    c.push(b"0123456789abcdef\n");
+    c.push(b"second\n");
+    c.write();
+    assert_eq!(dropped.load(Ordering::Relaxed), 2, "the torn line and the one after it");
+    c.out.left = usize::MAX; // stderr takes bytes again
+    c.push(b"third\n");
+    c.write();
+    assert_eq!(c.out.out.lines(), ["0123456789", "third"]);
+    assert_eq!(dropped.load(Ordering::Relaxed), 2);
+}
+
+#[test]
+fn a_stderr_that_would_block_is_waited_for_and_gets_every_line_whole() {
+    let dropped = AtomicU64::new(0);
+    let mut c = chunks(Refusing::new(5, std::io::ErrorKind::WouldBlock, true), &dropped);
+    c.push(b"first line\n");
+    c.push(b"second line\n");
+    c.write();
+    assert_eq!(c.out.out.lines(), ["first line", "second line"]);
+    assert_eq!(dropped.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn writes_hold_whole_lines_and_at_most_a_chunk_unless_one_line_is_longer() {
+    let dropped = AtomicU64::new(0);
+    let mut c = chunks(Refusing::new(usize::MAX, std::io::ErrorKind::Other, false), &dropped);
+    let short = [b'x'; 99].iter().chain(b"\n").copied().collect::<Vec<u8>>();
+    let long = [b'y'; 2 * CHUNK].iter().chain(b"\n").copied().collect::<Vec<u8>>();
+    for _ in 0..100 {
+        c.push(&short);
+    }
+    c.push(&long);
+    c.push(&short);
+    c.write();
+    let sizes = &c.out.writes;
+    assert_eq!(sizes.iter().sum::<usize>(), 101 * 100 + long.len());
+    assert!(sizes.contains(&long.len()), "the long line alone: {sizes:?}");
+    assert!(
+        sizes.iter().all(|&n| n <= CHUNK || n == long.len()) && sizes.iter().all(|&n| n % 100 == 0 || n == long.len())
+    );
+    assert_eq!(c.out.out.lines().len(), 102);
+}
+
+/// A stderr whose writes block until `release`.
+#[derive(Clone, Default)]
+struct Stalled(Arc<(Mutex<(bool, bool)>, std::sync::Condvar)>);
+
+impl Stalled {
+    fn entered(&self) -> bool {
+        self.0.0.lock().unwrap().0
+    }
+    fn release(&self) {
+        self.0.0.lock().unwrap().1 = true;
+        self.0.1.notify_all();
+    }
+}
+
+impl Write for Stalled {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut state = self.0.0.lock().unwrap();
+        state.0 = true;
+        drop(self.0.1.wait_while(state, |s| !s.1).unwrap());
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn an_exit_waits_for_a_stalled_stderr_no_longer_than_it_says() {
+    let queue = Arc::new(Queue::new(16));
+    let stderr = Stalled::default();
+    let thread = std::thread::spawn({
+        let (queue, stderr) = (Arc::clone(&queue), stderr.clone());
+        move || run(queue, LogFormat::Text, stderr)
+    });
+    queue.push(line("/a", None, None));
+    until("the thread is stuck in its write", || stderr.entered());
+    queue.close();
+    assert!(!queue.wait_ended(Duration::from_millis(100)), "the thread cannot end while its write blocks");
+    stderr.release();
+    assert!(queue.wait_ended(Duration::from_secs(10)));
+    thread.join().unwrap();
+}

@@ -9,6 +9,7 @@
 pub(crate) mod access;
 
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use tracing_appender::non_blocking::{ErrorCounter, NonBlockingBuilder, WorkerGuard};
 use tracing_subscriber::filter::LevelFilter;
@@ -35,11 +36,17 @@ pub struct Flush {
     _writer: Option<WorkerGuard>,
 }
 
+/// Longest an exit waits for the access thread to write out its queue: a stderr that blocks
+/// must not hold the process up for ever (the log's own queue is given about as long).
+const EXIT_WAIT: Duration = Duration::from_secs(1);
+
 impl Drop for Flush {
     fn drop(&mut self) {
         if let (Some(thread), Some(queue)) = (self.access.take(), ACCESS.get()) {
             queue.close();
-            let _ = thread.join();
+            if queue.wait_ended(EXIT_WAIT) {
+                let _ = thread.join();
+            }
         }
     }
 }
@@ -73,9 +80,16 @@ pub fn init(level: &str, format: LogFormat, buffer_lines: usize) -> Flush {
             move || access::run(queue, format, std::io::stderr())
         });
         // Without its thread, access lines go through `tracing` on the serving thread.
-        let access = thread.ok().inspect(|_| {
-            let _ = ACCESS.set(queue);
-        });
+        let access = match thread {
+            Ok(thread) => {
+                let _ = ACCESS.set(queue);
+                Some(thread)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "no access-line thread: access lines are formatted by the serving threads");
+                None
+            }
+        };
         return Flush { access, _writer: Some(guard) };
     }
     Flush { access: None, _writer: None }
