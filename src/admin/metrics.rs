@@ -130,7 +130,8 @@ pub struct Metrics {
     pub bytes_in: Counter,
     /// Response body bytes sent to clients.
     pub bytes_out: Counter,
-    /// Log lines dropped because the queue to stderr was full (brought up to date when scraped).
+    /// Log lines dropped: a queue to stderr was full, or stderr refused access lines (brought up
+    /// to date when scraped).
     log_dropped: Counter,
     ops: Operations,
 }
@@ -290,7 +291,7 @@ impl Default for Metrics {
         );
         registry.register(
             "log_lines_dropped",
-            "Log lines dropped because the queue to stderr was full",
+            "Log lines dropped: a queue to stderr was full, or stderr refused access lines",
             m.log_dropped.clone(),
         );
         Metrics { registry, ..m }

@@ -3,11 +3,12 @@
 //! A request hands its line's fields to a queue under a lock and goes on: it formats nothing.
 //! The `fencegate-access` thread formats what the queue holds in the layout of the log's other
 //! lines (text, never coloured, or JSON) and writes it to stderr in writes of whole lines, at
-//! most [`CHUNK`] bytes each unless one line is longer. Each write holds stderr's lock, so it
-//! never interleaves with a line of the log's own thread, and a pipe takes it whole, so no
-//! other process's bytes land inside it either. When stderr blocks, this thread blocks, its
-//! queue fills, and further lines are dropped and counted, one by one; lines a write fails to
-//! take (a closed pipe, a full disk) are dropped and counted too.
+//! most [`CHUNK`] bytes each unless one line is longer. Each write holds stderr's lock until
+//! it is done, so no line of the log's own thread lands inside it, and a pipe takes a write of
+//! that size whole, so no other process's bytes do either (a longer line, or stderr a file or
+//! a socket, has only the lock). When stderr blocks, this thread blocks, its queue fills, and
+//! further lines are dropped and counted, one by one; lines a write fails to take (a broken
+//! pipe, a full disk) are dropped and counted too.
 //!
 //! The thread wakes by itself every [`FLUSH`] while lines come, and sleeps without a deadline
 //! once a wake finds none: then the next line wakes it (a futex wake on the serving thread,
@@ -60,7 +61,7 @@ pub(super) struct Queue {
     state: Mutex<State>,
     /// Wakes the thread: a line after an idle spell, a queue half full, the close.
     wake: Condvar,
-    /// Tells the closer that the thread has written everything and ended.
+    /// Tells the closer that the thread has ended, however it ended.
     ended: Condvar,
     capacity: usize,
     dropped: AtomicU64,
@@ -128,8 +129,20 @@ impl Queue {
         self.wake.notify_one();
     }
 
+    /// Closes the queue and waits at most `within` for the thread to write what it holds and
+    /// end: joined if it did, left to the process's exit if not (a stderr that blocks). Whether
+    /// it ended.
+    pub(super) fn stop(&self, thread: std::thread::JoinHandle<()>, within: Duration) -> bool {
+        self.close();
+        let ended = self.wait_ended(within);
+        if ended {
+            let _ = thread.join();
+        }
+        ended
+    }
+
     /// Waits at most `within` for the thread to end; whether it did.
-    pub(super) fn wait_ended(&self, within: Duration) -> bool {
+    fn wait_ended(&self, within: Duration) -> bool {
         let state = self.lock();
         let (state, _) =
             self.ended.wait_timeout_while(state, within, |s| !s.finished).unwrap_or_else(|e| e.into_inner());
@@ -160,7 +173,7 @@ impl Queue {
 }
 
 /// The access thread's body: formats and writes every line queued, until the queue closes.
-pub(super) fn run(queue: Arc<Queue>, format: LogFormat, out: impl Write) {
+pub(super) fn run(queue: Arc<Queue>, format: LogFormat, out: impl Sink) {
     /// Marks the thread ended, however it ends.
     struct Ended<'a>(&'a Queue);
     impl Drop for Ended<'_> {
@@ -187,18 +200,33 @@ pub(super) fn run(queue: Arc<Queue>, format: LogFormat, out: impl Write) {
     }
 }
 
+/// Where the thread's writes go.
+pub(super) trait Sink {
+    /// Runs `write` with the destination held for it alone.
+    fn locked(&mut self, write: &mut dyn FnMut(&mut dyn Write));
+}
+
+/// Stderr, locked for each write's whole retry loop, so that no other line of this process
+/// lands inside it even when it goes out in parts.
+impl Sink for std::io::Stderr {
+    fn locked(&mut self, write: &mut dyn FnMut(&mut dyn Write)) {
+        write(&mut self.lock());
+    }
+}
+
 /// Whole lines gathered into writes of at most `CHUNK` bytes (or one longer line).
-struct Chunks<'a, W> {
-    out: W,
+struct Chunks<'a, S> {
+    out: S,
     buf: Vec<u8>,
     /// A failed write left a line unfinished: the next write starts on a new line.
     torn: bool,
     dropped: &'a AtomicU64,
 }
 
-impl<W: Write> Chunks<'_, W> {
+impl<S: Sink> Chunks<'_, S> {
     fn push(&mut self, line: &[u8]) {
-        if !self.buf.is_empty() && self.buf.len() + line.len() > CHUNK {
+        // Room for the new line a torn write leaves to the next.
+        if !self.buf.is_empty() && self.buf.len() + line.len() + usize::from(self.torn) > CHUNK {
             self.write();
         }
         self.buf.extend_from_slice(line);
@@ -209,26 +237,34 @@ impl<W: Write> Chunks<'_, W> {
         if self.buf.is_empty() {
             return;
         }
-        if std::mem::take(&mut self.torn) {
+        let was_torn = std::mem::take(&mut self.torn);
+        if was_torn {
             self.buf.insert(0, b'\n');
         }
         let mut written = 0;
-        while written < self.buf.len() {
-            match self.out.write(&self.buf[written..]) {
-                Ok(0) => break,
-                Ok(n) => written += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                // A stderr left non-blocking by whoever started the process: wait as a blocking
-                // one would.
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(1)),
-                Err(_) => break,
+        let buf = &self.buf;
+        self.out.locked(&mut |out| {
+            let mut backoff = Duration::from_millis(1);
+            while written < buf.len() {
+                match out.write(&buf[written..]) {
+                    Ok(0) => break,
+                    Ok(n) => written += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    // A stderr left non-blocking by whoever started the process: wait as a
+                    // blocking one would, checking less often the longer it stays full.
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(backoff);
+                        backoff = (backoff * 2).min(FLUSH);
+                    }
+                    Err(_) => break,
+                }
             }
-        }
-        let lost = self.buf[written..].iter().filter(|&&b| b == b'\n').count();
-        if lost > 0 {
-            self.dropped.fetch_add(lost as u64, Ordering::Relaxed);
-            self.torn = written > 0 && self.buf[written - 1] != b'\n';
-        }
+        });
+        // The new line put in front for a torn line is not a line of its own.
+        let lost = self.buf[written.max(usize::from(was_torn))..].iter().filter(|&&b| b == b'\n').count();
+        self.dropped.fetch_add(lost as u64, Ordering::Relaxed);
+        // Every line ends in a new line: the output is mid-line if the last byte out was not one.
+        self.torn = if written == 0 { was_torn } else { self.buf[written - 1] != b'\n' };
         self.buf.clear();
     }
 }

@@ -19,6 +19,18 @@ impl Write for Shared {
     }
 }
 
+/// The test writers hold nothing else to lock.
+macro_rules! sink {
+    ($($writer:ty),*) => {$(
+        impl Sink for $writer {
+            fn locked(&mut self, write: &mut dyn FnMut(&mut dyn Write)) {
+                write(self);
+            }
+        }
+    )*};
+}
+sink!(Shared, Refusing, Stalled);
+
 impl Shared {
     fn lines(&self) -> Vec<String> {
         String::from_utf8(self.0.lock().unwrap().clone()).unwrap().lines().map(str::to_owned).collect()
@@ -233,6 +245,37 @@ fn lines_stderr_refuses_are_counted_and_the_next_write_starts_on_a_new_line() {
 }
 
 #[test]
+fn a_torn_line_then_a_write_refused_whole_counts_each_line_once_and_ends_the_torn_line_later() {
+    let dropped = AtomicU64::new(0);
+    let mut c = chunks(Refusing::new(4, std::io::ErrorKind::BrokenPipe, false), &dropped);
+    c.push(b"first\n");
+    c.write(); // "firs" out: one line lost, the output mid-line
+    c.push(b"second\n");
+    c.write(); // nothing out
+    assert_eq!(dropped.load(Ordering::Relaxed), 2);
+    c.out.left = usize::MAX;
+    c.push(b"third\n");
+    c.write();
+    assert_eq!(c.out.out.lines(), ["firs", "third"]);
+    assert_eq!(dropped.load(Ordering::Relaxed), 2);
+}
+
+#[test]
+fn a_write_after_a_torn_line_stays_within_a_chunk() {
+    let dropped = AtomicU64::new(0);
+    let mut c = chunks(Refusing::new(3, std::io::ErrorKind::BrokenPipe, false), &dropped);
+    c.push(b"torn\n");
+    c.write();
+    c.out.left = usize::MAX;
+    let line = [b'z'; CHUNK / 2 - 1].iter().chain(b"\n").copied().collect::<Vec<u8>>();
+    c.push(&line);
+    c.push(&line);
+    c.write();
+    assert!(c.out.writes[1..].iter().all(|&n| n <= CHUNK), "{:?}", c.out.writes);
+    assert_eq!(c.out.out.lines().len(), 3);
+}
+
+#[test]
 fn a_stderr_that_would_block_is_waited_for_and_gets_every_line_whole() {
     let dropped = AtomicU64::new(0);
     let mut c = chunks(Refusing::new(5, std::io::ErrorKind::WouldBlock, true), &dropped);
@@ -291,7 +334,7 @@ impl Write for Stalled {
 }
 
 #[test]
-fn an_exit_waits_for_a_stalled_stderr_no_longer_than_it_says() {
+fn a_stop_leaves_a_thread_stuck_on_stderr_behind_and_joins_one_that_ends() {
     let queue = Arc::new(Queue::new(16));
     let stderr = Stalled::default();
     let thread = std::thread::spawn({
@@ -300,9 +343,12 @@ fn an_exit_waits_for_a_stalled_stderr_no_longer_than_it_says() {
     });
     queue.push(line("/a", None, None));
     until("the thread is stuck in its write", || stderr.entered());
-    queue.close();
-    assert!(!queue.wait_ended(Duration::from_millis(100)), "the thread cannot end while its write blocks");
+    assert!(!queue.stop(thread, Duration::from_millis(100)), "the thread cannot end while its write blocks");
     stderr.release();
-    assert!(queue.wait_ended(Duration::from_secs(10)));
-    thread.join().unwrap();
+    assert!(queue.wait_ended(Duration::from_secs(10)), "released, it ends");
+
+    let (queue, out, thread) = started(16, LogFormat::Text);
+    queue.push(line("/b", None, None));
+    assert!(queue.stop(thread, Duration::from_secs(10)));
+    assert_eq!(out.lines().len(), 1);
 }

@@ -28,7 +28,7 @@ static DROPPED: OnceLock<ErrorCounter> = OnceLock::new();
 static ACCESS: OnceLock<Arc<access::Queue>> = OnceLock::new();
 
 /// Keeps the log's writer threads; dropping it writes out the lines still queued, access lines
-/// first.
+/// first, waiting for each at most about a second if stderr blocks.
 #[derive(Debug)]
 #[must_use = "lines still queued are lost unless this lives until the process ends"]
 pub struct Flush {
@@ -43,10 +43,7 @@ const EXIT_WAIT: Duration = Duration::from_secs(1);
 impl Drop for Flush {
     fn drop(&mut self) {
         if let (Some(thread), Some(queue)) = (self.access.take(), ACCESS.get()) {
-            queue.close();
-            if queue.wait_ended(EXIT_WAIT) {
-                let _ = thread.join();
-            }
+            queue.stop(thread, EXIT_WAIT);
         }
     }
 }
@@ -95,7 +92,8 @@ pub fn init(level: &str, format: LogFormat, buffer_lines: usize) -> Flush {
     Flush { access: None, _writer: None }
 }
 
-/// Lines dropped because a queue to stderr was full, since the process started.
+/// Lines dropped since the process started: a queue to stderr was full (or, for access lines,
+/// closed), or stderr refused access lines.
 pub fn dropped_lines() -> u64 {
     DROPPED.get().map_or(0, |d| d.dropped_lines() as u64) + ACCESS.get().map_or(0, |q| q.dropped())
 }
