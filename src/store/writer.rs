@@ -79,10 +79,6 @@ pub(super) struct Writer {
     advances_in_batch: usize,
     /// Writes (advances and resets, however many marks each) in the batch.
     writes_in_batch: usize,
-    /// Whether the batch holds an advance (a fenced write's or an operator's), whose answer
-    /// follows; a reset has none. A batch of resets alone ends the wait for the answers of an
-    /// earlier batch: the first of them then sends a reminder.
-    answers_follow: bool,
     /// Room the batch's new marks take, for `max_resources` and `max_table_bytes`.
     room: Room,
     /// Whether `run` finished; if not, its thread is unwinding (see `Drop`).
@@ -182,7 +178,6 @@ impl Writer {
             batch: Vec::with_capacity(MAX_BATCH),
             advances_in_batch: 0,
             writes_in_batch: 0,
-            answers_follow: false,
             room: Room::default(),
             finished: false,
             lock: Some(lock),
@@ -345,7 +340,6 @@ impl Writer {
         self.batch.push(Op::Advance { key, token, done });
         self.advances_in_batch += 1;
         self.writes_in_batch += 1;
-        self.answers_follow = true;
     }
 
     /// [`Room::take`] for this batch, under this store's `max_resources`.
@@ -380,7 +374,6 @@ impl Writer {
         }
         self.advances_in_batch += marks.len();
         self.writes_in_batch += 1;
-        self.answers_follow |= change == Change::Advance;
         self.batch.push(Op::AdvanceAll { marks, token, change, done });
     }
 
@@ -389,7 +382,6 @@ impl Writer {
         self.room = Room::default();
         self.writes_in_batch = 0;
         let advances = std::mem::take(&mut self.advances_in_batch);
-        let answers_follow = std::mem::take(&mut self.answers_follow);
         if self.batch.is_empty() {
             #[cfg(test)]
             {
@@ -405,11 +397,6 @@ impl Writer {
         if let (Ok(()), Some(hook), true) = (&written, &self.options.on_commit, advances > 0) {
             hook(started.elapsed(), advances);
         }
-        if answers_follow && written.is_ok() {
-            // Their answers follow soon: written with the next batch, or on their own by then,
-            // without a reminder each. (Advances refused get no answer.)
-            self.flush_by = Some(Instant::now() + ANSWER_FLUSH);
-        }
         let outcome = match written {
             Ok(()) => {
                 if self.status.set_full(None) {
@@ -420,9 +407,14 @@ impl Writer {
             Err(LogError::NoRoom(e)) => Err(self.no_room(e)),
             Err(LogError::Failed(e)) => Err(self.fail(e)),
         };
+        // Whether an advance (a fenced write's or an operator's) was made: its answer follows.
+        // A reset has none, so a batch of resets alone ends the wait for the answers of an
+        // earlier batch: the first of them then sends a reminder.
+        let mut answers_follow = false;
         for op in self.batch.drain(..) {
             match op {
                 Op::Advance { key, token, done } => {
+                    answers_follow = true;
                     if outcome.is_ok() {
                         // Durable now: raise the table before anyone hears back.
                         self.table.advance(&key, token);
@@ -430,6 +422,7 @@ impl Writer {
                     self.answering.push((done, outcome.clone()));
                 }
                 Op::AdvanceAll { marks, token, change, done } => {
+                    answers_follow |= change == Change::Advance;
                     if outcome.is_ok() {
                         apply(&self.table, &marks, token, change);
                     }
@@ -440,6 +433,11 @@ impl Writer {
                 Op::Answered { mark: MarkKind::Key, key, token } => self.table.answered(&key, token),
                 Op::Answered { mark: MarkKind::Floor, key, token } => self.table.answered_floor(&key, token),
             }
+        }
+        if answers_follow && outcome.is_ok() {
+            // Their answers follow soon: written with the next batch, or on their own by then,
+            // without a reminder each. (Advances refused get no answer.)
+            self.flush_by = Some(Instant::now() + ANSWER_FLUSH);
         }
         self.relay.deliver(&mut self.answering);
     }
