@@ -225,7 +225,7 @@ impl Write for Refusing {
     }
 }
 
-fn chunks<W: Write>(out: W, dropped: &AtomicU64) -> Chunks<'_, W> {
+fn chunks<S: Sink>(out: S, dropped: &AtomicU64) -> Chunks<'_, S> {
     Chunks { out, buf: Vec::new(), torn: false, dropped }
 }
 

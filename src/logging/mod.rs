@@ -59,7 +59,6 @@ pub fn init(level: &str, format: LogFormat, buffer_lines: usize) -> Flush {
         .thread_name("fencegate-stderr")
         .finish(std::io::stderr());
     let dropped = writer.error_counter();
-    let queue = Arc::new(access::Queue::new(buffer_lines));
     let (json, text) = match format {
         // Fields at the top level, beside time, level and message, for log tools to index.
         LogFormat::Json => (Some(fmt::layer().json().flatten_event(true).with_writer(writer)), None),
@@ -72,6 +71,7 @@ pub fn init(level: &str, format: LogFormat, buffer_lines: usize) -> Flush {
     if tracing_subscriber::registry().with(filter).with(json).with(text).try_init().is_ok() {
         let _ = LEVEL.set(handle);
         let _ = DROPPED.set(dropped);
+        let queue = Arc::new(access::Queue::new(buffer_lines));
         let thread = std::thread::Builder::new().name("fencegate-access".into()).spawn({
             let queue = Arc::clone(&queue);
             move || access::run(queue, format, std::io::stderr())

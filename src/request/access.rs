@@ -1,8 +1,8 @@
 //! The access log (`log.access`): one line per proxied request, whatever became of it, at info
 //! under the target `fencegate::access`. A request gathers its line's fields here and hands them
 //! to the log's access thread (`crate::logging::access`), which formats and writes them, so a
-//! line costs a serving thread no formatting, and no system call while lines come; with the setting off, or
-//! the level above `info`, a request pays a branch and allocates nothing for it.
+//! line costs a serving thread no formatting, and no system call while lines come; with the
+//! setting off, or the level above `info`, a request pays a branch and allocates nothing for it.
 
 use std::time::{Instant, SystemTime};
 
