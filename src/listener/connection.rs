@@ -88,14 +88,9 @@ impl<H: Handler> Conn<H> {
         let service = service_fn(move |req| {
             let (busy, bytes_out) = (requests.busy(), handler.bytes_out().cloned());
             let (handler, client) = (handler.clone(), peer.clone());
-            // The handler's future is made inside, in place: made out here, it would be
-            // copied into this one, a memcpy of its whole state per request.
-            async move {
-                let resp = handler.handle(req, client).await;
-                let activity = Arc::clone(&busy.0);
-                drop(busy);
-                Ok::<_, Infallible>(resp.map(|body| ActiveBody { body, activity, bytes_out }))
-            }
+            // Boxed where it is made: hyper moves the future into its own slot, and moved
+            // whole, the handler's state (some 7 KiB) would be copied on every request.
+            Box::into_pin(Box::write(Box::new_uninit(), respond(handler, req, client, busy, bytes_out)))
         });
         let conn = self.settings.http.serve_connection(TokioIo::new(io), service);
         tokio::pin!(conn);
@@ -199,6 +194,21 @@ struct Activity {
 
 /// Marks a request as being handled until dropped.
 struct Busy(Arc<Activity>);
+
+/// Answers one request through `handler`; the response body keeps the connection busy until
+/// its client has it.
+async fn respond<H: Handler>(
+    handler: H,
+    req: hyper::Request<hyper::body::Incoming>,
+    client: H::Client,
+    busy: Busy,
+    bytes_out: Option<Counter>,
+) -> Result<hyper::Response<ActiveBody<H::Body>>, Infallible> {
+    let resp = handler.handle(req, client).await;
+    let activity = Arc::clone(&busy.0);
+    drop(busy);
+    Ok(resp.map(|body| ActiveBody { body, activity, bytes_out }))
+}
 
 impl Drop for Busy {
     fn drop(&mut self) {

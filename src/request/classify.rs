@@ -2,6 +2,8 @@
 //! alone, without I/O. Everything a request may be refused for before it waits or touches the
 //! store is refused here.
 
+use std::borrow::Cow;
+
 use http::header::{CONNECTION, HeaderName, UPGRADE};
 use http::uri::PathAndQuery;
 use http::{Method, Request};
@@ -90,9 +92,9 @@ pub fn classify<B: Body>(req: &Request<B>, config: &Config) -> Result<Plan, Refu
     // The backend may act on the request's own method or on the one an override names (web
     // frameworks upper-case both the method and override values; WebDAV servers ignore
     // overrides): fence what either may change, in any spelling.
-    let real = req.method().as_str().as_bytes().to_ascii_uppercase();
-    let claimed = overridden.map(<[u8]>::to_ascii_uppercase);
-    let methods = || std::iter::once(real.as_slice()).chain(claimed.as_deref());
+    let real = upper(req.method().as_str().as_bytes());
+    let claimed = overridden.map(upper);
+    let methods = || std::iter::once(real.as_ref()).chain(claimed.as_deref());
     let subtree = methods().any(|m| listed(&config.fence.subtree_methods, m));
     let touch = |key: String, path: &str| {
         // A key a scope shortened already holds the whole subtree of the path.
@@ -119,12 +121,7 @@ pub fn classify<B: Body>(req: &Request<B>, config: &Config) -> Result<Plan, Refu
         touches.push(touch(keys::resource_key(&d.path, &config.fence.scopes).to_owned(), &d.path));
     }
     let governed = rules::govern(&touches, &config.fence)?;
-    let target = match req.uri().query() {
-        Some(q) => format!("{canonical}?{q}"),
-        None => canonical,
-    };
-    let target = PathAndQuery::try_from(target)
-        .map_err(|e| Refusal::InvalidPath(path::PathError::Unparseable(e.to_string())))?;
+    let target = forwarded_target(req, canonical)?;
 
     let values = req.headers().get_all(&config.fence.header).iter().map(|v| v.as_bytes());
     let token = match token::from_values(values) {
@@ -143,9 +140,36 @@ pub fn classify<B: Body>(req: &Request<B>, config: &Config) -> Result<Plan, Refu
     Ok(Plan::Write(Write { token, touches, destination, target, body_limit, equal, max_jump, proof, locks }))
 }
 
+/// The request target forwarded for a write: the canonical path and the query as sent. A
+/// target already canonical is the client's own, shared rather than built and parsed again.
+fn forwarded_target<B>(req: &Request<B>, canonical: String) -> Result<PathAndQuery, Refusal> {
+    let query = req.uri().query();
+    if let Some(sent) = req.uri().path_and_query()
+        && sent.as_str().strip_prefix(canonical.as_str()).is_some_and(|rest| match query {
+            Some(q) => rest.strip_prefix('?') == Some(q),
+            None => rest.is_empty(),
+        })
+    {
+        return Ok(sent.clone());
+    }
+    let target = match query {
+        Some(q) => format!("{canonical}?{q}"),
+        None => canonical,
+    };
+    PathAndQuery::try_from(target).map_err(|e| Refusal::InvalidPath(path::PathError::Unparseable(e.to_string())))
+}
+
 /// Whether `method` is one of `methods`, compared exactly: method names are case-sensitive.
 fn listed(methods: &[Method], method: &[u8]) -> bool {
     methods.iter().any(|m| m.as_str().as_bytes() == method)
+}
+
+/// `method` in upper case; borrowed when it is already, as nearly every method is.
+fn upper(method: &[u8]) -> Cow<'_, [u8]> {
+    match method.iter().any(u8::is_ascii_lowercase) {
+        true => Cow::Owned(method.to_ascii_uppercase()),
+        false => Cow::Borrowed(method),
+    }
 }
 
 /// The one method a request's override headers name, if they name any; more than one value,

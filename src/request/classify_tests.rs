@@ -59,6 +59,38 @@ fn a_fenced_write_touches_its_canonical_key_and_forwards_the_canonical_target() 
 }
 
 #[test]
+fn the_forwarded_target_is_the_canonical_path_and_the_query_as_sent_whether_shared_or_rebuilt() {
+    let c = config("");
+    let target = |uri: &str| match classify(&request("PUT", uri, &[("fencing-token", "34")], "v"), &c).unwrap() {
+        Plan::Write(w) => w.target.as_str().to_owned(),
+        plan => panic!("not a write: {plan:?}"),
+    };
+    // Already canonical: the client's own target.
+    assert_eq!(target("/a/b?x=1&y"), "/a/b?x=1&y");
+    assert_eq!(target("/a/b"), "/a/b");
+    assert_eq!(target("/a/b?"), "/a/b?");
+    assert_eq!(target("http://h/a/b?x=1"), "/a/b?x=1");
+    // Not canonical: rebuilt from the canonical path, the query kept.
+    assert_eq!(target("/a//b?x=1"), "/a/b?x=1");
+    // Its canonical path a prefix of what was sent: still rebuilt.
+    assert_eq!(target("/a/b/."), "/a/b/");
+    assert_eq!(target("/a/b/.?x=1"), "/a/b/?x=1");
+    assert_eq!(target("/a/b#frag"), "/a/b");
+    assert_eq!(target("/a/b?x=1#frag"), "/a/b?x=1");
+}
+
+#[test]
+fn a_method_is_fenced_whatever_its_case() {
+    let c = config("");
+    let token = ("fencing-token", "5");
+    // A lower-case MOVE is still a move: its Destination is fenced too (and required).
+    let moved = request("move", "/a", &[token, ("destination", "/b"), ("host", "h")], "");
+    let (keys, _) = touches(classify(&moved, &c).unwrap());
+    assert_eq!(keys.into_iter().map(|(k, _)| k).collect::<Vec<_>>(), ["/a", "/b"]);
+    assert_eq!(classify(&request("Move", "/a", &[token], ""), &c).unwrap_err().code(), "invalid_header");
+}
+
+#[test]
 fn move_changes_its_source_and_destination_subtrees_and_copy_only_its_destination() {
     let c = config("");
     let token = ("fencing-token", "5");

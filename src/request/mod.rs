@@ -133,8 +133,9 @@ async fn execute(
     // ...but once the turn is ours, `finish_after` runs the write to its end.
     let quarantine = fence.quarantine;
     // Boxed: the connection's checkout and the forward's state (request, timer) would
-    // otherwise make up most of the write's future, which is moved into its box whole.
-    let prepare = Box::pin(async move {
+    // otherwise make up most of the write's future, which is moved into its box whole. Made
+    // in their boxes (`Box::write` into a new one), not on the stack and then copied there.
+    let prepare = Box::into_pin(Box::write(Box::new_uninit(), async move {
         // Before the advance: without a connection the token is not used up.
         let conn = settings.upstream.connection().await?;
         // The authoritative look at the holder, when the turn has come and the connection is
@@ -147,12 +148,12 @@ async fn execute(
         // A shared fence's leader sends only while it trusts its lease: checked before the
         // head and each body chunk (docs/cluster.md: self-fencing).
         let gate = state.store.permit(state.store.term());
-        Ok(Box::pin(async move {
+        Ok(Box::into_pin(Box::write(Box::new_uninit(), async move {
             let _flying = InFlight::new(&state.metrics);
             // Whole: the turn is held until the backend has the whole body, not only until it answers.
             send(&state, &settings, conn, req, target, client, body_limit, Hold { whole: true, gate }).await
-        }))
-    });
+        })))
+    }));
     turn.finish_after(token, policy, quarantine, prepare, outcome).await
 }
 
