@@ -205,6 +205,10 @@ cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 # The CPU of a process's first thread alone: fencegate's serving thread (its event loop) with
 # server.workers = 1, the default; with more workers the column reads the main thread only.
 main_ticks() { awk '{print $14 + $15}' "/proc/$1/task/$1/stat"; }
+# User time alone, of a process and of its first thread: what the server's own code costs,
+# apart from the kernel's share (system calls, wake-ups, the network stack).
+user_ticks() { awk '{print $14}' "/proc/$1/stat"; }
+main_user_ticks() { awk '{print $14}' "/proc/$1/task/$1/stat"; }
 # The machine's idle ticks (idle + iowait), all CPUs.
 idle_ticks() { awk '/^cpu / {print $5 + $6}' /proc/stat; }
 # fencegate's batches so far, from its metrics: "count advances sync_seconds".
@@ -243,17 +247,19 @@ for workload in $WORKLOADS; do
             for target in "${TARGETS[@]}"; do
                 pid=${PID[$target]:-$FG} # CPU of the server under test
                 before=$(cpu_ticks "$pid") main_before=$(main_ticks "$pid") idle_before=$(idle_ticks)
+                user_before=$(user_ticks "$pid") main_user_before=$(main_user_ticks "$pid")
                 read -r b_count b_adv b_secs < <(batches)
                 read -r rps p50 p99 bad < <(run_wrk "$workload" "$conns" "$target" "$SECONDS_PER_RUN")
                 cpu=$(( $(cpu_ticks "$pid") - before )) main=$(( $(main_ticks "$pid") - main_before ))
                 idle=$(( $(idle_ticks) - idle_before ))
+                user=$(( $(user_ticks "$pid") - user_before )) main_user=$(( $(main_user_ticks "$pid") - main_user_before ))
                 read -r a_count a_adv a_secs < <(batches)
                 sync_us=$(awk -v a="$a_secs" -v b="$b_secs" -v n=$((a_count - b_count)) 'BEGIN { print n ? (a - b) / n * 1e6 : 0 }')
                 rss=$(awk '/VmHWM/ {print $2}' /proc/$FG/status)
                 [ "$rss" -gt "$peak_rss" ] && peak_rss=$rss
-                printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' \
+                printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' \
                     "$workload" "$conns" "$round" "$target" "$rps" "$p50" "$p99" "$bad" "$cpu" "$idle" \
-                    "$((a_count - b_count))" "$((a_adv - b_adv))" "$sync_us" "$main" >>"$RESULTS"
+                    "$((a_count - b_count))" "$((a_adv - b_adv))" "$sync_us" "$main" "$user" "$main_user" >>"$RESULTS"
                 printf '  %-4s c=%-3s round %s %-9s %9.0f req/s  p50 %7.0f us  p99 %7.0f us  non-2xx %s\n' \
                     "$workload" "$conns" "$round" "$target" "$rps" "$p50" "$p99" "$bad" >&2
             done
@@ -270,13 +276,16 @@ if [ "${OPEN_LOOP:-0}" = 1 ] && grep -q '^put' "$RESULTS"; then
         rate=$(awk -v m="$nginx_max" -v s="$share" 'BEGIN { printf "%.0f", m * s }')
         for round in $(seq "$ROUNDS"); do
             for target in nginx fencegate ${BASE_BIN:+baseline}; do
+                pid=${PID[$target]:-$FG} # CPU of the server under test
+                before=$(cpu_ticks "$pid")
                 # A run that printed nothing (the generator failed) is reported, not fatal: the
                 # closed-loop tables below still print.
                 read -r sent ok non2xx errors achieved p50 p90 p99 max queued late < <("$TARGET_DIR/release/examples/open_loop" \
                     "http://127.0.0.1:${PORT[$target]}" "$rate" "$SECONDS_PER_RUN" "${OPEN_CONNS:-64}" put || true) ||
                     { echo "  open loop against $target printed nothing" >&2; continue; }
-                printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$share" "$rate" "$target" "$sent" "$ok" \
-                    "$((non2xx + errors))" "$achieved" "$p50" "$p90" "$p99" "$max" "$queued" "$late" >>"$OPEN"
+                cpu=$(( $(cpu_ticks "$pid") - before ))
+                printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$share" "$rate" "$target" "$sent" "$ok" \
+                    "$((non2xx + errors))" "$achieved" "$p50" "$p90" "$p99" "$max" "$queued" "$late" "$cpu" >>"$OPEN"
                 printf '  open loop %s x %s = %s PUT/s round %s %-9s p50 %6s us  p99 %7s us  queued p50 %s us  failed %s\n' \
                     "$share" "$nginx_max" "$rate" "$round" "$target" "$p50" "$p99" "$queued" "$((non2xx + errors))" >&2
             done
@@ -302,16 +311,17 @@ path, hz, idle, peak, secs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), in
 ncpu = int(sys.argv[6])
 runs = defaultdict(list)
 for line in open(path):
-    w, c, r, t, rps, p50, p99, bad, cpu, idle_ticks, batches, advances, sync_us, main = line.split("\t")
+    w, c, r, t, rps, p50, p99, bad, cpu, idle_ticks, batches, advances, sync_us, main, user, main_user = line.split("\t")
     runs[(w, int(c), t)].append((float(rps), float(p50), float(p99), int(bad), int(cpu), int(idle_ticks),
-                                 int(batches), int(advances), float(sync_us), int(main)))
+                                 int(batches), int(advances), float(sync_us), int(main), int(user), int(main_user)))
 med = lambda xs: statistics.median(xs)
-# CPU µs per request over a target's rounds, from field i (4: all threads, 9: the first thread).
+# CPU µs per request over a target's rounds, from field i (4: all threads, 9: the first thread;
+# 10 and 11: their user time alone).
 per_req = lambda r, i=4: sum(x[i] for x in r) / hz / max(1.0, sum(x[0] for x in r) * secs) * 1e6
 print("| workload | conns | direct req/s | nginx req/s | fencegate req/s | fg/direct | fg/nginx | nginx/direct "
       "| p50 direct / nginx / fg (µs) | p99 direct / nginx / fg (µs) | CPU µs/req backend (direct) / nginx / fg (serving thread) | fg − nginx CPU "
-      "| machine idle % direct / nginx / fg | fg batch (advances) / sync (µs) | non-2xx |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+      "| of it user µs/req nginx / fg (serving thread) | machine idle % direct / nginx / fg | fg batch (advances) / sync (µs) | non-2xx |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for w, c in sorted({(w, c) for (w, c, _) in runs}, key=lambda k: (k[0], k[1])):
     d, n, f = (runs[(w, c, t)] for t in ("direct", "nginx", "fencegate"))
     rps = [med([x[0] for x in r]) for r in (d, n, f)]
@@ -326,6 +336,7 @@ for w, c in sorted({(w, c) for (w, c, _) in runs}, key=lambda k: (k[0], k[1])):
     print(f"| {w} | {c} | {rps[0]:,.0f} | {rps[1]:,.0f} | {rps[2]:,.0f} | {rps[2]/rps[0]:.2f} | {rps[2]/rps[1]:.2f} "
           f"| {rps[1]/rps[0]:.2f} | {p50[0]:.0f} / {p50[1]:.0f} / {p50[2]:.0f} | {p99[0]:.0f} / {p99[1]:.0f} / {p99[2]:.0f} "
           f"| {cpu_direct:.1f} / {cpu_nginx:.1f} / {cpu_fg:.1f} ({cpu_serving:.1f}) | {cpu_fg - cpu_nginx:+.1f} "
+          f"| {per_req(n, 10):.1f} / {per_req(f, 10):.1f} ({per_req(f, 11):.1f}) "
           f"| {idle_pct[0]:.0f} / {idle_pct[1]:.0f} / {idle_pct[2]:.0f} | {batch} | {bad} |")
 for w in sorted({w for (w, _, _) in runs}):
     if (w, 1, "direct") in runs:
@@ -358,26 +369,29 @@ if any(t == "baseline" for (_, _, t) in runs):
 print(f"\nfencegate RSS: idle {idle / 1024:.1f} MB, peak under load {peak / 1024:.1f} MB")
 EOF
 if [ -s "$OPEN" ]; then
-    python3 - "$OPEN" "$SHM/sync.txt" <<'EOF'
+    python3 - "$OPEN" "$SHM/sync.txt" "$(getconf CLK_TCK)" <<'EOF'
 import sys, statistics
 from collections import defaultdict
+hz = int(sys.argv[3])
 runs = defaultdict(list)
 for line in open(sys.argv[1]):
-    share, rate, target, sent, ok, failed, achieved, p50, p90, p99, mx, queued, late = line.split("\t")
-    runs[(float(share), int(rate), target)].append([float(x) for x in (achieved, p50, p90, p99, mx, queued, failed, late)])
+    share, rate, target, sent, ok, failed, achieved, p50, p90, p99, mx, queued, late, cpu = line.split("\t")
+    runs[(float(share), int(rate), target)].append([float(x) for x in (achieved, p50, p90, p99, mx, queued, failed, late, cpu, sent)])
 sync_p50, sync_p99 = map(float, open(sys.argv[2]).read().split())
 print(f"\nOpen loop (examples/open_loop.rs, latency from each request's due time); one fdatasync on the "
       f"data disk: p50 {sync_p50:.0f} µs, p99 {sync_p99:.0f} µs")
 print("\n| share of nginx's max | PUT/s | target | achieved | p50 (µs) | p90 (µs) | p99 (µs) | max (µs) "
-      "| queued p50 (µs) | schedule late p50 (µs) | failed | p50 − nginx's (µs) | p50 budget: sync p50 + 50 (µs) |")
-print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+      "| queued p50 (µs) | schedule late p50 (µs) | failed | p50 − nginx's (µs) | p50 budget: sync p50 + 50 (µs) "
+      "| CPU µs/req (all threads) |")
+print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 med = lambda r, i: statistics.median(x[i] for x in r)
 for (share, rate, target) in sorted(runs, key=lambda k: (k[0], k[2] != "nginx", k[2])):
     r, n = runs[(share, rate, target)], runs[(share, rate, "nginx")]
     gap = "" if target == "nginx" else f"{med(r, 1) - med(n, 1):+.0f}"
     budget = "" if target == "nginx" else f"{sync_p50 + 50:.0f}"
     print(f"| {share:.0%} | {rate:,} | {target} | {med(r, 0):,.0f} | {med(r, 1):.0f} | {med(r, 2):.0f} | {med(r, 3):.0f} "
-          f"| {med(r, 4):.0f} | {med(r, 5):.0f} | {med(r, 7):.0f} | {sum(x[6] for x in r):.0f} | {gap} | {budget} |")
+          f"| {med(r, 4):.0f} | {med(r, 5):.0f} | {med(r, 7):.0f} | {sum(x[6] for x in r):.0f} | {gap} | {budget} "
+          f"| {sum(x[8] for x in r) / hz / max(1.0, sum(x[9] for x in r)) * 1e6:.1f} |")
 EOF
 fi
 # What each fencegate wrote to its log, and what its log's queue dropped (a dropped line is a
