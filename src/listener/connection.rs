@@ -88,8 +88,9 @@ impl<H: Handler> Conn<H> {
         let service = service_fn(move |req| {
             let (busy, bytes_out) = (requests.busy(), handler.bytes_out().cloned());
             let (handler, client) = (handler.clone(), peer.clone());
-            // Boxed where it is made: hyper moves the future into its own slot, and moved
-            // whole, the handler's state (some 7 KiB) would be copied on every request.
+            // Written into a new box, which lets it be built in place: hyper moves the future
+            // into its own slot, and moved whole, the handler's state (some 7 KiB) would be
+            // copied on every request.
             Box::into_pin(Box::write(Box::new_uninit(), respond(handler, req, client, busy, bytes_out)))
         });
         let conn = self.settings.http.serve_connection(TokioIo::new(io), service);
@@ -195,8 +196,8 @@ struct Activity {
 /// Marks a request as being handled until dropped.
 struct Busy(Arc<Activity>);
 
-/// Answers one request through `handler`; the response body keeps the connection busy until
-/// its client has it.
+/// Answers one request through `handler`; the connection counts as busy until the response
+/// is made, and its body marks it active whenever its client takes a frame.
 async fn respond<H: Handler>(
     handler: H,
     req: hyper::Request<hyper::body::Incoming>,

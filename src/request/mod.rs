@@ -133,8 +133,8 @@ async fn execute(
     // ...but once the turn is ours, `finish_after` runs the write to its end.
     let quarantine = fence.quarantine;
     // Boxed: the connection's checkout and the forward's state (request, timer) would
-    // otherwise make up most of the write's future, which is moved into its box whole. Made
-    // in their boxes (`Box::write` into a new one), not on the stack and then copied there.
+    // otherwise make up most of the write's future, which is moved into its box whole. Each is
+    // written into a new box (`Box::write`), which lets it be built in place, not copied.
     let prepare = Box::into_pin(Box::write(Box::new_uninit(), async move {
         // Before the advance: without a connection the token is not used up.
         let conn = settings.upstream.connection().await?;
