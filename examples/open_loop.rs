@@ -10,8 +10,8 @@
 //! every request now due and hands each to a free connection, oldest first; a request due
 //! while all connections are busy waits for one, and its latency includes the wait. Nothing
 //! is sent ahead of schedule. Requests are written and responses read as raw HTTP/1.1, with
-//! no allocation per request, so the generator costs about what wrk does per request and
-//! leaves the targets the rest of the machine.
+//! no allocation per request; what it costs is mostly the system time of one wake-up a
+//! request, which a paced schedule cannot share between requests (docs/benchmarks.md).
 //!
 //! ```text
 //! open_loop URL RATE SECONDS CONNS [put|get]
