@@ -201,14 +201,12 @@ bench_worker "$BACKEND_PID"
 PID[nginx]=$PROXY_PID PID[direct]=$WORKER
 idle_rss=$(awk '/VmRSS/ {print $2}' /proc/$FG/status)
 
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-# The CPU of a process's first thread alone: fencegate's serving thread (its event loop) with
+# A process's CPU ticks (user + system), then its user ticks alone: what the server's own code
+# costs, apart from the kernel's share (system calls, wake-ups, the network stack).
+cpu_ticks() { awk '{print $14 + $15, $14}' "/proc/$1/stat"; }
+# The same of a process's first thread alone: fencegate's serving thread (its event loop) with
 # server.workers = 1, the default; with more workers the column reads the main thread only.
-main_ticks() { awk '{print $14 + $15}' "/proc/$1/task/$1/stat"; }
-# User time alone, of a process and of its first thread: what the server's own code costs,
-# apart from the kernel's share (system calls, wake-ups, the network stack).
-user_ticks() { awk '{print $14}' "/proc/$1/stat"; }
-main_user_ticks() { awk '{print $14}' "/proc/$1/task/$1/stat"; }
+main_ticks() { awk '{print $14 + $15, $14}' "/proc/$1/task/$1/stat"; }
 # The machine's idle ticks (idle + iowait), all CPUs.
 idle_ticks() { awk '/^cpu / {print $5 + $6}' /proc/stat; }
 # fencegate's batches so far, from its metrics: "count advances sync_seconds".
@@ -246,13 +244,16 @@ for workload in $WORKLOADS; do
         for round in $(seq "$ROUNDS"); do
             for target in "${TARGETS[@]}"; do
                 pid=${PID[$target]:-$FG} # CPU of the server under test
-                before=$(cpu_ticks "$pid") main_before=$(main_ticks "$pid") idle_before=$(idle_ticks)
-                user_before=$(user_ticks "$pid") main_user_before=$(main_user_ticks "$pid")
+                read -r before user_before < <(cpu_ticks "$pid")
+                read -r main_before main_user_before < <(main_ticks "$pid")
+                idle_before=$(idle_ticks)
                 read -r b_count b_adv b_secs < <(batches)
                 read -r rps p50 p99 bad < <(run_wrk "$workload" "$conns" "$target" "$SECONDS_PER_RUN")
-                cpu=$(( $(cpu_ticks "$pid") - before )) main=$(( $(main_ticks "$pid") - main_before ))
+                read -r after user_after < <(cpu_ticks "$pid")
+                read -r main_after main_user_after < <(main_ticks "$pid")
                 idle=$(( $(idle_ticks) - idle_before ))
-                user=$(( $(user_ticks "$pid") - user_before )) main_user=$(( $(main_user_ticks "$pid") - main_user_before ))
+                cpu=$((after - before)) user=$((user_after - user_before))
+                main=$((main_after - main_before)) main_user=$((main_user_after - main_user_before))
                 read -r a_count a_adv a_secs < <(batches)
                 sync_us=$(awk -v a="$a_secs" -v b="$b_secs" -v n=$((a_count - b_count)) 'BEGIN { print n ? (a - b) / n * 1e6 : 0 }')
                 rss=$(awk '/VmHWM/ {print $2}' /proc/$FG/status)
@@ -277,13 +278,14 @@ if [ "${OPEN_LOOP:-0}" = 1 ] && grep -q '^put' "$RESULTS"; then
         for round in $(seq "$ROUNDS"); do
             for target in nginx fencegate ${BASE_BIN:+baseline}; do
                 pid=${PID[$target]:-$FG} # CPU of the server under test
-                before=$(cpu_ticks "$pid")
+                read -r before _ < <(cpu_ticks "$pid")
                 # A run that printed nothing (the generator failed) is reported, not fatal: the
                 # closed-loop tables below still print.
                 read -r sent ok non2xx errors achieved p50 p90 p99 max queued late < <("$TARGET_DIR/release/examples/open_loop" \
                     "http://127.0.0.1:${PORT[$target]}" "$rate" "$SECONDS_PER_RUN" "${OPEN_CONNS:-64}" put || true) ||
                     { echo "  open loop against $target printed nothing" >&2; continue; }
-                cpu=$(( $(cpu_ticks "$pid") - before ))
+                read -r after _ < <(cpu_ticks "$pid")
+                cpu=$((after - before))
                 printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$share" "$rate" "$target" "$sent" "$ok" \
                     "$((non2xx + errors))" "$achieved" "$p50" "$p90" "$p99" "$max" "$queued" "$late" "$cpu" >>"$OPEN"
                 printf '  open loop %s x %s = %s PUT/s round %s %-9s p50 %6s us  p99 %7s us  queued p50 %s us  failed %s\n' \

@@ -130,8 +130,11 @@ fn main() -> Result<(), BoxError> {
     let mut next = 0u64;
     let mut armed = None;
     let mut events = Events::with_capacity(conns + 1);
-    let mut in_flight = 0usize;
+    // A server that never answers: what is still in flight this long after the last request
+    // was due counts as errors.
+    let deadline = due(total) + LAST_ANSWER_WAIT_NS;
     loop {
+        let in_flight = run.conns.len() - run.free.len();
         if next < total && armed != Some(next) {
             arm(&timer, due(next))?;
             armed = Some(next);
@@ -139,9 +142,6 @@ fn main() -> Result<(), BoxError> {
         if next == total && waiting.is_empty() && in_flight == 0 {
             break;
         }
-        // A server that never answers: what is still in flight this long after the last
-        // request was due counts as errors.
-        let deadline = due(total) + LAST_ANSWER_WAIT_NS;
         if next == total && armed != Some(total) {
             arm(&timer, deadline)?;
             armed = Some(total);
@@ -187,7 +187,6 @@ fn main() -> Result<(), BoxError> {
                 run.send(c, i, due);
             }
         }
-        in_flight = run.conns.len() - run.free.len();
     }
     let elapsed = now_ns().saturating_sub(start) as f64 / 1e9;
     let sent = run.queued.len();
