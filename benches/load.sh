@@ -6,6 +6,7 @@
 #   benches/load.sh                      # 3 rounds of 10 s, at 1, 32, 64, 128 and 256 connections
 #   ROUNDS=5 SECONDS_PER_RUN=10 CONNS="32 64" WORKLOADS="get" benches/load.sh
 #   FLOOR=1 benches/load.sh              # and a bare hyper proxy beside them (below)
+#   DURABLE_FLOOR=1 benches/load.sh      # and a bare hyper proxy that syncs each PUT (below)
 #   BASE_BIN=/path/to/old/fencegate CONNS="32 256" benches/load.sh   # and another build (below)
 #
 # What runs, all on loopback:
@@ -32,6 +33,12 @@
 # runtime, a list of idle backend connections), without anything else fencegate does: no
 # fencing, timeouts, HTTP/2 detection, header rewriting, metrics or logging. Against it,
 # fencegate's own share of the cost shows. A PUT through it is forwarded unfenced, unsynced.
+#
+# DURABLE_FLOOR=1 adds the same floor with a log on fencegate's data disk, on 127.0.0.1:18086:
+# each PUT appends a record and waits for its group commit (a writer thread, one pwrite and one
+# fdatasync a batch, answers back with one wake-up a batch) before it is forwarded, and nothing
+# else. It is the least any durable proxy built on hyper pays on this disk; fencegate against
+# it is what fencing itself costs.
 #
 # BASE_BIN=PATH adds a fifth target on 127.0.0.1:18085: another fencegate binary (an earlier
 # commit's, say), configured alike with a data dir of its own, measured in the same
@@ -89,6 +96,10 @@ if [ "${FLOOR:-0}" = 1 ]; then
     (cd "$ROOT" && cargo build --release --quiet --example hyper_floor)
     TARGETS+=(hyper)
 fi
+if [ "${DURABLE_FLOOR:-0}" = 1 ]; then
+    [ "${FLOOR:-0}" = 1 ] || (cd "$ROOT" && cargo build --release --quiet --example hyper_floor)
+    TARGETS+=(durable)
+fi
 if [ "${OPEN_LOOP:-0}" = 1 ]; then
     (cd "$ROOT" && cargo build --release --quiet --example open_loop)
 fi
@@ -96,7 +107,7 @@ if [ -n "${BASE_BIN:-}" ]; then
     [ -x "$BASE_BIN" ] || { echo "BASE_BIN=$BASE_BIN is not an executable" >&2; exit 1; }
     TARGETS+=(baseline)
 fi
-declare -A PORT=([direct]=18081 [nginx]=18082 [fencegate]=18083 [hyper]=18084 [baseline]=18085)
+declare -A PORT=([direct]=18081 [nginx]=18082 [fencegate]=18083 [hyper]=18084 [baseline]=18085 [durable]=18086)
 
 ports=()
 for target in "${TARGETS[@]}"; do ports+=("${PORT[$target]}"); done
@@ -192,6 +203,11 @@ if [ "${FLOOR:-0}" = 1 ]; then
     "$TARGET_DIR/release/examples/hyper_floor" 127.0.0.1:18084 127.0.0.1:18081 2>"$SHM/logs/hyper.log" &
     PID[hyper]=$!; PIDS+=($!)
     bench_wait "${PID[hyper]}" "${PORT[hyper]}" "$SHM/logs/hyper.log"
+fi
+if [ "${DURABLE_FLOOR:-0}" = 1 ]; then
+    "$TARGET_DIR/release/examples/hyper_floor" 127.0.0.1:18086 127.0.0.1:18081 "$DISK/durable.log" 2>"$SHM/logs/durable.log" &
+    PID[durable]=$!; PIDS+=($!)
+    bench_wait "${PID[durable]}" "${PORT[durable]}" "$SHM/logs/durable.log"
 fi
 sleep 1
 kill -0 "$FG" 2>/dev/null || { echo "fencegate did not start:" >&2; cat "$DISK/logs/fencegate.log" >&2; exit 1; }
@@ -344,17 +360,21 @@ for w in sorted({w for (w, _, _) in runs}):
     if (w, 1, "direct") in runs:
         d, n, f = (med([x[1] for x in runs[(w, 1, t)]]) for t in ("direct", "nginx", "fencegate"))
         print(f"\n{w}, 1 connection: latency added over direct (p50): nginx {n - d:.0f} µs, fencegate {f - d:.0f} µs")
-if any(t == "hyper" for (_, _, t) in runs):
-    print("\n| workload | conns | hyper floor req/s | fg/floor | floor/nginx | p50 floor / fg (µs) | p99 floor / fg (µs) "
-          "| CPU µs/req floor / fg | floor non-2xx |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for w, c in sorted({(w, c) for (w, c, t) in runs if t == "hyper"}):
-        n, f, h = (runs[(w, c, t)] for t in ("nginx", "fencegate", "hyper"))
+floors = [t for t in ("hyper", "durable") if any(t == u for (_, _, u) in runs)]
+if floors:
+    print("\n| workload | conns | floor | floor req/s | fg/floor | floor/nginx | p50 floor / fg (µs) | p99 floor / fg (µs) "
+          "| CPU µs/req nginx / floor / fg | floor − nginx CPU | fg − floor CPU | user µs/req nginx / floor / fg | floor non-2xx |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for w, c, t in sorted({(w, c, t) for (w, c, t) in runs if t in floors}):
+        n, f, h = (runs[(w, c, u)] for u in ("nginx", "fencegate", t))
         rps = [med([x[0] for x in r]) for r in (n, f, h)]
-        cpu = [per_req(r) for r in (h, f)]
+        cpu = [per_req(r) for r in (n, h, f)]
+        user = [per_req(r, 10) for r in (n, h, f)]
         p50, p99 = ([med([x[i] for x in r]) for r in (h, f)] for i in (1, 2))
-        print(f"| {w} | {c} | {rps[2]:,.0f} | {rps[1]/rps[2]:.2f} | {rps[2]/rps[0]:.2f} | {p50[0]:.0f} / {p50[1]:.0f} "
-              f"| {p99[0]:.0f} / {p99[1]:.0f} | {cpu[0]:.1f} / {cpu[1]:.1f} | {sum(x[3] for x in h)} |")
+        name = "hyper" if t == "hyper" else "hyper + log"
+        print(f"| {w} | {c} | {name} | {rps[2]:,.0f} | {rps[1]/rps[2]:.2f} | {rps[2]/rps[0]:.2f} | {p50[0]:.0f} / {p50[1]:.0f} "
+              f"| {p99[0]:.0f} / {p99[1]:.0f} | {cpu[0]:.1f} / {cpu[1]:.1f} / {cpu[2]:.1f} | {cpu[1] - cpu[0]:+.1f} "
+              f"| {cpu[2] - cpu[1]:+.1f} | {user[0]:.1f} / {user[1]:.1f} / {user[2]:.1f} | {sum(x[3] for x in h)} |")
 if any(t == "baseline" for (_, _, t) in runs):
     print("\n| workload | conns | baseline req/s | fencegate req/s | fg/baseline | p50 baseline / fg (µs) "
           "| p99 baseline / fg (µs) | CPU µs/req baseline / fg | machine idle % baseline / fg | baseline non-2xx |")
