@@ -6,7 +6,7 @@
 #   benches/load.sh                      # 3 rounds of 10 s, at 1, 32, 64, 128 and 256 connections
 #   ROUNDS=5 SECONDS_PER_RUN=10 CONNS="32 64" WORKLOADS="get" benches/load.sh
 #   FLOOR=1 benches/load.sh              # and a bare hyper proxy beside them (below)
-#   DURABLE_FLOOR=1 benches/load.sh      # and a bare hyper proxy that syncs each PUT (below)
+#   DURABLE_FLOOR=1 benches/load.sh      # and a bare hyper proxy that makes each PUT durable (below)
 #   BASE_BIN=/path/to/old/fencegate CONNS="32 256" benches/load.sh   # and another build (below)
 #
 # What runs, all on loopback:
@@ -38,9 +38,9 @@
 # each PUT appends a record and waits for its group commit (a writer thread, one pwrite and one
 # fdatasync a batch, answers back with one wake-up a batch) before it is forwarded, and nothing
 # else. It is the least any durable proxy built on hyper pays on this disk; fencegate against
-# it is what fencing itself costs.
+# it is what fencing itself costs. With OPEN_LOOP=1 it runs open-loop beside fencegate too.
 #
-# BASE_BIN=PATH adds a fifth target on 127.0.0.1:18085: another fencegate binary (an earlier
+# BASE_BIN=PATH adds another target on 127.0.0.1:18085: another fencegate binary (an earlier
 # commit's, say), configured alike with a data dir of its own, measured in the same
 # interleaved rounds, so that a change is compared with its baseline under the same noise.
 #
@@ -292,7 +292,7 @@ if [ "${OPEN_LOOP:-0}" = 1 ] && grep -q '^put' "$RESULTS"; then
     for share in ${OPEN_RATES:-0.5 0.8}; do
         rate=$(awk -v m="$nginx_max" -v s="$share" 'BEGIN { printf "%.0f", m * s }')
         for round in $(seq "$ROUNDS"); do
-            for target in nginx fencegate ${BASE_BIN:+baseline}; do
+            for target in nginx fencegate ${BASE_BIN:+baseline} ${PID[durable]:+durable}; do
                 pid=${PID[$target]:-$FG} # CPU of the server under test
                 read -r before _ < <(cpu_ticks "$pid")
                 # A run that printed nothing (the generator failed) is reported, not fatal: the
