@@ -28,7 +28,7 @@
 # the proxy, put.lua, cleanup) are benches/common.sh's; it stops at once if one of its ports
 # (its targets' below and above, and the admin ports 18183 and, with BASE_BIN, 18185) is taken.
 #
-# FLOOR=1 adds a fourth target, examples/hyper_floor.rs on 127.0.0.1:18084: the least a hyper
+# FLOOR=1 adds a target, examples/hyper_floor/ on 127.0.0.1:18084: the least a hyper
 # reverse proxy does (hyper's HTTP/1 server and client connections on one current-thread
 # runtime, a list of idle backend connections), without anything else fencegate does: no
 # fencing, timeouts, HTTP/2 detection, header rewriting, metrics or logging. Against it,
