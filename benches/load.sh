@@ -37,8 +37,10 @@
 # DURABLE_FLOOR=1 adds the same floor with a log on fencegate's data disk, on 127.0.0.1:18086:
 # each PUT appends a record and waits for its group commit (a writer thread, one pwrite and one
 # fdatasync a batch, answers back with one wake-up a batch) before it is forwarded, and nothing
-# else. It is the least any durable proxy built on hyper pays on this disk; fencegate against
-# it is what fencing itself costs. With OPEN_LOOP=1 it runs open-loop beside fencegate too.
+# else; its writer is scheduled as fencegate's (SCHED_BATCH under load). It is about the least
+# a durable proxy built on hyper pays on this disk; fencegate against it is what fencing costs,
+# with fencegate's own log upkeep (segments, answered records). With OPEN_LOOP=1 it runs
+# open-loop beside fencegate too.
 #
 # BASE_BIN=PATH adds another target on 127.0.0.1:18085: another fencegate binary (an earlier
 # commit's, say), configured alike with a data dir of its own, measured in the same
