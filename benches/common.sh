@@ -6,6 +6,7 @@
 #                              /var/tmp/fencegate-NAME.*, removed at exit
 #   PIDS+=(pid)                stopped at exit, by pid; `bench_waited PID` once waited for
 #   bench_ports_free PORT...   exits unless every port is free
+#   bench_tools                installs nginx-light and wrk with apt unless both are there
 #   bench_wait PID PORT LOG    waits until PID listens on PORT; exits with LOG if it never does
 #   bench_nginx NAME PORT      an nginx of one worker on PORT, its http block's lines from stdin
 #                              ($SHM/NAME.conf, log $SHM/logs/NAME.log); sets STARTED (master)
@@ -49,6 +50,17 @@ bench_waited() {
 mkdir -p "$SHM/www/get" "$SHM/body" "$SHM/logs"
 head -c 1024 /dev/zero | tr '\0' 'x' >"$SHM/www/get/file"
 chmod -R 777 "$SHM" # nginx's worker runs as nobody when started by root
+
+bench_tools() {
+    local t
+    for t in nginx wrk; do
+        command -v "$t" >/dev/null 2>&1 || [ -x "/usr/sbin/$t" ] || {
+            echo "installing nginx-light and wrk with apt" >&2
+            apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light wrk >/dev/null
+            return
+        }
+    done
+}
 
 bench_ports_free() {
     for port in "$@"; do

@@ -81,27 +81,20 @@ SECONDS_PER_RUN=${SECONDS_PER_RUN:-10}
 CONNS=${CONNS:-"1 32 64 128 256"}
 WORKLOADS=${WORKLOADS:-"get put"}
 
-need() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ]; }
-if ! need nginx || ! need wrk; then
-    echo "installing nginx-light and wrk with apt" >&2
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light wrk >/dev/null
-fi
 # ROOT, TARGET_DIR, NGINX; SHM (the backend's files: tmpfs) and DISK (fencegate's data dirs and
 # logs: a real disk); PIDS, stopped at exit; the backend, the proxy and put.lua.
 source "$(dirname "$0")/common.sh" load
+bench_tools
 BIN=${FG_BIN:-$TARGET_DIR/release/fencegate}
 if [ -z "${FG_BIN:-}" ]; then
     (cd "$ROOT" && cargo build --release --quiet)
 fi
 TARGETS=(direct nginx fencegate)
-if [ "${FLOOR:-0}" = 1 ]; then
+if [ "${FLOOR:-0}" = 1 ] || [ "${DURABLE_FLOOR:-0}" = 1 ]; then
     (cd "$ROOT" && cargo build --release --quiet --example hyper_floor)
-    TARGETS+=(hyper)
 fi
-if [ "${DURABLE_FLOOR:-0}" = 1 ]; then
-    [ "${FLOOR:-0}" = 1 ] || (cd "$ROOT" && cargo build --release --quiet --example hyper_floor)
-    TARGETS+=(durable)
-fi
+if [ "${FLOOR:-0}" = 1 ]; then TARGETS+=(hyper); fi
+if [ "${DURABLE_FLOOR:-0}" = 1 ]; then TARGETS+=(durable); fi
 if [ "${OPEN_LOOP:-0}" = 1 ]; then
     (cd "$ROOT" && cargo build --release --quiet --example open_loop)
 fi

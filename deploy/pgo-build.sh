@@ -36,14 +36,10 @@ if [ ! -x "$PROFDATA" ]; then
     rustup component add llvm-tools >&2 || true
     [ -x "$PROFDATA" ] || { echo "no $PROFDATA: install the toolchain's llvm-tools component" >&2; exit 1; }
 fi
-need() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ]; }
-if ! need nginx || ! need wrk; then
-    echo "installing nginx-light and wrk with apt" >&2
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light wrk >/dev/null
-fi
 
 # SHM and DISK (scratch, removed at exit), PIDS (stopped at exit), the backend, put.lua.
 source "$ROOT/benches/common.sh" pgo
+bench_tools
 bench_ports_free 18081 18087
 RAW=$GEN_DIR/profiles
 rm -rf "$RAW"

@@ -57,7 +57,7 @@ fn write(file: File, entries: mpsc::Receiver<Entry>, answers: Answers) {
             buf.extend_from_slice(&record);
             done.push(tell);
         }
-        lone = if done.len() == 1 { lone + 1 } else { 0 };
+        lone = if done.len() == 1 { lone.saturating_add(1) } else { 0 };
         let wanted = match (batch_thread, done.len()) {
             (false, 2..) => true,
             (true, _) if lone >= LONE_BATCHES => false,
