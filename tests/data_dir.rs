@@ -87,3 +87,81 @@ async fn a_data_dir_an_earlier_build_started_still_opens() {
     assert_eq!(h.proxy.max_seen("/a"), Some(42));
     h.put("/a", 42, "").await.assert_refused(409, "stale_token");
 }
+
+/// Deletes the segments and snapshots of `dir`, as a clean-up of `*.log` or a backup that
+/// skipped them would, and leaves `INIT`, `KEYING` and `LOCK`.
+fn lose_the_log(dir: &std::path::Path) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if name.ends_with(".log") || name.ends_with(".snap") {
+            std::fs::remove_file(&path).unwrap();
+        }
+    }
+}
+
+/// What opening a proxy on `dir`, whose log was lost, says.
+async fn lost_log(dir: &std::path::Path) -> String {
+    match Proxy::open(config_for("http://127.0.0.1:9", dir)).await {
+        Err(fencegate::Error::Store(e @ StoreError::LogMissing { .. })) => e.to_string(),
+        Err(e) => panic!("{}: refused for another reason: {e}", dir.display()),
+        Ok(_) => panic!("{}: opened with its log lost", dir.display()),
+    }
+}
+
+#[tokio::test]
+async fn a_data_dir_that_lost_its_log_is_refused_not_opened_empty() {
+    // Initialised with a floor and never run: the floor is in segment 1 only.
+    let dir = tempfile::tempdir().unwrap();
+    init_data_dir(dir.path(), 1000).unwrap();
+    lose_the_log(dir.path());
+    let msg = lost_log(dir.path()).await;
+    assert!(msg.contains("no segment and no snapshot") && msg.contains("floor 1000 at /"), "{msg}");
+    assert!(msg.contains("--floor <that token>") && msg.contains("Recovering from a lost volume"), "{msg}");
+
+    // Used: it served writes, then lost its segments (and snapshots).
+    let mut h = Harness::start_with_floor(1000, |_| {}).await;
+    assert_eq!(h.put("/acct", 1001, "").await.status, 200);
+    h.shutdown().await;
+    lose_the_log(h.dir.path());
+    let msg = lost_log(h.dir.path()).await;
+    assert!(msg.contains("KEYING") && msg.contains("INIT"), "{msg}");
+}
+
+#[test]
+fn run_exits_naming_the_lost_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = common::builder::write_config(dir.path(), "http://127.0.0.1:9", "");
+    let data = dir.path().join("data");
+    init_data_dir(&data, 1000).unwrap();
+    lose_the_log(&data);
+    let mut child = std::process::Command::new(common::process::BIN)
+        .args(["run", "--config", config.to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A run that opened the directory serves until stopped: give it a minute to exit.
+    let mut status = None;
+    for _ in 0..600 {
+        status = child.try_wait().unwrap();
+        if status.is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    if status.is_none() {
+        child.kill().unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(status.is_some_and(|s| !s.success()), "run started on a lost log: {stderr}");
+    assert!(stderr.contains("no segment and no snapshot") && stderr.contains("fencegate init --dir"), "{stderr}");
+    // `check` says so before `run` is tried.
+    let out = std::process::Command::new(common::process::BIN)
+        .args(["check", "--config", config.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("no segment and no snapshot"), "{stderr}");
+}

@@ -110,20 +110,26 @@ pub(super) fn create_dir_durably(dir: &Path) -> Result<(), StoreError> {
 /// Name of the file recording the key rules a directory's keys were made under.
 pub(super) const KEYING_FILE: &str = "KEYING";
 
-/// Refuses a directory whose keys were made under other rules; records the rules in a new one.
-fn check_keying(dir: &Path, configured: &str) -> Result<(), StoreError> {
+/// Refuses a directory whose keys were made under other rules. Whether the rules are recorded:
+/// a directory without `KEYING` gets it from [`record_keying`], once its log exists.
+fn check_keying(dir: &Path, configured: &str) -> Result<bool, StoreError> {
     let path = dir.join(KEYING_FILE);
     match std::fs::read_to_string(&path) {
-        Ok(recorded) if recorded == configured => Ok(()),
+        Ok(recorded) if recorded == configured => Ok(true),
         Ok(recorded) => {
             Err(StoreError::KeyingChanged { dir: dir.to_owned(), recorded, configured: configured.to_owned() })
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            log::create_durably(dir, KEYING_FILE, |w| std::io::Write::write_all(w, configured.as_bytes()))
-                .map_err(|e| io_err(&path, e))
-        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(io_err(&path, e)),
     }
+}
+
+/// Records the key rules in a directory that has none. Only once its log exists: recovery
+/// takes `KEYING` without a segment or a snapshot for a log that was lost.
+fn record_keying(dir: &Path, configured: &str) -> Result<(), StoreError> {
+    let path = dir.join(KEYING_FILE);
+    log::create_durably(dir, KEYING_FILE, |w| std::io::Write::write_all(w, configured.as_bytes()))
+        .map_err(|e| io_err(&path, e))
 }
 
 /// Takes the data directory's advisory lock; the OS releases it when the process dies.
@@ -162,7 +168,7 @@ impl FileStore {
     pub fn open(dir: &Path, options: StoreOptions) -> Result<FileStore, StoreError> {
         create_dir_durably(dir)?;
         let lock = lock(dir, true)?;
-        check_keying(dir, &options.keying)?;
+        let keyed = check_keying(dir, &options.keying)?;
         let capacity = recovery::size_hint(dir).min(options.max_resources);
         let table = Arc::new(Table::with_capacity(capacity).with_max_bytes(options.max_table_bytes));
         let started = std::time::Instant::now();
@@ -173,6 +179,9 @@ impl FileStore {
         // Zeros ahead of the log: 1 MiB, or less for small segments, so they stay small.
         let ahead = (options.segment_bytes / 16).clamp(4096, 1 << 20);
         let log = Log::open(dir, options.sync, &recovered, ahead).map_err(|e| io_err(dir, e))?;
+        if !keyed {
+            record_keying(dir, &options.keying)?;
+        }
         if options.sync == SyncMode::Never {
             tracing::warn!("store.sync = \"never\": advances are not fsync'd; a power loss can lower max_seen");
         }

@@ -1,5 +1,7 @@
 //! Where a data directory's state begins. [`init`] makes a directory (`fencegate init`), with
-//! floors if asked; [`check_initialised`] refuses one that is missing or holds no state.
+//! floors if asked; [`check_initialised`] refuses one that is missing or holds no state, and
+//! [`check_log_kept`] one that shows it held a log (`KEYING`, floors in `INIT`) but has no
+//! segment or snapshot left.
 //!
 //! An empty directory and a lost one look alike: a volume that was not mounted, a wiped disk.
 //! Opening either as if it were new would forget every `max_seen` and let every stale lock
@@ -109,6 +111,34 @@ fn floor_segment(floors: &[(&str, u64)]) -> Vec<u8> {
     // The batch starts right after the header, and only the header was durable before it.
     format::encode_commit(&mut bytes, seed, HEADER_LEN as u64, HEADER_LEN as u64);
     bytes
+}
+
+/// Refuses `dir` if it has no segment and no snapshot yet shows that it held a log: `KEYING`,
+/// which a store records only once its log exists, or floors in `INIT`, which `init` wrote into
+/// segment 1. Its records were lost, and opening it would start every `max_seen` afresh. A
+/// directory whose log was never made (`init` with no floor) passes.
+pub(crate) fn check_log_kept(dir: &Path) -> Result<(), StoreError> {
+    for entry in fs::read_dir(dir).map_err(|e| io_err(dir, e))? {
+        if file_seq(&entry.map_err(|e| io_err(dir, e))?.file_name().to_string_lossy()).is_some() {
+            return Ok(());
+        }
+    }
+    let mut evidence = Vec::new();
+    let keying = dir.join(KEYING_FILE);
+    match fs::symlink_metadata(&keying) {
+        Ok(_) => evidence.push(format!("{KEYING_FILE}, which a store records only once its log exists")),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_err(&keying, e)),
+    }
+    let floors = init_floors(dir)?.unwrap_or_default();
+    if !floors.is_empty() {
+        let floors: Vec<String> = floors.iter().map(|(name, token)| format!("floor {token} at {name}")).collect();
+        evidence.push(format!("{INIT_FILE} lists {}, which init wrote into segment 1", floors.join(", ")));
+    }
+    if evidence.is_empty() {
+        return Ok(());
+    }
+    Err(StoreError::LogMissing { dir: dir.to_owned(), evidence: evidence.join("; ") })
 }
 
 /// The floors `init` recorded in `dir`'s `INIT` file, as `(name, token)`; `None` if `dir` has

@@ -111,3 +111,88 @@ async fn a_dir_an_earlier_build_started_opens_without_an_init_marker() {
         check_initialised(only.path()).unwrap_or_else(|e| panic!("{name}: {e}"));
     }
 }
+
+/// Deletes every segment and snapshot of `dir`, as a clean-up of `*.log` or a backup that
+/// skipped them would.
+fn lose_the_log(dir: &std::path::Path) {
+    for entry in fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if name.ends_with(".log") || name.ends_with(".snap") {
+            fs::remove_file(&path).unwrap();
+        }
+    }
+}
+
+fn log_missing(dir: &std::path::Path) -> (String, String) {
+    // `fencegate inspect` first: it only reads.
+    let inspected = inspect(dir).map(|found| found.table.len());
+    let opened = FileStore::open(dir, tests::options(4096)).map(|store| store.table().len());
+    match (inspected, opened) {
+        (Err(e @ StoreError::LogMissing { .. }), Err(StoreError::LogMissing { evidence, .. })) => {
+            (evidence, e.to_string())
+        }
+        other => panic!("{}: {other:?}", dir.display()),
+    }
+}
+
+#[tokio::test]
+async fn a_dir_whose_log_was_lost_is_refused_naming_what_shows_it_had_one() {
+    // Initialised with a floor, never run: the floor is in segment 1 only.
+    let dir = tempfile::tempdir().unwrap();
+    init(dir.path(), &[("/", 1000)]).unwrap();
+    lose_the_log(dir.path());
+    check_initialised(dir.path()).unwrap();
+    let (evidence, msg) = log_missing(dir.path());
+    assert!(evidence.contains("INIT") && evidence.contains("floor 1000 at /"), "{evidence}");
+    let d = dir.path().display();
+    assert!(msg.contains(&format!("data dir {d} has no segment and no snapshot")), "{msg}");
+    assert!(msg.contains("--floor <that token>") && msg.contains("Recovering from a lost volume"), "{msg}");
+    assert!(!dir.path().join(segment_name(1)).exists(), "the refusal made no log");
+
+    // The same after a run: KEYING and INIT with a floor.
+    let ran = tempfile::tempdir().unwrap();
+    init(ran.path(), &[("/", 1000)]).unwrap();
+    write_and_close(ran.path(), &[("/a", 1001)]).await;
+    lose_the_log(ran.path());
+    let (evidence, _) = log_missing(ran.path());
+    assert!(evidence.contains("KEYING") && evidence.contains("INIT"), "{evidence}");
+
+    // Used and compacted (snapshots and segments both gone), initialised with no floor.
+    let used = tempfile::tempdir().unwrap();
+    init(used.path(), &[]).unwrap();
+    let store = FileStore::open(used.path(), tests::options(4096)).unwrap();
+    for i in 0..200u64 {
+        store.advance(&format!("/k/{i:0>40}"), 1 + i).await.unwrap();
+    }
+    store.close().await.unwrap();
+    assert!(fs::read_dir(used.path()).unwrap().any(|e| e.unwrap().file_name().to_string_lossy().ends_with(".snap")));
+    lose_the_log(used.path());
+    let (evidence, msg) = log_missing(used.path());
+    assert!(evidence.contains("KEYING") && !evidence.contains("INIT"), "{evidence}");
+    assert!(msg.contains("KEYING"), "{msg}");
+
+    // Started by use, with no INIT: KEYING alone shows the log.
+    let old = tempfile::tempdir().unwrap();
+    write_and_close(old.path(), &[("/a", 5)]).await;
+    fs::remove_file(old.path().join("INIT")).ok();
+    lose_the_log(old.path());
+    let (evidence, _) = log_missing(old.path());
+    assert!(evidence.contains("KEYING"), "{evidence}");
+}
+
+#[tokio::test]
+async fn keying_is_recorded_only_once_the_log_exists() {
+    // A fresh init with no floor holds INIT alone, and opens.
+    let dir = tempfile::tempdir().unwrap();
+    init(dir.path(), &[]).unwrap();
+    let store = FileStore::open(dir.path(), tests::options(4096)).unwrap();
+    assert!(dir.path().join("KEYING").exists() && dir.path().join(segment_name(1)).exists());
+    store.close().await.unwrap();
+    // A mismatch is refused before anything is made.
+    let other = tempfile::tempdir().unwrap();
+    fs::write(other.path().join("KEYING"), "other rules").unwrap();
+    let err = FileStore::open(other.path(), tests::options(4096)).unwrap_err();
+    assert!(matches!(err, StoreError::KeyingChanged { .. }), "{err:?}");
+    assert!(!other.path().join(segment_name(1)).exists(), "a refused directory got a log");
+}

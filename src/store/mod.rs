@@ -227,6 +227,17 @@ pub enum StoreError {
         /// Whether it does not exist at all (otherwise it exists but holds no state).
         missing: bool,
     },
+    /// The data directory has no segment and no snapshot, yet shows that it held a log:
+    /// `KEYING` (recorded only once the log exists) or floors in `INIT` (recorded in segment
+    /// 1). Its records were lost (a clean-up of `*.log`, a backup that skipped them): opening
+    /// it would forget every `max_seen`.
+    #[error("{}", log_missing(.dir, .evidence))]
+    LogMissing {
+        /// The data directory.
+        dir: PathBuf,
+        /// What shows it held a log.
+        evidence: String,
+    },
     /// `init` was asked to start a directory that already holds state.
     #[error("data dir {} already holds fence state ({found}); refusing to initialise it again, which could lower \
         max_seen; `fencegate run` opens it as it is", .dir.display())]
@@ -291,6 +302,18 @@ fn not_initialised(dir: &std::path::Path, missing: bool) -> String {
         fencegate does not start on it. A new deployment: `fencegate init --dir {d}`. After losing the state: \
         with no fencegate serving the backend, read the lock service's current token (for etcd, its current \
         revision) and run `fencegate init --dir {d} --floor <that token>` (README: Recovering from a lost volume)"
+    )
+}
+
+fn log_missing(dir: &std::path::Path, evidence: &str) -> String {
+    let d = dir.display();
+    format!(
+        "data dir {d} has no segment and no snapshot, though it held a log ({evidence}): the log, and with it \
+        the max_seen of every resource, was lost (a clean-up of *.log files, a backup or copy that skipped \
+        them). Starting on it would let every stale lock holder write again, so fencegate does not start on it. \
+        Recover as after a lost volume: with no fencegate serving the backend, read the lock service's current \
+        token (for etcd, its current revision), make a new data dir with `fencegate init --dir <new dir> --floor \
+        <that token>` and serve from it (docs/operations.md: Recovering from a lost volume)"
     )
 }
 

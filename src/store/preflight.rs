@@ -8,7 +8,7 @@ use rustix::fs::{Access, access};
 
 use super::StoreError;
 use super::file::{KEYING_FILE, LOCK_FILE};
-use super::init::check_initialised;
+use super::init::{check_initialised, check_log_kept};
 use super::recovery::io_err;
 
 /// A data directory a store could open.
@@ -21,7 +21,7 @@ pub enum Usable {
 }
 
 /// Checks, without writing anything, that a store configured with `keying` could open `dir`:
-/// initialised, made under the same key rules, writable, and whether someone holds it.
+/// initialised, its log kept, made under the same key rules, writable, and whether someone holds it.
 pub fn check_usable(dir: &Path, keying: &str) -> Result<Usable, StoreError> {
     check_initialised(dir)?;
     let keying_path = dir.join(KEYING_FILE);
@@ -33,6 +33,8 @@ pub fn check_usable(dir: &Path, keying: &str) -> Result<Usable, StoreError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(io_err(&keying_path, e)),
     }
+    // After the key rules, in the order a store's open checks them.
+    check_log_kept(dir)?;
     // New segments and snapshots are made in the directory itself.
     access(dir, Access::WRITE_OK | Access::EXEC_OK).map_err(|e| io_err(dir, e.into()))?;
     let lock_path = dir.join(LOCK_FILE);

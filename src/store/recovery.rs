@@ -5,14 +5,16 @@
 //! and appending resumes where the records end. Only one kind of damage is repaired: a torn
 //! tail, a bad record at the end of the *last* segment with no valid record after it, which
 //! is what a crash mid-append leaves. It is copied aside and truncated. Anything else (a gap
-//! in the segment sequence, a bad snapshot, a bad record with valid data after it) refuses to
-//! start: dropping a record silently could lower `max_seen` and let a stale write through.
+//! in the segment sequence, a log lost whole, a bad snapshot, a bad record with valid data
+//! after it) refuses to start: dropping a record silently could lower `max_seen` and let a
+//! stale write through.
 
 use std::fs::{self, File};
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
 use super::format::{self, FileKind, Header, Kind};
+use super::init::check_log_kept;
 use super::replay::{load_snapshot, read_header, replay_segment};
 use super::{StoreError, Table};
 
@@ -137,6 +139,10 @@ pub(crate) fn recover(dir: &Path, table: &Table, mode: Mode) -> Result<Recovered
     }
     segments.sort_unstable();
     snapshots.sort_unstable();
+    if segments.is_empty() && snapshots.is_empty() {
+        // Nothing to replay: a directory whose log was never made, or one that lost it.
+        check_log_kept(dir)?;
+    }
 
     if let Some(&snap) = snapshots.last() {
         load_snapshot(&dir.join(snapshot_name(snap)), snap, table)?;
