@@ -5,14 +5,21 @@ mod common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use common::signing::{KeyFiles, now, sign, with_rules};
 use common::{Harness, RawConn, Resp, eventually, raw_request};
 
 const TOKEN: &str = "an-admin-token-of-some-length";
+const READ_TOKEN: &str = "a-read-token-of-some-length";
 
 async fn admin(addr: SocketAddr, method: &str, path: &str, auth: Option<&str>, body: &str) -> Resp {
+    admin_as(addr, method, path, auth.map(|t| format!("Bearer {t}")).as_deref(), body).await
+}
+
+/// An admin request with `authorization` as the whole `Authorization` value, if any.
+async fn admin_as(addr: SocketAddr, method: &str, path: &str, authorization: Option<&str>, body: &str) -> Resp {
     let mut head = format!("{method} {path} HTTP/1.1\r\nHost: admin");
-    if let Some(token) = auth {
-        head.push_str(&format!("\r\nAuthorization: Bearer {token}"));
+    if let Some(value) = authorization {
+        head.push_str(&format!("\r\nAuthorization: {value}"));
     }
     raw_request(addr, &head, body).await
 }
@@ -83,6 +90,94 @@ async fn admin_writes_need_the_configured_token() {
     let open = Harness::start().await;
     let r = admin(open.start_admin().await, "POST", "/fences/x:advance", Some(TOKEN), body).await;
     r.assert_refused(403, "admin_writes_disabled");
+}
+
+#[tokio::test]
+async fn the_bearer_scheme_is_case_insensitive() {
+    let h = Harness::start_with(|c| c.admin.token = Some(TOKEN.into())).await;
+    let a = h.start_admin().await;
+    for (n, scheme) in ["bearer", "BEARER", "bEaReR"].into_iter().enumerate() {
+        let to = format!(r#"{{"to": {}}}"#, n + 1);
+        let r = admin_as(a, "POST", "/fences/x:advance", Some(&format!("{scheme} {TOKEN}")), &to).await;
+        assert_eq!(r.status, 200, "{scheme}: {:?}", r.body);
+    }
+    admin_as(a, "POST", "/fences/x:advance", Some(&format!("Basic {TOKEN}")), r#"{"to": 9}"#)
+        .await
+        .assert_refused(401, "unauthorized");
+    assert_eq!(h.proxy.max_seen("/x"), Some(3));
+}
+
+/// A harness whose `/signed/` keys are verified (HMAC) and whose admin API has both tokens.
+async fn verified_with_tokens(keys: &KeyFiles, read_token: Option<&str>) -> Harness {
+    keys.write("k", SECRET);
+    let rules = format!("[[fence.rules]]\nprefix = \"/signed/\"\nverify = \"hmac\"\n{}", keys.toml(&["k"]));
+    Harness::start_with(|c| {
+        *c = with_rules(c, &rules);
+        c.admin.token = Some(TOKEN.into());
+        c.admin.read_token = read_token.map(str::to_owned);
+    })
+    .await
+}
+
+const SECRET: &str = "a-secret-of-32-bytes-for-tests!!";
+
+#[tokio::test]
+async fn a_verified_keys_level_is_read_only_with_a_token() {
+    let keys = KeyFiles::new();
+    let h = verified_with_tokens(&keys, Some(READ_TOKEN)).await;
+    let a = h.start_admin().await;
+    assert_eq!(h.signed_put("/signed/a", 307, &sign(SECRET, "k", "default", 307, now() + 600)).await.status, 200);
+    assert_eq!(h.put("/open/b", 5, "v").await.status, 200);
+
+    // The level of a verified key is the token that passes: not for anyone who asks.
+    let r = admin(a, "GET", "/fences/signed/a", None, "").await;
+    r.assert_refused(401, "unauthorized");
+    assert!(!String::from_utf8_lossy(&r.body).contains("307"), "{:?}", r.body);
+    admin(a, "GET", "/fences/signed/a", Some("a-wrong-token-of-some-length"), "")
+        .await
+        .assert_refused(401, "unauthorized");
+    for token in [READ_TOKEN, TOKEN] {
+        let r = admin(a, "GET", "/fences/signed/a", Some(token), "").await;
+        assert_eq!((r.status, r.json()["max_seen"].as_u64()), (200, Some(307)), "{token}");
+    }
+    let r = admin(a, "GET", "/fences/open/b", None, "").await;
+    assert_eq!((r.status, r.json()["max_seen"].as_u64()), (200, Some(5)), "an unverified key's level proves nothing");
+
+    // A listing withholds verified levels from anonymous callers, and refuses a wrong token.
+    let r = admin(a, "GET", "/fences?prefix=/", None, "").await;
+    assert_eq!(r.status, 200);
+    let listed = r.json()["fences"].as_array().unwrap().clone();
+    let signed = listed.iter().find(|f| f["resource"] == "/signed/a").unwrap();
+    assert_eq!((signed["max_seen"].as_u64(), signed["withheld"].as_bool()), (None, Some(true)), "{signed}");
+    let open = listed.iter().find(|f| f["resource"] == "/open/b").unwrap();
+    assert_eq!(open["max_seen"].as_u64(), Some(5));
+    assert!(!String::from_utf8_lossy(&r.body).contains("307"), "{:?}", r.body);
+    admin(a, "GET", "/fences?prefix=/", Some("a-wrong-token-of-some-length"), "")
+        .await
+        .assert_refused(401, "unauthorized");
+    let r = admin(a, "GET", "/fences?prefix=/", Some(READ_TOKEN), "").await;
+    let signed = r.json()["fences"].as_array().unwrap().iter().find(|f| f["resource"] == "/signed/a").cloned().unwrap();
+    assert_eq!(signed["max_seen"].as_u64(), Some(307));
+
+    // The read token reads; it changes nothing.
+    admin(a, "POST", "/fences/signed/a:advance", Some(READ_TOKEN), r#"{"to": 400}"#)
+        .await
+        .assert_refused(401, "unauthorized");
+    assert_eq!(h.proxy.max_seen("/signed/a"), Some(307));
+}
+
+#[tokio::test]
+async fn without_any_token_verified_levels_are_not_read_at_all() {
+    let keys = KeyFiles::new();
+    keys.write("k", SECRET);
+    let rules = format!("[[fence.rules]]\nprefix = \"/signed/\"\nverify = \"hmac\"\n{}", keys.toml(&["k"]));
+    let h = Harness::start_with(|c| *c = with_rules(c, &rules)).await;
+    let a = h.start_admin().await;
+    assert_eq!(h.signed_put("/signed/a", 307, &sign(SECRET, "k", "default", 307, now() + 600)).await.status, 200);
+    admin(a, "GET", "/fences/signed/a", None, "").await.assert_refused(403, "admin_reads_disabled");
+    admin(a, "GET", "/locks/x", None, "").await.assert_refused(403, "admin_reads_disabled");
+    let r = admin(a, "GET", "/fences", None, "").await;
+    assert_eq!(r.json()["fences"][0]["withheld"], true, "{:?}", r.body);
 }
 
 #[tokio::test]

@@ -42,6 +42,7 @@ const RULES: &[Rule] = &[
             "crate::request::refusal",
             "crate::store::Condition",
             "crate::store::Role",
+            "crate::store::StoreError",
             "crate::upstream::backend_addr",
         ],
         no_crates: &[],

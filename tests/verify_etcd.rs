@@ -156,6 +156,55 @@ async fn only_the_current_holders_create_revision_passes_and_a_zombie_is_refused
 }
 
 #[tokio::test]
+async fn the_passing_token_is_neither_read_from_the_admin_api_nor_guessed() {
+    let Some(etcd) = start_etcd().await else { return };
+    let gw = Gateway::single(&etcd.url());
+    // Revisions well past the default burst, so that a walk from 1 has far to go.
+    for n in 0..40 {
+        gw.put(format!("/filler/{n}").as_bytes(), b"x").await.unwrap();
+    }
+    let (d, admin) = deployment(&etcd).await;
+    let path = "/accounts/42";
+    let a = acquire(gw.clone(), Duration::from_secs(30)).await;
+    wait_holder(admin, Some(a.token)).await;
+    assert_eq!(put(d.addr(), path, a.token).await.status, 200);
+
+    // max_seen is now the holder's revision: the admin API tells it to an operator only.
+    let r = raw_request(admin, &format!("GET /fences{path} HTTP/1.1\r\nHost: x"), "").await;
+    r.assert_refused(401, "unauthorized");
+    assert!(!String::from_utf8_lossy(&r.body).contains(&a.token.to_string()), "{:?}", r.body);
+    let r = raw_request(admin, "GET /fences?prefix=/accounts/ HTTP/1.1\r\nHost: x", "").await;
+    assert_eq!(r.json()["fences"][0]["withheld"], true, "{:?}", r.body);
+    let r = raw_request(admin, &format!("GET /fences{path} HTTP/1.1\r\nHost: x\r\nAuthorization: bearer {TOKEN}"), "")
+        .await;
+    assert_eq!(r.json()["max_seen"].as_u64(), Some(a.token), "{:?}", r.body);
+
+    // A guesser walking the revisions from 1 is stopped long before the holder's.
+    assert!(a.token > 20, "revision {}", a.token);
+    let mut refused = 0;
+    for guess in 1..a.token {
+        let r = put(d.addr(), path, guess).await;
+        match r.fencegate_error() {
+            Some("not_lock_holder") => refused += 1,
+            _ => {
+                r.assert_refused(429, "too_many_refusals");
+                assert!(r.headers.contains_key("retry-after"));
+                break;
+            }
+        }
+    }
+    assert_eq!(refused, 10, "verify.client_refusal_burst by default");
+    let r = put(d.addr(), path, a.token).await;
+    r.assert_refused(429, "too_many_refusals");
+    let metrics = raw_request(admin, "GET /metrics HTTP/1.1\r\nHost: x", "").await;
+    let text = String::from_utf8_lossy(&metrics.body).into_owned();
+    assert!(text.contains("fencegate_proofs_limited_total{scope=\"client\"} 2"), "{text}");
+    let applied: Vec<u64> = d.backend.applied().iter().filter_map(|r| r.token()).collect();
+    assert_eq!(applied, [a.token], "no guess reached the backend");
+    gw.revoke(a.lease).await.unwrap();
+}
+
+#[tokio::test]
 async fn a_stalled_etcd_turns_verified_writes_away_within_max_lag_and_they_come_back() {
     let Some(etcd) = start_etcd().await else { return };
     let gw = Gateway::single(&etcd.url());

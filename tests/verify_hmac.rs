@@ -162,6 +162,92 @@ async fn two_keys_are_valid_at_once_and_a_reload_rotates_them() {
 }
 
 #[tokio::test]
+async fn deleting_a_key_file_and_reloading_revokes_the_key() {
+    let keys = KeyFiles::new();
+    let old = keys.write("2026-11", OLD);
+    keys.write("2026-12", NEW);
+    let h = signed_harness(&keys, &["2026-11", "2026-12"], "").await;
+    let later = now() + 600;
+    let put = async |token: u64, secret: &str, kid: &str| {
+        h.signed_put("/signed/a", token, &sign(secret, kid, "default", token, later)).await
+    };
+    assert_eq!(put(1, OLD, "2026-11").await.status, 200);
+
+    // The operator deletes the compromised key's file and reloads, the entry still written.
+    std::fs::remove_file(&old).unwrap();
+    let report = h.proxy.reload(with_rules(&h.config, &signed_rules(&keys, &["2026-11", "2026-12"], ""))).unwrap();
+    assert!(report.applied.iter().any(|l| l.contains("key \"2026-11\" revoked")), "{report:?}");
+    let revoked = put(2, OLD, "2026-11").await;
+    revoked.assert_refused(403, "signature_rejected");
+    assert_eq!(revoked.json()["reason"], "unknown_key");
+    assert_eq!(put(2, NEW, "2026-12").await.status, 200, "the other key is untouched");
+
+    // The last key's file deleted too: every signature is refused, and the config still loads
+    // (a restart after the revocation starts).
+    std::fs::remove_file(keys.path("2026-12")).unwrap();
+    h.proxy.reload(with_rules(&h.config, &signed_rules(&keys, &["2026-11", "2026-12"], ""))).unwrap();
+    put(3, NEW, "2026-12").await.assert_refused(403, "signature_rejected");
+    assert_eq!(h.applied_tokens("/signed/a"), [1, 2]);
+}
+
+#[tokio::test]
+async fn a_longer_rule_that_sets_no_domain_keeps_its_parents() {
+    let keys = KeyFiles::new();
+    keys.write("k", NEW);
+    let toml = format!(
+        "[[fence.rules]]\nprefix = \"/signed/\"\nverify = \"hmac\"\n\
+         [[fence.rules]]\nprefix = \"/signed/own/\"\ntoken_domain = \"own\"\n\
+         [[fence.rules]]\nprefix = \"/signed/own/tuned/\"\nmax_jump = 1000\n{}",
+        keys.toml(&["k"])
+    );
+    let h = Harness::start_with(|c| *c = with_rules(c, &toml)).await;
+    let later = now() + 600;
+    let default = h.signed_put("/signed/own/tuned/a", 7, &sign(NEW, "k", "default", 7, later)).await;
+    default.assert_refused(403, "signature_rejected");
+    assert_eq!(h.signed_put("/signed/own/tuned/a", 7, &sign(NEW, "k", "own", 7, later)).await.status, 200);
+}
+
+#[tokio::test]
+async fn refused_proofs_past_a_burst_are_answered_429_before_the_next_is_checked() {
+    let keys = KeyFiles::new();
+    keys.write("k", NEW);
+    let limits = "client_refusal_burst = 3\nclient_refusal_refill = \"1h\"\nkey_refusal_burst = 0\n";
+    let h = signed_harness(&keys, &["k"], limits).await;
+    let later = now() + 600;
+    for token in 1..=3 {
+        let wrong = h.signed_put("/signed/a", token, &sign(OLD, "k", "default", token, later)).await;
+        wrong.assert_refused(403, "signature_rejected");
+    }
+    // The right proof now is not even checked: the answer says nothing about the token.
+    let right = h.signed_put("/signed/b", 4, &sign(NEW, "k", "default", 4, later)).await;
+    right.assert_refused(429, "too_many_refusals");
+    let wait: u64 = right.headers["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((3500..=3600).contains(&wait), "{wait}");
+    assert_eq!(h.proxy.max_seen("/signed/b"), None);
+    assert!(h.backend.requests().is_empty());
+    // Unverified writes are not limited.
+    assert_eq!(h.put("/open/a", 1, "v").await.status, 200);
+
+    // Per key: many clients guessing one key (here one client, with the per-client limit off).
+    let limits = "client_refusal_burst = 0\nkey_refusal_burst = 2\nkey_refusal_refill = \"1h\"\n";
+    let h = signed_harness(&keys, &["k"], limits).await;
+    for token in 1..=2 {
+        let wrong = h.signed_put("/signed/a", token, &sign(OLD, "k", "default", token, later)).await;
+        wrong.assert_refused(403, "signature_rejected");
+    }
+    let limited = h.signed_put("/signed/a", 3, &sign(NEW, "k", "default", 3, later)).await;
+    limited.assert_refused(429, "too_many_refusals");
+    assert_eq!(limited.json()["resource"], "/signed/a");
+    assert_eq!(h.signed_put("/signed/b", 3, &sign(NEW, "k", "default", 3, later)).await.status, 200, "another key");
+    // Malformed or missing signatures are not guesses of a token and do not count.
+    let h = signed_harness(&keys, &["k"], "client_refusal_burst = 1\n").await;
+    for _ in 0..3 {
+        h.send("PUT", "/signed/a", &[("fencing-token", "1")], "x").await.assert_refused(428, "missing_signature");
+    }
+    assert_eq!(h.signed_put("/signed/a", 1, &sign(NEW, "k", "default", 1, later)).await.status, 200);
+}
+
+#[tokio::test]
 async fn the_clock_skew_extends_an_expiry_by_its_allowance_and_no_more() {
     let keys = KeyFiles::new();
     keys.write("k", NEW);

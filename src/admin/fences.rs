@@ -11,7 +11,7 @@
 use std::net::SocketAddr;
 
 use bytes::Bytes;
-use http::header::AUTHORIZATION;
+use http::header::{AUTHORIZATION, HeaderValue};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
@@ -21,6 +21,7 @@ use subtle::ConstantTimeEq;
 use crate::app::State;
 use crate::fence::{Coverage, Lifted, Raised, Reset, Touch, keys};
 use crate::request::refusal::{Refusal, json_response};
+use crate::store::{Role, StoreError};
 
 /// Keys a page holds unless asked for fewer, and the most it holds.
 const PAGE: usize = 100;
@@ -47,17 +48,39 @@ impl Change {
     }
 }
 
-/// `max_seen` of the resource `path` names.
-pub(super) fn read(state: &State, path: &str) -> Result<Response<Full<Bytes>>, Refusal> {
+/// `max_seen` of the resource `path` names. A verified key's level is the token that passes
+/// its verification once its holder has written (an etcd lock's create revision), so it is
+/// read only with a token.
+pub(super) fn read(
+    state: &State,
+    path: &str,
+    req: &Request<Incoming>,
+    caller: SocketAddr,
+) -> Result<Response<Full<Bytes>>, Refusal> {
+    leading(state)?;
     let key = fence_key(state, path)?;
+    if state.settings.get().config.fence.is_verified(&key) {
+        authorize(state, req, caller, Access::Read)?;
+    }
     let max_seen = state.fence.max_seen(&key).ok_or_else(|| Refusal::NotFound(key.clone()))?;
     Ok(json_response(StatusCode::OK, &json!({ "resource": key, "max_seen": max_seen })))
 }
 
-/// A page of fences: `?prefix=…&after=…&limit=…`, values percent-decoded once.
-pub(super) fn list(state: &State, query: Option<&str>) -> Result<Response<Full<Bytes>>, Refusal> {
+/// A page of fences: `?prefix=…&after=…&limit=…`, values percent-decoded once. Without a
+/// token, verified keys are listed with their level withheld; a token that is given must be
+/// right.
+pub(super) fn list(
+    state: &State,
+    req: &Request<Incoming>,
+    caller: SocketAddr,
+) -> Result<Response<Full<Bytes>>, Refusal> {
+    leading(state)?;
+    let trusted = match req.headers().contains_key(AUTHORIZATION) {
+        true => authorize(state, req, caller, Access::Read).map(|()| true)?,
+        false => false,
+    };
     let (mut prefix, mut after, mut limit) = (String::new(), None, PAGE);
-    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+    for pair in req.uri().query().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
         let value = decode(value)?;
         match name {
@@ -73,9 +96,13 @@ pub(super) fn list(state: &State, query: Option<&str>) -> Result<Response<Full<B
     }
     let page = state.fence.page(&prefix, after.as_deref(), limit);
     let next = (page.len() == limit).then(|| page.last().map(|(k, _, _)| k.clone())).flatten();
+    let config = &state.settings.get().config;
     let fences: Vec<Value> = page
         .into_iter()
-        .map(|(key, max_seen, in_flight)| json!({ "resource": key, "max_seen": max_seen, "in_flight": in_flight }))
+        .map(|(key, max_seen, in_flight)| match trusted || !config.fence.is_verified(&key) {
+            true => json!({ "resource": key, "max_seen": max_seen, "in_flight": in_flight }),
+            false => json!({ "resource": key, "max_seen": null, "withheld": true, "in_flight": in_flight }),
+        })
         .collect();
     Ok(json_response(StatusCode::OK, &json!({ "fences": fences, "next": next })))
 }
@@ -88,7 +115,8 @@ pub(super) async fn change(
     req: Request<Incoming>,
     caller: SocketAddr,
 ) -> Result<Response<Full<Bytes>>, Refusal> {
-    authorize(state, &req, caller)?;
+    authorize(state, &req, caller, Access::Change)?;
+    leading(state)?;
     let key = fence_key(state, path)?;
     let wait = state.settings.get().config.fence.queue_timeout;
     let done = match change {
@@ -122,20 +150,69 @@ pub(super) async fn change(
     Ok(json_response(StatusCode::OK, &done))
 }
 
-pub(super) fn authorize(state: &State, req: &Request<Incoming>, caller: SocketAddr) -> Result<(), Refusal> {
+/// What an admin request needs its bearer token for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Access {
+    /// Reading what a verified write could use: a verified key's level, a lock's holder.
+    /// `admin.read_token` or `admin.token`.
+    Read,
+    /// Changing the fence (and setting fail points): `admin.token` only.
+    Change,
+}
+
+/// Refuses a request whose `Authorization: Bearer` token does not grant `need`.
+pub(super) fn authorize(
+    state: &State,
+    req: &Request<Incoming>,
+    caller: SocketAddr,
+    need: Access,
+) -> Result<(), Refusal> {
     let settings = state.settings.get();
-    let Some(expected) = settings.config.admin.token.as_deref() else { return Err(Refusal::AdminWritesDisabled) };
-    let given = req.headers().get(AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-    // Constant time, so the comparison does not leak how much of a guess was right.
-    match given {
-        Some(given) if bool::from(given.as_bytes().ct_eq(expected.as_bytes())) => Ok(()),
-        _ => {
-            state.metrics.admin_auth_failure();
-            let why = if given.is_some() { "wrong_token" } else { "no_bearer_token" };
-            tracing::warn!(%caller, method = %req.method(), path = %req.uri().path(), reason = %why,
-                "admin authentication failed");
-            Err(Refusal::Unauthorized)
-        }
+    let admin = &settings.config.admin;
+    let accepted = match need {
+        Access::Change => [admin.token.as_deref(), None],
+        Access::Read => [admin.token.as_deref(), admin.read_token.as_deref()],
+    };
+    if accepted.iter().all(Option::is_none) {
+        return Err(match need {
+            Access::Change => Refusal::AdminWritesDisabled,
+            Access::Read => Refusal::AdminReadsDisabled,
+        });
+    }
+    let given = bearer(req.headers().get(AUTHORIZATION));
+    // Constant time, so the comparison does not leak how much of a guess was right; every
+    // accepted token is compared, so the time does not say which one matched.
+    let matched = given.is_some_and(|given| {
+        accepted
+            .iter()
+            .flatten()
+            .fold(false, |hit, expected| hit | bool::from(given.as_bytes().ct_eq(expected.as_bytes())))
+    });
+    if matched {
+        return Ok(());
+    }
+    state.metrics.admin_auth_failure();
+    let why = if given.is_some() { "wrong_token" } else { "no_bearer_token" };
+    tracing::warn!(%caller, method = %req.method(), path = %req.uri().path(), reason = %why,
+        "admin authentication failed");
+    Err(Refusal::Unauthorized)
+}
+
+/// The credentials of an `Authorization` value whose scheme is Bearer, in any case (RFC 9110
+/// makes auth schemes case-insensitive), after one or more spaces.
+fn bearer(value: Option<&HeaderValue>) -> Option<&str> {
+    let (scheme, credentials) = value?.to_str().ok()?.split_once(' ')?;
+    let credentials = credentials.trim_matches(' ');
+    (scheme.eq_ignore_ascii_case("bearer") && !credentials.is_empty()).then_some(credentials)
+}
+
+/// Refuses a read or change of the fence on an instance that does not hold it: a follower of
+/// a shared fence holds no levels, and its changes would not reach the leader's table.
+fn leading(state: &State) -> Result<(), Refusal> {
+    match state.store.role() {
+        Role::Writer => Ok(()),
+        Role::Forward(leader) => Err(Refusal::NotLeader { leader }),
+        Role::Unavailable(why) => Err(Refusal::Store(StoreError::Unavailable(why))),
     }
 }
 
@@ -175,6 +252,18 @@ fn fence_key(state: &State, path: &str) -> Result<String, Refusal> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_bearer_scheme_is_read_in_any_case() {
+        let value = |v: &'static str| HeaderValue::from_static(v);
+        for v in ["Bearer abc", "bearer abc", "BEARER abc", "bEaReR  abc", "Bearer abc "] {
+            assert_eq!(bearer(Some(&value(v))), Some("abc"), "{v:?}");
+        }
+        for v in ["Basic abc", "Bearer", "Bearer ", "Bearerabc", "Token abc"] {
+            assert_eq!(bearer(Some(&value(v))), None, "{v:?}");
+        }
+        assert_eq!(bearer(None), None);
+    }
 
     #[test]
     fn query_values_are_decoded_once() {

@@ -83,11 +83,19 @@ pub struct RoleLabels {
     pub role: &'static str,
 }
 
+/// Labels of `fencegate_proofs_limited_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ScopeLabels {
+    /// `client` (too many refused from one address) or `key` (for one key).
+    pub scope: &'static str,
+}
+
 /// What operators did and what the process uses, beside the requests.
 #[derive(Debug, Default)]
 struct Operations {
     admin_changes: Family<ActionLabels, Counter>,
     admin_auth_failures: Counter,
+    proofs_limited: Family<ScopeLabels, Counter>,
     reloads: Family<ReloadLabels, Counter>,
     cpu: Counter<f64, AtomicU64>,
     resident: Gauge,
@@ -204,6 +212,11 @@ impl Default for Metrics {
             "admin_auth_failures",
             "Admin API requests refused for a missing or wrong token",
             m.ops.admin_auth_failures.clone(),
+        );
+        registry.register(
+            "proofs_limited",
+            "Verified writes answered 429 too_many_refusals before their proof was checked, by whose refusals",
+            m.ops.proofs_limited.clone(),
         );
         registry.register("reloads", "Configuration reloads, by outcome", m.ops.reloads.clone());
         registry.register_with_unit("process_cpu", "User and system CPU time", Unit::Seconds, m.ops.cpu.clone());
@@ -365,6 +378,12 @@ impl Metrics {
     /// Counts one admin request refused for a missing or wrong token.
     pub fn admin_auth_failure(&self) {
         self.ops.admin_auth_failures.inc();
+    }
+
+    /// Counts one verified write refused unchecked: too many proofs from its client
+    /// (`client`) or for its key (`key`) were refused lately.
+    pub fn proof_limited(&self, scope: &'static str) {
+        self.ops.proofs_limited.get_or_create(&ScopeLabels { scope }).inc();
     }
 
     /// Counts one configuration reload, applied or rejected.

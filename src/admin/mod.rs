@@ -23,7 +23,7 @@ use crate::request::refusal::{Refusal, json_response};
 use crate::store::{Condition, Role};
 
 mod fences;
-use fences::Change;
+use fences::{Access, Change};
 
 /// Admin connections served at once; more wait in the kernel's accept queue. Fixed rather
 /// than `limits.max_connections`: probes and scrapes need a handful, a pool of its own keeps
@@ -138,17 +138,17 @@ async fn route(state: &State, req: Request<Incoming>, caller: SocketAddr) -> Res
             resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(kind));
             Ok(resp)
         }
-        Endpoint::List => fences::list(state, req.uri().query()),
-        Endpoint::Fence(resource) => fences::read(state, &resource),
+        Endpoint::List => fences::list(state, &req, caller),
+        Endpoint::Fence(resource) => fences::read(state, &resource, &req, caller),
         Endpoint::Lock(name) => {
-            // The holder's revision is the token that passes: only for the admin token's holder.
-            fences::authorize(state, &req, caller)?;
+            // The holder's revision is the token that passes: only for an operator's token.
+            fences::authorize(state, &req, caller, Access::Read)?;
             Ok(lock(state, &name))
         }
         Endpoint::Change(resource, change) => fences::change(state, &resource, change, req, caller).await,
         #[cfg(feature = "failpoints")]
         Endpoint::Failpoint(name) => {
-            fences::authorize(state, &req, caller)?;
+            fences::authorize(state, &req, caller, Access::Change)?;
             let body =
                 http_body_util::BodyExt::collect(req.into_body()).await.map(|b| b.to_bytes()).unwrap_or_default();
             let actions = String::from_utf8_lossy(&body).into_owned();

@@ -68,6 +68,8 @@ pub(crate) struct State {
     pub(crate) fence: Arc<Fence>,
     pub(crate) store: Arc<dyn Store>,
     pub(crate) refusals: RefusalThrottle,
+    /// Refused proofs per client and per key, which slow down guessed tokens.
+    pub(crate) guesses: crate::request::guesses::Guesses,
     pub(crate) metrics: Arc<Metrics>,
     /// The mirrors of etcd's locks that verified rules check tokens against: apart from the
     /// settings, which listeners and connections hold on to, so that a reload that drops a
@@ -102,6 +104,10 @@ impl Proxy {
         if config.fence.missing_token == MissingToken::Forward {
             warn_forwarding_tokenless();
         }
+        for key in config.verify.revoked_keys() {
+            tracing::warn!(id = %key.id, file = %key.secret_file.display(),
+                "verify.hmac_keys: this key is revoked (its secret file does not exist); signatures naming it are refused");
+        }
         let keying = keys::keying(&config.paths, &config.fence.scopes);
         let quarantine = config.fence.quarantine;
         let domains = rules::domains(&config.fence.rules);
@@ -134,7 +140,8 @@ impl Proxy {
         let locks =
             arc_swap::ArcSwap::from_pointee(crate::request::locks::mirrors(&config, None).map_err(Error::Conflict)?);
         let settings = SettingsSlot::new(Settings::build(config, metrics.bytes_in.clone(), None)?);
-        let state = State { settings, fence, store, refusals, metrics, locks, peers };
+        let guesses = crate::request::guesses::Guesses::default();
+        let state = State { settings, fence, store, refusals, guesses, metrics, locks, peers };
         Ok(Proxy { state: Arc::new(state) })
     }
 

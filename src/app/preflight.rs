@@ -37,6 +37,14 @@ pub fn preflight(config: &Config) -> Result<Vec<String>, Error> {
             }
         }
     }
+    notes.extend(config.verify.revoked_keys().map(|k| {
+        format!(
+            "warning: verify.hmac_keys {:?} is revoked: its secret file {} does not exist, so signatures naming it \
+            are refused",
+            k.id,
+            k.secret_file.display()
+        )
+    }));
     if let Some(etcd) = &config.store.etcd {
         notes.push(format!(
             "etcd store under {:?} on {}: not contacted here; `run` refuses a prefix `fencegate init --config` did not start",

@@ -106,9 +106,17 @@ pub struct AdminConfig {
     /// File the write token was read from.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub token_file: Option<PathBuf>,
-    /// Bearer token for admin writes (never printed); without one, writes are disabled.
+    /// Bearer token for admin writes (never printed); without one, writes are disabled. It
+    /// grants every read too.
     #[serde(skip)]
     pub token: Option<String>,
+    /// File the read token was read from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub read_token_file: Option<PathBuf>,
+    /// Bearer token for reads that disclose what a verified write could use (never printed):
+    /// the levels of keys under a `verify` rule, and etcd lock holders.
+    #[serde(skip)]
+    pub read_token: Option<String>,
 }
 
 /// `[limits]`
@@ -224,6 +232,22 @@ pub struct FenceConfig {
     pub scopes: Vec<Scope>,
     /// Settings per path prefix (the longest matching prefix wins); reloadable.
     pub rules: Vec<Rule>,
+}
+
+impl FenceConfig {
+    /// Whether a token for `key` must prove more than being a number: its level is then worth
+    /// keeping from whoever may not write.
+    pub fn is_verified(&self, key: &str) -> bool {
+        Rule::verifying(&self.rules, key).is_some_and(|r| r.verify != Some(Verify::None))
+    }
+}
+
+impl Rule {
+    /// The longest of `rules` over `key` that sets `verify`: what proves the key's tokens.
+    pub fn verifying<'a>(rules: &'a [Rule], key: &str) -> Option<&'a Rule> {
+        let over = rules.iter().filter(|r| r.verify.is_some() && crate::fence::keys::in_scope(key, &r.prefix));
+        over.max_by_key(|r| r.prefix.len())
+    }
 }
 
 /// One `[[fence.rules]]` entry: settings for the keys under a prefix.

@@ -71,6 +71,8 @@ pub(super) struct RawAdmin {
     pub(super) listen: Option<String>,
     pub(super) token_file: Option<PathBuf>,
     pub(super) token: Option<String>,
+    pub(super) read_token_file: Option<PathBuf>,
+    pub(super) read_token: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -189,6 +191,10 @@ pub(super) struct RawVerify {
     pub(super) signature_header: String,
     pub(super) clock_skew: String,
     pub(super) max_lag: String,
+    pub(super) client_refusal_burst: u32,
+    pub(super) client_refusal_refill: String,
+    pub(super) key_refusal_burst: u32,
+    pub(super) key_refusal_refill: String,
     pub(super) hmac_keys: Vec<RawHmacKey>,
 }
 
@@ -198,6 +204,10 @@ impl Default for RawVerify {
             signature_header: "Fencing-Token-Signature".into(),
             clock_skew: "30s".into(),
             max_lag: "2s".into(),
+            client_refusal_burst: 10,
+            client_refusal_refill: "1s".into(),
+            key_refusal_burst: 100,
+            key_refusal_refill: "100ms".into(),
             hmac_keys: Vec::new(),
         }
     }

@@ -56,10 +56,23 @@ pub(crate) fn merge(old: &Config, new: Config) -> (Config, Reload) {
     if old.admin.token != new.admin.token {
         report.applied.push("admin.token: (changed)".to_owned());
     }
+    if old.admin.read_token != new.admin.read_token {
+        report.applied.push("admin.read_token: (changed)".to_owned());
+    }
     // Secrets, likewise: read again from their files, a rotated one under the same id counts.
     for key in &new.verify.hmac_keys {
-        if old.verify.hmac_keys.iter().any(|k| k.id == key.id && k.secret != key.secret) {
-            report.applied.push(format!("verify.hmac_keys: the secret of key {:?} changed", key.id));
+        let before = old.verify.hmac_keys.iter().find(|k| k.id == key.id);
+        match (before.map(|k| k.secret.is_some()), key.secret.is_some()) {
+            (Some(true) | None, false) => report.applied.push(format!(
+                "verify.hmac_keys: key {:?} revoked: its secret file {} is gone",
+                key.id,
+                key.secret_file.display()
+            )),
+            (Some(false), true) => report.applied.push(format!("verify.hmac_keys: key {:?} restored", key.id)),
+            (Some(true), true) if before.is_some_and(|k| k.secret != key.secret) => {
+                report.applied.push(format!("verify.hmac_keys: the secret of key {:?} changed", key.id))
+            }
+            _ => {}
         }
     }
     if old.etcd.password != new.etcd.password {

@@ -1,6 +1,7 @@
 //! Validation: the raw view of the file becomes [`Config`], every value checked and turned
 //! into the type the proxy uses; an error names the key.
 
+use std::path::Path;
 use std::time::Duration;
 
 use http::header::HeaderName;
@@ -211,21 +212,31 @@ fn admin(raw: RawAdmin) -> Result<AdminConfig, ConfigError> {
             Some(text.parse().map_err(|e| invalid("admin.listen", format!("{text:?}: {e}: expected IP:PORT")))?)
         }
     };
-    // FENCEGATE_ADMIN__TOKEN lands in `token` and wins over the file.
-    let token = match (raw.token, &raw.token_file) {
+    let token = bearer_token("admin.token_file", raw.token, raw.token_file.as_deref())?;
+    let read_token = bearer_token("admin.read_token_file", raw.read_token, raw.read_token_file.as_deref())?;
+    if read_token.is_some() && read_token == token {
+        return Err(invalid("admin.read_token_file", "the read token must differ from admin.token: it grants less"));
+    }
+    Ok(AdminConfig { listen, token_file: raw.token_file, token, read_token_file: raw.read_token_file, read_token })
+}
+
+/// An admin bearer token: the environment's (`FENCEGATE_ADMIN__TOKEN`, say), which wins, or
+/// the trimmed contents of its file; at least 16 characters.
+fn bearer_token(key: &str, given: Option<String>, file: Option<&Path>) -> Result<Option<String>, ConfigError> {
+    let token = match (given, file) {
         (Some(t), _) => Some(t),
         (None, Some(file)) => Some(
             std::fs::read_to_string(file)
-                .map_err(|e| invalid("admin.token_file", format!("{}: {e}", file.display())))?
+                .map_err(|e| invalid(key, format!("{}: {e}", file.display())))?
                 .trim()
                 .to_owned(),
         ),
         (None, None) => None,
     };
     if token.as_deref().is_some_and(|t| t.len() < 16) {
-        return Err(invalid("admin.token_file", "the admin token must be at least 16 characters"));
+        return Err(invalid(key, "an admin token must be at least 16 characters"));
     }
-    Ok(AdminConfig { listen, token_file: raw.token_file, token })
+    Ok(token)
 }
 
 fn path_policy(raw: &RawPaths) -> Result<PathPolicy, ConfigError> {
@@ -293,8 +304,9 @@ fn rules(raw: &[raw::RawRule], policy: &PathPolicy) -> Result<Vec<Rule>, ConfigE
         if rules.iter().any(|other| other.prefix == canonical) {
             return Err(invalid(&key, format!("{canonical:?} has a rule already")));
         }
-        let domain = r.token_domain.clone().unwrap_or_else(|| DEFAULT_DOMAIN.to_owned());
-        if domain.is_empty() {
+        // Unset, it is inherited below, once every rule is known.
+        let domain = r.token_domain.clone().unwrap_or_default();
+        if r.token_domain.as_deref() == Some("") {
             return Err(invalid(&format!("fence.rules[{index}].token_domain"), "must not be empty"));
         }
         let equal_token = r
@@ -331,6 +343,18 @@ fn rules(raw: &[raw::RawRule], policy: &PathPolicy) -> Result<Vec<Rule>, ConfigE
             return Err(invalid(&format!("fence.rules[{index}].max_jump"), "must be at least 1"));
         }
         rules.push(Rule { prefix: canonical, token_domain: domain, equal_token, verify, lock, max_jump: r.max_jump });
+    }
+    // A rule that does not set its token domain inherits the longest shorter rule's that
+    // does, as every other setting is inherited: a rule that only tunes `max_jump` must not
+    // move its subtree back to the default domain, where other signatures pass.
+    let set: Vec<(String, String)> = rules
+        .iter()
+        .filter(|r| !r.token_domain.is_empty())
+        .map(|r| (r.prefix.clone(), r.token_domain.clone()))
+        .collect();
+    for rule in rules.iter_mut().filter(|r| r.token_domain.is_empty()) {
+        let over = set.iter().filter(|(prefix, _)| keys::in_scope(&rule.prefix, prefix));
+        rule.token_domain = over.max_by_key(|(prefix, _)| prefix.len()).map_or(DEFAULT_DOMAIN, |(_, d)| d).to_owned();
     }
     Ok(rules)
 }

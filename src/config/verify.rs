@@ -12,7 +12,7 @@ use serde::Serialize;
 use super::raw::RawVerify;
 use super::validate::{duration, invalid};
 use super::{ConfigError, Rule, ser_display_header, ser_duration};
-use crate::fence::verify::{Secret, valid_kid};
+use crate::fence::verify::{KeyError, Secret, valid_kid};
 
 /// What a token must prove beyond being a number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -24,6 +24,13 @@ pub enum Verify {
     Hmac,
     /// The create revision of the current holder of the rule's etcd lock (`lock`).
     Etcd,
+}
+
+impl VerifyConfig {
+    /// The ids of the keys whose files are gone: revoked.
+    pub fn revoked_keys(&self) -> impl Iterator<Item = &HmacKey> {
+        self.hmac_keys.iter().filter(|k| k.secret.is_none())
+    }
 }
 
 impl Verify {
@@ -50,6 +57,17 @@ pub struct VerifyConfig {
     /// writes are refused (`verify = "etcd"`).
     #[serde(serialize_with = "ser_duration")]
     pub max_lag: Duration,
+    /// Refused proofs one client address may have in a row before its verified writes wait
+    /// (`429 too_many_refusals`); 0 for no limit.
+    pub client_refusal_burst: u32,
+    /// The time one of a client's refused proofs takes to be forgiven.
+    #[serde(serialize_with = "ser_duration")]
+    pub client_refusal_refill: Duration,
+    /// The same per fence key, counting every client's refusals.
+    pub key_refusal_burst: u32,
+    /// The time one of a key's refused proofs takes to be forgiven.
+    #[serde(serialize_with = "ser_duration")]
+    pub key_refusal_refill: Duration,
     /// The keys signatures may be made with; several may be valid at once.
     pub hmac_keys: Vec<HmacKey>,
 }
@@ -61,9 +79,10 @@ pub struct HmacKey {
     pub id: String,
     /// The file its secret was read from.
     pub secret_file: PathBuf,
-    /// The secret (never printed).
+    /// The secret (never printed); `None` when the file is gone, which revokes the key:
+    /// signatures naming it are refused as if it were unknown.
     #[serde(skip)]
-    pub secret: Secret,
+    pub secret: Option<Secret>,
 }
 
 /// Validates `[verify]`; `token_header` is `fence.header`, which the signature may not share.
@@ -84,13 +103,41 @@ pub(super) fn verify(raw: RawVerify, token_header: &HeaderName) -> Result<Verify
         if hmac_keys.iter().any(|k| k.id == key.id) {
             return Err(invalid(&at("id"), format!("{:?} is the id of another key already", key.id)));
         }
-        let secret = Secret::from_file(&key.secret_file).map_err(|e| {
-            invalid(&at("secret_file"), format!("key {:?} ({}): {e}", key.id, key.secret_file.display()))
-        })?;
+        // A deleted file revokes its key, at start-up as on a reload, so that a restart after
+        // the revocation still starts. Any other fault refuses the config, and a reload that
+        // is refused leaves the key in force: the message says how to revoke it.
+        let secret = match Secret::from_file(&key.secret_file) {
+            Ok(secret) => Some(secret),
+            Err(KeyError::Missing { .. }) => None,
+            Err(e) => {
+                return Err(invalid(
+                    &at("secret_file"),
+                    format!(
+                        "key {:?} ({}): {e}; a running proxy keeps accepting the key it read before: to revoke \
+                        it, delete the file or the [[verify.hmac_keys]] entry and reload",
+                        key.id,
+                        key.secret_file.display()
+                    ),
+                ));
+            }
+        };
         hmac_keys.push(HmacKey { id: key.id, secret_file: key.secret_file, secret });
     }
     let max_lag = duration("verify.max_lag", &raw.max_lag)?;
-    Ok(VerifyConfig { signature_header, clock_skew, max_lag, hmac_keys })
+    let refill = |key: &str, text: &str| match duration(key, text)? {
+        Duration::ZERO => Err(invalid(key, "must be above 0 (a burst of 0 turns the limit off)")),
+        d => Ok(d),
+    };
+    Ok(VerifyConfig {
+        signature_header,
+        clock_skew,
+        max_lag,
+        client_refusal_burst: raw.client_refusal_burst,
+        client_refusal_refill: refill("verify.client_refusal_refill", &raw.client_refusal_refill)?,
+        key_refusal_burst: raw.key_refusal_burst,
+        key_refusal_refill: refill("verify.key_refusal_refill", &raw.key_refusal_refill)?,
+        hmac_keys,
+    })
 }
 
 /// Refuses a rule that asks for a proof nothing could give.
@@ -132,7 +179,10 @@ mod tests {
             Config::from_toml_str(&with_key(dir.path(), "2026-12", "a-secret-of-32-bytes-for-tests!!\n", "")).unwrap();
         assert_eq!(c.verify.signature_header.as_str(), "fencing-token-signature");
         assert_eq!(c.verify.clock_skew, std::time::Duration::from_secs(30));
-        assert_eq!((c.verify.hmac_keys[0].id.as_str(), c.verify.hmac_keys[0].secret.len()), ("2026-12", 32));
+        assert_eq!(
+            (c.verify.hmac_keys[0].id.as_str(), c.verify.hmac_keys[0].secret.as_ref().map(|s| s.len())),
+            ("2026-12", Some(32))
+        );
         assert_eq!((c.fence.rules[0].verify, c.fence.rules[0].max_jump), (Some(Verify::Hmac), Some(1000)));
         let shown = c.to_toml();
         assert!(shown.contains("2026-12") && shown.contains("verify = \"hmac\"") && shown.contains("max_jump = 1000"));
@@ -170,14 +220,40 @@ mod tests {
                 "fence.rules[0].lock: verify = \"etcd\" needs the lock",
             ),
             (format!("{MINIMAL}[[fence.rules]]\nprefix = \"/s/\"\nmax_jump = 0\n"), "fence.rules[0].max_jump"),
-            (
-                format!("{MINIMAL}[[verify.hmac_keys]]\nid = \"k\"\nsecret_file = \"/nonexistent/k\"\n"),
-                "/nonexistent/k",
-            ),
+            (with_key(dir.path(), "k1", "", ""), "to revoke it, delete the file"),
         ] {
             let err = Config::from_toml_str(&text).map(drop).unwrap_err().to_string();
             assert!(err.contains(error), "{text:?} gave {err}");
         }
+    }
+
+    #[test]
+    fn a_deleted_key_file_revokes_the_key_and_the_config_still_loads() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = with_key(dir.path(), "k1", "a-secret-of-32-bytes-for-tests!!", "");
+        let file = std::fs::read_dir(dir.path()).unwrap().next().unwrap().unwrap().path();
+        std::fs::remove_file(&file).unwrap();
+        let c = Config::from_toml_str(&text).unwrap();
+        assert!(c.verify.hmac_keys[0].secret.is_none(), "revoked");
+        assert_eq!(c.verify.revoked_keys().map(|k| k.id.as_str()).collect::<Vec<_>>(), ["k1"]);
+        assert_eq!(c.fence.rules[0].verify, Some(Verify::Hmac), "the rule stands: every signature is refused");
+        assert_eq!(Config::from_toml_str(&c.to_toml()).unwrap(), c, "the effective settings load again");
+    }
+
+    #[test]
+    fn the_refusal_limits_are_read_and_a_zero_refill_is_refused() {
+        let c = Config::from_toml_str(MINIMAL).unwrap();
+        let v = &c.verify;
+        assert_eq!((v.client_refusal_burst, v.client_refusal_refill), (10, std::time::Duration::from_secs(1)));
+        assert_eq!((v.key_refusal_burst, v.key_refusal_refill), (100, std::time::Duration::from_millis(100)));
+        let text = format!("{MINIMAL}[verify]\nclient_refusal_burst = 0\nkey_refusal_refill = \"2s\"\n");
+        let c = Config::from_toml_str(&text).unwrap();
+        assert_eq!(
+            (c.verify.client_refusal_burst, c.verify.key_refusal_refill),
+            (0, std::time::Duration::from_secs(2))
+        );
+        let err = Config::from_toml_str(&format!("{MINIMAL}[verify]\nclient_refusal_refill = \"0s\"\n")).unwrap_err();
+        assert!(err.to_string().contains("verify.client_refusal_refill"), "{err}");
     }
 
     #[test]

@@ -32,6 +32,12 @@ const MAC_BYTES: usize = 32;
 /// Why a key or its id cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KeyError {
+    /// The key file does not exist: deleting it revokes the key.
+    #[error("{path} does not exist")]
+    Missing {
+        /// The file.
+        path: String,
+    },
     /// The key file cannot be read.
     #[error("cannot read {path}: {message}")]
     Read {
@@ -83,7 +89,10 @@ impl Secret {
         use std::io::Read;
         let read = |e: std::io::Error| KeyError::Read { path: path.display().to_string(), message: e.to_string() };
         let mut bytes = Vec::new();
-        let file = std::fs::File::open(path).map_err(read)?;
+        let file = std::fs::File::open(path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => KeyError::Missing { path: path.display().to_string() },
+            _ => read(e),
+        })?;
         file.take(MAX_KEY_BYTES as u64 + 1).read_to_end(&mut bytes).map_err(read)?;
         if bytes.len() > MAX_KEY_BYTES {
             return Err(KeyError::TooLong);

@@ -10,7 +10,7 @@
 
 use crate::config::{Config, FenceConfig, Rule, Verify};
 use crate::etcd::{Client, MirrorOptions, Mirrors};
-use crate::fence::{Touch, keys};
+use crate::fence::Touch;
 
 /// Why a write was refused by its lock's holder.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -46,8 +46,7 @@ pub enum LockError {
 
 /// The verification setting of `key`: that of the longest rule over it that sets one.
 fn rule_of<'a>(key: &str, rules: &'a [Rule]) -> Option<&'a Rule> {
-    let setting = rules.iter().filter(|r| r.verify.is_some() && keys::in_scope(key, &r.prefix));
-    setting.max_by_key(|r| r.prefix.len()).filter(|r| r.verify == Some(Verify::Etcd))
+    Rule::verifying(rules, key).filter(|r| r.verify == Some(Verify::Etcd))
 }
 
 /// The locks whose holder a write of `touches` must be, one per key; empty if the write is not

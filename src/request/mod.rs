@@ -5,6 +5,7 @@
 mod access;
 pub mod classify;
 pub mod destination;
+pub(crate) mod guesses;
 pub(crate) mod leader;
 pub mod locks;
 pub mod refusal;
@@ -26,6 +27,7 @@ use crate::store::{Role, StoreError};
 pub use crate::upstream::ResponseBody;
 use crate::upstream::{Connection, Hold, Peer, UpstreamError, full_body};
 use classify::{Plan, Write};
+use guesses::Guess;
 pub use refusal::{ERROR_HEADER, Refusal};
 
 /// Handles one request; every refusal becomes fencegate's own JSON response.
@@ -43,7 +45,18 @@ pub(crate) async fn handle(state: Arc<State>, req: Request<Incoming>, client: Pe
             if let Some(entry) = access.as_mut() {
                 entry.plan(&plan);
             }
-            execute(Arc::clone(&state), Arc::clone(&settings), req, plan, client.clone()).await
+            match Guess::of(&plan, &req, &client, &settings) {
+                None => execute(Arc::clone(&state), Arc::clone(&settings), req, plan, client.clone()).await,
+                Some(guess) => match guess.admit(&state) {
+                    Err(refusal) => Err(refusal),
+                    Ok(()) => {
+                        let result =
+                            execute(Arc::clone(&state), Arc::clone(&settings), req, plan, client.clone()).await;
+                        guess.count(&state, &result);
+                        result
+                    }
+                },
+            }
         }
         Err(refusal) => Err(refusal),
     };

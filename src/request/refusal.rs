@@ -99,12 +99,39 @@ pub enum Refusal {
         /// The limit.
         limit: u64,
     },
-    /// An admin write without the right bearer token.
-    #[error("admin writes need `Authorization: Bearer <token>` with the configured token")]
+    /// An admin change, or a read of what a verified write could use, without the right
+    /// bearer token.
+    #[error(
+        "admin changes need `Authorization: Bearer <token>` with admin.token; reads of verified keys' levels and \
+        of lock holders take admin.token or admin.read_token"
+    )]
     Unauthorized,
     /// Admin writes are off because no admin token is configured.
     #[error("admin writes are disabled: set admin.token_file or FENCEGATE_ADMIN__TOKEN")]
     AdminWritesDisabled,
+    /// Reads that disclose what a verified write could use are off: no token is configured.
+    #[error(
+        "reads of verified keys' levels and of lock holders are disabled: set admin.read_token_file (or \
+        admin.token_file)"
+    )]
+    AdminReadsDisabled,
+    /// An admin read or change of the fence on an instance that does not lead the shared fence.
+    #[error("this instance does not lead the shared fence; {leader} does: ask its admin API")]
+    NotLeader {
+        /// The leader's advertised URL.
+        leader: String,
+    },
+    /// Verified writes from this client, or to this key, were refused too often: guessing a
+    /// token is slowed down.
+    #[error("too many refused proofs {scope}; try again in {retry_after:?}")]
+    TooManyRefusals {
+        /// Whose refusals: "from this client" or "for <key>".
+        scope: String,
+        /// The first key the write touches.
+        resource: String,
+        /// When one more proof will be checked.
+        retry_after: std::time::Duration,
+    },
     /// A method an admin endpoint does not serve.
     #[error("{method} is not served at {path}; allowed: {allow}")]
     WrongMethod {
@@ -200,6 +227,9 @@ impl Refusal {
             }
             Refusal::Unauthorized => (S::UNAUTHORIZED, "unauthorized"),
             Refusal::AdminWritesDisabled => (S::FORBIDDEN, "admin_writes_disabled"),
+            Refusal::AdminReadsDisabled => (S::FORBIDDEN, "admin_reads_disabled"),
+            Refusal::NotLeader { .. } => (S::MISDIRECTED_REQUEST, "not_leader"),
+            Refusal::TooManyRefusals { .. } => (S::TOO_MANY_REQUESTS, "too_many_refusals"),
             Refusal::NotFound(_) => (S::NOT_FOUND, "not_found"),
             Refusal::BadRequest(_) => (S::BAD_REQUEST, "invalid_request"),
             Refusal::Fence(FenceError::Stale { .. }) => (S::CONFLICT, "stale_token"),
@@ -248,7 +278,7 @@ impl Refusal {
                 | FenceError::WouldRaise { resource, .. }
                 | FenceError::NoFence { resource },
             ) => Some(resource),
-            Refusal::SignatureRejected { resource, .. } => Some(resource),
+            Refusal::SignatureRejected { resource, .. } | Refusal::TooManyRefusals { resource, .. } => Some(resource),
             _ => None,
         }
     }
@@ -281,6 +311,10 @@ impl Refusal {
                 FenceError::WouldLower { resource, max_seen, to } | FenceError::WouldRaise { resource, max_seen, to },
             ) => json!({ "resource": resource, "max_seen": max_seen, "to": to }),
             Refusal::Fence(FenceError::NoFence { resource }) => json!({ "resource": resource }),
+            Refusal::NotLeader { leader } => json!({ "leader": leader }),
+            Refusal::TooManyRefusals { resource, retry_after, .. } => {
+                json!({ "resource": resource, "retry_after_ms": retry_after.as_millis() as u64 })
+            }
             Refusal::Fence(FenceError::Quarantined { resource, retry_after, .. }) => {
                 json!({ "resource": resource, "retry_after_ms": retry_after.as_millis() as u64 })
             }
@@ -301,9 +335,8 @@ impl Refusal {
         let headers = resp.headers_mut();
         headers.insert(ERROR_HEADER, HeaderValue::from_static(self.code()));
         let retry = match self {
-            Refusal::Fence(FenceError::Quarantined { retry_after, .. }) => {
-                Some(retry_after.as_secs_f64().ceil().max(1.0) as u64)
-            }
+            Refusal::Fence(FenceError::Quarantined { retry_after, .. })
+            | Refusal::TooManyRefusals { retry_after, .. } => Some(retry_after.as_secs_f64().ceil().max(1.0) as u64),
             // Not for a failed store: it stays failed until restart. A full disk may get room.
             Refusal::Fence(FenceError::QueueTimeout { .. })
             | Refusal::Upstream(UpstreamError::Busy(_))

@@ -12,6 +12,13 @@ fn examples() -> Vec<(Refusal, u16, &'static str)> {
         (Refusal::MethodNotAllowed("CONNECT".into()), 405, "method_not_allowed"),
         (Refusal::Unauthorized, 401, "unauthorized"),
         (Refusal::AdminWritesDisabled, 403, "admin_writes_disabled"),
+        (Refusal::AdminReadsDisabled, 403, "admin_reads_disabled"),
+        (Refusal::NotLeader { leader: "http://127.0.0.1:1".into() }, 421, "not_leader"),
+        (
+            Refusal::TooManyRefusals { scope: "from this client".into(), resource: "/a".into(), retry_after: d },
+            429,
+            "too_many_refusals",
+        ),
         (Refusal::NotFound("/x".into()), 404, "not_found"),
         (Refusal::BadRequest("x".into()), 400, "invalid_request"),
         (fence(FenceError::WouldLower { resource: "/a".into(), max_seen: 5, to: 4 }), 409, "would_lower"),
@@ -117,6 +124,13 @@ fn answers_that_a_retry_may_cure_say_when_to_retry() {
         Some("1")
     );
     assert_eq!(retry_after(Refusal::Upstream(UpstreamError::Unreachable("refused".into()))), None);
+    let limited = |ms| Refusal::TooManyRefusals {
+        scope: "for /a".into(),
+        resource: "/a".into(),
+        retry_after: Duration::from_millis(ms),
+    };
+    assert_eq!(retry_after(limited(2_100)).as_deref(), Some("3"), "rounded up");
+    assert_eq!(retry_after(limited(10)).as_deref(), Some("1"), "never 0");
 }
 
 #[tokio::test]

@@ -103,9 +103,7 @@ fn one_domain<'a>(touches: &[Touch], rules: &'a [Rule]) -> Result<&'a str, Refus
 /// What proves the tokens of `key`: the `verify` setting of the longest rule over it that sets
 /// one and, for etcd, that rule's lock template.
 fn proof_of<'a>(rules: &'a [Rule], key: &str) -> (Verify, Option<&'a str>) {
-    let rule =
-        rules.iter().filter(|r| r.verify.is_some() && keys::in_scope(key, &r.prefix)).max_by_key(|r| r.prefix.len());
-    match rule {
+    match Rule::verifying(rules, key) {
         Some(r) => (r.verify.unwrap_or(Verify::None), r.lock.as_ref().map(|t| t.as_str())),
         None => (Verify::None, None),
     }
@@ -230,10 +228,21 @@ mod tests {
     #[test]
     fn the_fence_maps_keys_to_the_domains_the_rules_name() {
         let c = config(
-            "[[fence.rules]]\nprefix = \"/consul/\"\ntoken_domain = \"consul\"\n[[fence.rules]]\nprefix = \"/consul/e\"\n",
+            "[[fence.rules]]\nprefix = \"/consul/\"\ntoken_domain = \"consul\"\n\
+             [[fence.rules]]\nprefix = \"/consul/e\"\nmax_jump = 10\n\
+             [[fence.rules]]\nprefix = \"/consul/d\"\ntoken_domain = \"default\"\n\
+             [[fence.rules]]\nprefix = \"/consul/d/own\"\nequal_token = \"accept\"\n\
+             [[fence.rules]]\nprefix = \"/other\"\nmax_jump = 10\n",
         );
         let d = domains(&c.fence.rules);
-        assert_eq!((d.of("/consul/a"), d.of("/consul/e/1"), d.of("/x")), ("consul", "default", "default"));
+        assert_eq!((d.of("/consul/a"), d.of("/x")), ("consul", "default"));
+        assert_eq!(d.of("/consul/e/1"), "consul", "a rule that does not set the domain inherits it");
+        assert_eq!(
+            (d.of("/consul/d/1"), d.of("/consul/d/own/1")),
+            ("default", "default"),
+            "from the longest that sets it"
+        );
+        assert_eq!(d.of("/other/1"), "default", "no rule over it sets one");
     }
 
     #[test]
