@@ -223,6 +223,10 @@ async fn refused_proofs_past_a_burst_are_answered_429_before_the_next_is_checked
     right.assert_refused(429, "too_many_refusals");
     let wait: u64 = right.headers["retry-after"].to_str().unwrap().parse().unwrap();
     assert!((3500..=3600).contains(&wait), "{wait}");
+    // A single instance has no peers: a write claiming to come from one is its client's.
+    let signature = sign(NEW, "k", "default", 4, later);
+    let forged = [("fencing-token", "4"), (SIGNATURE, signature.as_str()), ("fencegate-forwarded-by", "http://x")];
+    h.send("PUT", "/signed/b", &forged, "x").await.assert_refused(429, "too_many_refusals");
     assert_eq!(h.proxy.max_seen("/signed/b"), None);
     assert!(h.backend.requests().is_empty());
     // Unverified writes are not limited.

@@ -183,16 +183,24 @@ pub(crate) fn is_refused_proof(code: &str) -> bool {
 /// A verified write, as the limits see it: who sent it and the first key it touches.
 #[derive(Debug)]
 pub(super) struct Guess {
-    /// The client's address; `None` for a write another instance sent on, whose client that
-    /// instance counts.
+    /// The client's address; `None` for a write another instance of a shared fence sent on,
+    /// whose client that instance counts.
     client: Option<IpAddr>,
     key: String,
     limits: Limits,
 }
 
 impl Guess {
-    /// The guess a plan makes, if it is a verified write.
-    pub(super) fn of<B>(plan: &Plan, req: &Request<B>, client: &Peer, settings: &Settings) -> Option<Guess> {
+    /// The guess a plan makes, if it is a verified write. `shared` says whether this instance
+    /// shares its fence with others, the only case where a write may come from a peer: a
+    /// single instance charges a write that claims so to its own client.
+    pub(super) fn of<B>(
+        plan: &Plan,
+        req: &Request<B>,
+        client: &Peer,
+        settings: &Settings,
+        shared: bool,
+    ) -> Option<Guess> {
         let Plan::Write(write) = plan else { return None };
         if matches!(write.proof, super::verify::Proof::None) && write.locks.is_empty() {
             return None;
@@ -202,7 +210,8 @@ impl Guess {
             client: Limit { burst: verify.client_refusal_burst, refill: verify.client_refusal_refill },
             key: Limit { burst: verify.key_refusal_burst, refill: verify.key_refusal_refill },
         };
-        let client = (!req.headers().contains_key(&leader::FORWARDED_BY)).then_some(client.addr.ip());
+        let sent_on = shared && req.headers().contains_key(&leader::FORWARDED_BY);
+        let client = (!sent_on).then_some(client.addr.ip());
         Some(Guess { client, key: write.touches.first()?.key.clone(), limits })
     }
 

@@ -45,7 +45,7 @@ pub(crate) async fn handle(state: Arc<State>, req: Request<Incoming>, client: Pe
             if let Some(entry) = access.as_mut() {
                 entry.plan(&plan);
             }
-            match Guess::of(&plan, &req, &client, &settings) {
+            match Guess::of(&plan, &req, &client, &settings, state.peers.is_some()) {
                 None => execute(Arc::clone(&state), Arc::clone(&settings), req, plan, client.clone()).await,
                 Some(guess) => match guess.admit(&state) {
                     Err(refusal) => Err(refusal),
