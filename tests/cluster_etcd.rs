@@ -247,9 +247,16 @@ async fn a_leader_whose_key_is_deleted_steps_down_at_once() {
     .await;
 }
 
-/// An etcd store on `c`'s prefix, opened in this process and leading, with a lease of 30 s.
+/// An etcd store on `c`'s prefix, initialised, opened in this process and leading, with a lease
+/// of 30 s.
 async fn leading_store(c: &Cluster, etcd: &Etcd) -> fencegate::store::EtcdStore {
     c.init().await;
+    leading_store_on(c, etcd).await
+}
+
+/// An etcd store on `c`'s prefix, opened in this process (not campaigning yet), with a lease
+/// of 30 s.
+async fn open_store(c: &Cluster, etcd: &Etcd) -> Result<fencegate::store::EtcdStore, fencegate::store::StoreError> {
     let config = fencegate::Config::load(&c.instances[0].config, None).unwrap();
     let options = fencegate::store::EtcdOptions {
         prefix: PREFIX.into(),
@@ -262,10 +269,7 @@ async fn leading_store(c: &Cluster, etcd: &Etcd) -> fencegate::store::EtcdStore 
         max_txn_ops: fencegate::store::etcd::DEFAULT_MAX_TXN_OPS,
         on_commit: None,
     };
-    let store = fencegate::store::EtcdStore::open(fencegate::etcd::Client::single(&etcd.url()), options).await.unwrap();
-    store.start(std::sync::Arc::new(|_| {}));
-    eventually("it leads", async || store.leading()).await;
-    store
+    fencegate::store::EtcdStore::open(fencegate::etcd::Client::single(&etcd.url()), options).await
 }
 
 /// A store dropped without `close` (an open that failed later) resigns and gives its lease up,
@@ -299,4 +303,164 @@ async fn the_writer_never_lowers_a_level_in_etcd() {
     assert!(store.advance("/a", 9).await.is_err());
     assert!(store.advance("/a", 11).await.is_ok());
     assert_eq!(c.max_seen_in_etcd("/a").await, Some(11));
+}
+
+/// The census of levels `P/census` holds, if any.
+async fn census_in_etcd(c: &Cluster) -> Option<u64> {
+    census_under(c, PREFIX).await
+}
+
+/// The census of levels under `prefix`, if any.
+async fn census_under(c: &Cluster, prefix: &str) -> Option<u64> {
+    let key = format!("{prefix}census");
+    let (kvs, _) = c.gateway.range(key.as_bytes(), None).await.unwrap();
+    kvs.first().map(|kv| std::str::from_utf8(&kv.value).unwrap().parse().unwrap())
+}
+
+/// Levels deleted from a live prefix (by hand, a clean-up, a restore that skipped them) while
+/// its batch id and key rules survive: the census says how many it must hold, and no instance
+/// leads it with fewer.
+#[tokio::test]
+async fn a_prefix_that_lost_levels_is_refused_naming_what_is_missing() {
+    use fencegate::store::{Condition, MarkKind, Store};
+    let Some(etcd) = start_etcd().await else { return };
+    let c = Cluster::build(&[etcd.url()], 1, "").await;
+    let store = leading_store(&c, &etcd).await;
+    store.advance("/a", 5).await.unwrap();
+    store.advance_all(vec![(MarkKind::Key, "/b".into()), (MarkKind::Floor, "/d/".into())], 6).await.unwrap();
+    store.advance("/c", 7).await.unwrap();
+    store.close().await.unwrap();
+
+    // A restart with every level in place leads.
+    let again = leading_store_on(&c, &etcd).await;
+    again.close().await.unwrap();
+
+    for key in ["k//a", "k//c"] {
+        c.gateway.delete(format!("{PREFIX}{key}").as_bytes()).await.unwrap();
+    }
+    let store = open_store(&c, &etcd).await.unwrap();
+    store.start(std::sync::Arc::new(|_| {}));
+    let mut refusal = String::new();
+    eventually("the takeover refuses the prefix", async || match store.condition() {
+        Condition::Failed(why) => {
+            refusal = why;
+            true
+        }
+        _ => false,
+    })
+    .await;
+    assert!(!store.leading());
+    assert!(refusal.contains("holds 2 fence levels") && refusal.contains("records 4"), "{refusal}");
+    assert!(refusal.contains("2 were deleted") && refusal.contains("--floor <that token>"), "{refusal}");
+    assert!(store.advance("/b", 100).await.is_err(), "no write is fenced from what is left");
+    drop(store);
+    eventually("it gave the leadership up", async || c.leader_url().await.is_none()).await;
+
+    // The real binary: it does not serve fenced writes, and says why.
+    let mut c = c;
+    c.instances[0].start();
+    let log = "holds 2 fence levels";
+    eventually("the instance names what is missing", async || c.instances[0].proxy().log_contains(log)).await;
+    put(c.instances[0].addr, "/b", 100).await.assert_refused(503, "store_unavailable");
+}
+
+/// `init` writes the census, and every batch that creates levels counts each of them once, in
+/// the same transaction: an advance, several marks at once, a reset of a mark never written.
+#[tokio::test]
+async fn the_census_counts_every_level_created() {
+    use fencegate::store::{MarkKind, Store};
+    let Some(etcd) = start_etcd().await else { return };
+    let c = Cluster::build(&[etcd.url()], 1, "").await;
+    let store = leading_store(&c, &etcd).await;
+    assert_eq!(census_in_etcd(&c).await, Some(0), "init with no floor: no level");
+    store.advance("/a", 5).await.unwrap();
+    assert_eq!(census_in_etcd(&c).await, Some(1));
+    let (both, again) = (
+        store.advance_all(vec![(MarkKind::Key, "/b".into()), (MarkKind::Floor, "/d/".into())], 6),
+        store.advance_all(vec![(MarkKind::Key, "/b".into()), (MarkKind::Key, "/a".into())], 7),
+    );
+    both.await.unwrap();
+    again.await.unwrap();
+    assert_eq!(census_in_etcd(&c).await, Some(3), "/b counted once, /a not again");
+    store.reset(vec![(MarkKind::Key, "/b".into()), (MarkKind::Key, "/c".into())], 3).await.unwrap();
+    assert_eq!(census_in_etcd(&c).await, Some(4), "a reset that makes a level counts it");
+    store.close().await.unwrap();
+
+    // The floor `init` writes, and the levels a migration creates.
+    let client = fencegate::etcd::Client::single(&etcd.url());
+    let keying = fencegate::fence::keys::keying(&Default::default(), &[]);
+    fencegate::store::etcd::init(&client, "/fg-floor/", &keying, 500).await.unwrap();
+    assert_eq!(census_under(&c, "/fg-floor/").await, Some(1));
+    let dir = c.dir.path().join("old");
+    fencegate::app::init_data_dir(&dir, 0).unwrap();
+    let options = fencegate::store::StoreOptions { keying: keying.clone(), ..Default::default() };
+    let file = fencegate::store::FileStore::open(&dir, options).unwrap();
+    for (key, token) in [("/a", 7), ("/b", 9)] {
+        file.advance(key, token).await.unwrap();
+        file.answered(key, token);
+    }
+    file.close().await.unwrap();
+    fencegate::store::etcd::migrate(&client, "/fg-floor/", &keying, &dir).await.unwrap();
+    assert_eq!(census_under(&c, "/fg-floor/").await, Some(3), "the floor, /a and /b");
+    fencegate::store::etcd::migrate(&client, "/fg-floor/", &keying, &dir).await.unwrap();
+    assert_eq!(census_under(&c, "/fg-floor/").await, Some(3), "nothing created again");
+}
+
+/// A prefix an earlier build initialised has no census: its next takeover counts what it holds
+/// and writes it, and batches keep it from then on.
+#[tokio::test]
+async fn a_prefix_without_a_census_gets_one_at_its_takeover() {
+    use fencegate::store::Store;
+    let Some(etcd) = start_etcd().await else { return };
+    let c = Cluster::build(&[etcd.url()], 1, "").await;
+    c.init().await;
+    c.gateway.put(format!("{PREFIX}k//old").as_bytes(), b"00000000000000000009").await.unwrap();
+    c.gateway.delete(format!("{PREFIX}census").as_bytes()).await.unwrap();
+    let store = leading_store_on(&c, &etcd).await;
+    assert_eq!(census_in_etcd(&c).await, Some(1), "counted at the takeover");
+    assert_eq!(store.table().get("/old"), Some(9));
+    store.advance("/new", 10).await.unwrap();
+    store.close().await.unwrap();
+    assert_eq!(census_in_etcd(&c).await, Some(2));
+}
+
+/// [`leading_store`] on a prefix already initialised.
+async fn leading_store_on(c: &Cluster, etcd: &Etcd) -> fencegate::store::EtcdStore {
+    let store = open_store(c, etcd).await.unwrap();
+    store.start(std::sync::Arc::new(|_| {}));
+    eventually("it leads", async || store.leading()).await;
+    store
+}
+
+#[tokio::test]
+async fn a_followers_admin_api_says_it_does_not_lead_and_names_the_leader() {
+    let Some(etcd) = start_etcd().await else { return };
+    let c = Cluster::start(&[etcd.url()], 2, "").await;
+    let leader = c.wait_leader().await;
+    let follower = 1 - leader;
+    eventually("the follower knows the leader", async || {
+        c.instances[follower].proxy().log_contains("following the fence's leader")
+    })
+    .await;
+    assert!(ok(&put(c.instances[follower].addr, "/r", 7).await), "sent on to the leader");
+    let admin = async |i: usize, head: &str, body: &str| {
+        let addr = c.instances[i].proxy().admin_addr().await;
+        let auth = common::cluster::ADMIN_TOKEN;
+        raw_request(addr, &format!("{head} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {auth}"), body).await
+    };
+    let r = admin(leader, "GET /fences/r", "").await;
+    assert_eq!((r.status, r.json()["max_seen"].as_u64()), (200, Some(7)), "{:?}", r.body);
+    // The follower holds no levels: it says so rather than answering 404 or "nothing to reset".
+    for (head, body) in [
+        ("GET /fences/r", ""),
+        ("GET /fences?prefix=/", ""),
+        ("POST /fences/r:reset", r#"{"to": 1, "confirm": "/r"}"#),
+        ("POST /fences/r:advance", r#"{"to": 100}"#),
+        ("POST /fences/r:lift", ""),
+    ] {
+        let r = admin(follower, head, body).await;
+        r.assert_refused(421, "not_leader");
+        assert_eq!(r.json()["leader"].as_str(), Some(c.instances[leader].url().as_str()), "{head}: {:?}", r.body);
+    }
+    assert_eq!(c.max_seen_in_etcd("/r").await, Some(7), "nothing changed");
 }

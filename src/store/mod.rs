@@ -268,6 +268,17 @@ pub enum StoreError {
         /// The key prefix.
         prefix: String,
     },
+    /// The etcd prefix holds fewer levels (`P/k/…`, `P/f/…`) than its census (`P/census`) says
+    /// it must: some were deleted, and serving would forget their `max_seen`.
+    #[error("{}", lost_marks_etcd(.prefix, *.recorded, *.found))]
+    LostMarksEtcd {
+        /// The key prefix.
+        prefix: String,
+        /// The levels the census records.
+        recorded: u64,
+        /// The levels found.
+        found: u64,
+    },
     /// `init` was asked to start an etcd prefix that already holds a fence.
     #[error(
         "etcd already holds fence state under {prefix:?}; refusing to initialise it again, which could \
@@ -314,6 +325,19 @@ fn log_missing(dir: &std::path::Path, evidence: &str) -> String {
         Recover as after a lost volume: with no fencegate serving the backend, read the lock service's current \
         token (for etcd, its current revision), make a new data dir with `fencegate init --dir <new dir> --floor \
         <that token>` and serve from it (docs/operations.md: Recovering from a lost volume)"
+    )
+}
+
+fn lost_marks_etcd(prefix: &str, recorded: u64, found: u64) -> String {
+    format!(
+        "etcd prefix {prefix:?} holds {found} fence levels ({prefix}k/... and {prefix}f/...) where its census \
+        ({prefix}census) records {recorded}: {} were deleted (by hand, a clean-up of keys, a restore or copy that \
+        skipped them), and with them the max_seen of their resources. Serving from it would let stale lock \
+        holders write again, so no instance leads it. Recover as after a lost volume: with no fencegate serving \
+        the backend, read the lock service's current token (for etcd, its current revision) and start the fence \
+        again on a new prefix (or this one emptied: `etcdctl del --prefix {prefix}`) with `fencegate init \
+        --config FILE --floor <that token>` (docs/operations.md: Recovering from a lost volume)",
+        recorded.saturating_sub(found)
     )
 }
 

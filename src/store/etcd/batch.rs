@@ -5,6 +5,11 @@
 //! P/batch = next)`. Only once etcd has committed it (a quorum has it) is the table raised and
 //! are the writes answered.
 //!
+//! A batch that creates levels (a key or floor the table does not hold, which it would if etcd
+//! did: the takeover loaded every level, and only this leader has written since) also puts the
+//! new count in `P/census`, in the same transaction, so the census never counts a level etcd
+//! does not hold.
+//!
 //! An outcome that is not known (a timeout, a lost connection) is never taken as a failure: the
 //! transaction may still apply. A barrier settles it: `If(same guard) Then(P/batch = barrier)`.
 //! If the barrier commits, the lost batch can never apply (its compare on `P/batch` fails for
@@ -12,7 +17,7 @@
 //! `P/batch` holds the lost batch's id, the batch committed and its writes go. Otherwise the
 //! leadership is gone, and the writes are refused (sending nothing is always safe).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -68,7 +73,7 @@ pub(crate) struct Writer {
     pub(crate) table: Arc<Table>,
     pub(crate) max_resources: usize,
     /// Operations of changes and answers one batch may hold: etcd's `--max-txn-ops` less the
-    /// batch id's.
+    /// batch id's and the census's.
     pub(crate) max_ops: usize,
     pub(crate) on_commit: Option<CommitHook>,
     /// Taken from the queue and not yet in a batch: it did not fit the last one.
@@ -87,6 +92,9 @@ struct Chain {
     /// it: every transaction gets an id never used before, so that reading it back in
     /// `P/batch` proves that very transaction committed.
     sent: u64,
+    /// The levels etcd holds after this leader's last committed batch (the takeover's count
+    /// to start with): what the census becomes with the next batch that creates any.
+    census: u64,
 }
 
 /// One change of a batch, applied to the table once the batch commits.
@@ -103,7 +111,7 @@ impl Writer {
             shared,
             table,
             max_resources: usize::MAX,
-            max_ops: DEFAULT_MAX_TXN_OPS - 1,
+            max_ops: DEFAULT_MAX_TXN_OPS - 2,
             on_commit: None,
             carry: None,
             chain: None,
@@ -156,9 +164,10 @@ impl Writer {
     /// The chain of `epoch`: from what the takeover read, the first time.
     fn chain(&mut self, epoch: i64) -> &mut Chain {
         if self.chain.as_ref().is_none_or(|c| c.epoch != epoch) {
-            self.chain = Some(Chain { epoch, last: self.shared.last_batch(), sent: 0 });
+            let (last, census) = self.shared.last_batch();
+            self.chain = Some(Chain { epoch, last, sent: 0, census });
         }
-        self.chain.get_or_insert_with(|| Chain { epoch, last: Vec::new(), sent: 0 })
+        self.chain.get_or_insert_with(|| Chain { epoch, last: Vec::new(), sent: 0, census: 0 })
     }
 
     /// The guard's last id, and a new id and its sequence for the next transaction of `epoch`.
@@ -182,6 +191,8 @@ impl Writer {
         let mut room = Room::default();
         // The highest advance of each mark so far in this batch.
         let mut batch_levels: HashMap<(MarkKind, String), u64> = HashMap::new();
+        // The levels this batch creates, each once however many of its changes name it.
+        let mut created: HashSet<(MarkKind, String)> = HashSet::new();
         for msg in batch {
             match msg {
                 Msg::Answered { marks, token, term: answered_in } => {
@@ -221,19 +232,19 @@ impl Writer {
                             *e = (*e).max(token);
                         }
                     }
-                    let fresh: Vec<&str> = marks
+                    let fresh: Vec<&(MarkKind, String)> = marks
                         .iter()
                         .filter(|(m, n)| match m {
                             MarkKind::Key => self.table.get(n).is_none(),
                             MarkKind::Floor => self.table.floor(n).is_none(),
                         })
-                        .map(|(_, n)| n.as_str())
                         .collect();
-                    let bytes = fresh.iter().map(|n| mark_bytes(n)).sum::<u64>();
+                    let bytes = fresh.iter().map(|(_, n)| mark_bytes(n)).sum::<u64>();
                     if let Err(e) = room.take(&self.table, self.max_resources, fresh.len(), bytes) {
                         let _ = done.send(Err(e));
                         continue;
                     }
+                    created.extend(fresh.into_iter().cloned());
                     for (mark, name) in &marks {
                         writes.insert(self.names.level(*mark, name), Some(token_value(token)));
                         if change == Change::Advance {
@@ -268,6 +279,11 @@ impl Writer {
             })
             .collect();
         success.push(Op::Put { key: self.names.batch(), value: next.clone(), lease: 0 });
+        // Counted from the chain's census, which only committed batches move.
+        let census = (!created.is_empty()).then(|| self.chain(epoch).census + created.len() as u64);
+        if let Some(count) = census {
+            success.push(Op::Put { key: self.names.census(), value: token_value(count), lease: 0 });
+        }
         let guard =
             [Compare::CreateRevision(self.names.leader(), epoch), Compare::Value(self.names.batch(), last.clone())];
         let failure = [Op::Get(self.names.batch())];
@@ -282,7 +298,11 @@ impl Writer {
         };
         match &outcome {
             Ok(()) => {
-                self.chain(epoch).last = next;
+                let chain = self.chain(epoch);
+                chain.last = next;
+                if let Some(count) = census {
+                    chain.census = count;
+                }
                 self.shared.set_full(None);
                 if let (Some(hook), true) = (&self.on_commit, advances > 0) {
                     hook(started.elapsed(), advances);

@@ -158,7 +158,7 @@ impl Campaign {
     async fn lead(&self, epoch: i64, lease: i64) -> bool {
         self.shared.set(Standing::TakingOver);
         tracing::info!(epoch, "elected to lead the fence: reading it from etcd");
-        let (adopted, batch) = match takeover::read(&self.client, &self.names, &self.table, &self.keying).await {
+        let read = match takeover::read(&self.client, &self.names, &self.table, &self.keying).await {
             Ok(read) => read,
             Err(Failed::Fatal(e)) => {
                 tracing::error!(error = %e, "the etcd store cannot serve: fenced writes are refused");
@@ -170,8 +170,21 @@ impl Campaign {
                 return false;
             }
         };
+        let found = u64::try_from(read.adopted.marks).unwrap_or(u64::MAX);
+        let adopted = read.adopted;
+        match takeover::count_census(&self.client, &self.names, epoch, read.census, found).await {
+            Ok(true) => {}
+            Ok(false) => {
+                self.seek("the leader key changed during the takeover".into());
+                return false;
+            }
+            Err(e) => {
+                self.seek(format!("the takeover could not write the census of levels to etcd: {e}"));
+                return false;
+            }
+        }
         (self.hook)(&adopted);
-        self.shared.set_last_batch(batch);
+        self.shared.set_last_batch(read.batch, found);
         if !self.shared.lease_valid() {
             self.seek("the lease lapsed during the takeover".into());
             return false;

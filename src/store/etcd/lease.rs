@@ -62,8 +62,9 @@ pub(crate) struct Shared {
     margin: Duration,
     /// Why etcd refused the last batch room (its space quota, `NOSPACE`), until one commits.
     full: Mutex<Option<String>>,
-    /// The batch id the takeover read: where the new leader's chain starts.
-    last_batch: Mutex<Vec<u8>>,
+    /// The batch id the takeover read, where the new leader's chain starts, and the levels it
+    /// found, which the census counts from.
+    last_batch: Mutex<(Vec<u8>, u64)>,
 }
 
 impl Shared {
@@ -75,7 +76,7 @@ impl Shared {
             wake: Notify::new(),
             margin,
             full: Mutex::new(None),
-            last_batch: Mutex::new(Vec::new()),
+            last_batch: Mutex::new((Vec::new(), 0)),
         }
     }
 
@@ -130,12 +131,13 @@ impl Shared {
         self.full.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// The batch id a takeover read, where the next batches chain from.
-    pub(crate) fn set_last_batch(&self, id: Vec<u8>) {
-        *self.last_batch.lock().unwrap_or_else(|e| e.into_inner()) = id;
+    /// The batch id a takeover read, where the next batches chain from, and the levels it found,
+    /// where the census counts on from.
+    pub(crate) fn set_last_batch(&self, id: Vec<u8>, levels: u64) {
+        *self.last_batch.lock().unwrap_or_else(|e| e.into_inner()) = (id, levels);
     }
 
-    pub(crate) fn last_batch(&self) -> Vec<u8> {
+    pub(crate) fn last_batch(&self) -> (Vec<u8>, u64) {
         self.last_batch.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 

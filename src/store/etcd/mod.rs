@@ -105,12 +105,13 @@ impl EtcdStore {
         let shared = Arc::new(Shared::new(options.lease_margin));
         let mut writer = batch::Writer::new(client.clone(), names.clone(), Arc::clone(&shared), Arc::clone(&table));
         writer.max_resources = options.max_resources;
-        writer.max_ops = options.max_txn_ops.max(2) - 1;
+        // Two operations of each transaction are the batch id's and the census's.
+        writer.max_ops = options.max_txn_ops.max(3) - 2;
         writer.on_commit = options.on_commit.clone();
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(writer.run(rx));
         let answer_within = options.lease_ttl * 2;
-        let max_ops = options.max_txn_ops.max(2) - 1;
+        let max_ops = options.max_txn_ops.max(3) - 2;
         let pending = Mutex::new(Some((client, names, options)));
         Ok(EtcdStore { tx, table, shared, campaign: Mutex::new(None), pending, max_ops, answer_within })
     }

@@ -5,6 +5,9 @@
 //! - `P/batch`: the id of the last committed batch (`<epoch>.<sequence>`), which every batch
 //!   compares and replaces: the chain that lets an unknown outcome be settled by a barrier.
 //! - `P/keying`: the key rules the fence keys were made under.
+//! - `P/census`: how many levels (`P/k/…` and `P/f/…` together) the prefix must hold: written
+//!   with every transaction that creates one, so that a takeover finding fewer knows some were
+//!   deleted. Absent from prefixes an earlier build initialised, until a takeover writes it.
 //! - `P/k/<key>`, `P/f/<floor>`: a key's `max_seen`, a floor.
 //! - `P/i/<key>`, `P/if/<floor>`: the token of a write forwarded and not yet answered.
 //!
@@ -26,6 +29,8 @@ pub(crate) enum Named {
     Level(MarkKind, String),
     /// A mark's write in flight.
     InFlight(MarkKind, String),
+    /// The census of the levels.
+    Census,
     /// Anything else (the leader, the batch id, the keying).
     Other,
 }
@@ -61,6 +66,10 @@ impl Names {
         self.under("keying", "")
     }
 
+    pub(crate) fn census(&self) -> Vec<u8> {
+        self.under("census", "")
+    }
+
     /// Where a mark's level is kept.
     pub(crate) fn level(&self, mark: MarkKind, name: &str) -> Vec<u8> {
         match mark {
@@ -81,6 +90,9 @@ impl Names {
     pub(crate) fn parse(&self, key: &[u8]) -> Named {
         let Some(tail) = key.strip_prefix(self.prefix.as_bytes()) else { return Named::Other };
         let Ok(tail) = std::str::from_utf8(tail) else { return Named::Other };
+        if tail == "census" {
+            return Named::Census;
+        }
         for (start, mark, level) in [
             ("k/", MarkKind::Key, true),
             ("f/", MarkKind::Floor, true),
@@ -134,6 +146,7 @@ mod tests {
         assert_eq!(n.parse(b"/fg/i//a"), Named::InFlight(MarkKind::Key, "/a".into()));
         assert_eq!(n.parse(b"/fg/if//d/"), Named::InFlight(MarkKind::Floor, "/d/".into()));
         assert_eq!(n.parse(b"/fg/leader"), Named::Other);
+        assert_eq!(n.parse(&n.census()), Named::Census);
         assert_eq!(n.parse(b"/other/k//a"), Named::Other);
         assert!(token_value(9) < token_value(10), "byte order is numeric order");
         assert!(token_value(u64::MAX - 1) < token_value(u64::MAX));

@@ -4,7 +4,8 @@
 //! As with a data directory, an empty prefix and a lost one look alike, so the store refuses a
 //! prefix without `P/batch`, and only these make one. Both refuse while an instance leads the
 //! prefix (`P/leader` exists): a leader fences from the table it read at its takeover, and would
-//! not see what they write.
+//! not see what they write. Both keep `P/census` (`names`) right: `init` writes it, and each
+//! level `migrate` creates raises it in the same transaction.
 
 use std::path::Path;
 
@@ -26,13 +27,14 @@ fn leading(names: &Names) -> StoreError {
     ))
 }
 
-/// Starts the fence under `prefix`, with every key at `floor` (none for 0), recording `keying`.
-/// Refuses a prefix that already holds a fence.
+/// Starts the fence under `prefix`, with every key at `floor` (none for 0), recording `keying`
+/// and the census of its levels. Refuses a prefix that already holds a fence.
 pub async fn init(client: &Client, prefix: &str, keying: &str, floor: u64) -> Result<(), StoreError> {
     let names = Names::new(prefix);
     let mut puts = vec![
         Op::Put { key: names.batch(), value: batch_id(0, 0), lease: 0 },
         Op::Put { key: names.keying(), value: keying.as_bytes().to_vec(), lease: 0 },
+        Op::Put { key: names.census(), value: token_value(u64::from(floor > 0)), lease: 0 },
     ];
     if floor > 0 {
         puts.push(Op::Put { key: names.level(MarkKind::Floor, ROOT), value: token_value(floor), lease: 0 });
@@ -72,7 +74,7 @@ pub async fn migrate(client: &Client, prefix: &str, keying: &str, dir: &Path) ->
         Ok(()) | Err(StoreError::AlreadyInitialisedEtcd { .. }) => {}
         Err(e) => return Err(e),
     }
-    let read = client.txn(&[], &[Op::Get(names.keying())], &[]).await.map_err(etcd_error)?;
+    let read = client.txn(&[], &[Op::Get(names.keying()), Op::Get(names.census())], &[]).await.map_err(etcd_error)?;
     let in_etcd = read.ranges.first().cloned().flatten().map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
     if in_etcd.as_deref() != Some(keying) {
         return Err(StoreError::KeyingChangedEtcd {
@@ -85,8 +87,11 @@ pub async fn migrate(client: &Client, prefix: &str, keying: &str, dir: &Path) ->
     found.table.for_each(|key, token, _| marks.push((MarkKind::Key, key.to_owned(), token)));
     found.table.for_each_floor(|p, token, _| marks.push((MarkKind::Floor, p.to_owned(), token)));
     let mut migrated = Migrated::default();
+    // The census as etcd holds it (read again whenever a create finds it changed); none on a
+    // prefix an earlier build initialised, whose next takeover writes it.
+    let mut census = read_census(&names, read.ranges.get(1).cloned().flatten())?;
     for (mark, name, token) in marks {
-        if raise(client, &names, &names.level(mark, &name), token).await? {
+        if raise(client, &names, &names.level(mark, &name), token, &mut census).await? {
             migrated.raised += 1;
         } else {
             migrated.kept += 1;
@@ -104,21 +109,41 @@ pub async fn migrate(client: &Client, prefix: &str, keying: &str, dir: &Path) ->
     Ok(migrated)
 }
 
-/// Sets `key` to `token` if it is absent or lower, while no instance leads; whether it did.
-async fn raise(client: &Client, names: &Names, key: &[u8], token: u64) -> Result<bool, StoreError> {
+/// Sets `key` to `token` if it is absent or lower, while no instance leads; whether it did. A
+/// level it creates raises the census in the same transaction, guarded by `census`, the census
+/// as last read (`None`: absent).
+async fn raise(
+    client: &Client,
+    names: &Names,
+    key: &[u8],
+    token: u64,
+    census: &mut Option<u64>,
+) -> Result<bool, StoreError> {
     let value = token_value(token);
-    let put = [Op::Put { key: key.to_vec(), value: value.clone(), lease: 0 }];
+    let put = Op::Put { key: key.to_vec(), value: value.clone(), lease: 0 };
     let no_leader = Compare::CreateRevision(names.leader(), 0);
+    let reads = [Op::Get(key.to_vec()), Op::Get(names.leader()), Op::Get(names.census())];
     loop {
-        let absent = [Compare::CreateRevision(key.to_vec(), 0), no_leader.clone()];
-        let first = client.txn(&absent, &put, &[Op::Get(key.to_vec()), Op::Get(names.leader())]).await;
-        let first = first.map_err(etcd_error)?;
+        let mut absent = vec![Compare::CreateRevision(key.to_vec(), 0), no_leader.clone()];
+        let mut create = vec![put.clone()];
+        match *census {
+            Some(count) => {
+                absent.push(Compare::Value(names.census(), token_value(count)));
+                create.push(Op::Put { key: names.census(), value: token_value(count + 1), lease: 0 });
+            }
+            None => absent.push(Compare::CreateRevision(names.census(), 0)),
+        }
+        let first = client.txn(&absent, &create, &reads).await.map_err(etcd_error)?;
         if first.succeeded {
+            if let Some(count) = census.as_mut() {
+                *count += 1;
+            }
             return Ok(true);
         }
         if first.ranges.get(1).is_some_and(Option::is_some) {
             return Err(leading(names));
         }
+        *census = read_census(names, first.ranges.get(2).cloned().flatten())?;
         let Some(Some(existing)) = first.ranges.first() else { continue };
         match parse_token(&existing.value) {
             Some(t) if t >= token => return Ok(false),
@@ -130,8 +155,18 @@ async fn raise(client: &Client, names: &Names, key: &[u8], token: u64) -> Result
         }
         // Padded values: a byte-wise LESS is a numeric one.
         let lower = [Compare::ValueLess(key.to_vec(), value.clone()), no_leader.clone()];
-        if client.txn(&lower, &put, &[]).await.map_err(etcd_error)?.succeeded {
+        if client.txn(&lower, std::slice::from_ref(&put), &[]).await.map_err(etcd_error)?.succeeded {
             return Ok(true);
         }
     }
+}
+
+/// The census `P/census` holds, read as `kv`: `None` if absent.
+fn read_census(names: &Names, kv: Option<crate::etcd::Kv>) -> Result<Option<u64>, StoreError> {
+    kv.map(|kv| {
+        parse_token(&kv.value).ok_or_else(|| {
+            StoreError::Failed(format!("etcd key {} holds no count", String::from_utf8_lossy(&names.census())))
+        })
+    })
+    .transpose()
 }

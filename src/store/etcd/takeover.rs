@@ -2,9 +2,14 @@
 //! the prefix, page by page at one revision, into the table. It comes after the leader's own
 //! key was created, so it sees every batch the previous leader committed (its batches were
 //! guarded by a leader key that is gone by now), markers and all.
+//!
+//! It counts the levels it loads and refuses a prefix that holds fewer than its census
+//! (`P/census`, `names`) records: levels were deleted, and serving would forget their
+//! `max_seen`. A prefix without a census (an earlier build initialised it) gets one, counted from
+//! what this read found; so does one whose census is lower than what was found.
 
-use super::names::{Named, Names, parse_token};
-use crate::etcd::{Client, EtcdError, Op, prefix_end};
+use super::names::{Named, Names, parse_token, token_value};
+use crate::etcd::{Client, Compare, EtcdError, Op, prefix_end};
 use crate::store::{MarkKind, StoreError, Table};
 
 /// Keys read per page.
@@ -59,21 +64,28 @@ pub(crate) async fn initialised(client: &Client, names: &Names, keying: &str) ->
     Ok(batch.value.clone())
 }
 
+/// What a takeover read besides the table.
+#[derive(Debug)]
+pub(crate) struct Read {
+    /// The writes in flight, and the levels loaded.
+    pub(crate) adopted: Adopted,
+    /// The last batch id.
+    pub(crate) batch: Vec<u8>,
+    /// The census, if the prefix has one.
+    pub(crate) census: Option<u64>,
+}
+
 /// Loads every level and floor under the prefix into `table`, exactly as etcd holds it (an
-/// operator's reset on another leader lowered it there), and returns the writes in flight and
-/// the last batch id.
-pub(crate) async fn read(
-    client: &Client,
-    names: &Names,
-    table: &Table,
-    keying: &str,
-) -> Result<(Adopted, Vec<u8>), Failed> {
+/// operator's reset on another leader lowered it there), and returns the writes in flight, the
+/// last batch id and the census. Refuses a prefix holding fewer levels than its census.
+pub(crate) async fn read(client: &Client, names: &Names, table: &Table, keying: &str) -> Result<Read, Failed> {
     let batch = initialised(client, names, keying).await?;
     let end = prefix_end(names.prefix());
     let mut from = names.prefix().to_vec();
     let mut revision = 0;
     let mut adopted = Adopted::default();
     let mut flying = Vec::new();
+    let mut census = None;
     loop {
         let page = client.range_page(&from, &end, PAGE, revision).await?;
         revision = page.revision;
@@ -98,6 +110,7 @@ pub(crate) async fn read(
                     adopted.marks += 1;
                 }
                 Named::InFlight(mark, name) => flying.push((mark, name, token)),
+                Named::Census => census = Some(token),
                 Named::Other => {}
             }
         }
@@ -108,6 +121,11 @@ pub(crate) async fn read(
             }
             _ => break,
         }
+    }
+    let found = u64::try_from(adopted.marks).unwrap_or(u64::MAX);
+    if let Some(recorded) = census.filter(|recorded| found < *recorded) {
+        let prefix = String::from_utf8_lossy(names.prefix()).into_owned();
+        return Err(Failed::Fatal(StoreError::LostMarksEtcd { prefix, recorded, found }));
     }
     // After every level is in: a marker marks its entry in flight, at the level etcd holds
     // (a reset may have lowered the level below the marker's token; the marker never raises it).
@@ -123,5 +141,27 @@ pub(crate) async fn read(
             }
         }
     }
-    Ok((adopted, batch))
+    Ok(Read { adopted, batch, census })
+}
+
+/// Makes the census `found`, the levels a takeover found, where it is absent or lower than
+/// that (`recorded`), while `epoch` leads: from then on it counts every level the prefix holds.
+/// Whether it holds `found` now (false: the leader key changed).
+pub(crate) async fn count_census(
+    client: &Client,
+    names: &Names,
+    epoch: i64,
+    recorded: Option<u64>,
+    found: u64,
+) -> Result<bool, EtcdError> {
+    if recorded.is_some_and(|recorded| recorded >= found) {
+        return Ok(true);
+    }
+    let unchanged = match recorded {
+        Some(count) => Compare::Value(names.census(), token_value(count)),
+        None => Compare::CreateRevision(names.census(), 0),
+    };
+    let guard = [Compare::CreateRevision(names.leader(), epoch), unchanged];
+    let put = [Op::Put { key: names.census(), value: token_value(found), lease: 0 }];
+    Ok(client.txn(&guard, &put, &[]).await?.succeeded)
 }
