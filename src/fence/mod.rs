@@ -1,14 +1,19 @@
-//! The fence: keys, tokens, and the per-resource turn that serialises writes.
+//! The fence: keys, tokens, and the turns that serialise writes.
 //!
-//! [`Fence`] reads `max_seen` from the store's [`Table`] and keeps a FIFO gate only for
-//! resources that have a write waiting, in flight, or quarantined, so memory follows what is
+//! [`Fence`] reads `max_seen` and the floors from the store's [`Table`], keeps the highest
+//! token below each directory (`tree.rs`), and keeps a FIFO gate only for resources that have
+//! a write waiting, in flight, or quarantined (`gates.rs`), so memory follows what is
 //! happening. A gate leaves the map with the last task that touches it.
 //!
 //! A write's life: [`Fence::precheck`] (cheap, lock-free, may refuse early) →
-//! [`Fence::acquire`] (wait for the resource's turn) → [`Turn::finish`], which owns the rest
-//! in this order: the authoritative check, the durable advance, the forward, then "answered"
-//! or quarantine, and only then the next write's turn. The fence knows nothing of HTTP: the
-//! forward is a future it is handed.
+//! [`Fence::acquire`] (`turn.rs`; the turns are taken in `acquire.rs`: the subtree registry of
+//! `subtree.rs` for a write that covers subtrees, then the gate of every key it touches, in one
+//! global order) → [`Turn::finish_after`], which owns the rest in this order: the
+//! authoritative check, the backend connection, the durable advance, the forward, then
+//! "answered" or quarantine, and only then the next overlapping write's turn. It runs to its
+//! end even if its caller leaves (`detach.rs`); [`Turn::finish`] is the same with nothing to
+//! get before the advance. An operator's raise is [`Turn::raise`], a reset or lift
+//! `operator.rs`. The fence knows nothing of HTTP: the forward is a future it is handed.
 //!
 //! A token is judged by a [`Policy`]: whether one equal to the level passes, and how far above
 //! it (or above its token domain's highest token, [`domains`]) it may be. Signed tokens are

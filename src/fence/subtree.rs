@@ -7,7 +7,7 @@
 //! once (so two of them can never hold part of what the other needs). Writes to single keys
 //! pay for this only while the registry is not empty: after taking their key turns they look
 //! for an active or queued subtree covering one of their keys, and if there is one they give
-//! their turns back and wait for it (see `turn.rs`). A subtree whose write has an unknown
+//! their turns back and wait for it (see `acquire.rs`). A subtree whose write has an unknown
 //! outcome is quarantined here, and refuses writes under it until it expires.
 
 use std::sync::Mutex;
