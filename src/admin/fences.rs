@@ -18,9 +18,9 @@ use hyper::body::Incoming;
 use serde_json::{Value, json};
 use subtle::ConstantTimeEq;
 
-use crate::app::State;
 use crate::fence::{Coverage, Lifted, Raised, Reset, Touch, keys};
-use crate::request::refusal::{Refusal, json_response};
+use crate::refusal::{Refusal, json_response};
+use crate::state::State;
 use crate::store::{Role, StoreError};
 
 /// Keys a page holds unless asked for fewer, and the most it holds.

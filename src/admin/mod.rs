@@ -15,11 +15,9 @@ use hyper::body::Incoming;
 use serde_json::json;
 use tokio::net::TcpListener;
 
-pub(crate) mod metrics;
-mod process;
-use crate::app::State;
 use crate::listener::{self, Handler, Listening};
-use crate::request::refusal::{Refusal, json_response};
+use crate::refusal::{Refusal, json_response};
+use crate::state::State;
 use crate::store::{Condition, Role};
 
 mod fences;
@@ -39,7 +37,7 @@ pub(crate) async fn serve(state: Arc<State>, listener: TcpListener, shutdown: im
     }
     // Plain HTTP: `server.tls` is the proxy's.
     let listening = Listening { name: "admin", max_connections: MAX_CONNECTIONS, tls: false };
-    listener::serve_with(Admin(Arc::clone(&state)), listening, state, listener, shutdown).await;
+    listener::serve(Admin(Arc::clone(&state)), listening, state, listener, shutdown).await;
 }
 
 /// The admin API as its listener serves it.

@@ -3,7 +3,7 @@
 
 mod cluster;
 mod preflight;
-pub(crate) mod settings;
+mod proxying;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -13,19 +13,18 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::admin;
-use crate::admin::metrics::Metrics;
 use crate::config::ConfigError;
 use crate::config::StoreKind;
 use crate::config::reload::{self, Reload};
 use crate::config::{Config, MissingToken};
 use crate::fence::{Fence, keys};
-use crate::listener;
+use crate::refusal::throttle::RefusalThrottle;
 use crate::request::rules;
-use crate::request::throttle::RefusalThrottle;
+use crate::state::{Metrics, Settings, SettingsError, SettingsSlot, State};
 use crate::store::{self, Adopted, FileStore, Store, StoreError, StoreOptions};
+use crate::upstream::leader::Peers;
 pub use cluster::{init_etcd, migrate_to_etcd};
 pub use preflight::preflight;
-pub(crate) use settings::{Settings, SettingsSlot};
 
 /// Why the proxy could not start, apply a reload, or close its store.
 #[derive(Debug, thiserror::Error)]
@@ -60,23 +59,13 @@ pub enum Error {
     Io(#[from] std::io::Error),
 }
 
-/// What the listener, every request and the admin API share.
-#[derive(Debug)]
-pub(crate) struct State {
-    /// The settings in force; a request reads them once, when it arrives.
-    pub(crate) settings: SettingsSlot,
-    pub(crate) fence: Arc<Fence>,
-    pub(crate) store: Arc<dyn Store>,
-    pub(crate) refusals: RefusalThrottle,
-    /// Refused proofs per client and per key, which slow down guessed tokens.
-    pub(crate) guesses: crate::request::guesses::Guesses,
-    pub(crate) metrics: Arc<Metrics>,
-    /// The mirrors of etcd's locks that verified rules check tokens against: apart from the
-    /// settings, which listeners and connections hold on to, so that a reload that drops a
-    /// rule stops its watch.
-    pub(crate) locks: arc_swap::ArcSwap<crate::etcd::Mirrors>,
-    /// With the etcd store: the client a follower sends fenced writes to the leader with.
-    pub(crate) peers: Option<crate::request::leader::Peers>,
+impl From<SettingsError> for Error {
+    fn from(e: SettingsError) -> Self {
+        match e {
+            SettingsError::Backend(why) => Error::Backend(why),
+            SettingsError::ServerTls(why) => Error::ServerTls(why),
+        }
+    }
 }
 
 /// An opened proxy: store recovered and locked, ready to serve.
@@ -131,16 +120,12 @@ impl Proxy {
             }
         };
         let store = Arc::clone(fence.store());
-        let peers = config
-            .store
-            .etcd
-            .as_ref()
-            .map(|e| crate::request::leader::Peers::new(&e.advertise, config.backend.connect_timeout));
+        let peers = config.store.etcd.as_ref().map(|e| Peers::new(&e.advertise, config.backend.connect_timeout));
         let refusals = RefusalThrottle::new();
         let locks =
             arc_swap::ArcSwap::from_pointee(crate::request::locks::mirrors(&config, None).map_err(Error::Conflict)?);
         let settings = SettingsSlot::new(Settings::build(config, metrics.bytes_in.clone(), None)?);
-        let guesses = crate::request::guesses::Guesses::default();
+        let guesses = crate::fence::Guesses::default();
         let state = State { settings, fence, store, refusals, guesses, metrics, locks, peers };
         Ok(Proxy { state: Arc::new(state) })
     }
@@ -242,7 +227,7 @@ impl Proxy {
     /// requests finish within `server.shutdown_grace`, and closes the store.
     pub async fn serve(self, listener: TcpListener, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
         let heartbeat = tokio::spawn(heartbeat(Arc::clone(&self.state)));
-        listener::serve(Arc::clone(&self.state), listener, shutdown).await;
+        proxying::serve(Arc::clone(&self.state), listener, shutdown).await;
         heartbeat.abort();
         self.state.store.close().await?;
         tracing::info!("fence store closed");

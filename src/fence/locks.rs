@@ -9,6 +9,38 @@
 //! (at a `/`) of a lock the other names, since etcd's lock keeps its holders under `NAME/` and
 //! the shorter lock would count the longer one's holders as its own.
 
+/// Why a write was refused by its lock's holder.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LockError {
+    /// The token is not the create revision of the lock's current holder.
+    #[error("token {token} is not the create revision of the current holder of the lock {lock}")]
+    NotHolder {
+        /// The lock's name.
+        lock: String,
+        /// The token the write carried.
+        token: u64,
+        /// The current holder's create revision, if anyone holds it: for the log only, never
+        /// told the client (it is the token that would pass).
+        holder: Option<i64>,
+    },
+    /// The view of the locks is not proven fresh: the holder cannot be told now.
+    #[error("the lock {lock} cannot be checked now: the view of etcd's locks {reason}")]
+    Unavailable {
+        /// The lock's name.
+        lock: String,
+        /// Why not.
+        reason: String,
+    },
+    /// The key has fewer segments than its rule's lock template takes.
+    #[error("{key} has no lock: the template {template} takes more segments than the key has")]
+    NoLockName {
+        /// The fence key.
+        key: String,
+        /// The rule's template.
+        template: String,
+    },
+}
+
 /// A lock name template.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LockTemplate {

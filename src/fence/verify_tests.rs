@@ -120,7 +120,8 @@ fn a_key_file_is_its_bytes_without_trailing_whitespace_and_is_never_printed() {
     assert_eq!(Secret::from_file(&file), Err(KeyError::Empty));
     std::fs::write(&file, vec![b'x'; MAX_KEY_BYTES + 1]).unwrap();
     assert_eq!(Secret::from_file(&file), Err(KeyError::TooLong));
-    assert!(matches!(Secret::from_file(&dir.path().join("missing")), Err(KeyError::Read { .. })));
+    assert!(matches!(Secret::from_file(&dir.path().join("missing")), Err(KeyError::Missing { .. })), "revokes it");
+    assert!(matches!(Secret::from_file(dir.path()), Err(KeyError::Read { .. })), "a directory is no key file");
 }
 
 proptest! {

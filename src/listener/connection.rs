@@ -26,7 +26,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot, watch};
 
 use super::Handler;
-use crate::app::{Settings, State};
+use crate::state::{Settings, State};
 
 /// One client connection and what it holds while it lives.
 pub(super) struct Conn<H> {

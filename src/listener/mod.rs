@@ -1,4 +1,5 @@
-//! The listeners: the proxy's, and the admin API's on the same code. Each accepts connections
+//! The listeners: the proxy's, and the admin API's on the same code, each serving a [`Handler`]
+//! (`app` makes the proxy's, `admin` its own). Each accepts connections
 //! (at most its own limit; `limits.max_connections` for the proxy), hands each to
 //! [`connection`], and on shutdown stops accepting and drains them within
 //! `server.shutdown_grace`.
@@ -17,9 +18,7 @@ use prometheus_client::metrics::counter::Counter;
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, mpsc, watch};
 
-use crate::app::State;
-use crate::request::{self, ResponseBody};
-use crate::upstream::Peer;
+use crate::state::State;
 use connection::Conn;
 
 /// What a listener's connections serve: the proxy, or the admin API.
@@ -51,42 +50,9 @@ pub(crate) struct Listening {
     pub(crate) tls: bool,
 }
 
-/// The proxy itself: every request goes through [`request::handle`].
-#[derive(Clone)]
-struct Proxying(Arc<State>);
-
-impl Handler for Proxying {
-    type Client = Peer;
-    type Body = ResponseBody;
-
-    fn client(&self, addr: SocketAddr) -> Peer {
-        Peer::new(addr)
-    }
-
-    fn handle(self, req: Request<Incoming>, client: Peer) -> impl Future<Output = Response<ResponseBody>> + Send {
-        request::handle(self.0, req, client)
-    }
-
-    fn bytes_out(&self) -> Option<&Counter> {
-        Some(&self.0.metrics.bytes_out)
-    }
-}
-
-/// Serves the proxy on `listener` until `shutdown` resolves, then stops accepting and lets
-/// in-flight requests finish within `server.shutdown_grace`.
-pub(crate) async fn serve(state: Arc<State>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
-    let settings = state.settings.get();
-    let config = &settings.config;
-    if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, backend = %config.backend.url, "fencegate listening");
-    }
-    let listening = Listening { name: "proxy", max_connections: config.limits.max_connections, tls: true };
-    serve_with(Proxying(Arc::clone(&state)), listening, state, listener, shutdown).await;
-}
-
 /// Serves `handler` on `listener` until `shutdown` resolves, then stops accepting and lets
 /// in-flight requests finish within `server.shutdown_grace`.
-pub(crate) async fn serve_with<H: Handler>(
+pub(crate) async fn serve<H: Handler>(
     handler: H,
     listening: Listening,
     state: Arc<State>,

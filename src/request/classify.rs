@@ -10,13 +10,13 @@ use http::{Method, Request};
 use hyper::body::Body;
 
 use super::destination::{DESTINATION, Destination, destination};
-use super::refusal::Refusal;
 use super::rules;
 use super::verify::{self, Proof};
 use crate::config::{Config, LimitsConfig, MissingToken};
 use crate::fence::token::{self, TokenError};
 pub use crate::fence::{Coverage, EqualToken, Touch};
 use crate::fence::{keys, path};
+use crate::refusal::Refusal;
 
 /// What is done with a request.
 #[derive(Debug, Clone, PartialEq, Eq)]

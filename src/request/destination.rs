@@ -6,9 +6,9 @@
 use http::header::{HOST, HeaderName, HeaderValue};
 use http::{Request, Uri};
 
-use super::refusal::Refusal;
 use crate::config::Config;
 use crate::fence::path;
+use crate::refusal::Refusal;
 
 /// The `Destination` header.
 pub static DESTINATION: HeaderName = HeaderName::from_static("destination");

@@ -11,38 +11,7 @@
 use crate::config::{Config, FenceConfig, Rule, Verify};
 use crate::etcd::{Client, MirrorOptions, Mirrors};
 use crate::fence::Touch;
-
-/// Why a write was refused by its lock's holder.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum LockError {
-    /// The token is not the create revision of the lock's current holder.
-    #[error("token {token} is not the create revision of the current holder of the lock {lock}")]
-    NotHolder {
-        /// The lock's name.
-        lock: String,
-        /// The token the write carried.
-        token: u64,
-        /// The current holder's create revision, if anyone holds it: for the log only, never
-        /// told the client (it is the token that would pass).
-        holder: Option<i64>,
-    },
-    /// The view of the locks is not proven fresh: the holder cannot be told now.
-    #[error("the lock {lock} cannot be checked now: the view of etcd's locks {reason}")]
-    Unavailable {
-        /// The lock's name.
-        lock: String,
-        /// Why not.
-        reason: String,
-    },
-    /// The key has fewer segments than its rule's lock template takes.
-    #[error("{key} has no lock: the template {template} takes more segments than the key has")]
-    NoLockName {
-        /// The fence key.
-        key: String,
-        /// The rule's template.
-        template: String,
-    },
-}
+use crate::fence::locks::LockError;
 
 /// The verification setting of `key`: that of the longest rule over it that sets one.
 fn rule_of<'a>(key: &str, rules: &'a [Rule]) -> Option<&'a Rule> {

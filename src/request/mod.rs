@@ -5,12 +5,8 @@
 mod access;
 pub mod classify;
 pub mod destination;
-pub(crate) mod guesses;
-pub(crate) mod leader;
 pub mod locks;
-pub mod refusal;
 pub(crate) mod rules;
-pub(crate) mod throttle;
 pub mod verify;
 
 use std::sync::Arc;
@@ -20,15 +16,15 @@ use http::uri::PathAndQuery;
 use http::{Request, Response};
 use hyper::body::Incoming;
 
-use crate::admin::metrics::Metrics;
-use crate::app::{Settings, State};
 use crate::fence::{Outcome, Policy};
+use crate::refusal::{ERROR_HEADER, Refusal, throttle};
+use crate::state::{Metrics, Settings, State};
 use crate::store::{Role, StoreError};
 pub use crate::upstream::ResponseBody;
+use crate::upstream::leader;
 use crate::upstream::{Connection, Hold, Peer, UpstreamError, full_body};
 use classify::{Plan, Write};
-use guesses::Guess;
-pub use refusal::{ERROR_HEADER, Refusal};
+use verify::Guess;
 
 /// Handles one request; every refusal becomes fencegate's own JSON response.
 pub(crate) async fn handle(state: Arc<State>, req: Request<Incoming>, client: Peer) -> Response<ResponseBody> {
@@ -109,7 +105,7 @@ async fn execute(
             };
             let backend = &settings.config.backend;
             let timeout = backend.pool_timeout + backend.request_timeout + settings.config.fence.queue_timeout;
-            return peers.forward(&url, req, &client, timeout).await;
+            return Ok(peers.forward(&url, req, &client, timeout).await?);
         }
         Role::Forward(url) => {
             return Err(StoreError::Unavailable(format!(
@@ -122,7 +118,7 @@ async fn execute(
     }
     let Write { token, touches, destination, target, body_limit, equal, max_jump, proof, locks: locks_held } = write;
     // Before anything looks at the token: an unproven one must not even be compared.
-    verify::check(&proof, token, &touches, &settings.verifiers)?;
+    verify::check(&proof, token, &touches, &settings.hmac)?;
     let policy = Policy { equal, max_jump };
     if let Some(d) = destination {
         // What the backend is told to change is what was fenced.
@@ -157,7 +153,7 @@ async fn execute(
         locks::check(&state.locks.load(), &locks_held, token).map_err(Refusal::Lock)?;
         // The proof again, against the keys in force now: a key a reload withdrew (after a
         // leak), or a signature that expired while the write waited, no longer passes.
-        verify::check(&proof, token, first.as_slice(), &state.settings.get().verifiers)?;
+        verify::check(&proof, token, first.as_slice(), &state.settings.get().hmac)?;
         // A shared fence's leader sends only while it trusts its lease: checked before the
         // head and each body chunk (docs/cluster.md: self-fencing).
         let gate = state.store.permit(state.store.term());

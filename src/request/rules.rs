@@ -7,9 +7,9 @@
 //! fall under different token domains or different `verify` settings; otherwise it gets the
 //! strictest `equal_token` and the smallest `max_jump` among them.
 
-use super::refusal::Refusal;
 use crate::config::{DEFAULT_DOMAIN, FenceConfig, Rule, Verify};
 use crate::fence::{Coverage, Domains, EqualToken, Touch, covers, keys, node};
+use crate::refusal::Refusal;
 
 /// The settings one write is fenced under.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,13 +3,21 @@
 //! is prechecked or waits for its turn. The fence's `verify` module knows signatures; this one
 //! knows where they come from (a header, the config) and what a refusal of one is.
 
-use http::HeaderMap;
-use http::header::HeaderName;
+use std::net::IpAddr;
 
-use super::refusal::Refusal;
+use http::header::HeaderName;
+use http::{HeaderMap, Request, Response};
+
+use super::ResponseBody;
+use super::classify::Plan;
 use crate::config::{Verify, VerifyConfig};
 use crate::fence::Touch;
+use crate::fence::guesses::{Limit, LimitedBy, Limits, Throttled};
 use crate::fence::verify::{HmacKeys, Signature, SignatureError, unix_now};
+use crate::refusal::{ERROR_HEADER, Refusal};
+use crate::state::{Settings, State};
+use crate::upstream::Peer;
+use crate::upstream::leader;
 
 /// What a fenced write's token must prove, as read from the request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,31 +58,79 @@ fn signature(headers: &HeaderMap, header: &HeaderName) -> Result<Signature, Refu
     Signature::parse(value.as_bytes()).map_err(Refusal::InvalidSignature)
 }
 
-/// What proofs are checked against, built from `[verify]` with the settings in force (a reload
-/// builds them anew from the secrets it read).
-#[derive(Debug, Clone)]
-pub(crate) struct Verifiers {
-    hmac: HmacKeys,
-}
-
-impl Verifiers {
-    /// The verifiers of `config`.
-    pub(crate) fn build(config: &VerifyConfig) -> Verifiers {
-        // A revoked key (its file gone) is left out: its signatures name an unknown key.
-        let keys = config.hmac_keys.iter().filter_map(|k| Some((k.id.as_str(), k.secret.as_ref()?)));
-        Verifiers { hmac: HmacKeys::new(keys, config.clock_skew) }
+/// Checks `proof` for `token`, now; a refusal names the first key of `touches`.
+pub(super) fn check(proof: &Proof, token: u64, touches: &[Touch], hmac: &HmacKeys) -> Result<(), Refusal> {
+    match proof {
+        Proof::None => Ok(()),
+        Proof::Hmac { signature, domain } => hmac.verify(signature, domain, token, unix_now()).map_err(|reason| {
+            let resource = touches.first().map_or_else(String::new, |t| t.key.clone());
+            Refusal::SignatureRejected { resource, reason }
+        }),
     }
 }
 
-/// Checks `proof` for `token`, now; a refusal names the first key of `touches`.
-pub(super) fn check(proof: &Proof, token: u64, touches: &[Touch], verifiers: &Verifiers) -> Result<(), Refusal> {
-    match proof {
-        Proof::None => Ok(()),
-        Proof::Hmac { signature, domain } => {
-            verifiers.hmac.verify(signature, domain, token, unix_now()).map_err(|reason| {
-                let resource = touches.first().map_or_else(String::new, |t| t.key.clone());
-                Refusal::SignatureRejected { resource, reason }
-            })
+/// Whether a refusal says that a verified write's proof was checked and failed: what a guess
+/// gets.
+fn is_refused_proof(code: &str) -> bool {
+    matches!(code, "not_lock_holder" | "signature_rejected")
+}
+
+/// A verified write, as the limits see it: who sent it and the first key it touches.
+#[derive(Debug)]
+pub(super) struct Guess {
+    /// The client's address; `None` for a write another instance of a shared fence sent on,
+    /// whose client that instance counts.
+    client: Option<IpAddr>,
+    key: String,
+    limits: Limits,
+}
+
+impl Guess {
+    /// The guess a plan makes, if it is a verified write. `shared` says whether this instance
+    /// shares its fence with others, the only case where a write may come from a peer: a
+    /// single instance charges a write that claims so to its own client.
+    pub(super) fn of<B>(
+        plan: &Plan,
+        req: &Request<B>,
+        client: &Peer,
+        settings: &Settings,
+        shared: bool,
+    ) -> Option<Guess> {
+        let Plan::Write(write) = plan else { return None };
+        if matches!(write.proof, Proof::None) && write.locks.is_empty() {
+            return None;
+        }
+        let verify = &settings.config.verify;
+        let limits = Limits {
+            client: Limit { burst: verify.client_refusal_burst, refill: verify.client_refusal_refill },
+            key: Limit { burst: verify.key_refusal_burst, refill: verify.key_refusal_refill },
+        };
+        let sent_on = shared && leader::forwarded(req);
+        let client = (!sent_on).then_some(client.addr.ip());
+        Some(Guess { client, key: write.touches.first()?.key.clone(), limits })
+    }
+
+    /// Refuses the write unchecked if its client or key had too many proofs refused lately.
+    pub(super) fn admit(&self, state: &State) -> Result<(), Refusal> {
+        state.guesses.admit(self.client, &self.key, self.limits).map_err(|Throttled { by, retry_after }| {
+            state.metrics.proof_limited(by.name());
+            let whose = match by {
+                LimitedBy::Client => "from this client".to_owned(),
+                LimitedBy::Key => format!("for {}", self.key),
+            };
+            Refusal::TooManyRefusals { scope: whose, resource: self.key.clone(), retry_after }
+        })
+    }
+
+    /// Counts the write's result: a refused proof here, or one the leader refused and this
+    /// instance relayed (only fencegate's own answers carry [`ERROR_HEADER`]).
+    pub(super) fn count(&self, state: &State, result: &Result<Response<ResponseBody>, Refusal>) {
+        let refused = match result {
+            Err(refusal) => is_refused_proof(refusal.code()),
+            Ok(resp) => resp.headers().get(ERROR_HEADER).and_then(|c| c.to_str().ok()).is_some_and(is_refused_proof),
+        };
+        if refused {
+            state.guesses.refused(self.client, &self.key, self.limits);
         }
     }
 }
@@ -87,6 +143,7 @@ mod tests {
     use crate::config::HmacKey;
     use crate::fence::Coverage;
     use crate::fence::verify::{Secret, sign};
+    use crate::state::settings::hmac_keys;
 
     fn config() -> VerifyConfig {
         let secret = Secret::new(b"a-secret-of-32-bytes-for-tests!!".to_vec()).unwrap();
@@ -122,13 +179,22 @@ mod tests {
         assert_eq!(code(headers(&["v1.k1.x.y"])), "invalid_signature");
         let proof = read(&headers(&[&good]), &c, Verify::Hmac, "d").unwrap();
         let touches = [Touch { key: "/a".into(), coverage: Coverage::Key }];
-        let verifiers = Verifiers::build(&c);
+        let verifiers = hmac_keys(&c);
         assert!(check(&proof, 9, &touches, &verifiers).is_ok());
         let refused = check(&proof, 10, &touches, &verifiers).unwrap_err();
         assert_eq!((refused.code(), refused.resource()), ("signature_rejected", Some("/a")));
         let other = read(&headers(&[&good]), &c, Verify::Hmac, "e").unwrap();
         assert_eq!(check(&other, 9, &touches, &verifiers).unwrap_err().code(), "signature_rejected", "another domain");
-        let none = Verifiers::build(&VerifyConfig { hmac_keys: Vec::new(), ..c.clone() });
+        let none = hmac_keys(&VerifyConfig { hmac_keys: Vec::new(), ..c.clone() });
         assert_eq!(check(&proof, 9, &touches, &none).unwrap_err().code(), "signature_rejected", "a key dropped");
+    }
+
+    #[test]
+    fn the_refusals_that_count_are_the_checked_proofs() {
+        assert!(is_refused_proof("not_lock_holder") && is_refused_proof("signature_rejected"));
+        for code in ["stale_token", "missing_signature", "invalid_signature", "verify_unavailable", "too_many_refusals"]
+        {
+            assert!(!is_refused_proof(code), "{code}");
+        }
     }
 }

@@ -22,6 +22,7 @@ mod checkout;
 mod dial;
 mod gated;
 mod headers;
+pub(crate) mod leader;
 mod pool;
 mod sent;
 
@@ -63,6 +64,10 @@ pub enum UpstreamError {
     /// leader no longer trusts its lease).
     #[error("not sent: {0}")]
     Withdrawn(String),
+    /// A follower could not send a write on to the leader of the shared fence; nothing was
+    /// sent (the write is not fenced here, so the backend did not get it either).
+    #[error("{0}")]
+    NoLeader(String),
     /// The request body was longer than its limit; what was sent of it may have arrived.
     #[error("request body exceeds the limit of {limit} bytes")]
     BodyTooLarge {

@@ -16,9 +16,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
-use super::{Refusal, ResponseBody};
-use crate::store::StoreError;
-use crate::upstream::{Peer, UpstreamError, append_forwarded_for, strip_hop_by_hop};
+use super::{Peer, ResponseBody, UpstreamError, append_forwarded_for, strip_hop_by_hop};
 
 /// Names the instance that sent a write on to the leader (its advertised URL).
 pub static FORWARDED_BY: HeaderName = HeaderName::from_static("fencegate-forwarded-by");
@@ -51,8 +49,8 @@ impl Peers {
         mut req: Request<Incoming>,
         client: &Peer,
         timeout: Duration,
-    ) -> Result<Response<ResponseBody>, Refusal> {
-        let unavailable = |why: String| Refusal::Store(StoreError::Unavailable(why));
+    ) -> Result<Response<ResponseBody>, UpstreamError> {
+        let unavailable = UpstreamError::NoLeader;
         let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
         let uri: Uri = format!("{leader}{target}")
             .parse()
@@ -78,9 +76,9 @@ impl Peers {
                 return Err(unavailable(format!("the leader at {leader} cannot be reached: {e}")));
             }
             Ok(Err(e)) => {
-                return Err(Refusal::Upstream(UpstreamError::Failed(format!("the leader at {leader} failed: {e}"))));
+                return Err(UpstreamError::Failed(format!("the leader at {leader} failed: {e}")));
             }
-            Err(_) => return Err(Refusal::Upstream(UpstreamError::Timeout(timeout))),
+            Err(_) => return Err(UpstreamError::Timeout(timeout)),
         };
         let (mut parts, body) = resp.into_parts();
         strip_hop_by_hop(&mut parts.headers);
@@ -89,6 +87,6 @@ impl Peers {
 }
 
 /// Whether another instance sent this write on.
-pub(crate) fn forwarded(req: &Request<Incoming>) -> bool {
+pub(crate) fn forwarded<B>(req: &Request<B>) -> bool {
     req.headers().contains_key(&FORWARDED_BY)
 }

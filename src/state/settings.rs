@@ -14,11 +14,21 @@ use hyper_util::server::conn::auto;
 use prometheus_client::metrics::counter::Counter;
 use tokio_rustls::TlsAcceptor;
 
-use super::Error;
-use crate::config::Config;
-use crate::request::verify::Verifiers;
+use crate::config::{Config, VerifyConfig};
+use crate::fence::verify::HmacKeys;
 use crate::tls;
 use crate::upstream::Upstream;
+
+/// Why settings could not be built from a config.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SettingsError {
+    /// The backend settings cannot be used (`backend.url`, `backend.tls`).
+    #[error("backend: {0}")]
+    Backend(String),
+    /// The listener's certificate files cannot be used (`server.tls`).
+    #[error("server.tls: {0}")]
+    ServerTls(String),
+}
 
 /// A config and what is built from it.
 pub(crate) struct Settings {
@@ -27,20 +37,21 @@ pub(crate) struct Settings {
     pub(crate) acceptor: Option<TlsAcceptor>,
     pub(crate) http: auto::Builder<TokioExecutor>,
     /// What signed tokens are checked against, from the secrets this config read.
-    pub(crate) verifiers: Verifiers,
+    pub(crate) hmac: HmacKeys,
 }
 
 impl Settings {
     /// Builds the backend client, TLS acceptor and HTTP settings; reads certificate files anew.
     /// The backend client of `previous` is kept, with its pool, if nothing about it changed.
-    pub(crate) fn build(config: Config, bytes_in: Counter, previous: Option<&Settings>) -> Result<Self, Error> {
+    pub(crate) fn build(config: Config, bytes_in: Counter, previous: Option<&Settings>) -> Result<Self, SettingsError> {
         let upstream = match previous {
             Some(p) if !reads_files(&config) && p.config.backend == config.backend => p.upstream.clone(),
-            _ => Upstream::new(&config.backend, bytes_in, previous.map(|p| &p.upstream)).map_err(Error::Backend)?,
+            _ => Upstream::new(&config.backend, bytes_in, previous.map(|p| &p.upstream))
+                .map_err(SettingsError::Backend)?,
         };
         let acceptor = match &config.server.tls {
             Some(t) => Some(TlsAcceptor::from(
-                tls::server_config(&t.cert, &t.key, t.client_ca.as_deref()).map_err(Error::ServerTls)?,
+                tls::server_config(&t.cert, &t.key, t.client_ca.as_deref()).map_err(SettingsError::ServerTls)?,
             )),
             None => None,
         };
@@ -56,9 +67,16 @@ impl Settings {
             .max_concurrent_streams(limits.h2_max_concurrent_streams)
             // HTTP/2 counts 32 bytes of overhead per header field (RFC 9113 §6.5.2).
             .max_header_list_size(u32::try_from(limits.max_header_bytes * 2 + 32 * 100).unwrap_or(u32::MAX));
-        let verifiers = Verifiers::build(&config.verify);
-        Ok(Settings { config, upstream, acceptor, http, verifiers })
+        let hmac = hmac_keys(&config.verify);
+        Ok(Settings { config, upstream, acceptor, http, hmac })
     }
+}
+
+/// The keys signatures are checked against. A revoked key (its file gone) is left out: its
+/// signatures name an unknown key.
+pub(crate) fn hmac_keys(config: &VerifyConfig) -> HmacKeys {
+    let keys = config.hmac_keys.iter().filter_map(|k| Some((k.id.as_str(), k.secret.as_ref()?)));
+    HmacKeys::new(keys, config.clock_skew)
 }
 
 impl std::fmt::Debug for Settings {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use dashmap::DashMap;
 use http::Method;
 
-use super::refusal::Refusal;
+use super::Refusal;
 use crate::fence::FenceError;
 use crate::store::StoreError;
 use crate::upstream::{Peer, UpstreamError};

@@ -67,6 +67,7 @@ fn examples() -> Vec<(Refusal, u16, &'static str)> {
         (Refusal::Upstream(UpstreamError::Busy(d)), 503, "backend_busy"),
         (Refusal::Upstream(UpstreamError::Failed("reset".into())), 502, "backend_error"),
         (Refusal::Upstream(UpstreamError::Timeout(d)), 504, "backend_timeout"),
+        (Refusal::Upstream(UpstreamError::NoLeader("no route".into())), 503, "store_unavailable"),
     ]
 }
 

@@ -12,8 +12,8 @@ use http::{Response, StatusCode};
 use http_body_util::Full;
 use serde_json::{Value, json};
 
-use super::locks::LockError;
 use crate::fence::FenceError;
+use crate::fence::locks::LockError;
 use crate::fence::path::PathError;
 use crate::fence::token::TokenError;
 use crate::fence::verify::{Rejected, SignatureError};
@@ -245,7 +245,9 @@ impl Refusal {
             | Refusal::Fence(FenceError::Full { .. }) => (S::SERVICE_UNAVAILABLE, "resource_limit"),
             Refusal::Store(StoreError::NoSpace(_)) => (S::SERVICE_UNAVAILABLE, "store_full"),
             Refusal::Store(_) => (S::SERVICE_UNAVAILABLE, "store_unavailable"),
-            Refusal::Upstream(UpstreamError::Withdrawn(_)) => (S::SERVICE_UNAVAILABLE, "store_unavailable"),
+            Refusal::Upstream(UpstreamError::Withdrawn(_) | UpstreamError::NoLeader(_)) => {
+                (S::SERVICE_UNAVAILABLE, "store_unavailable")
+            }
             Refusal::Upstream(UpstreamError::Unreachable(_)) => (S::BAD_GATEWAY, "backend_unreachable"),
             Refusal::Upstream(UpstreamError::Busy(_)) => (S::SERVICE_UNAVAILABLE, "backend_busy"),
             Refusal::Upstream(UpstreamError::Failed(_)) => (S::BAD_GATEWAY, "backend_error"),
@@ -342,7 +344,7 @@ impl Refusal {
             | Refusal::Upstream(UpstreamError::Busy(_))
             | Refusal::Lock(LockError::Unavailable { .. })
             | Refusal::Store(StoreError::Unavailable(_))
-            | Refusal::Upstream(UpstreamError::Withdrawn(_)) => Some(1),
+            | Refusal::Upstream(UpstreamError::Withdrawn(_) | UpstreamError::NoLeader(_)) => Some(1),
             Refusal::Store(StoreError::NoSpace(_)) => Some(5),
             _ => None,
         };
@@ -359,6 +361,7 @@ impl Refusal {
     }
 }
 
+pub(crate) mod throttle;
+
 #[cfg(test)]
-#[path = "refusal_tests.rs"]
 mod tests;

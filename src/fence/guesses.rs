@@ -4,8 +4,9 @@
 //! address and every fence key has a bucket of refused proofs (`not_lock_holder`,
 //! `signature_rejected`) that drains at one per `refill`; a verified write's proof is checked
 //! only while both of its buckets hold fewer than `burst`, and otherwise the write gets
-//! `429 too_many_refusals` with the time until one more proof is checked. That answer is the
-//! same whatever the token, so a throttled guess learns nothing.
+//! `429 too_many_refusals` with the time until one more proof is checked (the request path
+//! writes that answer: `request::verify`). It is the same whatever the token, so a throttled
+//! guess learns nothing.
 //!
 //! The key's bucket also slows down guessers who spread over many addresses, at a price: while
 //! it is full the key's own holder is answered 429 too (service degrades, the fence does not).
@@ -25,24 +26,16 @@ use std::time::Duration;
 use dashmap::DashMap;
 use tokio::time::Instant;
 
-use http::{Request, Response};
-
-use super::classify::Plan;
-use super::refusal::{ERROR_HEADER, Refusal};
-use super::{ResponseBody, leader};
-use crate::app::{Settings, State};
-use crate::upstream::Peer;
-
 /// Entries a map keeps before it sweeps drained ones and then sends newcomers to the overflow.
-pub(crate) const MAX_TRACKED: usize = 65_536;
+pub const MAX_TRACKED: usize = 65_536;
 
 /// How many refused proofs a bucket takes, and how fast it drains; a `burst` of 0 is no limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Limit {
+pub struct Limit {
     /// Refusals in a row before proofs wait.
-    pub(crate) burst: u32,
+    pub burst: u32,
     /// The time one refusal takes to drain.
-    pub(crate) refill: Duration,
+    pub refill: Duration,
 }
 
 /// Refusals not yet drained, as of `at`.
@@ -128,111 +121,71 @@ impl<K: Hash + Eq> Buckets<K> {
     }
 }
 
+/// Whose refused proofs hold a write back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitedBy {
+    /// Its client address's.
+    Client,
+    /// Its key's, every client's together.
+    Key,
+}
+
+impl LimitedBy {
+    /// Its name in metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            LimitedBy::Client => "client",
+            LimitedBy::Key => "key",
+        }
+    }
+}
+
+/// A write held back: by whose refusals, and until when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Throttled {
+    /// Whose refusals.
+    pub by: LimitedBy,
+    /// How long until one more proof is checked.
+    pub retry_after: Duration,
+}
+
 /// Refused proofs by client address and by key.
 #[derive(Debug, Default)]
-pub(crate) struct Guesses {
+pub struct Guesses {
     clients: Buckets<IpAddr>,
     keys: Buckets<Box<str>>,
 }
 
 /// The limits in force, per client address and per key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Limits {
-    pub(crate) client: Limit,
-    pub(crate) key: Limit,
+pub struct Limits {
+    /// Per client address.
+    pub client: Limit,
+    /// Per key.
+    pub key: Limit,
 }
 
 impl Guesses {
     /// Refuses a verified write whose proof may not be checked now: too many proofs from
     /// `client` (if it is known here) or for `key` were refused lately.
-    pub(crate) fn admit(
-        &self,
-        client: Option<IpAddr>,
-        key: &str,
-        limits: Limits,
-    ) -> Result<(), (Refusal, &'static str)> {
+    pub fn admit(&self, client: Option<IpAddr>, key: &str, limits: Limits) -> Result<(), Throttled> {
         let now = Instant::now();
         let by_client = client.map_or(Duration::ZERO, |ip| self.clients.wait(&ip, now, limits.client));
         let by_key = self.keys.wait(key, now, limits.key);
-        let (retry_after, scope, whose) = match by_client >= by_key {
-            true => (by_client, "client", "from this client".to_owned()),
-            false => (by_key, "key", format!("for {key}")),
+        let throttled = match by_client >= by_key {
+            true => Throttled { by: LimitedBy::Client, retry_after: by_client },
+            false => Throttled { by: LimitedBy::Key, retry_after: by_key },
         };
-        if retry_after.is_zero() {
-            return Ok(());
-        }
-        Err((Refusal::TooManyRefusals { scope: whose, resource: key.to_owned(), retry_after }, scope))
+        if throttled.retry_after.is_zero() { Ok(()) } else { Err(throttled) }
     }
 
     /// Counts a refused proof against `client` (if known here) and `key`.
-    pub(crate) fn refused(&self, client: Option<IpAddr>, key: &str, limits: Limits) {
+    pub fn refused(&self, client: Option<IpAddr>, key: &str, limits: Limits) {
         let now = Instant::now();
         if let Some(ip) = client {
             self.clients.add(ip, now, limits.client);
         }
         self.keys.add(key.into(), now, limits.key);
-    }
-}
-
-/// Whether a refusal says that a verified write's proof was checked and failed: what a guess
-/// gets.
-pub(crate) fn is_refused_proof(code: &str) -> bool {
-    matches!(code, "not_lock_holder" | "signature_rejected")
-}
-
-/// A verified write, as the limits see it: who sent it and the first key it touches.
-#[derive(Debug)]
-pub(super) struct Guess {
-    /// The client's address; `None` for a write another instance of a shared fence sent on,
-    /// whose client that instance counts.
-    client: Option<IpAddr>,
-    key: String,
-    limits: Limits,
-}
-
-impl Guess {
-    /// The guess a plan makes, if it is a verified write. `shared` says whether this instance
-    /// shares its fence with others, the only case where a write may come from a peer: a
-    /// single instance charges a write that claims so to its own client.
-    pub(super) fn of<B>(
-        plan: &Plan,
-        req: &Request<B>,
-        client: &Peer,
-        settings: &Settings,
-        shared: bool,
-    ) -> Option<Guess> {
-        let Plan::Write(write) = plan else { return None };
-        if matches!(write.proof, super::verify::Proof::None) && write.locks.is_empty() {
-            return None;
-        }
-        let verify = &settings.config.verify;
-        let limits = Limits {
-            client: Limit { burst: verify.client_refusal_burst, refill: verify.client_refusal_refill },
-            key: Limit { burst: verify.key_refusal_burst, refill: verify.key_refusal_refill },
-        };
-        let sent_on = shared && req.headers().contains_key(&leader::FORWARDED_BY);
-        let client = (!sent_on).then_some(client.addr.ip());
-        Some(Guess { client, key: write.touches.first()?.key.clone(), limits })
-    }
-
-    /// Refuses the write unchecked if its client or key had too many proofs refused lately.
-    pub(super) fn admit(&self, state: &State) -> Result<(), Refusal> {
-        state.guesses.admit(self.client, &self.key, self.limits).map_err(|(refusal, scope)| {
-            state.metrics.proof_limited(scope);
-            refusal
-        })
-    }
-
-    /// Counts the write's result: a refused proof here, or one the leader refused and this
-    /// instance relayed (only fencegate's own answers carry [`ERROR_HEADER`]).
-    pub(super) fn count(&self, state: &State, result: &Result<Response<ResponseBody>, Refusal>) {
-        let refused = match result {
-            Err(refusal) => is_refused_proof(refusal.code()),
-            Ok(resp) => resp.headers().get(ERROR_HEADER).and_then(|c| c.to_str().ok()).is_some_and(is_refused_proof),
-        };
-        if refused {
-            state.guesses.refused(self.client, &self.key, self.limits);
-        }
     }
 }
 
@@ -249,11 +202,7 @@ mod tests {
     }
 
     fn retry(g: &Guesses, client: Option<IpAddr>, key: &str) -> Option<(Duration, &'static str)> {
-        match g.admit(client, key, LIMITS) {
-            Ok(()) => None,
-            Err((Refusal::TooManyRefusals { retry_after, .. }, scope)) => Some((retry_after, scope)),
-            Err((other, _)) => panic!("{other:?}"),
-        }
+        g.admit(client, key, LIMITS).err().map(|t| (t.retry_after, t.by.name()))
     }
 
     #[tokio::test(start_paused = true)]
@@ -316,14 +265,5 @@ mod tests {
         tokio::time::advance(Duration::from_secs(3600)).await;
         g.refused(None, "/later", limits);
         assert_eq!(g.keys.len(), 1, "drained entries are swept when the map is full");
-    }
-
-    #[test]
-    fn the_refusals_that_count_are_the_checked_proofs() {
-        assert!(is_refused_proof("not_lock_holder") && is_refused_proof("signature_rejected"));
-        for code in ["stale_token", "missing_signature", "invalid_signature", "verify_unavailable", "too_many_refusals"]
-        {
-            assert!(!is_refused_proof(code), "{code}");
-        }
     }
 }

@@ -1,0 +1,49 @@
+//! The proxy's listener: every request its connections carry goes through
+//! [`request::handle`].
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+use prometheus_client::metrics::counter::Counter;
+use tokio::net::TcpListener;
+
+use crate::listener::{self, Handler, Listening};
+use crate::request::{self, ResponseBody};
+use crate::state::State;
+use crate::upstream::Peer;
+
+/// The proxy itself: every request goes through [`request::handle`].
+#[derive(Clone)]
+struct Proxying(Arc<State>);
+
+impl Handler for Proxying {
+    type Client = Peer;
+    type Body = ResponseBody;
+
+    fn client(&self, addr: SocketAddr) -> Peer {
+        Peer::new(addr)
+    }
+
+    fn handle(self, req: Request<Incoming>, client: Peer) -> impl Future<Output = Response<ResponseBody>> + Send {
+        request::handle(self.0, req, client)
+    }
+
+    fn bytes_out(&self) -> Option<&Counter> {
+        Some(&self.0.metrics.bytes_out)
+    }
+}
+
+/// Serves the proxy on `listener` until `shutdown` resolves, then stops accepting and lets
+/// in-flight requests finish within `server.shutdown_grace`.
+pub(crate) async fn serve(state: Arc<State>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
+    let settings = state.settings.get();
+    let config = &settings.config;
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, backend = %config.backend.url, "fencegate listening");
+    }
+    let listening = Listening { name: "proxy", max_connections: config.limits.max_connections, tls: true };
+    listener::serve(Proxying(Arc::clone(&state)), listening, state, listener, shutdown).await;
+}
