@@ -5,7 +5,6 @@ mod common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::signing::{KeyFiles, now, sign, with_rules};
 use common::{Harness, RawConn, Resp, eventually, raw_request};
 
 const TOKEN: &str = "an-admin-token-of-some-length";
@@ -107,77 +106,97 @@ async fn the_bearer_scheme_is_case_insensitive() {
     assert_eq!(h.proxy.max_seen("/x"), Some(3));
 }
 
-/// A harness whose `/signed/` keys are verified (HMAC) and whose admin API has both tokens.
-async fn verified_with_tokens(keys: &KeyFiles, read_token: Option<&str>) -> Harness {
-    keys.write("k", SECRET);
-    let rules = format!("[[fence.rules]]\nprefix = \"/signed/\"\nverify = \"hmac\"\n{}", keys.toml(&["k"]));
+/// A harness whose `/accounts/` keys are verified against etcd locks (an etcd that is not
+/// there: levels are set by `:advance`), `/other/` in a token domain of its own, and whose admin
+/// API has the admin token and `read_token`.
+async fn verified_with_tokens(token: Option<&str>, read_token: Option<&str>) -> Harness {
+    let rules = "[[fence.rules]]\nprefix = \"/accounts/\"\nverify = \"etcd\"\nlock = \"/locks/accounts/{2}\"\n\
+                 [[fence.rules]]\nprefix = \"/reports/\"\nmax_jump = 10\n\
+                 [[fence.rules]]\nprefix = \"/other/\"\ntoken_domain = \"other\"\n";
+    let with = fencegate::Config::from_toml_str(&format!(
+        "[backend]\nurl = \"http://127.0.0.1:9\"\n[etcd]\nendpoints = [\"http://127.0.0.1:9\"]\n{rules}"
+    ))
+    .unwrap();
     Harness::start_with(|c| {
-        *c = with_rules(c, &rules);
-        c.admin.token = Some(TOKEN.into());
+        (c.etcd, c.fence.rules) = (with.etcd, with.fence.rules);
+        c.admin.token = token.map(str::to_owned);
         c.admin.read_token = read_token.map(str::to_owned);
     })
     .await
 }
 
-const SECRET: &str = "a-secret-of-32-bytes-for-tests!!";
+async fn advance(a: SocketAddr, key: &str, to: u64) {
+    let r = admin(a, "POST", &format!("/fences{key}:advance"), Some(TOKEN), &format!(r#"{{"to": {to}}}"#)).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+}
 
 #[tokio::test]
-async fn a_verified_keys_level_is_read_only_with_a_token() {
-    let keys = KeyFiles::new();
-    let h = verified_with_tokens(&keys, Some(READ_TOKEN)).await;
+async fn a_level_that_may_be_a_holders_revision_is_read_only_with_a_token() {
+    let h = verified_with_tokens(Some(TOKEN), Some(READ_TOKEN)).await;
     let a = h.start_admin().await;
-    assert_eq!(h.signed_put("/signed/a", 307, &sign(SECRET, "k", "default", 307, now() + 600)).await.status, 200);
-    assert_eq!(h.put("/open/b", 5, "v").await.status, 200);
+    // A holder's create revision, once written, is its key's level; the token domain is one
+    // counter, so the same number may be any key's level in it (/reports/ here).
+    advance(a, "/accounts/42", 307).await;
+    advance(a, "/reports/q4", 308).await;
+    advance(a, "/other/b", 5).await;
 
-    // The level of a verified key is the token that passes: not for anyone who asks.
-    let r = admin(a, "GET", "/fences/signed/a", None, "").await;
-    r.assert_refused(401, "unauthorized");
-    assert!(!String::from_utf8_lossy(&r.body).contains("307"), "{:?}", r.body);
-    admin(a, "GET", "/fences/signed/a", Some("a-wrong-token-of-some-length"), "")
+    for key in ["/fences/accounts/42", "/fences/reports/q4"] {
+        let r = admin(a, "GET", key, None, "").await;
+        r.assert_refused(401, "unauthorized");
+        assert!(!String::from_utf8_lossy(&r.body).contains("30"), "{:?}", r.body);
+        admin(a, "GET", key, Some("a-wrong-token-of-some-length"), "").await.assert_refused(401, "unauthorized");
+        for token in [READ_TOKEN, TOKEN] {
+            assert_eq!(admin(a, "GET", key, Some(token), "").await.status, 200, "{key} {token}");
+        }
+    }
+    let r = admin(a, "GET", "/fences/other/b", None, "").await;
+    assert_eq!((r.status, r.json()["max_seen"].as_u64()), (200, Some(5)), "another domain's levels stay open");
+    admin(a, "GET", "/fences/other/b", Some("a-wrong-token-of-some-length"), "")
         .await
         .assert_refused(401, "unauthorized");
-    for token in [READ_TOKEN, TOKEN] {
-        let r = admin(a, "GET", "/fences/signed/a", Some(token), "").await;
-        assert_eq!((r.status, r.json()["max_seen"].as_u64()), (200, Some(307)), "{token}");
-    }
-    let r = admin(a, "GET", "/fences/open/b", None, "").await;
-    assert_eq!((r.status, r.json()["max_seen"].as_u64()), (200, Some(5)), "an unverified key's level proves nothing");
 
-    // A listing withholds verified levels from anonymous callers, and refuses a wrong token.
+    // A listing withholds those levels from anonymous callers, and refuses a wrong token.
     let r = admin(a, "GET", "/fences?prefix=/", None, "").await;
     assert_eq!(r.status, 200);
+    let text = String::from_utf8_lossy(&r.body).into_owned();
+    assert!(!text.contains("307") && !text.contains("308"), "{text}");
     let listed = r.json()["fences"].as_array().unwrap().clone();
-    let signed = listed.iter().find(|f| f["resource"] == "/signed/a").unwrap();
-    assert_eq!((signed["max_seen"].as_u64(), signed["withheld"].as_bool()), (None, Some(true)), "{signed}");
-    let open = listed.iter().find(|f| f["resource"] == "/open/b").unwrap();
-    assert_eq!(open["max_seen"].as_u64(), Some(5));
-    assert!(!String::from_utf8_lossy(&r.body).contains("307"), "{:?}", r.body);
+    let level = |listed: &[serde_json::Value], key: &str| listed.iter().find(|f| f["resource"] == key).unwrap().clone();
+    assert_eq!(level(&listed, "/accounts/42")["withheld"], true);
+    assert_eq!(level(&listed, "/other/b")["max_seen"].as_u64(), Some(5));
     admin(a, "GET", "/fences?prefix=/", Some("a-wrong-token-of-some-length"), "")
         .await
         .assert_refused(401, "unauthorized");
     let r = admin(a, "GET", "/fences?prefix=/", Some(READ_TOKEN), "").await;
-    let signed = r.json()["fences"].as_array().unwrap().iter().find(|f| f["resource"] == "/signed/a").cloned().unwrap();
-    assert_eq!(signed["max_seen"].as_u64(), Some(307));
+    assert_eq!(level(r.json()["fences"].as_array().unwrap(), "/accounts/42")["max_seen"].as_u64(), Some(307));
 
     // The read token reads; it changes nothing.
-    admin(a, "POST", "/fences/signed/a:advance", Some(READ_TOKEN), r#"{"to": 400}"#)
+    admin(a, "POST", "/fences/accounts/42:advance", Some(READ_TOKEN), r#"{"to": 400}"#)
         .await
         .assert_refused(401, "unauthorized");
-    assert_eq!(h.proxy.max_seen("/signed/a"), Some(307));
+    assert_eq!(h.proxy.max_seen("/accounts/42"), Some(307));
+
+    // Nor does a refusal tell it: a jump or a stale token on an unverified key of the domain.
+    let jumped = h.put("/reports/q4", 1_000_000, "v").await;
+    jumped.assert_refused(409, "token_jump");
+    assert_eq!(jumped.json()["withheld"], true);
+    assert!(!String::from_utf8_lossy(&jumped.body).contains("308"), "{:?}", jumped.body);
+    let stale = h.put("/reports/q4", 1, "v").await;
+    stale.assert_refused(409, "stale_token");
+    assert_eq!(stale.json()["withheld"], true);
+    assert!(!String::from_utf8_lossy(&stale.body).contains("308"), "{:?}", stale.body);
+    let open = h.put("/other/b", 1, "v").await;
+    assert_eq!(open.json()["max_seen"].as_u64(), Some(5), "another domain's refusals say the level");
 }
 
 #[tokio::test]
-async fn without_any_token_verified_levels_are_not_read_at_all() {
-    let keys = KeyFiles::new();
-    keys.write("k", SECRET);
-    let rules = format!("[[fence.rules]]\nprefix = \"/signed/\"\nverify = \"hmac\"\n{}", keys.toml(&["k"]));
-    let h = Harness::start_with(|c| *c = with_rules(c, &rules)).await;
+async fn without_any_token_withheld_levels_are_not_read_at_all() {
+    let h = verified_with_tokens(None, None).await;
     let a = h.start_admin().await;
-    assert_eq!(h.signed_put("/signed/a", 307, &sign(SECRET, "k", "default", 307, now() + 600)).await.status, 200);
-    admin(a, "GET", "/fences/signed/a", None, "").await.assert_refused(403, "admin_reads_disabled");
+    admin(a, "GET", "/fences/accounts/42", None, "").await.assert_refused(403, "admin_reads_disabled");
     admin(a, "GET", "/locks/x", None, "").await.assert_refused(403, "admin_reads_disabled");
-    let r = admin(a, "GET", "/fences", None, "").await;
-    assert_eq!(r.json()["fences"][0]["withheld"], true, "{:?}", r.body);
+    let r = admin(a, "GET", "/fences", Some("any-token-of-some-length"), "").await;
+    assert_eq!(r.status, 200, "no token to be wrong: the header is ignored");
 }
 
 #[tokio::test]

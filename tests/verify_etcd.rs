@@ -25,8 +25,13 @@ const TOKEN: &str = "an-admin-token-of-some-length";
 
 /// A proxy whose `/accounts/` keys are verified against the locks `/locks/accounts/{2}`.
 async fn deployment(etcd: &Etcd) -> (Deployment, SocketAddr) {
+    deployment_with(etcd, "").await
+}
+
+/// The same with more `[verify]` settings.
+async fn deployment_with(etcd: &Etcd, verify: &str) -> (Deployment, SocketAddr) {
     let extra = format!(
-        "[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n[etcd]\nendpoints = [\"{}\"]\n[verify]\nmax_lag = \"{}ms\"\n\
+        "[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n[etcd]\nendpoints = [\"{}\"]\n[verify]\nmax_lag = \"{}ms\"\n{verify}\
          [[fence.rules]]\nprefix = \"/accounts/\"\nverify = \"etcd\"\nlock = \"/locks/accounts/{{2}}\"\n",
         etcd.url(),
         MAX_LAG.as_millis()
@@ -201,6 +206,42 @@ async fn the_passing_token_is_neither_read_from_the_admin_api_nor_guessed() {
     assert!(text.contains("fencegate_proofs_limited_total{scope=\"client\"} 2"), "{text}");
     let applied: Vec<u64> = d.backend.applied().iter().filter_map(|r| r.token()).collect();
     assert_eq!(applied, [a.token], "no guess reached the backend");
+    gw.revoke(a.lease).await.unwrap();
+}
+
+#[tokio::test]
+async fn guesses_are_counted_by_lock_not_by_key_and_a_claimed_peer_is_its_client() {
+    let Some(etcd) = start_etcd().await else { return };
+    let gw = Gateway::single(&etcd.url());
+    let a = acquire(gw.clone(), Duration::from_secs(30)).await;
+
+    // Per lock: keys under one lock share its bucket, whichever key a guess names.
+    let per_lock = "client_refusal_burst = 0\nkey_refusal_burst = 3\nkey_refusal_refill = \"1h\"\n";
+    let (d, admin) = deployment_with(&etcd, per_lock).await;
+    wait_holder(admin, Some(a.token)).await;
+    for n in 1..=3 {
+        assert_not_holder(&put(d.addr(), &format!("/accounts/42/g{n}"), a.token + n).await, a.token + n, Some(a.token));
+    }
+    let r = put(d.addr(), "/accounts/42/other", a.token).await;
+    r.assert_refused(429, "too_many_refusals");
+    assert_eq!(r.json()["lock"], LOCK, "{:?}", r.body);
+    put(d.addr(), "/accounts/43", a.token).await.assert_refused(409, "not_lock_holder");
+    drop(d);
+
+    // A single instance has no peers: a write that names one is still its client's.
+    let per_client = "client_refusal_burst = 3\nclient_refusal_refill = \"1h\"\nkey_refusal_burst = 0\n";
+    let (d, admin) = deployment_with(&etcd, per_client).await;
+    wait_holder(admin, Some(a.token)).await;
+    let forged = |token: u64| {
+        format!(
+            "PUT /accounts/42 HTTP/1.1\r\nFencing-Token: {token}\r\nFencegate-Forwarded-By: http://x\r\nX-Forwarded-For: 10.9.9.{token}"
+        )
+    };
+    for guess in (1..=3).map(|n| a.token + n) {
+        assert_not_holder(&request(d.addr(), &forged(guess)).await, guess, Some(a.token));
+    }
+    request(d.addr(), &forged(a.token)).await.assert_refused(429, "too_many_refusals");
+    assert!(d.backend.applied().is_empty());
     gw.revoke(a.lease).await.unwrap();
 }
 

@@ -208,47 +208,18 @@ async fn a_longer_rule_that_sets_no_domain_keeps_its_parents() {
 }
 
 #[tokio::test]
-async fn refused_proofs_past_a_burst_are_answered_429_before_the_next_is_checked() {
+async fn refused_signatures_do_not_hold_a_signer_back() {
+    // A MAC cannot be walked as an etcd revision can: counting its refusals would only let
+    // anyone hold the key's signer back with garbage.
     let keys = KeyFiles::new();
     keys.write("k", NEW);
-    let limits = "client_refusal_burst = 3\nclient_refusal_refill = \"1h\"\nkey_refusal_burst = 0\n";
-    let h = signed_harness(&keys, &["k"], limits).await;
+    let h = signed_harness(&keys, &["k"], "client_refusal_burst = 2\nkey_refusal_burst = 2\n").await;
     let later = now() + 600;
-    for token in 1..=3 {
+    for token in 1..=20 {
         let wrong = h.signed_put("/signed/a", token, &sign(OLD, "k", "default", token, later)).await;
         wrong.assert_refused(403, "signature_rejected");
     }
-    // The right proof now is not even checked: the answer says nothing about the token.
-    let right = h.signed_put("/signed/b", 4, &sign(NEW, "k", "default", 4, later)).await;
-    right.assert_refused(429, "too_many_refusals");
-    let wait: u64 = right.headers["retry-after"].to_str().unwrap().parse().unwrap();
-    assert!((3500..=3600).contains(&wait), "{wait}");
-    // A single instance has no peers: a write claiming to come from one is its client's.
-    let signature = sign(NEW, "k", "default", 4, later);
-    let forged = [("fencing-token", "4"), (SIGNATURE, signature.as_str()), ("fencegate-forwarded-by", "http://x")];
-    h.send("PUT", "/signed/b", &forged, "x").await.assert_refused(429, "too_many_refusals");
-    assert_eq!(h.proxy.max_seen("/signed/b"), None);
-    assert!(h.backend.requests().is_empty());
-    // Unverified writes are not limited.
-    assert_eq!(h.put("/open/a", 1, "v").await.status, 200);
-
-    // Per key: many clients guessing one key (here one client, with the per-client limit off).
-    let limits = "client_refusal_burst = 0\nkey_refusal_burst = 2\nkey_refusal_refill = \"1h\"\n";
-    let h = signed_harness(&keys, &["k"], limits).await;
-    for token in 1..=2 {
-        let wrong = h.signed_put("/signed/a", token, &sign(OLD, "k", "default", token, later)).await;
-        wrong.assert_refused(403, "signature_rejected");
-    }
-    let limited = h.signed_put("/signed/a", 3, &sign(NEW, "k", "default", 3, later)).await;
-    limited.assert_refused(429, "too_many_refusals");
-    assert_eq!(limited.json()["resource"], "/signed/a");
-    assert_eq!(h.signed_put("/signed/b", 3, &sign(NEW, "k", "default", 3, later)).await.status, 200, "another key");
-    // Malformed or missing signatures are not guesses of a token and do not count.
-    let h = signed_harness(&keys, &["k"], "client_refusal_burst = 1\n").await;
-    for _ in 0..3 {
-        h.send("PUT", "/signed/a", &[("fencing-token", "1")], "x").await.assert_refused(428, "missing_signature");
-    }
-    assert_eq!(h.signed_put("/signed/a", 1, &sign(NEW, "k", "default", 1, later)).await.status, 200);
+    assert_eq!(h.signed_put("/signed/a", 21, &sign(NEW, "k", "default", 21, later)).await.status, 200);
 }
 
 #[tokio::test]

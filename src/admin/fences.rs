@@ -57,28 +57,25 @@ pub(super) fn read(
     req: &Request<Incoming>,
     caller: SocketAddr,
 ) -> Result<Response<Full<Bytes>>, Refusal> {
-    leading(state)?;
     let key = fence_key(state, path)?;
-    if state.settings.get().config.fence.is_verified(&key) {
+    if !read_as_operator(state, req, caller)? && state.settings.get().config.fence.withholds(&key) {
+        // Named in the log and counted, as a failed authentication is.
         authorize(state, req, caller, Access::Read)?;
     }
+    leading(state)?;
     let max_seen = state.fence.max_seen(&key).ok_or_else(|| Refusal::NotFound(key.clone()))?;
     Ok(json_response(StatusCode::OK, &json!({ "resource": key, "max_seen": max_seen })))
 }
 
 /// A page of fences: `?prefix=…&after=…&limit=…`, values percent-decoded once. Without a
-/// token, verified keys are listed with their level withheld; a token that is given must be
-/// right.
+/// token, withheld levels are left out of it.
 pub(super) fn list(
     state: &State,
     req: &Request<Incoming>,
     caller: SocketAddr,
 ) -> Result<Response<Full<Bytes>>, Refusal> {
+    let trusted = read_as_operator(state, req, caller)?;
     leading(state)?;
-    let trusted = match req.headers().contains_key(AUTHORIZATION) {
-        true => authorize(state, req, caller, Access::Read).map(|()| true)?,
-        false => false,
-    };
     let (mut prefix, mut after, mut limit) = (String::new(), None, PAGE);
     for pair in req.uri().query().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
@@ -99,7 +96,7 @@ pub(super) fn list(
     let config = &state.settings.get().config;
     let fences: Vec<Value> = page
         .into_iter()
-        .map(|(key, max_seen, in_flight)| match trusted || !config.fence.is_verified(&key) {
+        .map(|(key, max_seen, in_flight)| match trusted || !config.fence.withholds(&key) {
             true => json!({ "resource": key, "max_seen": max_seen, "in_flight": in_flight }),
             false => json!({ "resource": key, "max_seen": null, "withheld": true, "in_flight": in_flight }),
         })
@@ -196,6 +193,17 @@ pub(super) fn authorize(
     tracing::warn!(%caller, method = %req.method(), path = %req.uri().path(), reason = %why,
         "admin authentication failed");
     Err(Refusal::Unauthorized)
+}
+
+/// Whether a read comes from an operator: it carries a token, which must then be right (a
+/// wrong one is refused, not quietly served less). Without any token configured, there is no
+/// operator to be, and a header is ignored.
+fn read_as_operator(state: &State, req: &Request<Incoming>, caller: SocketAddr) -> Result<bool, Refusal> {
+    let admin = &state.settings.get().config.admin;
+    if !req.headers().contains_key(AUTHORIZATION) || (admin.token.is_none() && admin.read_token.is_none()) {
+        return Ok(false);
+    }
+    authorize(state, req, caller, Access::Read).map(|()| true)
 }
 
 /// The credentials of an `Authorization` value whose scheme is Bearer, in any case (RFC 9110

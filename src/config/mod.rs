@@ -235,10 +235,19 @@ pub struct FenceConfig {
 }
 
 impl FenceConfig {
-    /// Whether a token for `key` must prove more than being a number: its level is then worth
-    /// keeping from whoever may not write.
-    pub fn is_verified(&self, key: &str) -> bool {
-        Rule::verifying(&self.rules, key).is_some_and(|r| r.verify != Some(Verify::None))
+    /// Whether `key`'s level is kept from whoever has no admin token: a level in a token domain
+    /// that holds keys verified against etcd may be a lock holder's create revision, which is
+    /// the token that passes (a token domain is one counter, so a holder's revision can be any
+    /// key's level in it). Under `verify = "hmac"` a level is only a number: a signature, not
+    /// the number, proves a token.
+    pub fn withholds(&self, key: &str) -> bool {
+        let by_etcd = |r: &Rule| r.verify == Some(Verify::Etcd);
+        if !self.rules.iter().any(by_etcd) {
+            return false;
+        }
+        let over = self.rules.iter().filter(|r| crate::fence::keys::in_scope(key, &r.prefix));
+        let domain = over.max_by_key(|r| r.prefix.len()).map_or(DEFAULT_DOMAIN, |r| r.token_domain.as_str());
+        self.rules.iter().any(|r| by_etcd(r) && r.token_domain == domain)
     }
 }
 

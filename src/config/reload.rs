@@ -63,8 +63,13 @@ pub(crate) fn merge(old: &Config, new: Config) -> (Config, Reload) {
     for key in &new.verify.hmac_keys {
         let before = old.verify.hmac_keys.iter().find(|k| k.id == key.id);
         match (before.map(|k| k.secret.is_some()), key.secret.is_some()) {
-            (Some(true) | None, false) => report.applied.push(format!(
+            (Some(true), false) => report.applied.push(format!(
                 "verify.hmac_keys: key {:?} revoked: its secret file {} is gone",
+                key.id,
+                key.secret_file.display()
+            )),
+            (None, false) => report.applied.push(format!(
+                "verify.hmac_keys: key {:?} is not in force: its secret file {} does not exist",
                 key.id,
                 key.secret_file.display()
             )),

@@ -27,7 +27,7 @@ pub enum Verify {
 }
 
 impl VerifyConfig {
-    /// The ids of the keys whose files are gone: revoked.
+    /// The keys whose files are gone: revoked.
     pub fn revoked_keys(&self) -> impl Iterator<Item = &HmacKey> {
         self.hmac_keys.iter().filter(|k| k.secret.is_none())
     }
@@ -124,18 +124,14 @@ pub(super) fn verify(raw: RawVerify, token_header: &HeaderName) -> Result<Verify
         hmac_keys.push(HmacKey { id: key.id, secret_file: key.secret_file, secret });
     }
     let max_lag = duration("verify.max_lag", &raw.max_lag)?;
-    let refill = |key: &str, text: &str| match duration(key, text)? {
-        Duration::ZERO => Err(invalid(key, "must be above 0 (a burst of 0 turns the limit off)")),
-        d => Ok(d),
-    };
     Ok(VerifyConfig {
         signature_header,
         clock_skew,
         max_lag,
         client_refusal_burst: raw.client_refusal_burst,
-        client_refusal_refill: refill("verify.client_refusal_refill", &raw.client_refusal_refill)?,
+        client_refusal_refill: duration("verify.client_refusal_refill", &raw.client_refusal_refill)?,
         key_refusal_burst: raw.key_refusal_burst,
-        key_refusal_refill: refill("verify.key_refusal_refill", &raw.key_refusal_refill)?,
+        key_refusal_refill: duration("verify.key_refusal_refill", &raw.key_refusal_refill)?,
         hmac_keys,
     })
 }

@@ -13,6 +13,7 @@ use http_body_util::Full;
 use serde_json::{Value, json};
 
 use crate::fence::FenceError;
+use crate::fence::guesses::LimitedBy;
 use crate::fence::locks::LockError;
 use crate::fence::path::PathError;
 use crate::fence::token::TokenError;
@@ -121,14 +122,14 @@ pub enum Refusal {
         /// The leader's advertised URL.
         leader: String,
     },
-    /// Verified writes from this client, or to this key, were refused too often: guessing a
-    /// token is slowed down.
-    #[error("too many refused proofs {scope}; try again in {retry_after:?}")]
+    /// Writes verified against an etcd lock were refused too often from this client, or for
+    /// this lock: guessing the holder's revision is slowed down.
+    #[error("too many refused proofs {}; try again in {retry_after:?}", whose(*.by, .lock))]
     TooManyRefusals {
-        /// Whose refusals: "from this client" or "for <key>".
-        scope: String,
-        /// The first key the write touches.
-        resource: String,
+        /// Whose refusals.
+        by: LimitedBy,
+        /// The lock the write's token must be the holder's of.
+        lock: String,
         /// When one more proof will be checked.
         retry_after: std::time::Duration,
     },
@@ -192,6 +193,14 @@ impl From<StoreError> for Refusal {
 impl From<UpstreamError> for Refusal {
     fn from(e: UpstreamError) -> Self {
         Refusal::Upstream(e)
+    }
+}
+
+/// Whose refusals hold a write back, as a refusal says it.
+fn whose(by: LimitedBy, lock: &str) -> String {
+    match by {
+        LimitedBy::Client => "from this client".to_owned(),
+        LimitedBy::Key => format!("for the lock {lock}"),
     }
 }
 
@@ -280,12 +289,20 @@ impl Refusal {
                 | FenceError::WouldRaise { resource, .. }
                 | FenceError::NoFence { resource },
             ) => Some(resource),
-            Refusal::SignatureRejected { resource, .. } | Refusal::TooManyRefusals { resource, .. } => Some(resource),
+            Refusal::SignatureRejected { resource, .. } | Refusal::TooManyRefusals { lock: resource, .. } => {
+                Some(resource)
+            }
             _ => None,
         }
     }
 
-    fn body(&self) -> Value {
+    /// The JSON body; with `withhold`, without the levels a refusal would name (`max_seen`, a
+    /// token domain's highest token), which may be the token that passes a key verified against
+    /// etcd.
+    fn body(&self, withhold: bool) -> Value {
+        if let (true, Some(body)) = (withhold, self.withheld_body()) {
+            return body;
+        }
         let mut body = json!({ "error": self.code(), "message": self.to_string() });
         let extra = match self {
             Refusal::Fence(FenceError::Stale { resource, token, max_seen }) => {
@@ -314,8 +331,8 @@ impl Refusal {
             ) => json!({ "resource": resource, "max_seen": max_seen, "to": to }),
             Refusal::Fence(FenceError::NoFence { resource }) => json!({ "resource": resource }),
             Refusal::NotLeader { leader } => json!({ "leader": leader }),
-            Refusal::TooManyRefusals { resource, retry_after, .. } => {
-                json!({ "resource": resource, "retry_after_ms": retry_after.as_millis() as u64 })
+            Refusal::TooManyRefusals { lock, retry_after, .. } => {
+                json!({ "lock": lock, "retry_after_ms": retry_after.as_millis() as u64 })
             }
             Refusal::Fence(FenceError::Quarantined { resource, retry_after, .. }) => {
                 json!({ "resource": resource, "retry_after_ms": retry_after.as_millis() as u64 })
@@ -331,9 +348,47 @@ impl Refusal {
         body
     }
 
+    /// The body of a refusal that names a level, without it; `None` for one that names none.
+    fn withheld_body(&self) -> Option<Value> {
+        const WHY: &str = "the level is withheld: its token domain is verified against etcd";
+        let (resource, token, message) = match self {
+            Refusal::Fence(FenceError::Stale { resource, token, .. }) => {
+                (resource, token, format!("token {token} is stale: {resource} has accepted it or a higher one ({WHY})"))
+            }
+            Refusal::Fence(FenceError::Jump { resource, token, max_jump, .. }) => (
+                resource,
+                token,
+                format!(
+                    "token {token} is more than max_jump {max_jump} above what {resource} or its token domain has \
+                    accepted ({WHY})"
+                ),
+            ),
+            _ => return None,
+        };
+        Some(
+            json!({ "error": self.code(), "message": message, "resource": resource, "token": token, "withheld": true }),
+        )
+    }
+
+    /// Whether the answer names a level, which [`Refusal::response_withholding_levels`] leaves
+    /// out.
+    pub fn names_a_level(&self) -> bool {
+        matches!(self, Refusal::Fence(FenceError::Stale { .. } | FenceError::Jump { .. }))
+    }
+
     /// The complete response: status, JSON body, `fencegate-error`, and `Retry-After` where useful.
     pub fn response(&self) -> Response<Full<Bytes>> {
-        let mut resp = json_response(self.status(), &self.body());
+        self.respond(false)
+    }
+
+    /// The response without the levels it would name: for a key whose level is kept from
+    /// clients (`FenceConfig::withholds`).
+    pub fn response_withholding_levels(&self) -> Response<Full<Bytes>> {
+        self.respond(true)
+    }
+
+    fn respond(&self, withhold: bool) -> Response<Full<Bytes>> {
+        let mut resp = json_response(self.status(), &self.body(withhold));
         let headers = resp.headers_mut();
         headers.insert(ERROR_HEADER, HeaderValue::from_static(self.code()));
         let retry = match self {

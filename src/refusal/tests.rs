@@ -15,7 +15,7 @@ fn examples() -> Vec<(Refusal, u16, &'static str)> {
         (Refusal::AdminReadsDisabled, 403, "admin_reads_disabled"),
         (Refusal::NotLeader { leader: "http://127.0.0.1:1".into() }, 421, "not_leader"),
         (
-            Refusal::TooManyRefusals { scope: "from this client".into(), resource: "/a".into(), retry_after: d },
+            Refusal::TooManyRefusals { by: LimitedBy::Client, lock: "/l".into(), retry_after: d },
             429,
             "too_many_refusals",
         ),
@@ -125,11 +125,8 @@ fn answers_that_a_retry_may_cure_say_when_to_retry() {
         Some("1")
     );
     assert_eq!(retry_after(Refusal::Upstream(UpstreamError::Unreachable("refused".into()))), None);
-    let limited = |ms| Refusal::TooManyRefusals {
-        scope: "for /a".into(),
-        resource: "/a".into(),
-        retry_after: Duration::from_millis(ms),
-    };
+    let limited =
+        |ms| Refusal::TooManyRefusals { by: LimitedBy::Key, lock: "/l".into(), retry_after: Duration::from_millis(ms) };
     assert_eq!(retry_after(limited(2_100)).as_deref(), Some("3"), "rounded up");
     assert_eq!(retry_after(limited(10)).as_deref(), Some("1"), "never 0");
 }
@@ -142,4 +139,46 @@ async fn stale_body_names_resource_token_and_max_seen() {
     assert_eq!(v["resource"], "/accounts/42");
     assert_eq!(v["token"], 33);
     assert_eq!(v["max_seen"], 34);
+}
+
+#[tokio::test]
+async fn a_withheld_level_is_neither_in_the_body_nor_in_the_message() {
+    let body = async |r: Refusal| -> String {
+        String::from_utf8(r.response_withholding_levels().into_body().collect().await.unwrap().to_bytes().to_vec())
+            .unwrap()
+    };
+    let stale = Refusal::Fence(FenceError::Stale { resource: "/a".into(), token: 33, max_seen: 4242 });
+    let jump = Refusal::Fence(FenceError::Jump {
+        resource: "/a".into(),
+        token: 9,
+        base: 4242,
+        max_jump: 2,
+        domain: Some("d".into()),
+    });
+    for (refusal, code) in [(stale, "stale_token"), (jump, "token_jump")] {
+        assert!(refusal.names_a_level());
+        let text = body(refusal).await;
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            (v["error"].as_str(), v["withheld"].as_bool(), v["resource"].as_str()),
+            (Some(code), Some(true), Some("/a"))
+        );
+        assert!(!text.contains("4242"), "{text}");
+    }
+    let other = Refusal::MissingToken { header: "fencing-token".into() };
+    assert!(!other.names_a_level());
+    assert_eq!(
+        body(other).await,
+        String::from_utf8(
+            Refusal::MissingToken { header: "fencing-token".into() }
+                .response()
+                .into_body()
+                .collect()
+                .await
+                .unwrap()
+                .to_bytes()
+                .to_vec()
+        )
+        .unwrap()
+    );
 }

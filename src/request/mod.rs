@@ -41,17 +41,16 @@ pub(crate) async fn handle(state: Arc<State>, req: Request<Incoming>, client: Pe
             if let Some(entry) = access.as_mut() {
                 entry.plan(&plan);
             }
-            match Guess::of(&plan, &req, &client, &settings, state.peers.is_some()) {
-                None => execute(Arc::clone(&state), Arc::clone(&settings), req, plan, client.clone()).await,
-                Some(guess) => match guess.admit(&state) {
-                    Err(refusal) => Err(refusal),
-                    Ok(()) => {
-                        let result =
-                            execute(Arc::clone(&state), Arc::clone(&settings), req, plan, client.clone()).await;
+            let guess = Guess::of(&plan, &req, &client, &settings, &state);
+            match guess.as_ref().map_or(Ok(()), |g| g.admit(&state)) {
+                Err(refusal) => Err(refusal),
+                Ok(()) => {
+                    let result = execute(Arc::clone(&state), Arc::clone(&settings), req, plan, client.clone()).await;
+                    if let Some(guess) = guess {
                         guess.count(&state, &result);
-                        result
                     }
-                },
+                    result
+                }
             }
         }
         Err(refusal) => Err(refusal),
@@ -71,7 +70,10 @@ pub(crate) async fn handle(state: Arc<State>, req: Request<Incoming>, client: Pe
             if let Some(entry) = access {
                 entry.log(refusal.code(), refusal.status(), None);
             }
-            refusal.response().map(full_body)
+            let withhold =
+                refusal.names_a_level() && refusal.resource().is_some_and(|key| settings.config.fence.withholds(key));
+            let resp = if withhold { refusal.response_withholding_levels() } else { refusal.response() };
+            resp.map(full_body)
         }
     };
     state.metrics.request_latency.observe(started.elapsed().as_secs_f64());

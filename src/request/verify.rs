@@ -10,12 +10,14 @@ use http::{HeaderMap, Request, Response};
 
 use super::ResponseBody;
 use super::classify::Plan;
-use crate::config::{Verify, VerifyConfig};
+use crate::config::{StoreKind, Verify, VerifyConfig};
 use crate::fence::Touch;
-use crate::fence::guesses::{Limit, LimitedBy, Limits, Throttled};
+use crate::fence::guesses::{Limit, Limits, Throttled};
+use crate::fence::locks::LockError;
 use crate::fence::verify::{HmacKeys, Signature, SignatureError, unix_now};
-use crate::refusal::{ERROR_HEADER, Refusal};
+use crate::refusal::Refusal;
 use crate::state::{Settings, State};
+use crate::store::Role;
 use crate::upstream::Peer;
 use crate::upstream::leader;
 
@@ -69,68 +71,61 @@ pub(super) fn check(proof: &Proof, token: u64, touches: &[Touch], hmac: &HmacKey
     }
 }
 
-/// Whether a refusal says that a verified write's proof was checked and failed: what a guess
-/// gets.
-fn is_refused_proof(code: &str) -> bool {
-    matches!(code, "not_lock_holder" | "signature_rejected")
-}
-
-/// A verified write, as the limits see it: who sent it and the first key it touches.
+/// A write verified against an etcd lock, as the limits on guessing see it: who sent it and
+/// the lock whose holder it claims to be. Only such writes are limited: a signature's MAC
+/// cannot be walked as a revision can, and counting its refusals would only let anyone hold a
+/// signed key's writer back.
 #[derive(Debug)]
 pub(super) struct Guess {
-    /// The client's address; `None` for a write another instance of a shared fence sent on,
-    /// whose client that instance counts.
+    /// The client's address: the connection's, or for a write a follower sent on, the one it
+    /// names; `None` if it names none.
     client: Option<IpAddr>,
-    key: String,
+    lock: String,
     limits: Limits,
 }
 
 impl Guess {
-    /// The guess a plan makes, if it is a verified write. `shared` says whether this instance
-    /// shares its fence with others, the only case where a write may come from a peer: a
-    /// single instance charges a write that claims so to its own client.
+    /// The guess a plan makes, if it is a write verified against an etcd lock that this
+    /// instance fences (a follower sends it on, and the leader counts it). Only an instance
+    /// that shares its fence may get a write from a peer: a single one charges a write that
+    /// claims so to its own client.
     pub(super) fn of<B>(
         plan: &Plan,
         req: &Request<B>,
         client: &Peer,
         settings: &Settings,
-        shared: bool,
+        state: &State,
     ) -> Option<Guess> {
         let Plan::Write(write) = plan else { return None };
-        if matches!(write.proof, Proof::None) && write.locks.is_empty() {
-            return None;
-        }
+        let lock = write.locks.first()?;
+        let shared = match state.store.role() {
+            Role::Writer => matches!(settings.config.store.kind, StoreKind::Etcd),
+            Role::Forward(_) | Role::Unavailable(_) => return None,
+        };
         let verify = &settings.config.verify;
         let limits = Limits {
             client: Limit { burst: verify.client_refusal_burst, refill: verify.client_refusal_refill },
             key: Limit { burst: verify.key_refusal_burst, refill: verify.key_refusal_refill },
         };
-        let sent_on = shared && leader::forwarded(req);
-        let client = (!sent_on).then_some(client.addr.ip());
-        Some(Guess { client, key: write.touches.first()?.key.clone(), limits })
+        let client = match shared && leader::forwarded(req) {
+            true => leader::sent_on_for(req.headers()),
+            false => Some(client.addr.ip()),
+        };
+        Some(Guess { client, lock: lock.clone(), limits })
     }
 
-    /// Refuses the write unchecked if its client or key had too many proofs refused lately.
+    /// Refuses the write unchecked if its client or lock had too many proofs refused lately.
     pub(super) fn admit(&self, state: &State) -> Result<(), Refusal> {
-        state.guesses.admit(self.client, &self.key, self.limits).map_err(|Throttled { by, retry_after }| {
+        state.guesses.admit(self.client, &self.lock, self.limits).map_err(|Throttled { by, retry_after }| {
             state.metrics.proof_limited(by.name());
-            let whose = match by {
-                LimitedBy::Client => "from this client".to_owned(),
-                LimitedBy::Key => format!("for {}", self.key),
-            };
-            Refusal::TooManyRefusals { scope: whose, resource: self.key.clone(), retry_after }
+            Refusal::TooManyRefusals { by, lock: self.lock.clone(), retry_after }
         })
     }
 
-    /// Counts the write's result: a refused proof here, or one the leader refused and this
-    /// instance relayed (only fencegate's own answers carry [`ERROR_HEADER`]).
+    /// Counts the write's result if its proof was checked and refused: what a guess gets.
     pub(super) fn count(&self, state: &State, result: &Result<Response<ResponseBody>, Refusal>) {
-        let refused = match result {
-            Err(refusal) => is_refused_proof(refusal.code()),
-            Ok(resp) => resp.headers().get(ERROR_HEADER).and_then(|c| c.to_str().ok()).is_some_and(is_refused_proof),
-        };
-        if refused {
-            state.guesses.refused(self.client, &self.key, self.limits);
+        if let Err(Refusal::Lock(LockError::NotHolder { .. })) = result {
+            state.guesses.refused(self.client, &self.lock, self.limits);
         }
     }
 }
@@ -187,14 +182,5 @@ mod tests {
         assert_eq!(check(&other, 9, &touches, &verifiers).unwrap_err().code(), "signature_rejected", "another domain");
         let none = hmac_keys(&VerifyConfig { hmac_keys: Vec::new(), ..c.clone() });
         assert_eq!(check(&proof, 9, &touches, &none).unwrap_err().code(), "signature_rejected", "a key dropped");
-    }
-
-    #[test]
-    fn the_refusals_that_count_are_the_checked_proofs() {
-        assert!(is_refused_proof("not_lock_holder") && is_refused_proof("signature_rejected"));
-        for code in ["stale_token", "missing_signature", "invalid_signature", "verify_unavailable", "too_many_refusals"]
-        {
-            assert!(!is_refused_proof(code), "{code}");
-        }
     }
 }

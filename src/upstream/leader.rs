@@ -86,6 +86,13 @@ impl Peers {
     }
 }
 
+/// The client a follower named when it sent this write on: the last `X-Forwarded-For` entry,
+/// which it appended; `None` if there is none that is an address.
+pub(crate) fn sent_on_for(headers: &http::HeaderMap) -> Option<std::net::IpAddr> {
+    let last = headers.get_all(http::header::HeaderName::from_static("x-forwarded-for")).iter().next_back()?;
+    last.to_str().ok()?.rsplit(',').next()?.trim().parse().ok()
+}
+
 /// Whether another instance sent this write on.
 pub(crate) fn forwarded<B>(req: &Request<B>) -> bool {
     req.headers().contains_key(&FORWARDED_BY)
