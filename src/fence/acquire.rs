@@ -9,7 +9,9 @@
 //! of writes to keys cannot starve a subtree write queued behind them.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use tokio::sync::OwnedMutexGuard;
 

@@ -35,7 +35,9 @@ mod turn;
 pub mod verify;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use arc_swap::ArcSwap;
 use dashmap::DashMap;

@@ -12,7 +12,7 @@
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Instant;
+use tokio::time::Instant;
 
 use tokio::sync::Notify;
 

@@ -9,7 +9,9 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use super::acquire::{Held, Registered};
 use super::detach::Detached;

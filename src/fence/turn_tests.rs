@@ -67,7 +67,7 @@ async fn a_waiter_dropped_after_the_holder_left_releases_the_gate() {
     assert_eq!(t.active_gates(), 0, "no gate is left behind for a resource nobody writes");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn quarantine_closes_the_resource_until_it_expires() {
     let (t, _dir) = fence();
     let mut turn = t.acquire(key("/a"), Duration::from_secs(1)).await.unwrap();
@@ -75,10 +75,16 @@ async fn quarantine_closes_the_resource_until_it_expires() {
     drop(turn);
     assert_eq!(t.active_gates(), 1, "a quarantined gate is kept");
     let mut turn = t.acquire(key("/a"), Duration::from_secs(1)).await.unwrap();
-    assert!(matches!(turn.check(99, STRICT), Err(FenceError::Quarantined { .. })));
+    let Err(FenceError::Quarantined { retry_after, .. }) = turn.check(99, STRICT) else { panic!("quarantined") };
+    assert_eq!(retry_after, Duration::from_millis(50), "the whole quarantine is left");
     drop(turn);
-    // The quarantine's own length is what is tested here: wait it out.
-    tokio::time::sleep(Duration::from_millis(60)).await;
+    // On tokio's clock, paused: one instant before the end it is still closed, at the end open.
+    tokio::time::advance(Duration::from_millis(49)).await;
+    let mut turn = t.acquire(key("/a"), Duration::from_secs(1)).await.unwrap();
+    let Err(FenceError::Quarantined { retry_after, .. }) = turn.check(99, STRICT) else { panic!("still quarantined") };
+    assert_eq!(retry_after, Duration::from_millis(1));
+    drop(turn);
+    tokio::time::advance(Duration::from_millis(1)).await;
     let mut turn = t.acquire(key("/a"), Duration::from_secs(1)).await.unwrap();
     assert!(turn.check(99, STRICT).is_ok());
     drop(turn);

@@ -5,10 +5,11 @@
 //! log: per resource (or, for refusals without one, per reason), at most one line per
 //! interval is written, and the next line written says how many were suppressed meanwhile.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use dashmap::DashMap;
 use http::Method;
+use tokio::time::Instant;
 
 use super::Refusal;
 use crate::fence::FenceError;
@@ -100,8 +101,8 @@ pub(crate) fn log(
 mod tests {
     use super::*;
 
-    #[test]
-    fn one_line_per_key_per_interval_and_the_next_line_counts_the_rest() {
+    #[tokio::test(start_paused = true)]
+    async fn one_line_per_key_per_interval_and_the_next_line_counts_the_rest() {
         let log = RefusalThrottle::new();
         let i = Duration::from_millis(50);
         assert_eq!(log.admit("/a", i), Some(0));
@@ -109,8 +110,10 @@ mod tests {
             assert_eq!(log.admit("/a", i), None);
         }
         assert_eq!(log.admit("/b", i), Some(0), "keys are limited independently");
-        std::thread::sleep(Duration::from_millis(60));
-        assert_eq!(log.admit("/a", i), Some(5));
+        tokio::time::advance(Duration::from_millis(49)).await;
+        assert_eq!(log.admit("/a", i), None, "within the interval");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(log.admit("/a", i), Some(6), "the interval is over: the line counts the rest");
         assert_eq!(log.admit("/a", i), None);
     }
 }
