@@ -76,7 +76,7 @@ impl Fence {
         // lets the gate go.
         let mut leaving = Leaving { fence: self, key, armed: true };
         let gate = self.gate(key, always)?;
-        let guard = tokio::time::timeout_at(deadline.into(), gate.lock_owned()).await.map_err(|_| timed_out())?;
+        let guard = tokio::time::timeout_at(deadline, gate.lock_owned()).await.map_err(|_| timed_out())?;
         leaving.armed = false; // the turn releases the gate when it drops
         Ok(Held { key: key.into(), guard: Some(guard) })
     }
@@ -114,7 +114,7 @@ impl Fence {
                     if self.subtrees.try_activate(id) {
                         break;
                     }
-                    tokio::time::timeout_at(deadline.into(), changed).await.map_err(|_| timed_out())?;
+                    tokio::time::timeout_at(deadline, changed).await.map_err(|_| timed_out())?;
                 }
                 Some(registered)
             }
@@ -136,7 +136,7 @@ impl Fence {
             }
             // A subtree write above one of these keys came first: let it go ahead.
             self.give_back(&mut held);
-            tokio::time::timeout_at(deadline.into(), changed).await.map_err(|_| timed_out())?;
+            tokio::time::timeout_at(deadline, changed).await.map_err(|_| timed_out())?;
         }
     }
 

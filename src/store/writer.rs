@@ -155,6 +155,16 @@ enum Op {
     Answered { mark: MarkKind, key: String, token: u64 },
 }
 
+/// What woke the writer from its wait for work.
+enum Woke {
+    /// A message: a change, a reminder, a close.
+    Message(Msg),
+    /// Its deadline: answers waited long enough, or it is time to look for room.
+    Due,
+    /// Every sender is gone: the store was dropped without `close()`.
+    Dropped,
+}
+
 impl Writer {
     /// A writer for `log`, raising `table`; answered writes come in through `answers`.
     pub(super) fn new(
@@ -210,18 +220,19 @@ impl Writer {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
-            let received = match wake {
-                None => rx.recv().map_err(|_| false),
-                Some(by) => rx.recv_timeout(by.saturating_duration_since(Instant::now())).map_err(|e| match e {
-                    RecvTimeoutError::Timeout => true,
-                    RecvTimeoutError::Disconnected => false,
-                }),
+            let woke = match wake {
+                None => rx.recv().map_or(Woke::Dropped, Woke::Message),
+                Some(by) => match rx.recv_timeout(by.saturating_duration_since(Instant::now())) {
+                    Ok(msg) => Woke::Message(msg),
+                    Err(RecvTimeoutError::Timeout) => Woke::Due,
+                    Err(RecvTimeoutError::Disconnected) => Woke::Dropped,
+                },
             };
-            if retry.is_some() && received.is_err() {
+            if retry.is_some() && !matches!(woke, Woke::Message(_)) {
                 self.retry_room();
             }
-            match received {
-                Ok(first) => {
+            match woke {
+                Woke::Message(first) => {
                     closing = self.take(first);
                     if self.batch.is_empty() && closing.is_none() && self.flush_by.is_some() {
                         continue; // only a reminder of answers waiting: keep waiting for company
@@ -229,9 +240,9 @@ impl Writer {
                 }
                 // Answers waited ANSWER_FLUSH: write them now. (Or only the look for room
                 // woke the writer: then keep waiting.)
-                Err(true) if self.flush_by.is_some_and(|by| by > Instant::now()) || self.flush_by.is_none() => continue,
-                Err(true) => {}
-                Err(false) => {
+                Woke::Due if self.flush_by.is_some_and(|by| by > Instant::now()) || self.flush_by.is_none() => continue,
+                Woke::Due => {}
+                Woke::Dropped => {
                     self.take_answers(); // dropped without close(): keep what is known
                     self.commit();
                     break;

@@ -1,0 +1,179 @@
+//! A fenced write's phases, in the order docs/writes.md names them. Before its turn, each may
+//! be abandoned if the client goes away:
+//!
+//! 1. [`route`]: where it is fenced. Here, by the file store or a shared fence's leader; a
+//!    follower sends it on to the leader, whose answer it relays.
+//! 2. [`prove`]: its proof (a signature, the holder of an etcd lock), before anything looks at
+//!    the token: an unproven one must not even be compared.
+//! 3. The precheck against `max_seen` and the floors, and the wait for the turn.
+//!
+//! Once the turn is ours, `Turn::finish_after` runs the write to its end: the authoritative
+//! check, then [`prepare`] (a backend connection, the proof's second look, the lease's
+//! permit), the durable advance, the send, and the answer or a quarantine.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+
+use super::classify::Write;
+use super::verify::Proof;
+use super::{InFlight, Outgoing, ResponseBody, destination, locks, send, verify};
+use crate::etcd::Mirrors;
+use crate::fence::{Outcome, Policy, Touch};
+use crate::refusal::Refusal;
+use crate::state::{Settings, State};
+use crate::store::{Role, StoreError};
+use crate::upstream::{Hold, Peer, UpstreamError, leader};
+
+/// `fut` in a new pinned box, built in place (`Box::write`) rather than built and then moved
+/// there: a fenced write's futures are large, and a move is a copy of all of it.
+macro_rules! boxed_in_place {
+    ($fut:expr) => {
+        Box::into_pin(Box::write(Box::new_uninit(), $fut))
+    };
+}
+
+/// Where a write goes: fenced here, or already answered by the leader it was sent on to.
+enum Routed {
+    Here(Request<Incoming>),
+    Sent(Response<ResponseBody>),
+}
+
+/// What a write must prove, and what proving it takes at its first and its second look.
+struct Proven {
+    token: u64,
+    proof: Proof,
+    /// The etcd locks whose holder the token must be.
+    locks: Vec<String>,
+    /// The first key, which a refusal at the second look names (kept only for a write that
+    /// has a proof, so that the others pay no copy).
+    first: Option<Touch>,
+}
+
+impl Proven {
+    /// The proof against the keys and the locks' holders in force now.
+    fn check(&self, touches: &[Touch], hmac: &crate::fence::verify::HmacKeys, locks: &Mirrors) -> Result<(), Refusal> {
+        verify::check(&self.proof, self.token, touches, hmac)?;
+        locks::check(locks, &self.locks, self.token).map_err(Refusal::Lock)
+    }
+}
+
+/// Takes a fenced write through its phases.
+pub(super) async fn fence(
+    state: Arc<State>,
+    settings: Arc<Settings>,
+    req: Request<Incoming>,
+    write: Write,
+    client: Peer,
+) -> Result<Response<ResponseBody>, Refusal> {
+    let mut req = match route(&state, &settings, req, &client).await? {
+        Routed::Here(req) => req,
+        Routed::Sent(resp) => return Ok(resp),
+    };
+    let Write { token, touches, destination, target, body_limit, equal, max_jump, proof, locks } = write;
+    let proven = prove(&state, &settings, token, proof, locks, &touches)?;
+    let policy = Policy { equal, max_jump };
+    if let Some(d) = destination {
+        // What the backend is told to change is what was fenced.
+        req.headers_mut().insert(&destination::DESTINATION, d.forwarded);
+    }
+    let fence = &settings.config.fence;
+    state.fence.precheck(&touches, token, policy)?;
+    let waiting = Instant::now();
+    let turn = state.fence.acquire(touches, fence.queue_timeout).await;
+    state.metrics.queue_wait.observe(waiting.elapsed().as_secs_f64());
+    let turn = turn?;
+
+    // Once the turn is ours, `finish_after` runs the write to its end.
+    let quarantine = fence.quarantine;
+    let out = Outgoing { req, target, client, body_limit };
+    turn.finish_after(token, policy, quarantine, prepare(state, settings, proven, out), outcome).await
+}
+
+/// Where the write is fenced: with a shared fence, only its leader fences writes, and a
+/// follower sends them to it once (a write sent on once is not sent on again).
+async fn route(
+    state: &State,
+    settings: &Settings,
+    mut req: Request<Incoming>,
+    client: &Peer,
+) -> Result<Routed, Refusal> {
+    match state.store.role() {
+        Role::Writer => {
+            req.headers_mut().remove(&leader::FORWARDED_BY);
+            Ok(Routed::Here(req))
+        }
+        Role::Forward(url) if !leader::forwarded(&req) => {
+            let Some(peers) = state.peers.as_ref() else {
+                return Err(StoreError::Unavailable("this instance cannot reach the leader".into()).into());
+            };
+            let backend = &settings.config.backend;
+            let timeout = backend.pool_timeout + backend.request_timeout + settings.config.fence.queue_timeout;
+            Ok(Routed::Sent(peers.forward(&url, req, client, timeout).await?))
+        }
+        Role::Forward(url) => Err(StoreError::Unavailable(format!(
+            "the fence is led by {url}, not by this instance, which another instance took for the leader; \
+            a write sent on once is not sent on again"
+        ))
+        .into()),
+        Role::Unavailable(why) => Err(StoreError::Unavailable(why).into()),
+    }
+}
+
+/// The proof's first look, before anything looks at the token.
+fn prove(
+    state: &State,
+    settings: &Settings,
+    token: u64,
+    proof: Proof,
+    locks: Vec<String>,
+    touches: &[Touch],
+) -> Result<Proven, Refusal> {
+    let first = match proof {
+        Proof::None => None,
+        _ => touches.first().cloned(),
+    };
+    let proven = Proven { token, proof, locks, first };
+    proven.check(touches, &settings.hmac, &state.locks.load())?;
+    Ok(proven)
+}
+
+/// What the turn runs before the advance, and then the send. Boxed: the connection's checkout
+/// and the forward's state (request, timer) would otherwise make up most of the write's
+/// future, which is moved into its box whole.
+fn prepare(
+    state: Arc<State>,
+    settings: Arc<Settings>,
+    proven: Proven,
+    out: Outgoing,
+) -> impl Future<Output = Result<impl Future<Output = Result<Response<ResponseBody>, Refusal>>, Refusal>> {
+    boxed_in_place!(async move {
+        // Before the advance: without a connection the token is not used up.
+        let conn = settings.upstream.connection().await?;
+        // The proof's authoritative look, when the turn has come and the connection is there
+        // (waiting for one can take pool_timeout), against the keys in force now: a holder that
+        // lost its lock meanwhile, a key a reload withdrew (after a leak), or a signature that
+        // expired while the write waited no longer passes, and the token is not used up.
+        proven.check(proven.first.as_slice(), &state.settings.get().hmac, &state.locks.load())?;
+        // A shared fence's leader sends only while it trusts its lease: checked before the
+        // head and each body chunk (docs/cluster.md: self-fencing).
+        let gate = state.store.permit(state.store.term());
+        Ok(boxed_in_place!(async move {
+            let _flying = InFlight::new(&state.metrics);
+            // Whole: the turn is held until the backend has the whole body, not only until it answers.
+            send(&state, &settings, conn, out, Hold { whole: true, gate }).await
+        }))
+    })
+}
+
+/// Whether the backend may still apply a write that got this result.
+fn outcome(result: &Result<Response<ResponseBody>, Refusal>) -> Outcome {
+    match result {
+        Err(Refusal::Upstream(
+            UpstreamError::Timeout(_) | UpstreamError::Failed(_) | UpstreamError::BodyTooLarge { .. },
+        )) => Outcome::Unknown,
+        _ => Outcome::Answered,
+    }
+}
