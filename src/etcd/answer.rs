@@ -6,9 +6,8 @@
 //! N, "message": MSG, ...}}` on a watch's stream, and a cancelled watch's `cancel_reason` reads
 //! "rpc error: code = NAME desc = MSG".
 
-use serde_json::Value;
-
 use super::EtcdError;
+use super::wire::{ErrorBody, WatchMessage};
 
 /// gRPC's codes that decide something here.
 const PERMISSION_DENIED: i64 = 7;
@@ -77,31 +76,30 @@ impl Failure {
 
 /// The failure an error answer with HTTP `status` and `body` comes to.
 pub(crate) fn of_body(endpoint: &str, call: &str, user: &str, status: u16, body: &[u8]) -> Failure {
-    let parsed = serde_json::from_slice::<Value>(body).ok();
+    // Not etcd's error body (a proxy's page, a plain-text refusal): its text is the message.
+    let parsed = serde_json::from_slice::<ErrorBody>(body).ok();
+    let code = parsed.as_ref().and_then(|b| b.code);
     let message = parsed
-        .as_ref()
-        .and_then(|v| v["message"].as_str().or(v["error"].as_str()).map(str::to_owned))
+        .and_then(|b| b.message.or(b.error))
         .unwrap_or_else(|| String::from_utf8_lossy(body).trim_end().to_owned());
-    let code = parsed.as_ref().and_then(|v| v["code"].as_i64());
     classify(endpoint, call, user, status, code, message)
 }
 
 /// The failure a watch's error message or cancel reason comes to.
-pub(crate) fn of_watch(endpoint: &str, call: &str, user: &str, message: &Value) -> Option<Failure> {
-    if let Some(error) = message.get("error").filter(|e| !e.is_null()) {
-        let text = error["message"].as_str().unwrap_or("an error").to_owned();
-        let status = error["http_code"].as_u64().and_then(|s| u16::try_from(s).ok()).unwrap_or(0);
-        return Some(classify(endpoint, call, user, status, error["grpc_code"].as_i64(), text));
+pub(crate) fn of_watch(endpoint: &str, call: &str, user: &str, message: &WatchMessage) -> Option<Failure> {
+    if let Some(error) = &message.error {
+        let text = error.message.clone().unwrap_or_else(|| "an error".to_owned());
+        let status = error.http_code.and_then(|s| u16::try_from(s).ok()).unwrap_or(0);
+        return Some(classify(endpoint, call, user, status, error.grpc_code, text));
     }
-    let result = &message["result"];
-    if result["canceled"].as_bool() != Some(true) {
+    let result = &message.result;
+    if !result.canceled {
         return None;
     }
-    let compacted = super::int(&result["compact_revision"]).unwrap_or(0);
-    if compacted > 0 {
-        return Some(Failure::Final(EtcdError::Compacted(compacted)));
+    if result.compact_revision > 0 {
+        return Some(Failure::Final(EtcdError::Compacted(result.compact_revision)));
     }
-    let reason = result["cancel_reason"].as_str().unwrap_or("cancelled by etcd");
+    let reason = if result.cancel_reason.is_empty() { "cancelled by etcd" } else { &result.cancel_reason };
     // "rpc error: code = Unauthenticated desc = etcdserver: invalid auth token"
     let (code, text) = match reason.split_once(" desc = ") {
         Some((head, text)) => (grpc_code(head.trim_start_matches("rpc error: code = ")), text),
@@ -156,7 +154,7 @@ fn classify(endpoint: &str, call: &str, user: &str, status: u16, code: Option<i6
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     fn unary(code: i64, message: &str) -> Failure {
         let body = json!({ "error": message, "message": message, "code": code }).to_string();
@@ -211,7 +209,10 @@ mod tests {
         }
         let cancelled =
             |reason: &str| json!({ "result": { "created": true, "canceled": true, "cancel_reason": reason } });
-        let watch = |m: &Value| of_watch("http://m", "/v3/watch", "u", m);
+        let watch = |m: &Value| {
+            let message: WatchMessage = serde_json::from_value(m.clone()).unwrap();
+            of_watch("http://m", "/v3/watch", "u", &message)
+        };
         let token = cancelled("rpc error: code = Unauthenticated desc = etcdserver: invalid auth token");
         assert!(matches!(watch(&token), Some(Failure::Token(_))));
         let denied = cancelled("rpc error: code = PermissionDenied desc = etcdserver: permission denied");

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use serde_json::json;
 
 use super::answer::{AUTH_NOT_ENABLED, Failure};
+use super::wire::AuthAnswer;
 use super::{Client, Credentials, EtcdError};
 
 const AUTHENTICATE: &str = "/v3/auth/authenticate";
@@ -83,14 +84,8 @@ impl Client {
 
     async fn authenticate(&self, auth: &Auth, endpoint: &str) -> Result<Token, Failure> {
         let body = json!({ "name": auth.credentials.username, "password": auth.credentials.password.expose() });
-        match self.unary(endpoint, AUTHENTICATE, &body, None, true).await {
-            Ok(answer) => match answer["token"].as_str().filter(|t| !t.is_empty()) {
-                Some(token) => Ok(Token::Held(token.into())),
-                None => Err(Failure::Final(EtcdError::Malformed {
-                    call: AUTHENTICATE.into(),
-                    reason: "an answer without a token".into(),
-                })),
-            },
+        match self.unary::<AuthAnswer>(endpoint, AUTHENTICATE, &body, None, true).await {
+            Ok(answer) => Ok(Token::Held(answer.token.into())),
             // As etcd's own client does: with authentication off, calls need no token. Should
             // it be turned on later, calls are refused with "user name is empty", which renews.
             Err(Failure::Final(EtcdError::Refused { message, .. })) if message.contains(AUTH_NOT_ENABLED) => {

@@ -1,18 +1,21 @@
 //! The client and its unary calls through the gateway: key reads and writes, leases and the
 //! lock service, each tried at the members in turn.
 
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use http_body_util::BodyExt;
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
 use super::answer::{self, Failure};
 use super::auth::Auth;
 use super::transport::{self, ClientOptions, Transport, chain};
-use super::{EtcdError, b64, bytes, int, prefix_end};
+use super::wire::{self, GrantAnswer, Headed, KeepAliveAnswer, LockAnswer, RangeAnswer};
+use super::{EtcdError, b64, prefix_end};
 
 /// A lock held through etcd's lock service (`/v3/lock/lock`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,18 +42,6 @@ pub struct Kv {
     pub lease: i64,
     /// Its value.
     pub value: Vec<u8>,
-}
-
-impl Kv {
-    pub(crate) fn parse(kv: &Value) -> Option<Kv> {
-        Some(Kv {
-            key: bytes(&kv["key"])?,
-            create_revision: int(&kv["create_revision"])?,
-            mod_revision: int(&kv["mod_revision"])?,
-            lease: int(&kv["lease"])?,
-            value: bytes(&kv["value"])?,
-        })
-    }
 }
 
 /// Calls that do no harm made twice, and so go to the next member after one that may have
@@ -81,22 +72,30 @@ pub(crate) trait Exchange: Sync {
     ) -> impl Future<Output = Result<Self::Answer, Failure>> + Send;
 }
 
-/// A unary call: its JSON answer. Unbounded, it waits as long as etcd takes (a lock).
-struct Unary<'a> {
+/// A unary call: its answer, decoded as an `A`. Unbounded, it waits as long as etcd takes (a
+/// lock).
+struct Unary<'a, A> {
     path: &'a str,
     body: &'a Value,
     bounded: bool,
+    answer: PhantomData<fn() -> A>,
 }
 
-impl Exchange for Unary<'_> {
-    type Answer = Value;
+impl<'a, A> Unary<'a, A> {
+    fn new(path: &'a str, body: &'a Value, bounded: bool) -> Self {
+        Unary { path, body, bounded, answer: PhantomData }
+    }
+}
+
+impl<A: DeserializeOwned + Send> Exchange for Unary<'_, A> {
+    type Answer = A;
 
     fn send(
         &self,
         client: &Client,
         endpoint: &str,
         token: Option<&str>,
-    ) -> impl Future<Output = Result<Value, Failure>> + Send {
+    ) -> impl Future<Output = Result<A, Failure>> + Send {
         client.unary(endpoint, self.path, self.body, token, self.bounded)
     }
 }
@@ -173,13 +172,15 @@ impl Client {
         (&self.transport, self.timeout)
     }
 
-    /// POSTs `body` to `path` and returns the JSON answer. Each endpoint is tried at most once,
-    /// from the one in use: the next one after a member that could not be reached or answered
-    /// that it cannot serve now ("no leader", a learner), and, for a call that does no harm
-    /// made twice, after one that may have taken it (no answer in time, "request timed out").
-    /// A token etcd refuses is renewed once. Any other error answer is returned as it is.
-    pub async fn call(&self, path: &str, body: Value) -> Result<Value, EtcdError> {
-        self.attempt(path, &Unary { path, body: &body, bounded: true }).await
+    /// POSTs `body` to `path` and returns the answer, decoded as an `A` (a [`Value`] takes any
+    /// JSON; an answer that does not decode is [`EtcdError::Malformed`]). Each endpoint is
+    /// tried at most once, from the one in use: the next one after a member that could not be
+    /// reached or answered that it cannot serve now ("no leader", a learner), and, for a call
+    /// that does no harm made twice, after one that may have taken it (no answer in time,
+    /// "request timed out"). A token etcd refuses is renewed once. Any other error answer is
+    /// returned as it is.
+    pub async fn call<A: DeserializeOwned + Send>(&self, path: &str, body: Value) -> Result<A, EtcdError> {
+        self.attempt(path, &Unary::new(path, &body, true)).await
     }
 
     /// Makes a call with `exchange`, as [`Client::call`] says.
@@ -224,15 +225,16 @@ impl Client {
         }
     }
 
-    /// One request to `endpoint`; when `bounded`, given up after the client's timeout.
-    pub(crate) async fn unary(
+    /// One request to `endpoint`, its answer decoded as an `A`; when `bounded`, given up after
+    /// the client's timeout.
+    pub(crate) async fn unary<A: DeserializeOwned>(
         &self,
         endpoint: &str,
         path: &str,
         body: &Value,
         token: Option<&str>,
         bounded: bool,
-    ) -> Result<Value, Failure> {
+    ) -> Result<A, Failure> {
         let exchange = async {
             let resp = self.transport.post(endpoint, path, body, token).await?;
             let status = resp.status();
@@ -243,8 +245,7 @@ impl Client {
             if status != http::StatusCode::OK {
                 return Err(answer::of_body(endpoint, path, self.user(), status.as_u16(), &body));
             }
-            serde_json::from_slice(&body)
-                .map_err(|e| Failure::Final(EtcdError::Malformed { call: path.to_owned(), reason: e.to_string() }))
+            wire::decode(path, &body).map_err(Failure::Final)
         };
         if !bounded {
             return exchange.await;
@@ -255,10 +256,6 @@ impl Client {
         })
     }
 
-    fn malformed(path: &str, answer: &Value) -> EtcdError {
-        EtcdError::Malformed { call: path.to_owned(), reason: format!("unexpected answer {answer}") }
-    }
-
     /// The keys in `[key, range_end)` (just `key` without an end), in key order, and the
     /// revision the read saw. A linearizable read: it reflects every write etcd had committed
     /// when it was asked.
@@ -267,17 +264,8 @@ impl Client {
         if let Some(end) = range_end {
             body["range_end"] = Value::String(b64(end));
         }
-        let path = "/v3/kv/range";
-        let answer = self.call(path, body).await?;
-        let revision = int(&answer["header"]["revision"]).ok_or_else(|| Client::malformed(path, &answer))?;
-        let kvs = match &answer["kvs"] {
-            Value::Null => Vec::new(),
-            Value::Array(kvs) => {
-                kvs.iter().map(Kv::parse).collect::<Option<_>>().ok_or_else(|| Client::malformed(path, &answer))?
-            }
-            _ => return Err(Client::malformed(path, &answer)),
-        };
-        Ok((kvs, revision))
+        let answer: RangeAnswer = self.call("/v3/kv/range", body).await?;
+        Ok((answer.kvs.into_iter().map(Kv::from).collect(), answer.header.revision))
     }
 
     /// The keys that start with `prefix` (a lock's holder and waiters under `NAME/`), in key
@@ -300,28 +288,26 @@ impl Client {
 
     /// Puts `value` at `key`, attached to `lease` (0: none); returns the revision of the write.
     pub async fn put_with_lease(&self, key: &[u8], value: &[u8], lease: i64) -> Result<i64, EtcdError> {
-        let path = "/v3/kv/put";
         let mut body = json!({ "key": b64(key), "value": b64(value) });
         if lease != 0 {
             body["lease"] = Value::String(lease.to_string());
         }
-        let answer = self.call(path, body).await?;
-        int(&answer["header"]["revision"]).ok_or_else(|| Client::malformed(path, &answer))
+        let answer: Headed = self.call("/v3/kv/put", body).await?;
+        Ok(answer.header.revision)
     }
 
     /// Grants a lease of `ttl` (whole seconds; etcd raises very short ones to its minimum, 2 s
     /// with its default election timeout) and returns its id.
     pub async fn grant(&self, ttl: Duration) -> Result<i64, EtcdError> {
-        let path = "/v3/lease/grant";
-        let answer = self.call(path, json!({ "TTL": ttl.as_secs().max(1) })).await?;
-        int(&answer["ID"]).filter(|id| *id != 0).ok_or_else(|| Client::malformed(path, &answer))
+        let answer: GrantAnswer = self.call("/v3/lease/grant", json!({ "TTL": ttl.as_secs().max(1) })).await?;
+        Ok(answer.id)
     }
 
     /// Renews `lease` once; returns its TTL from now in seconds, 0 once it has expired.
     pub async fn keep_alive_once(&self, lease: i64) -> Result<i64, EtcdError> {
         // A stream in gRPC; through the gateway, one request is one renewal.
-        let answer = self.call("/v3/lease/keepalive", json!({ "ID": lease.to_string() })).await?;
-        Ok(int(&answer["result"]["TTL"]).unwrap_or(0))
+        let answer: KeepAliveAnswer = self.call("/v3/lease/keepalive", json!({ "ID": lease.to_string() })).await?;
+        Ok(answer.result.ttl)
     }
 
     /// Renews `lease` every third of `ttl` on a task of its own until the task is aborted (a
@@ -337,7 +323,7 @@ impl Client {
 
     /// Revokes `lease`, deleting every key attached to it (a held lock's key too).
     pub async fn revoke(&self, lease: i64) -> Result<(), EtcdError> {
-        self.call("/v3/lease/revoke", json!({ "ID": lease.to_string() })).await.map(drop)
+        self.call::<Headed>("/v3/lease/revoke", json!({ "ID": lease.to_string() })).await.map(drop)
     }
 
     /// Takes the lock `name` for `lease`, waiting as long as other holders are ahead (this call
@@ -347,14 +333,12 @@ impl Client {
     pub async fn lock(&self, name: &[u8], lease: i64) -> Result<Held, EtcdError> {
         let path = "/v3/lock/lock";
         let body = json!({ "name": b64(name), "lease": lease.to_string() });
-        let answer = self.attempt(path, &Unary { path, body: &body, bounded: false }).await?;
-        let key = bytes(&answer["key"]).filter(|k| !k.is_empty()).ok_or_else(|| Client::malformed(path, &answer))?;
-        let acquired_revision = int(&answer["header"]["revision"]).ok_or_else(|| Client::malformed(path, &answer))?;
-        Ok(Held { key, acquired_revision })
+        let answer: LockAnswer = self.attempt(path, &Unary::new(path, &body, false)).await?;
+        Ok(Held { key: answer.key, acquired_revision: answer.header.revision })
     }
 
     /// Releases a lock by deleting its key.
     pub async fn unlock(&self, held: &Held) -> Result<(), EtcdError> {
-        self.call("/v3/lock/unlock", json!({ "key": b64(&held.key) })).await.map(drop)
+        self.call::<Headed>("/v3/lock/unlock", json!({ "key": b64(&held.key) })).await.map(drop)
     }
 }

@@ -12,7 +12,8 @@
 //! A client speaks plain HTTP or TLS ([`TlsOptions`]: a CA, a client certificate for etcd's
 //! `--client-cert-auth`) and, given [`Credentials`], authenticates and sends its token with
 //! every call and watch, renewing it when etcd refuses it (`auth.rs`). Which answers send it
-//! to another member and which it returns is `answer.rs`.
+//! to another member and which it returns is `answer.rs`; the answers' types, which decode
+//! them, are `wire.rs`.
 //!
 //! This module knows etcd, HTTP and TLS, and nothing of fences, tokens or config.
 
@@ -23,10 +24,10 @@ mod mirror;
 mod transport;
 mod txn;
 mod watch;
+mod wire;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use serde_json::Value;
 
 pub use client::{Client, Held, Kv};
 pub use mirror::{Freshness, Mirror, MirrorOptions, Mirrors};
@@ -125,23 +126,7 @@ pub enum EtcdError {
     Options(String),
 }
 
-/// A 64-bit integer as the gateway writes it: a string (or a number). Absent means zero.
-pub(crate) fn int(v: &Value) -> Option<i64> {
-    if v.is_null() {
-        return Some(0);
-    }
-    v.as_str().and_then(|s| s.parse().ok()).or_else(|| v.as_i64())
-}
-
-/// Bytes as the gateway writes them: base64. Absent means empty.
-pub(crate) fn bytes(v: &Value) -> Option<Vec<u8>> {
-    match v {
-        Value::Null => Some(Vec::new()),
-        Value::String(s) => BASE64.decode(s).ok(),
-        _ => None,
-    }
-}
-
+/// Bytes as requests carry them: base64.
 pub(crate) fn b64(data: &[u8]) -> String {
     BASE64.encode(data)
 }
@@ -165,13 +150,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn gateway_values_and_prefix_ends() {
-        assert_eq!(int(&Value::String("42".into())), Some(42));
-        assert_eq!(int(&serde_json::json!(7)), Some(7));
-        assert_eq!(int(&Value::Null), Some(0), "a zero is left out");
-        assert_eq!(int(&Value::String("x".into())), None);
-        assert_eq!(bytes(&Value::String(b64(b"/locks/a"))), Some(b"/locks/a".to_vec()));
-        assert_eq!(bytes(&Value::String("%%".into())), None);
+    fn request_bytes_and_prefix_ends() {
+        assert_eq!(b64(b"/locks/a"), "L2xvY2tzL2E=");
         assert_eq!(prefix_end(b"/locks/"), b"/locks0");
         assert_eq!(prefix_end(b"a\xff"), b"b");
         assert_eq!(prefix_end(b"\xff"), b"\0");

@@ -3,7 +3,8 @@
 
 use serde_json::{Value, json};
 
-use super::{Client, EtcdError, Kv, b64, int};
+use super::wire::{RangeAnswer, TxnAnswer};
+use super::{Client, EtcdError, Kv, b64};
 
 /// One comparison of a transaction's guard.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,32 +89,23 @@ fn op(o: &Op) -> Value {
 impl Client {
     /// Runs `success` if every comparison in `guard` holds, else `failure`, atomically.
     pub async fn txn(&self, guard: &[Compare], success: &[Op], failure: &[Op]) -> Result<TxnResult, EtcdError> {
-        let path = "/v3/kv/txn";
         let body = json!({
             "compare": guard.iter().map(compare).collect::<Vec<_>>(),
             "success": success.iter().map(op).collect::<Vec<_>>(),
             "failure": failure.iter().map(op).collect::<Vec<_>>(),
         });
-        let answer = self.call(path, body).await?;
-        let malformed = || EtcdError::Malformed { call: path.into(), reason: format!("unexpected answer {answer}") };
-        let revision = int(&answer["header"]["revision"]).ok_or_else(malformed)?;
-        let succeeded = answer["succeeded"].as_bool().unwrap_or(false);
-        let ran = if succeeded { success } else { failure };
-        let responses = answer["responses"].as_array().map(Vec::as_slice).unwrap_or_default();
+        let answer: TxnAnswer = self.call("/v3/kv/txn", body).await?;
+        let ran = if answer.succeeded { success } else { failure };
+        // An operation etcd gave no answer for reads nothing.
+        let responses = answer.responses.into_iter().map(Some).chain(std::iter::repeat_with(|| None));
         let mut ranges = Vec::new();
-        for (o, response) in ran.iter().zip(responses.iter().chain(std::iter::repeat(&Value::Null))) {
+        for (o, response) in ran.iter().zip(responses) {
             if let Op::Get(_) = o {
-                let kv = match &response["response_range"]["kvs"] {
-                    Value::Array(kvs) => match kvs.first() {
-                        Some(kv) => Some(Kv::parse(kv).ok_or_else(malformed)?),
-                        None => None,
-                    },
-                    _ => None,
-                };
-                ranges.push(kv);
+                let kv = response.and_then(|r| r.response_range).and_then(|r| r.kvs.into_iter().next());
+                ranges.push(kv.map(Kv::from));
             }
         }
-        Ok(TxnResult { succeeded, revision, ranges })
+        Ok(TxnResult { succeeded: answer.succeeded, revision: answer.header.revision, ranges })
     }
 
     /// Deletes `key`.
@@ -125,19 +117,12 @@ impl Client {
     /// Reading page after page at the first page's revision gives one consistent image of a
     /// range too large for one answer.
     pub async fn range_page(&self, key: &[u8], range_end: &[u8], limit: i64, revision: i64) -> Result<Page, EtcdError> {
-        let path = "/v3/kv/range";
         let mut body = json!({ "key": b64(key), "range_end": b64(range_end), "limit": limit.to_string() });
         if revision != 0 {
             body["revision"] = Value::String(revision.to_string());
         }
-        let answer = self.call(path, body).await?;
-        let malformed = || EtcdError::Malformed { call: path.into(), reason: format!("unexpected answer {answer}") };
-        let revision = int(&answer["header"]["revision"]).ok_or_else(malformed)?;
-        let kvs = match &answer["kvs"] {
-            Value::Null => Vec::new(),
-            Value::Array(kvs) => kvs.iter().map(Kv::parse).collect::<Option<_>>().ok_or_else(malformed)?,
-            _ => return Err(malformed()),
-        };
-        Ok(Page { kvs, revision, more: answer["more"].as_bool().unwrap_or(false) })
+        let answer: RangeAnswer = self.call("/v3/kv/range", body).await?;
+        let kvs = answer.kvs.into_iter().map(Kv::from).collect();
+        Ok(Page { kvs, revision: answer.header.revision, more: answer.more })
     }
 }

@@ -7,6 +7,7 @@ use serde_json::{Value, json};
 
 use super::answer::{self, Failure};
 use super::client::Exchange;
+use super::wire::{self, EventType, WatchMessage};
 use super::{Client, EtcdError, Kv, b64};
 
 const CALL: &str = "/v3/watch";
@@ -86,10 +87,10 @@ impl Watch {
         if let Some(failure) = answer::of_watch(&watch.endpoint, CALL, &watch.user, &first) {
             return Err(failure);
         }
-        if first["result"]["created"].as_bool() != Some(true) {
+        if !first.result.created {
             return Err(Failure::Final(EtcdError::Malformed {
                 call: CALL.into(),
-                reason: format!("not created: {first}"),
+                reason: format!("the first message does not say the watch was created: {first:?}"),
             }));
         }
         Ok(watch)
@@ -100,31 +101,23 @@ impl Watch {
     pub async fn next(&mut self) -> Result<Vec<Event>, EtcdError> {
         loop {
             let message = self.message().await?;
-            let events = match &message["result"]["events"] {
-                Value::Null => continue,
-                Value::Array(events) => events,
-                _ => return Err(malformed(&message)),
-            };
-            let events = events
-                .iter()
-                .map(|e| {
-                    let kind = match e["type"].as_str() {
-                        None | Some("PUT") => EventKind::Put,
-                        Some("DELETE") => EventKind::Delete,
-                        Some(_) => return None,
-                    };
-                    Some(Event { kind, kv: Kv::parse(&e["kv"])? })
-                })
-                .collect::<Option<Vec<_>>>()
-                .ok_or_else(|| malformed(&message))?;
-            if !events.is_empty() {
-                return Ok(events);
+            // A message without events (a progress notification): read on.
+            if message.result.events.is_empty() {
+                continue;
             }
+            let events = message.result.events.into_iter().map(|e| {
+                let kind = match e.kind {
+                    EventType::Put => EventKind::Put,
+                    EventType::Delete => EventKind::Delete,
+                };
+                Event { kind, kv: Kv::from(e.kv) }
+            });
+            return Ok(events.collect());
         }
     }
 
     /// The next message of the stream, with the ends of a watch turned into errors.
-    async fn message(&mut self) -> Result<Value, EtcdError> {
+    async fn message(&mut self) -> Result<WatchMessage, EtcdError> {
         let message = self.read().await?;
         match answer::of_watch(&self.endpoint, CALL, &self.user, &message) {
             Some(failure) => Err(failure.into_error()),
@@ -132,10 +125,10 @@ impl Watch {
         }
     }
 
-    /// Reads one JSON value off the stream: the gateway writes them one after another.
-    async fn read(&mut self) -> Result<Value, EtcdError> {
+    /// Reads one message off the stream, decoded: the gateway writes them one after another.
+    async fn read(&mut self) -> Result<WatchMessage, EtcdError> {
         loop {
-            let mut values = serde_json::Deserializer::from_slice(&self.buf).into_iter::<Value>();
+            let mut values = serde_json::Deserializer::from_slice(&self.buf).into_iter::<WatchMessage>();
             match values.next() {
                 Some(Ok(value)) => {
                     let used = values.byte_offset();
@@ -143,9 +136,7 @@ impl Watch {
                     return Ok(value);
                 }
                 Some(Err(e)) if e.is_eof() => {}
-                Some(Err(e)) => {
-                    return Err(EtcdError::Malformed { call: CALL.into(), reason: e.to_string() });
-                }
+                Some(Err(e)) => return Err(wire::malformed(CALL, &e)),
                 None => self.buf.clear(),
             }
             match self.body.frame().await {
@@ -159,8 +150,4 @@ impl Watch {
             }
         }
     }
-}
-
-fn malformed(message: &Value) -> EtcdError {
-    EtcdError::Malformed { call: CALL.into(), reason: format!("unexpected message {message}") }
 }
