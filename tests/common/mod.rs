@@ -4,8 +4,11 @@
 //! backends), `process`, `logs` and `builder` (the real binary, its log, and a deployment of
 //! it), `wait` (waiting for a state instead of sleeping), `services`, `etcd_server` and
 //! `etcd_cluster` (real etcd and ZooKeeper for the interop and cluster tests), `etcd` (a client of etcd's JSON gateway), `cluster`
-//! (several instances sharing a fence in etcd), `pki` (certificates made at test time) and
-//! `signing` (key files and signed tokens).
+//! (several instances sharing a fence in etcd), `pki` (certificates made at test time),
+//! `signing` (key files and signed tokens) and `webdav` (a recording WebDAV stub).
+//!
+//! The test binaries `proxy`, `store` and `cluster` include it as their module `common`; each
+//! uses its own part of it.
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
@@ -41,8 +44,9 @@ pub mod raw;
 pub mod services;
 pub mod signing;
 pub mod wait;
+pub mod webdav;
 
-// Each test crate uses its own part of these.
+// Each test binary uses its own part of these.
 #[allow(unused_imports)]
 pub use raw::{RawConn, dead_address, raw_request, try_raw_request};
 #[allow(unused_imports)]

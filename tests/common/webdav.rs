@@ -232,7 +232,6 @@ impl WebDavStub {
 
     /// Requests that have arrived (their head at least) and are not yet applied and recorded:
     /// 0 once every write a killed proxy had sent in full is in [`WebDavStub::records`].
-    #[allow(dead_code)] // tests/crash.rs uses it, tests/webdav_model.rs does not
     pub fn busy(&self) -> usize {
         lock(&self.state).busy
     }

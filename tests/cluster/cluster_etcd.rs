@@ -1,0 +1,466 @@
+//! Several fencegate processes sharing one fence through a real etcd (`store.kind = "etcd"`):
+//! the fence outlives its instances, followers send fenced writes to the leader, a new leader
+//! quarantines what the old one left in flight, writes fail closed without etcd and come back
+//! with it, and `fencegate migrate` copies a file store in without lowering anything.
+//!
+//! Skipped with a message where etcd is not installed; `FG_REQUIRE_SERVICES=1` makes that a
+//! failure (`.ci/run` sets it).
+
+use crate::common;
+
+use std::net::SocketAddr;
+
+use common::cluster::{Cluster, PREFIX};
+use common::etcd_server::{Etcd, start_etcd};
+use common::{Resp, eventually, raw_request, try_raw_request};
+
+async fn put(addr: SocketAddr, path: &str, token: u64) -> Resp {
+    common::raw::put_response(addr, path, token).await.expect("a complete response")
+}
+
+fn ok(r: &Resp) -> bool {
+    (200..300).contains(&r.status)
+}
+
+async fn get(addr: SocketAddr, path: &str) -> Resp {
+    raw_request(addr, &format!("GET {path} HTTP/1.1\r\nHost: x"), "").await
+}
+
+#[tokio::test]
+async fn the_fence_in_etcd_outlives_its_instance() {
+    let Some(etcd) = start_etcd().await else { return };
+    let mut c = Cluster::start(&[etcd.url()], 1, "").await;
+    c.wait_leader().await;
+    let addr = c.instances[0].addr;
+    assert!(ok(&put(addr, "/a", 5).await));
+    put(addr, "/a", 5).await.assert_refused(409, "stale_token");
+    put(addr, "/a", 4).await.assert_refused(409, "stale_token");
+    assert_eq!(c.max_seen_in_etcd("/a").await, Some(5), "committed in etcd before it was forwarded");
+    eventually("the answer clears the in-flight marker", async || !c.in_flight_in_etcd("/a").await).await;
+
+    c.instances[0].kill9();
+    c.instances[0].start();
+    c.wait_leader().await;
+    put(addr, "/a", 5).await.assert_refused(409, "stale_token");
+    assert!(ok(&put(addr, "/a", 6).await));
+    assert_eq!(c.applied_tokens("/a"), [5, 6]);
+}
+
+#[tokio::test]
+async fn an_uninitialised_prefix_is_refused() {
+    let Some(etcd) = start_etcd().await else { return };
+    let c = Cluster::build(&[etcd.url()], 1, "").await;
+    let out = std::process::Command::new(common::process::BIN)
+        .arg("run")
+        .arg("--config")
+        .arg(&c.instances[0].config)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "it must not start on an empty prefix");
+    assert!(err.contains("holds no fence state") && err.contains(PREFIX), "{err}");
+    // Once initialised, it starts; a second init is refused.
+    c.init().await;
+    let config = fencegate::Config::load(&c.instances[0].config, None).unwrap();
+    let again = fencegate::app::init_etcd(&config, 0).await.unwrap_err().to_string();
+    assert!(again.contains("already holds fence state"), "{again}");
+}
+
+#[tokio::test]
+async fn followers_send_fenced_writes_to_the_leader() {
+    let Some(etcd) = start_etcd().await else { return };
+    let c = Cluster::start(&[etcd.url()], 3, "").await;
+    let leader = c.wait_leader().await;
+    let followers: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
+    for i in &followers {
+        eventually("the follower knows the leader", async || {
+            c.instances[*i].proxy().log_contains("following the fence's leader")
+        })
+        .await;
+    }
+    // Each instance in turn, tokens climbing: every write is fenced once, by the leader.
+    let mut token = 10;
+    for round in 0..2 {
+        for i in [followers[0], leader, followers[1]] {
+            token += 1;
+            let r = put(c.instances[i].addr, "/shared", token).await;
+            assert!(ok(&r), "round {round} through {i}: {r:?}");
+        }
+    }
+    // A zombie is refused through every instance, the leader's refusal relayed as it is.
+    for i in 0..3 {
+        let r = put(c.instances[i].addr, "/shared", token).await;
+        r.assert_refused(409, "stale_token");
+        assert_eq!(r.json()["resource"], "/shared", "{:?}", r.json());
+    }
+    assert_eq!(c.applied_tokens("/shared"), (11..=token).collect::<Vec<_>>());
+    assert_eq!(c.max_seen_in_etcd("/shared").await, Some(token));
+    // Reads stay local: a follower serves them even with the leader gone.
+    assert_eq!(get(c.instances[followers[0]].addr, "/shared").await.status, 200);
+}
+
+#[tokio::test]
+async fn a_new_leader_quarantines_what_the_old_one_left_in_flight() {
+    let Some(etcd) = start_etcd().await else { return };
+    let mut c = Cluster::start(&[etcd.url()], 2, "").await;
+    let leader = c.wait_leader().await;
+    let other = 1 - leader;
+    let addr = c.instances[leader].addr;
+    assert!(ok(&put(addr, "/done", 3).await));
+    // A write the backend holds for a while: forwarded, not answered, when the leader dies.
+    let slow = tokio::spawn(async move {
+        try_raw_request(addr, "PUT /slow HTTP/1.1\r\nHost: x\r\nFencing-Token: 10\r\nx-memstore-delay-ms: 3000", "v")
+            .await
+    });
+    eventually("the slow write reaches the backend", async || c.backend.requests().iter().any(|r| r.path == "/slow"))
+        .await;
+    assert!(c.in_flight_in_etcd("/slow").await, "its marker is committed before it is sent");
+    c.instances[leader].kill9();
+    let _ = slow.await;
+
+    eventually("the other instance takes over", async || c.instances[other].proxy().log_contains("leading the fence"))
+        .await;
+    assert!(c.instances[other].proxy().log_contains("in flight when fencegate stopped or stepped down"));
+    let addr = c.instances[other].addr;
+    // What the old leader committed holds; the resource it left in flight is closed for now.
+    put(addr, "/done", 3).await.assert_refused(409, "stale_token");
+    put(addr, "/slow", 10).await.assert_refused(409, "stale_token");
+    let r = put(addr, "/slow", 11).await;
+    if r.status == 503 {
+        r.assert_refused(503, "resource_quarantined");
+    }
+    eventually("the quarantine ends and a newer write passes", async || ok(&put(addr, "/slow", 11).await)).await;
+    assert_eq!(c.applied_tokens("/slow"), [10, 11], "the old leader's write first, as its token says");
+}
+
+#[tokio::test]
+async fn without_etcd_fenced_writes_fail_closed_and_come_back() {
+    let Some(mut etcd) = start_etcd().await else { return };
+    let c = Cluster::start(&[etcd.url()], 1, "").await;
+    c.wait_leader().await;
+    let addr = c.instances[0].addr;
+    let admin = c.instances[0].proxy().admin_addr().await;
+    assert!(ok(&put(addr, "/a", 1).await));
+
+    common::process::signal(etcd.pid(), "STOP");
+    eventually("fenced writes are refused while etcd does not answer", async || {
+        let r = put(addr, "/a", 2).await;
+        r.status == 503 && r.fencegate_error() == Some("store_unavailable")
+    })
+    .await;
+    assert_eq!(get(addr, "/a").await.status, 200, "reads go on");
+    let ready = raw_request(admin, "GET /readyz HTTP/1.1\r\nHost: x", "").await;
+    assert_eq!(ready.status, 503);
+    assert!(String::from_utf8_lossy(&ready.body).contains("store unavailable"), "{ready:?}");
+
+    common::process::signal(etcd.pid(), "CONT");
+    eventually("writes come back with etcd", async || ok(&put(addr, "/a", 3).await)).await;
+    etcd.restart().await;
+    eventually("and after etcd restarts", async || ok(&put(addr, "/b", 4).await)).await;
+    put(addr, "/a", 3).await.assert_refused(409, "stale_token");
+}
+
+#[tokio::test]
+async fn migrate_copies_a_file_store_without_lowering_anything() {
+    let Some(etcd) = start_etcd().await else { return };
+    let c = Cluster::build(&[etcd.url()], 1, "").await;
+    // A file store with two keys, one of them ahead in etcd already.
+    let dir = c.dir.path().join("old");
+    fencegate::app::init_data_dir(&dir, 0).unwrap();
+    let keying = fencegate::fence::keys::keying(&Default::default(), &[]);
+    {
+        use fencegate::store::Store;
+        let options = fencegate::store::StoreOptions { keying, ..Default::default() };
+        let store = fencegate::store::FileStore::open(&dir, options).unwrap();
+        store.advance("/a", 7).await.unwrap();
+        store.answered("/a", 7);
+        store.advance("/b", 9).await.unwrap();
+        store.answered("/b", 9);
+        store.close().await.unwrap();
+    }
+    c.init().await;
+    c.gateway.put(format!("{PREFIX}k//b").as_bytes(), b"00000000000000000012").await.unwrap();
+    let config = fencegate::Config::load(&c.instances[0].config, None).unwrap();
+    let migrated = fencegate::app::migrate_to_etcd(&config, &dir).await.unwrap();
+    assert_eq!((migrated.raised, migrated.kept), (1, 1), "{migrated:?}");
+    assert_eq!(c.max_seen_in_etcd("/a").await, Some(7));
+    assert_eq!(c.max_seen_in_etcd("/b").await, Some(12), "never lowered");
+    // Migrating again changes nothing.
+    let again = fencegate::app::migrate_to_etcd(&config, &dir).await.unwrap();
+    assert_eq!((again.raised, again.kept), (0, 2));
+}
+
+/// Self-fencing: a leader stopped mid-body past its lease wakes with its lease lapsed on its
+/// own clock (CLOCK_BOOTTIME runs on while it is stopped), and cuts the write off instead of
+/// sending the rest; the new leader has the resource quarantined meanwhile.
+#[tokio::test]
+async fn a_leader_stopped_past_its_lease_cuts_its_write_off() {
+    let Some(etcd) = start_etcd().await else { return };
+    let c = Cluster::start(&[etcd.url()], 2, "").await;
+    let leader = c.wait_leader().await;
+    let other = 1 - leader;
+    let mut conn = common::RawConn::open(c.instances[leader].addr).await;
+    conn.send("PUT /x HTTP/1.1\r\nHost: x\r\nFencing-Token: 5\r\nContent-Length: 10\r\n\r\nfirst").await;
+    eventually("the advance is committed, marker and all", async || c.in_flight_in_etcd("/x").await).await;
+
+    let pid = c.instances[leader].proxy().pid();
+    common::process::signal(pid, "STOP");
+    eventually("the other instance takes over", async || c.instances[other].proxy().log_contains("leading the fence"))
+        .await;
+    common::process::signal(pid, "CONT");
+    conn.send("-rest").await;
+    let answer = conn.read_to_end().await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(!answer.starts_with("HTTP/1.1 2"), "the stopped leader must not complete the write: {answer}");
+    eventually("the stopped leader steps down", async || {
+        c.instances[leader].proxy().log_contains("stepping down")
+            || c.instances[leader].proxy().log_contains("lease lapsed")
+            || c.instances[leader].proxy().log_contains("following the fence's leader")
+    })
+    .await;
+    assert!(c.applied_tokens("/x").is_empty(), "the backend never had the whole write");
+
+    // The new leader: the token was used up, and a newer one passes after the quarantine.
+    let addr = c.instances[other].addr;
+    put(addr, "/x", 5).await.assert_refused(409, "stale_token");
+    eventually("a newer write passes once the quarantine ends", async || ok(&put(addr, "/x", 6).await)).await;
+    assert_eq!(c.applied_tokens("/x"), [6]);
+}
+
+/// A leader whose key is deleted by hand (a forced failover) steps down at once, rather than
+/// at its next batch, and does not send what it committed meanwhile.
+#[tokio::test]
+async fn a_leader_whose_key_is_deleted_steps_down_at_once() {
+    let Some(etcd) = start_etcd().await else { return };
+    let c = Cluster::start(&[etcd.url()], 2, "").await;
+    let leader = c.wait_leader().await;
+    let key = format!("{PREFIX}leader");
+    c.gateway.delete(key.as_bytes()).await.unwrap();
+    eventually("the leader steps down without a batch", async || {
+        c.instances[leader].proxy().log_contains("the leader key was deleted or replaced in etcd")
+    })
+    .await;
+    c.wait_leader().await;
+    eventually("writes go on through whichever instance leads now", async || {
+        ok(&put(c.instances[0].addr, "/k", 1).await)
+    })
+    .await;
+}
+
+/// An etcd store on `c`'s prefix, initialised, opened in this process and leading, with a lease
+/// of 30 s.
+async fn leading_store(c: &Cluster, etcd: &Etcd) -> fencegate::store::EtcdStore {
+    c.init().await;
+    leading_store_on(c, etcd).await
+}
+
+/// An etcd store on `c`'s prefix, opened in this process (not campaigning yet), with a lease
+/// of 30 s.
+async fn open_store(c: &Cluster, etcd: &Etcd) -> Result<fencegate::store::EtcdStore, fencegate::store::StoreError> {
+    let config = fencegate::Config::load(&c.instances[0].config, None).unwrap();
+    let options = fencegate::store::EtcdOptions {
+        prefix: PREFIX.into(),
+        advertise: "http://127.0.0.1:9".into(),
+        lease_ttl: std::time::Duration::from_secs(30),
+        lease_margin: std::time::Duration::from_secs(1),
+        max_resources: 1000,
+        max_table_bytes: 1 << 20,
+        keying: fencegate::fence::keys::keying(&config.paths, &config.fence.scopes),
+        max_txn_ops: fencegate::store::etcd::DEFAULT_MAX_TXN_OPS,
+        on_commit: None,
+    };
+    fencegate::store::EtcdStore::open(fencegate::etcd::Client::single(&etcd.url()), options).await
+}
+
+/// A store dropped without `close` (an open that failed later) resigns and gives its lease up,
+/// so that it never holds the leadership with no writer behind it.
+#[tokio::test]
+async fn a_store_dropped_without_close_gives_the_leadership_up() {
+    let Some(etcd) = start_etcd().await else { return };
+    let c = Cluster::build(&[etcd.url()], 1, "").await;
+    let store = leading_store(&c, &etcd).await;
+    assert!(c.leader_url().await.is_some());
+    drop(store);
+    // Well before its 30 s lease would expire.
+    eventually("the leader key is gone", async || c.leader_url().await.is_none()).await;
+}
+
+/// The writer never lowers a level, whatever its callers checked: a change whose caller
+/// stopped waiting can still be queued ahead of a later, lower one.
+#[tokio::test]
+async fn the_writer_never_lowers_a_level_in_etcd() {
+    use fencegate::store::Store;
+    let Some(etcd) = start_etcd().await else { return };
+    let c = Cluster::build(&[etcd.url()], 1, "").await;
+    let store = leading_store(&c, &etcd).await;
+    // Both queued before either is answered: in one batch, or the lower one in the next.
+    let (higher, lower) = (store.advance("/a", 10), store.advance("/a", 8));
+    assert!(higher.await.is_ok());
+    let refused = lower.await.unwrap_err().to_string();
+    assert!(refused.contains("a higher level"), "{refused}");
+    assert_eq!(c.max_seen_in_etcd("/a").await, Some(10));
+    // And against a committed level too.
+    assert!(store.advance("/a", 9).await.is_err());
+    assert!(store.advance("/a", 11).await.is_ok());
+    assert_eq!(c.max_seen_in_etcd("/a").await, Some(11));
+}
+
+/// The census of levels `P/census` holds, if any.
+async fn census_in_etcd(c: &Cluster) -> Option<u64> {
+    census_under(c, PREFIX).await
+}
+
+/// The census of levels under `prefix`, if any.
+async fn census_under(c: &Cluster, prefix: &str) -> Option<u64> {
+    let key = format!("{prefix}census");
+    let (kvs, _) = c.gateway.range(key.as_bytes(), None).await.unwrap();
+    kvs.first().map(|kv| std::str::from_utf8(&kv.value).unwrap().parse().unwrap())
+}
+
+/// Levels deleted from a live prefix (by hand, a clean-up, a restore that skipped them) while
+/// its batch id and key rules survive: the census says how many it must hold, and no instance
+/// leads it with fewer.
+#[tokio::test]
+async fn a_prefix_that_lost_levels_is_refused_naming_what_is_missing() {
+    use fencegate::store::{Condition, MarkKind, Store};
+    let Some(etcd) = start_etcd().await else { return };
+    let c = Cluster::build(&[etcd.url()], 1, "").await;
+    let store = leading_store(&c, &etcd).await;
+    store.advance("/a", 5).await.unwrap();
+    store.advance_all(vec![(MarkKind::Key, "/b".into()), (MarkKind::Floor, "/d/".into())], 6).await.unwrap();
+    store.advance("/c", 7).await.unwrap();
+    store.close().await.unwrap();
+
+    // A restart with every level in place leads.
+    let again = leading_store_on(&c, &etcd).await;
+    again.close().await.unwrap();
+
+    for key in ["k//a", "k//c"] {
+        c.gateway.delete(format!("{PREFIX}{key}").as_bytes()).await.unwrap();
+    }
+    let store = open_store(&c, &etcd).await.unwrap();
+    store.start(std::sync::Arc::new(|_| {}));
+    let mut refusal = String::new();
+    eventually("the takeover refuses the prefix", async || match store.condition() {
+        Condition::Failed(why) => {
+            refusal = why;
+            true
+        }
+        _ => false,
+    })
+    .await;
+    assert!(!store.leading());
+    assert!(refusal.contains("holds 2 fence levels") && refusal.contains("records 4"), "{refusal}");
+    assert!(refusal.contains("2 were deleted") && refusal.contains("--floor <that token>"), "{refusal}");
+    assert!(store.advance("/b", 100).await.is_err(), "no write is fenced from what is left");
+    drop(store);
+    eventually("it gave the leadership up", async || c.leader_url().await.is_none()).await;
+
+    // The real binary: it does not serve fenced writes, and says why.
+    let mut c = c;
+    c.instances[0].start();
+    let log = "holds 2 fence levels";
+    eventually("the instance names what is missing", async || c.instances[0].proxy().log_contains(log)).await;
+    put(c.instances[0].addr, "/b", 100).await.assert_refused(503, "store_unavailable");
+}
+
+/// `init` writes the census, and every batch that creates levels counts each of them once, in
+/// the same transaction: an advance, several marks at once, a reset of a mark never written.
+#[tokio::test]
+async fn the_census_counts_every_level_created() {
+    use fencegate::store::{MarkKind, Store};
+    let Some(etcd) = start_etcd().await else { return };
+    let c = Cluster::build(&[etcd.url()], 1, "").await;
+    let store = leading_store(&c, &etcd).await;
+    assert_eq!(census_in_etcd(&c).await, Some(0), "init with no floor: no level");
+    store.advance("/a", 5).await.unwrap();
+    assert_eq!(census_in_etcd(&c).await, Some(1));
+    let (both, again) = (
+        store.advance_all(vec![(MarkKind::Key, "/b".into()), (MarkKind::Floor, "/d/".into())], 6),
+        store.advance_all(vec![(MarkKind::Key, "/b".into()), (MarkKind::Key, "/a".into())], 7),
+    );
+    both.await.unwrap();
+    again.await.unwrap();
+    assert_eq!(census_in_etcd(&c).await, Some(3), "/b counted once, /a not again");
+    store.reset(vec![(MarkKind::Key, "/b".into()), (MarkKind::Key, "/c".into())], 3).await.unwrap();
+    assert_eq!(census_in_etcd(&c).await, Some(4), "a reset that makes a level counts it");
+    store.close().await.unwrap();
+
+    // The floor `init` writes, and the levels a migration creates.
+    let client = fencegate::etcd::Client::single(&etcd.url());
+    let keying = fencegate::fence::keys::keying(&Default::default(), &[]);
+    fencegate::store::etcd::init(&client, "/fg-floor/", &keying, 500).await.unwrap();
+    assert_eq!(census_under(&c, "/fg-floor/").await, Some(1));
+    let dir = c.dir.path().join("old");
+    fencegate::app::init_data_dir(&dir, 0).unwrap();
+    let options = fencegate::store::StoreOptions { keying: keying.clone(), ..Default::default() };
+    let file = fencegate::store::FileStore::open(&dir, options).unwrap();
+    for (key, token) in [("/a", 7), ("/b", 9)] {
+        file.advance(key, token).await.unwrap();
+        file.answered(key, token);
+    }
+    file.close().await.unwrap();
+    fencegate::store::etcd::migrate(&client, "/fg-floor/", &keying, &dir).await.unwrap();
+    assert_eq!(census_under(&c, "/fg-floor/").await, Some(3), "the floor, /a and /b");
+    fencegate::store::etcd::migrate(&client, "/fg-floor/", &keying, &dir).await.unwrap();
+    assert_eq!(census_under(&c, "/fg-floor/").await, Some(3), "nothing created again");
+}
+
+/// A prefix an earlier build initialised has no census: its next takeover counts what it holds
+/// and writes it, and batches keep it from then on.
+#[tokio::test]
+async fn a_prefix_without_a_census_gets_one_at_its_takeover() {
+    use fencegate::store::Store;
+    let Some(etcd) = start_etcd().await else { return };
+    let c = Cluster::build(&[etcd.url()], 1, "").await;
+    c.init().await;
+    c.gateway.put(format!("{PREFIX}k//old").as_bytes(), b"00000000000000000009").await.unwrap();
+    c.gateway.delete(format!("{PREFIX}census").as_bytes()).await.unwrap();
+    let store = leading_store_on(&c, &etcd).await;
+    assert_eq!(census_in_etcd(&c).await, Some(1), "counted at the takeover");
+    assert_eq!(store.table().get("/old"), Some(9));
+    store.advance("/new", 10).await.unwrap();
+    store.close().await.unwrap();
+    assert_eq!(census_in_etcd(&c).await, Some(2));
+}
+
+/// [`leading_store`] on a prefix already initialised.
+async fn leading_store_on(c: &Cluster, etcd: &Etcd) -> fencegate::store::EtcdStore {
+    let store = open_store(c, etcd).await.unwrap();
+    store.start(std::sync::Arc::new(|_| {}));
+    eventually("it leads", async || store.leading()).await;
+    store
+}
+
+#[tokio::test]
+async fn a_followers_admin_api_says_it_does_not_lead_and_names_the_leader() {
+    let Some(etcd) = start_etcd().await else { return };
+    let c = Cluster::start(&[etcd.url()], 2, "").await;
+    let leader = c.wait_leader().await;
+    let follower = 1 - leader;
+    eventually("the follower knows the leader", async || {
+        c.instances[follower].proxy().log_contains("following the fence's leader")
+    })
+    .await;
+    assert!(ok(&put(c.instances[follower].addr, "/r", 7).await), "sent on to the leader");
+    let admin = async |i: usize, head: &str, body: &str| {
+        let addr = c.instances[i].proxy().admin_addr().await;
+        let auth = common::cluster::ADMIN_TOKEN;
+        raw_request(addr, &format!("{head} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {auth}"), body).await
+    };
+    let r = admin(leader, "GET /fences/r", "").await;
+    assert_eq!((r.status, r.json()["max_seen"].as_u64()), (200, Some(7)), "{:?}", r.body);
+    // The follower holds no levels: it says so rather than answering 404 or "nothing to reset".
+    for (head, body) in [
+        ("GET /fences/r", ""),
+        ("GET /fences?prefix=/", ""),
+        ("POST /fences/r:reset", r#"{"to": 1, "confirm": "/r"}"#),
+        ("POST /fences/r:advance", r#"{"to": 100}"#),
+        ("POST /fences/r:lift", ""),
+    ] {
+        let r = admin(follower, head, body).await;
+        r.assert_refused(421, "not_leader");
+        assert_eq!(r.json()["leader"].as_str(), Some(c.instances[leader].url().as_str()), "{head}: {:?}", r.body);
+    }
+    assert_eq!(c.max_seen_in_etcd("/r").await, Some(7), "nothing changed");
+}
