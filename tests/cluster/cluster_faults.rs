@@ -28,10 +28,10 @@
 //! the stall rounds fail the order check: the stalled write reaches the backend after the new
 //! leader's.
 //!
-//! `FG_CLUSTER_ROUNDS` (default 10) counted rounds; `FG_SEED` replays a run's choice and
-//! placement of faults (each round's seed is printed; the processes' own interleavings are not
-//! replayed). Skipped with a message where etcd is not installed; `FG_REQUIRE_SERVICES=1` makes
-//! that a failure.
+//! [`DEFAULT_ROUNDS`] counted rounds (about 7 s each), or `FG_CLUSTER_ROUNDS` (`.ci/run` sets
+//! 20; a soak, hundreds); `FG_SEED` replays a run's choice and placement of faults (each round's
+//! seed is printed; the processes' own interleavings are not replayed). Skipped with a message
+//! where etcd is not installed; `FG_REQUIRE_SERVICES=1` makes that a failure.
 
 use crate::common;
 
@@ -48,6 +48,9 @@ use common::{RawConn, eventually, raw_request};
 const RESOURCES: [&str; 3] = ["/r0", "/r1", "/r2"];
 /// The instances' lease (`store.lease_ttl` in `common::cluster`).
 const LEASE: Duration = Duration::from_secs(3);
+/// Counted rounds without `FG_CLUSTER_ROUNDS`: a local `cargo test` runs a few.
+const DEFAULT_ROUNDS: usize = 3;
+
 /// `fence.quarantine` in these rounds: above any write's time at the backend, as it must be,
 /// and below a stall, which lasts until another instance has accepted newer writes after its
 /// quarantine: the gate, not the quarantine, is what keeps a stalled leader's write from
@@ -414,7 +417,7 @@ impl World {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn faults_never_break_the_order_across_instances() {
     let Some(etcd) = start_etcd_cluster().await else { return };
-    let wanted: usize = std::env::var("FG_CLUSTER_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(10);
+    let wanted: usize = std::env::var("FG_CLUSTER_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_ROUNDS);
     let seed: u64 = std::env::var("FG_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
     });

@@ -9,6 +9,9 @@
 //!   fencegate's own refusal, for a write the backend never received; a stale refusal is
 //!   explained by a write the backend received with an overlapping region and a token at
 //!   least as high.
+//!
+//! [`DEFAULT_CASES`] random programs in a local `cargo test`; `FG_WEBDAV_CASES=N` runs N
+//! (`.ci/run` sets 256).
 
 use crate::common;
 
@@ -352,11 +355,15 @@ fn check_all(run: &Run) -> Result<(), String> {
     check_tokens(&run.records)
 }
 
+/// Random programs without `FG_WEBDAV_CASES`: a couple of seconds.
+const DEFAULT_CASES: u32 = 32;
+
 #[test]
 fn random_webdav_programs_keep_every_file_fenced() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let cases = std::env::var("FG_WEBDAV_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_CASES);
     let config = ProptestConfig {
-        cases: 32,
+        cases,
         // A failing program re-runs through a proxy for every shrink step; bound the search.
         max_shrink_iters: 256,
         // Only the two test files belong to this suite; failures print their program instead.

@@ -1,7 +1,8 @@
 //! Crash and failure tests of the real binary: whatever instant it dies at, and whatever the
 //! disk does, no advance that was forwarded is ever forgotten.
 //!
-//! `FG_CRASH_ROUNDS=N` runs N rounds of each random-kill test instead of 20 (a soak), and
+//! Each random-kill test runs [`DEFAULT_ROUNDS`] rounds, a few seconds in a local `cargo test`;
+//! `FG_CRASH_ROUNDS=N` runs N instead (`.ci/run` sets 50; a soak, hundreds), and
 //! `FG_CRASH_SEED=S` replays the kill moments (and the collection writers' choice of writes) of
 //! a failed run.
 
@@ -33,9 +34,16 @@ fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
 
+/// Rounds of each random-kill test without `FG_CRASH_ROUNDS`.
+const DEFAULT_ROUNDS: u64 = 5;
+
+fn rounds() -> u64 {
+    env_u64("FG_CRASH_ROUNDS").unwrap_or(DEFAULT_ROUNDS)
+}
+
 #[tokio::test]
 async fn sigkill_at_random_moments_never_loses_a_forwarded_advance() {
-    let rounds = env_u64("FG_CRASH_ROUNDS").unwrap_or(20);
+    let rounds = rounds();
     let seed = env_u64("FG_CRASH_SEED")
         .unwrap_or_else(|| SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64 | 1);
     let mut rng = Rng(seed);
@@ -368,7 +376,7 @@ async fn check_recovered(d: &Deployment<WebDavStub>, label: &str, above: u64, se
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn collection_writes_survive_kill_9_at_any_moment() {
-    let rounds = env_u64("FG_CRASH_ROUNDS").unwrap_or(20);
+    let rounds = rounds();
     let seed = env_u64("FG_CRASH_SEED")
         .unwrap_or_else(|| SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64 | 1);
     let mut rng = Rng(seed);
