@@ -1,5 +1,5 @@
 //! Property checks on arbitrary input, shared by the `cargo fuzz` targets in `fuzz/` and by
-//! `tests/fuzz_corpus.rs`, which replays the checked-in corpus on the stable toolchain. Each
+//! `tests/meta/fuzz_corpus.rs`, which replays the checked-in corpus on the stable toolchain. Each
 //! check panics only when a property fails, never because the input is garbage.
 
 use crate::config::Config;

@@ -5,7 +5,7 @@ use proptest::prelude::*;
 use super::*;
 
 const KEY: &[u8] = b"fencegate-test-vector-key-0001";
-/// docs/tokens.md's test vector, made by Python's hmac module (tests/verify_hmac.rs checks it
+/// docs/tokens.md's test vector, made by Python's hmac module (tests/proxy/verify_hmac.rs checks it
 /// against Python again).
 const VECTOR: &str = "v1.2026-12.1798761600.VZM0a-kk2OxawpeacXqAUTMvsalDMphGceWO79KilRY";
 
