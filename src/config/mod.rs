@@ -245,17 +245,27 @@ impl FenceConfig {
         if !self.rules.iter().any(by_etcd) {
             return false;
         }
-        let over = self.rules.iter().filter(|r| crate::fence::keys::in_scope(key, &r.prefix));
-        let domain = over.max_by_key(|r| r.prefix.len()).map_or(DEFAULT_DOMAIN, |r| r.token_domain.as_str());
+        let domain = Rule::domain_of(&self.rules, key);
         self.rules.iter().any(|r| by_etcd(r) && r.token_domain == domain)
     }
 }
 
 impl Rule {
+    /// The longest of `rules` over `key` for which `sets` holds: where a per-prefix setting of
+    /// `key` comes from.
+    pub fn longest<'a>(rules: &'a [Rule], key: &str, sets: impl Fn(&Rule) -> bool) -> Option<&'a Rule> {
+        let over = rules.iter().filter(|r| sets(r) && crate::fence::keys::in_scope(key, &r.prefix));
+        over.max_by_key(|r| r.prefix.len())
+    }
+
     /// The longest of `rules` over `key` that sets `verify`: what proves the key's tokens.
     pub fn verifying<'a>(rules: &'a [Rule], key: &str) -> Option<&'a Rule> {
-        let over = rules.iter().filter(|r| r.verify.is_some() && crate::fence::keys::in_scope(key, &r.prefix));
-        over.max_by_key(|r| r.prefix.len())
+        Rule::longest(rules, key, |r| r.verify.is_some())
+    }
+
+    /// The token domain of `key` (every rule has one, set or inherited).
+    pub fn domain_of<'a>(rules: &'a [Rule], key: &str) -> &'a str {
+        Rule::longest(rules, key, |_| true).map_or(DEFAULT_DOMAIN, |r| r.token_domain.as_str())
     }
 }
 

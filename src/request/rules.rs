@@ -8,7 +8,7 @@
 //! strictest `equal_token` and the smallest `max_jump` among them.
 
 use crate::config::{DEFAULT_DOMAIN, FenceConfig, Rule, Verify};
-use crate::fence::{Coverage, Domains, EqualToken, Touch, covers, keys, node};
+use crate::fence::{Coverage, Domains, EqualToken, Touch, covers, node};
 use crate::refusal::Refusal;
 
 /// The settings one write is fenced under.
@@ -48,8 +48,7 @@ pub(crate) fn domains(rules: &[Rule]) -> Domains {
 
 /// The setting `field` of `key`: that of the longest rule prefix over it that sets one.
 fn setting<T: Copy>(rules: &[Rule], key: &str, field: impl Fn(&Rule) -> Option<T>) -> Option<T> {
-    let over = rules.iter().filter(|r| field(r).is_some() && keys::in_scope(key, &r.prefix));
-    over.max_by_key(|r| r.prefix.len()).and_then(field)
+    Rule::longest(rules, key, |r| field(r).is_some()).and_then(field)
 }
 
 /// The rules inside the subtree `touch` covers (none for a single key).
@@ -77,10 +76,7 @@ fn equal_token(touches: &[Touch], fence: &FenceConfig) -> EqualToken {
 /// tokens across them means nothing, and a floor would lock the other domain's holders out for
 /// good.
 fn one_domain<'a>(touches: &[Touch], rules: &'a [Rule]) -> Result<&'a str, Refusal> {
-    let domain_of = |key: &str| {
-        let rule = rules.iter().filter(|r| keys::in_scope(key, &r.prefix)).max_by_key(|r| r.prefix.len());
-        rule.map_or(DEFAULT_DOMAIN, |r| r.token_domain.as_str())
-    };
+    let domain_of = |key: &str| Rule::domain_of(rules, key);
     let mut first: Option<&str> = None;
     for touch in touches {
         let domain = domain_of(&touch.key);
