@@ -173,7 +173,8 @@ fn check_and_reserve(c: &mut Criterion) {
 /// 10,000 locks, each with a holder and a waiter.
 fn etcd_verification(c: &mut Criterion) {
     use fencegate::etcd::{Mirror, Mirrors};
-    use fencegate::request::classify::{Plan, classify};
+    use fencegate::request::classify::Plan;
+    use fencegate::request::protocol::http::classify;
     let base = "[backend]\nurl = \"http://127.0.0.1:9\"\n";
     let plain = fencegate::Config::from_toml_str(base).unwrap();
     let etcd = fencegate::Config::from_toml_str(&format!(

@@ -202,6 +202,17 @@ pub struct BackendConfig {
     pub pool_timeout: Duration,
     /// TLS to the backend (only with `https://`).
     pub tls: BackendTls,
+    /// How requests name the backend's resources and how refusals are written for its clients;
+    /// restart-only, since the fence keys follow it.
+    pub protocol: BackendProtocol,
+}
+
+/// `backend.protocol`: the kind of backend, which decides how a request names its resources.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendProtocol {
+    /// HTTP and WebDAV resources named by path (the default).
+    Http,
 }
 
 /// `[fence]`

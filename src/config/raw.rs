@@ -119,6 +119,8 @@ pub(super) struct RawBackend {
     #[serde(default = "default_pool_timeout")]
     pub(super) pool_timeout: String,
     pub(super) tls: Option<RawBackendTls>,
+    #[serde(default = "default_protocol")]
+    pub(super) protocol: String,
 }
 
 pub(super) fn default_connect_timeout() -> String {
@@ -129,6 +131,9 @@ pub(super) fn default_request_timeout() -> String {
 }
 pub(super) fn default_backend_max_connections() -> usize {
     1024
+}
+pub(super) fn default_protocol() -> String {
+    "http".into()
 }
 pub(super) fn default_pool_timeout() -> String {
     "5s".into()

@@ -10,7 +10,7 @@ type Keep = fn(&mut Config, &Config);
 
 /// Settings a reload cannot apply: they decide keys, storage or sockets already bound. Each
 /// entry is a dotted key or a whole section (`store`), with what puts the running value back.
-pub const RESTART_ONLY: [(&str, Keep); 12] = [
+pub const RESTART_ONLY: [(&str, Keep); 13] = [
     ("server.listen", |new, old| new.server.listen = old.server.listen),
     ("server.workers", |new, old| new.server.workers = old.server.workers),
     ("admin.listen", |new, old| new.admin.listen = old.admin.listen),
@@ -21,6 +21,7 @@ pub const RESTART_ONLY: [(&str, Keep); 12] = [
     ("log.buffer_lines", |new, old| new.log.buffer_lines = old.log.buffer_lines),
     ("limits.max_connections", |new, old| new.limits.max_connections = old.limits.max_connections),
     ("backend.max_connections", |new, old| new.backend.max_connections = old.backend.max_connections),
+    ("backend.protocol", |new, old| new.backend.protocol = old.backend.protocol),
     ("etcd", |new, old| new.etcd = old.etcd.clone()),
     ("verify.max_lag", |new, old| new.verify.max_lag = old.verify.max_lag),
 ];

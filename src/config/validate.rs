@@ -42,6 +42,7 @@ pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
         max_connections: bounded("backend.max_connections", raw.backend.max_connections, 1, 1 << 20)?,
         pool_timeout: duration("backend.pool_timeout", &raw.backend.pool_timeout)?,
         tls: backend_tls(&raw.backend.url, raw.backend.tls)?,
+        protocol: choice("backend.protocol", &raw.backend.protocol, [("http", BackendProtocol::Http)])?,
     };
     let f = raw.fence;
     let header = HeaderName::from_bytes(f.header.as_bytes())

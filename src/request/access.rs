@@ -72,8 +72,8 @@ mod tests {
         let write = super::super::classify::Write {
             token: 7,
             touches,
-            destination: None,
             target: "/a".parse().unwrap(),
+            set_headers: Vec::new(),
             body_limit: None,
             equal: crate::fence::EqualToken::Reject,
             locks: Vec::new(),

@@ -19,7 +19,7 @@ use hyper::body::Incoming;
 
 use super::classify::Write;
 use super::verify::Proof;
-use super::{InFlight, Outgoing, ResponseBody, destination, locks, send, verify};
+use super::{InFlight, Outgoing, ResponseBody, locks, send, verify};
 use crate::etcd::Mirrors;
 use crate::fence::{Outcome, Policy, Touch};
 use crate::refusal::Refusal;
@@ -72,12 +72,12 @@ pub(super) async fn fence(
         Routed::Here(req) => req,
         Routed::Sent(resp) => return Ok(resp),
     };
-    let Write { token, touches, destination, target, body_limit, equal, max_jump, proof, locks } = write;
+    let Write { token, touches, target, set_headers, body_limit, equal, max_jump, proof, locks } = write;
     let proven = prove(&state, &settings, token, proof, locks, &touches)?;
     let policy = Policy { equal, max_jump };
-    if let Some(d) = destination {
-        // What the backend is told to change is what was fenced.
-        req.headers_mut().insert(&destination::DESTINATION, d.forwarded);
+    // What the backend is told to change is what was fenced.
+    for (name, value) in set_headers {
+        req.headers_mut().insert(name, value);
     }
     let fence = &settings.config.fence;
     state.fence.precheck(&touches, token, policy)?;

@@ -1,13 +1,14 @@
-//! One request's path through fencegate: [`classify`] it (pure), then forward it at once, or,
-//! for a fenced write, take it through its phases ([`fenced`]: where it is fenced, its proof
-//! ([`verify`]), the early check, its turn, and the turn's own steps); every refusal becomes
-//! fencegate's own answer through [`crate::refusal`].
+//! One request's path through fencegate: [`classify`] it (pure, through the backend's
+//! [`protocol`]), then forward it at once, or, for a fenced write, take it through its phases
+//! ([`fenced`]: where it is fenced, its proof ([`verify`]), the early check, its turn, and the
+//! turn's own steps); every refusal becomes fencegate's own answer, in the words of
+//! [`crate::refusal`] and the form of the protocol.
 
 mod access;
 pub mod classify;
-pub mod destination;
 mod fenced;
 pub mod locks;
+pub mod protocol;
 pub(crate) mod rules;
 pub mod verify;
 
@@ -22,10 +23,11 @@ use crate::refusal::{ERROR_HEADER, Refusal, throttle};
 use crate::state::{Metrics, Settings, State};
 pub use crate::upstream::ResponseBody;
 use crate::upstream::{Connection, Hold, Peer, full_body};
-use classify::Plan;
+use classify::{Head, Plan};
 use verify::Guess;
 
-/// Handles one request; every refusal becomes fencegate's own JSON response.
+/// Handles one request; every refusal becomes fencegate's own answer, in the backend's
+/// protocol.
 pub(crate) async fn handle(state: Arc<State>, req: Request<Incoming>, client: Peer) -> Response<ResponseBody> {
     let started = Instant::now();
     let method = req.method().clone();
@@ -35,7 +37,8 @@ pub(crate) async fn handle(state: Arc<State>, req: Request<Incoming>, client: Pe
     let settings = state.settings.get();
     let mut access =
         if settings.config.log.access { access::Entry::start(&method, req.uri().path(), started) } else { None };
-    let result = match classify::classify(&req, &settings.config) {
+    let protocol = protocol::for_backend(&settings.config.backend);
+    let result = match protocol.classify(&Head::of(&req), &settings.config) {
         Ok(plan) => {
             if let Some(entry) = access.as_mut() {
                 entry.plan(&plan);
@@ -71,8 +74,7 @@ pub(crate) async fn handle(state: Arc<State>, req: Request<Incoming>, client: Pe
             }
             let withhold =
                 refusal.names_a_level() && refusal.resource().is_some_and(|key| settings.config.fence.withholds(key));
-            let resp = if withhold { refusal.response_withholding_levels() } else { refusal.response() };
-            resp.map(full_body)
+            protocol.refuse(&refusal, withhold).map(full_body)
         }
     };
     state.metrics.request_latency.observe(started.elapsed().as_secs_f64());
@@ -100,7 +102,7 @@ async fn execute(
 /// may go.
 struct Outgoing {
     req: Request<Incoming>,
-    /// The canonical target that was classified (and fenced).
+    /// The target that was classified (and fenced), in the form the protocol forwards.
     target: PathAndQuery,
     client: Peer,
     body_limit: Option<u64>,

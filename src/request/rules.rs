@@ -151,8 +151,9 @@ fn one_verify(touches: &[Touch], rules: &[Rule]) -> Result<Verify, Refusal> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::classify::tests::{config, request};
-    use super::super::classify::{Plan, classify};
+    use super::super::classify::Plan;
+    use super::super::protocol::http::classify;
+    use super::super::protocol::http::tests::{config, request};
     use super::*;
 
     #[test]

@@ -550,3 +550,51 @@ fn unsafe_code_is_denied_but_in_the_one_module_that_makes_system_calls() {
     want.sort();
     assert_eq!(found, want, "the unsafe_code lint, where it is mentioned");
 }
+
+/// What only the protocol seam (`src/request/protocol/`) may do within the request path: name
+/// resources (canonical paths, scopes, WebDAV's `Destination`) and write refusals for the
+/// client. The rest of the request path is the same for every protocol.
+const PROTOCOL_ONLY: &[&str] = &[
+    "crate::fence::path",
+    "crate::fence::keys",
+    "crate::request::protocol::http::destination",
+    "crate::refusal::json_response",
+];
+
+/// Method calls that write a refusal in one protocol's form.
+const PROTOCOL_ONLY_CALLS: &[&str] = &[".response()", ".response_withholding_levels()"];
+
+/// What `source`, a file of the request path outside the seam, does that only the seam may.
+fn seam_violations(source: &str, here: &[String]) -> Vec<String> {
+    let code = code_only(source);
+    let mut found: Vec<String> = paths(&code, here, &[])
+        .into_iter()
+        .filter(|(path, _)| PROTOCOL_ONLY.iter().any(|p| within(path, p)))
+        .map(|(path, line)| format!("line {line}: {path}"))
+        .collect();
+    for (number, line) in code.lines().enumerate() {
+        for call in PROTOCOL_ONLY_CALLS.iter().filter(|c| line.contains(*c)) {
+            found.push(format!("line {}: {call}", number + 1));
+        }
+    }
+    found
+}
+
+#[test]
+fn what_is_protocol_specific_sits_behind_the_seam() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let seam = src.join("request").join("protocol");
+    let mut broken = Vec::new();
+    for file in module_files(&src, "request").into_iter().filter(|f| !f.starts_with(&seam)) {
+        let text = std::fs::read_to_string(&file).unwrap();
+        for v in seam_violations(&text, &module_of(&file, &src)) {
+            broken.push(format!("{}: {v}", file.strip_prefix(&src).unwrap().display()));
+        }
+    }
+    assert!(broken.is_empty(), "protocol-specific code outside src/request/protocol/:\n{}", broken.join("\n"));
+    let at = |m: &str| m.split("::").map(str::to_owned).collect::<Vec<_>>();
+    let here = at("crate::request::fenced");
+    assert_eq!(seam_violations("use crate::fence::path;\nlet r = refusal.response();", &here).len(), 2);
+    assert_eq!(seam_violations("use super::protocol::http::destination::DESTINATION;", &here).len(), 1);
+    assert_eq!(seam_violations("use crate::fence::{Touch, Policy};\nlet p = protocol.refuse(&r, w);", &here).len(), 0);
+}

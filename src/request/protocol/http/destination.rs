@@ -3,12 +3,13 @@
 //! rules as a request path, fenced as such, and forwarded in its canonical form, so that what
 //! the backend changes is what was fenced.
 
+use http::Uri;
 use http::header::{HOST, HeaderName, HeaderValue};
-use http::{Request, Uri};
 
 use crate::config::Config;
 use crate::fence::path;
 use crate::refusal::Refusal;
+use crate::request::classify::Head;
 
 /// The `Destination` header.
 pub static DESTINATION: HeaderName = HeaderName::from_static("destination");
@@ -27,8 +28,8 @@ fn invalid(reason: impl Into<String>) -> Refusal {
 }
 
 /// The request's Destination, if it has one.
-pub fn destination<B>(req: &Request<B>, config: &Config) -> Result<Option<Destination>, Refusal> {
-    let mut values = req.headers().get_all(&DESTINATION).iter();
+pub fn destination(head: &Head<'_>, config: &Config) -> Result<Option<Destination>, Refusal> {
+    let mut values = head.headers.get_all(&DESTINATION).iter();
     let Some(value) = values.next() else { return Ok(None) };
     if values.next().is_some() {
         return Err(invalid("sent more than once; send exactly one"));
@@ -45,7 +46,7 @@ pub fn destination<B>(req: &Request<B>, config: &Config) -> Result<Option<Destin
         if !matches!(scheme, "http" | "https") || authority.as_str().contains('@') {
             return Err(invalid("must be an http or https URI without user information"));
         }
-        let host = req.uri().authority().map(|a| a.as_str()).or_else(|| req.headers().get(HOST)?.to_str().ok());
+        let host = head.uri.authority().map(|a| a.as_str()).or_else(|| head.headers.get(HOST)?.to_str().ok());
         if !host.is_some_and(|h| h.eq_ignore_ascii_case(authority.as_str())) {
             return Err(invalid("names another server than the request's Host"));
         }
@@ -66,6 +67,7 @@ pub fn destination<B>(req: &Request<B>, config: &Config) -> Result<Option<Destin
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::Request;
 
     fn config() -> Config {
         Config::from_toml_str("[backend]\nurl = \"http://127.0.0.1:9\"\n[store]\ndir = \"/tmp/x\"\n").unwrap()
@@ -76,7 +78,7 @@ mod tests {
         for v in values {
             req = req.header("destination", *v);
         }
-        destination(&req.body(()).unwrap(), &config())
+        destination(&Head::of(&req.body(http_body_util::Empty::<bytes::Bytes>::new()).unwrap()), &config())
     }
 
     #[test]

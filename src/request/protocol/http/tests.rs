@@ -3,8 +3,14 @@
 use bytes::Bytes;
 use http_body_util::Full;
 
+use http::Request;
+use http::uri::PathAndQuery;
+
 use super::*;
-use crate::fence::Scope;
+use crate::config::Config;
+use crate::fence::{EqualToken, Scope};
+use crate::request::classify::Write;
+use crate::request::verify::Proof;
 
 pub(in crate::request) fn config(extra: &str) -> Config {
     let text = format!("[backend]\nurl = \"http://127.0.0.1:9\"\n[store]\ndir = \"/tmp/x\"\n{extra}");
@@ -32,8 +38,8 @@ fn touching(token: u64, touches: &[(&str, Coverage)], target: &'static str) -> P
     Plan::Write(Write {
         token,
         touches: touches.iter().map(|(k, coverage)| Touch { key: (*k).into(), coverage: *coverage }).collect(),
-        destination: None,
         target: PathAndQuery::from_static(target),
+        set_headers: Vec::new(),
         body_limit: None,
         equal: EqualToken::Reject,
         max_jump: None,
@@ -45,7 +51,8 @@ fn touching(token: u64, touches: &[(&str, Coverage)], target: &'static str) -> P
 /// The touches of a write plan, and its forwarded Destination.
 fn touches(plan: Plan) -> (Vec<(String, Coverage)>, Option<String>) {
     let Plan::Write(w) = plan else { panic!("not a write: {plan:?}") };
-    let forwarded = w.destination.map(|d| d.forwarded.to_str().unwrap().to_owned());
+    let forwarded =
+        w.set_headers.iter().find(|(name, _)| name == DESTINATION).map(|(_, v)| v.to_str().unwrap().to_owned());
     (w.touches.into_iter().map(|t| (t.key, t.coverage)).collect(), forwarded)
 }
 

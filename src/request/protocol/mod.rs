@@ -1,0 +1,46 @@
+//! The protocol seam: what differs between the kinds of backend fencegate fronts.
+//!
+//! A [`Protocol`] knows how a request names the resources it may change and how a refusal is
+//! written for the client; everything between (the proof, the precheck, the turn, the durable
+//! advance, the forward, the answer) is the same for every protocol and knows none of this.
+//! [`for_backend`] chooses the one `backend.protocol` names (restart-only: the keys of the
+//! fence follow it).
+//!
+//! [`Http`] is the first: resources named by canonical path, WebDAV's `Destination`, JSON
+//! refusals. A protocol that names resources otherwise fits the same shape: an object store
+//! names them by bucket and key and forwards the client's bytes unchanged (its [`Plan`]'s
+//! target is the one sent and it sets no headers), and writes its refusals in its own error
+//! format from the same [`Refusal`], whose status and code stay the one pinned mapping.
+
+pub mod http;
+
+use bytes::Bytes;
+use http_body_util::Full;
+
+pub use self::http::Http;
+use super::classify::{Head, Plan};
+use crate::config::{BackendConfig, BackendProtocol, Config};
+use crate::refusal::Refusal;
+
+/// How requests to one kind of backend name resources, and how refusals are written for its
+/// clients.
+pub trait Protocol: Send + Sync + std::fmt::Debug {
+    /// The name `backend.protocol` gives it.
+    fn name(&self) -> &'static str;
+
+    /// What `head` asks of the fence, from the head and the settings alone (no I/O): a pass, or
+    /// a fenced write with every key the backend may change with it and what is forwarded.
+    /// Everything a request can be refused for before it waits is refused here.
+    fn classify(&self, head: &Head<'_>, config: &Config) -> Result<Plan, Refusal>;
+
+    /// The answer to a refused request, in the client's protocol; with `withhold`, without the
+    /// levels the refusal would name (`FenceConfig::withholds`).
+    fn refuse(&self, refusal: &Refusal, withhold: bool) -> ::http::Response<Full<Bytes>>;
+}
+
+/// The protocol of `backend`.
+pub fn for_backend(backend: &BackendConfig) -> &'static dyn Protocol {
+    match backend.protocol {
+        BackendProtocol::Http => &Http,
+    }
+}
