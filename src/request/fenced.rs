@@ -159,11 +159,11 @@ fn prepare(
         proven.check(proven.first.as_slice(), &state.settings.get().hmac, &state.locks.load())?;
         // A shared fence's leader sends only while it trusts its lease: checked before the
         // head and each body chunk (docs/cluster.md: self-fencing).
-        let gate = state.store.permit(state.store.term());
+        let permit = state.store.permit(state.store.term());
         Ok(boxed_in_place!(async move {
             let _flying = InFlight::new(&state.metrics);
             // Whole: the turn is held until the backend has the whole body, not only until it answers.
-            send(&state, &settings, conn, out, Hold { whole: true, gate }).await
+            send(&state, &settings, conn, out, Hold { whole: true, permit }).await
         }))
     })
 }

@@ -1,35 +1,32 @@
-//! A request body that stops when its gate closes: a fenced write whose permission to be sent
+//! A request body that stops when its permit lapses: a fenced write whose permission to be sent
 //! lapsed midway (the etcd store's leader whose lease lapsed) fails there, so the backend's
 //! connection is broken off and the backend sees a cut-off request, never a complete one.
 
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
 use hyper::body::{Body, Frame, SizeHint};
 
 use super::BoxError;
-
-/// Whether a request may still be sent on; checked before its head and each body chunk.
-pub type Gate = Arc<dyn Fn() -> bool + Send + Sync>;
+use crate::store::Permit;
 
 /// Why a gated body stopped.
 #[derive(Debug, thiserror::Error)]
 #[error("the permission to send this write lapsed before its body was sent whole")]
 pub(super) struct Closed;
 
-/// A body checked against a gate before each chunk is handed on.
+/// A body checked against a permit before each chunk is handed on.
 pub(super) struct Gated<B> {
     body: B,
-    gate: Gate,
+    permit: Permit,
     /// Chunks seen so far (for the fail point between chunks).
     chunks: u64,
 }
 
 impl<B> Gated<B> {
-    pub(super) fn new(body: B, gate: Gate) -> Self {
-        Gated { body, gate, chunks: 0 }
+    pub(super) fn new(body: B, permit: Permit) -> Self {
+        Gated { body, permit, chunks: 0 }
     }
 }
 
@@ -66,7 +63,7 @@ where
             if self.chunks > 1 {
                 failpoint("upstream::mid_body");
             }
-            if !(self.gate)() {
+            if !(self.permit)() {
                 return Poll::Ready(Some(Err(Box::new(Closed))));
             }
         }

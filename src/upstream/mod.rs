@@ -27,8 +27,8 @@ mod pool;
 mod sent;
 
 use crate::config::BackendConfig;
+use crate::store::Permit;
 use checkout::Checkout;
-pub use gated::Gate;
 use gated::Gated;
 pub use headers::{Peer, append_forwarded_for, strip_hop_by_hop};
 use pool::{Bounds, Pool, SendError};
@@ -41,7 +41,7 @@ pub struct Hold {
     /// (a fenced write: its turn lasts that long).
     pub whole: bool,
     /// Checked before the head and each body chunk: once it answers false the request stops.
-    pub gate: Option<Gate>,
+    pub permit: Option<Permit>,
 }
 
 /// Why a request did not get the backend's response head.
@@ -182,11 +182,11 @@ impl Upstream {
         hold: Hold,
     ) -> Result<Response<ResponseBody>, UpstreamError> {
         let deadline = tokio::time::Instant::now() + self.timeout;
-        let Hold { whole, gate } = hold;
-        if gate.is_some() {
+        let Hold { whole, permit } = hold;
+        if permit.is_some() {
             gated::failpoint("upstream::before_head");
         }
-        if gate.as_ref().is_some_and(|open| !open()) {
+        if permit.as_ref().is_some_and(|open| !open()) {
             return Err(UpstreamError::Withdrawn("the permission to send this write lapsed before it was sent".into()));
         }
         let (done, ended) = match whole {
@@ -211,8 +211,8 @@ impl Upstream {
                 (None, Some(done)) => Sent::new(counted.map_err(BoxError::from), done).boxed(),
                 (None, None) => counted.map_err(BoxError::from).boxed(),
             };
-            match gate {
-                Some(gate) => Gated::new(body, gate).boxed(),
+            match permit {
+                Some(permit) => Gated::new(body, permit).boxed(),
                 None => body,
             }
         });

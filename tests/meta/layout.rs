@@ -27,7 +27,8 @@ const RULES: &[Rule] = &[
     Rule { module: "fence", may_use: &["crate::fence", "crate::store"], no_crates: HTTP },
     Rule {
         module: "upstream",
-        may_use: &["crate::upstream", "crate::config::BackendConfig", "crate::tls"],
+        // The store's permit to send a write: whether the write may still go, not its token.
+        may_use: &["crate::upstream", "crate::config::BackendConfig", "crate::store::Permit", "crate::tls"],
         no_crates: &[],
     },
     Rule {
