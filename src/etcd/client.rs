@@ -19,7 +19,7 @@ use super::{EtcdError, b64, prefix_end};
 
 /// A lock held through etcd's lock service (`/v3/lock/lock`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Held {
+pub struct HeldLock {
     /// The holder's key (`NAME/<lease id in hex>`): it exists, attached to the holder's lease,
     /// for as long as the lock is held. `etcdctl lock` exports it as `ETCD_LOCK_KEY`.
     pub key: Vec<u8>,
@@ -330,15 +330,15 @@ impl Client {
     /// is not bounded by the client's timeout; a member that cannot serve it passes it on, as
     /// [`Client::call`] says). Dropping the future closes the request, and etcd withdraws the
     /// waiting key.
-    pub async fn lock(&self, name: &[u8], lease: i64) -> Result<Held, EtcdError> {
+    pub async fn lock(&self, name: &[u8], lease: i64) -> Result<HeldLock, EtcdError> {
         let path = "/v3/lock/lock";
         let body = json!({ "name": b64(name), "lease": lease.to_string() });
         let answer: LockAnswer = self.attempt(path, &Unary::new(path, &body, false)).await?;
-        Ok(Held { key: answer.key, acquired_revision: answer.header.revision })
+        Ok(HeldLock { key: answer.key, acquired_revision: answer.header.revision })
     }
 
     /// Releases a lock by deleting its key.
-    pub async fn unlock(&self, held: &Held) -> Result<(), EtcdError> {
+    pub async fn unlock(&self, held: &HeldLock) -> Result<(), EtcdError> {
         self.call::<Headed>("/v3/lock/unlock", json!({ "key": b64(&held.key) })).await.map(drop)
     }
 }

@@ -29,7 +29,7 @@ mod wire;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 
-pub use client::{Client, Held, Kv};
+pub use client::{Client, HeldLock, Kv};
 pub use mirror::{Freshness, Mirror, MirrorOptions, Mirrors};
 pub use transport::{ClientOptions, Credentials, Password, TlsOptions};
 pub use txn::{Compare, Op, Page, TxnResult};

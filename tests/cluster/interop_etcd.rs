@@ -15,7 +15,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::builder::Deployment;
-use common::etcd::{Gateway, Held};
+use common::etcd::{Gateway, HeldLock};
 use common::services::{Group, installed, start_etcd};
 use common::wait::DEADLINE;
 use common::{Resp, eventually, poll_until, raw_request};
@@ -32,7 +32,7 @@ const LONG_LEASE: Duration = Duration::from_secs(10);
 struct Holder {
     lease: i64,
     renew: JoinHandle<()>,
-    held: Held,
+    held: HeldLock,
     /// The create revision of `held.key`.
     token: u64,
 }

@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use common::builder::Deployment;
-use common::etcd::{Gateway, Held};
+use common::etcd::{Gateway, HeldLock};
 use common::services::{Etcd, start_etcd};
 use common::wait::DEADLINE;
 use common::{Resp, eventually, raw_request};
@@ -44,7 +44,7 @@ async fn deployment_with(etcd: &Etcd, verify: &str) -> (Deployment, SocketAddr) 
 struct Holder {
     lease: i64,
     renew: JoinHandle<()>,
-    held: Held,
+    held: HeldLock,
     token: u64,
 }
 

@@ -2,4 +2,4 @@
 //! JSON gateway), which `examples/etcd_lock.rs` uses too.
 #![allow(unused_imports)]
 
-pub use fencegate::etcd::{Client as Gateway, Held, Kv};
+pub use fencegate::etcd::{Client as Gateway, HeldLock, Kv};
