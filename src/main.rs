@@ -289,56 +289,7 @@ fn inspect(dir: Option<PathBuf>, config: Option<PathBuf>, path: Option<&str>, to
         }
         return Ok(());
     }
-    let dir = dir.as_path();
-    println!("data dir   {}", dir.display());
-    match found.init_floors.as_deref() {
-        None => println!("init       none recorded (started by an earlier build)"),
-        Some([]) => println!("init       fencegate init, no floor"),
-        Some(floors) => {
-            for (name, token) in floors {
-                println!("init       fencegate init, floor {token} at {name}");
-            }
-        }
-    }
-    println!("resources  {}", found.table.len());
-    println!("floors     {}", found.floors);
-    match found.snapshot {
-        Some(seq) => println!("snapshot   covers every segment before {seq}"),
-        None => println!("snapshot   none"),
-    }
-    let segments = match (found.segments.first(), found.segments.last()) {
-        (Some(a), Some(b)) => format!("{a}..={b}"),
-        _ => "none".into(),
-    };
-    println!("segments   {segments} ({} records replayed)", found.records);
-    if let Some((seq, at)) = found.torn {
-        println!("torn tail  segment {seq} at byte {at}: a proxy would set it aside and truncate it on start");
-    }
-    if !found.in_flight.is_empty() {
-        println!(
-            "in flight  {} writes unanswered when the proxy stopped (quarantined on start):",
-            found.in_flight.len()
-        );
-        for (key, token) in found.in_flight.iter().take(top) {
-            println!("  {token:>20}  {key}");
-        }
-    }
-    if !found.floors_in_flight.is_empty() {
-        println!(
-            "in flight  {} writes under floors unanswered when the proxy stopped (quarantined on start):",
-            found.floors_in_flight.len()
-        );
-        for (p, token) in found.floors_in_flight.iter().take(top) {
-            println!("  {token:>20}  floor {p}");
-        }
-    }
-    println!("disk       {} bytes", found.bytes);
-    if top > 0 && !found.table.is_empty() {
-        println!("top {top} by max_seen:");
-        for (key, max) in found.table.top(top) {
-            println!("  {max:>20}  {key}");
-        }
-    }
+    print!("{}", fencegate::app::inspection_report(&found, &dir, top));
     Ok(())
 }
 

@@ -2,6 +2,7 @@
 //! reloads, and drains on shutdown.
 
 mod cluster;
+mod inspection;
 mod preflight;
 mod proxying;
 
@@ -24,6 +25,7 @@ use crate::state::{Metrics, Settings, SettingsError, SettingsSlot, State};
 use crate::store::{self, Adopted, FileStore, Store, StoreError, StoreOptions};
 use crate::upstream::leader::Peers;
 pub use cluster::{init_etcd, migrate_to_etcd};
+pub use inspection::inspection_report;
 pub use preflight::preflight;
 
 /// Why the proxy could not start, apply a reload, or close its store.
