@@ -15,7 +15,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use hyper::body::{Body, Frame, SizeHint};
@@ -24,6 +24,8 @@ use hyper_util::rt::TokioIo;
 use prometheus_client::metrics::counter::Counter;
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot, watch};
+// Tokio's clock, so that the deadlines can be tested on a paused one.
+use tokio::time::Instant;
 
 use super::Handler;
 use crate::state::{Settings, State};
@@ -68,7 +70,7 @@ impl<H: Handler> Conn<H> {
         // the accept on: a connection that stalls in either is slowloris too.
         let first_request = Instant::now() + self.settings.config.limits.header_read_timeout;
         match self.settings.acceptor.clone().filter(|_| self.tls) {
-            Some(acceptor) => match tokio::time::timeout_at(first_request.into(), acceptor.accept(stream)).await {
+            Some(acceptor) => match tokio::time::timeout_at(first_request, acceptor.accept(stream)).await {
                 Ok(Ok(tls)) => self.serve_io(tls, first_request).await,
                 Ok(Err(e)) => tracing::debug!(client = %self.client, error = %e, "TLS handshake failed"),
                 Err(_) => tracing::debug!(client = %self.client, "TLS handshake timed out"),
@@ -177,7 +179,7 @@ async fn watch_connection(
 
 async fn sleep_until_some(deadline: Option<Instant>) {
     match deadline {
-        Some(d) => tokio::time::sleep_until(d.into()).await,
+        Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
     }
 }
@@ -307,5 +309,66 @@ impl<B: Body<Data = Bytes> + Unpin> Body for ActiveBody<B> {
 
     fn size_hint(&self) -> SizeHint {
         self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEEPALIVE: Duration = Duration::from_secs(60);
+    const HEADER_READ: Duration = Duration::from_secs(10);
+
+    /// When `unused` resolves on the paused clock, counted from now, and why.
+    async fn unused_after(activity: &Activity, first_request: Instant) -> (Duration, &'static str) {
+        let start = Instant::now();
+        let why = match activity.unused(KEEPALIVE, first_request).await {
+            Unused::NoRequest => "no request",
+            Unused::Idle => "idle",
+        };
+        (start.elapsed(), why)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_without_a_request_closes_at_the_header_read_deadline() {
+        let activity = Activity::new();
+        let found = unused_after(&activity, Instant::now() + HEADER_READ).await;
+        assert_eq!(found, (HEADER_READ, "no request"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_connection_closes_a_keepalive_period_after_it_last_did_anything() {
+        let activity = Arc::new(Activity::new());
+        let first_request = Instant::now() + HEADER_READ;
+        // A request at 5 s, answered at once; its body taken at 20 s.
+        tokio::time::advance(Duration::from_secs(5)).await;
+        drop(activity.busy());
+        let reader = Arc::clone(&activity);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(15)).await;
+            reader.touch();
+        });
+        let (after, why) = unused_after(&activity, first_request).await;
+        assert_eq!(why, "idle");
+        // Idle from 20 s: closed at 80 s, 75 s after the wait began (at whole milliseconds,
+        // the touch's resolution, and at most one look late by the 10 ms floor).
+        assert!(after >= Duration::from_secs(75) && after <= Duration::from_millis(75_010), "{after:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_busy_connection_is_never_idle_and_its_period_starts_when_it_ends() {
+        let activity = Arc::new(Activity::new());
+        let busy = activity.busy();
+        let first_request = Instant::now() + HEADER_READ;
+        let ends = tokio::spawn(async move {
+            // A request the backend holds for five keep-alive periods.
+            tokio::time::sleep(KEEPALIVE * 5).await;
+            drop(busy);
+        });
+        let (after, why) = unused_after(&activity, first_request).await;
+        ends.await.unwrap();
+        assert_eq!(why, "idle", "never closed for want of a first request: one was being handled");
+        assert!(after >= KEEPALIVE * 6, "idle only a whole period after the request ended: {after:?}");
+        assert!(after <= KEEPALIVE * 7, "and then within one more look: {after:?}");
     }
 }
