@@ -202,7 +202,7 @@ fn etcd_verification(c: &mut Criterion) {
     let Plan::Write(w) = classify(&req(), &etcd).unwrap() else { panic!("a write") };
     assert_eq!(w.locks, ["/locks/accounts/4242"]);
     g.bench_function("etcd_holder_check", |b| {
-        b.iter(|| fencegate::request::locks::check(&mirrors, black_box(&w.locks), black_box(8584)).unwrap())
+        b.iter(|| fencegate::request::holders::check(&mirrors, black_box(&w.locks), black_box(8584)).unwrap())
     });
     g.finish();
 }

@@ -125,7 +125,7 @@ impl Proxy {
         let peers = config.store.etcd.as_ref().map(|e| Peers::new(&e.advertise, config.backend.connect_timeout));
         let refusals = RefusalThrottle::new();
         let locks =
-            arc_swap::ArcSwap::from_pointee(crate::request::locks::mirrors(&config, None).map_err(Error::Conflict)?);
+            arc_swap::ArcSwap::from_pointee(crate::request::holders::mirrors(&config, None).map_err(Error::Conflict)?);
         let settings = SettingsSlot::new(Settings::build(config, metrics.bytes_in.clone(), None)?);
         let guesses = crate::fence::Guesses::default();
         let state = State { settings, fence, store, refusals, guesses, metrics, locks, peers };
@@ -154,7 +154,8 @@ impl Proxy {
         let (config, report) = reload::merge(&current.config, config);
         // `[etcd]` needs a restart: a rule that verifies against etcd added by a reload to a
         // proxy started without endpoints is refused here, not started without a cluster.
-        let locks = crate::request::locks::mirrors(&config, Some(&self.state.locks.load())).map_err(Error::Conflict)?;
+        let locks =
+            crate::request::holders::mirrors(&config, Some(&self.state.locks.load())).map_err(Error::Conflict)?;
         let next = Settings::build(config, self.state.metrics.bytes_in.clone(), Some(&current))?;
         let (old, new) = (&current.config.fence, &next.config.fence);
         let unfenced: Vec<&str> =

@@ -78,7 +78,7 @@ mod tests {
             equal: crate::fence::EqualToken::Reject,
             locks: Vec::new(),
             max_jump: None,
-            proof: super::super::verify::Proof::None,
+            proof: super::super::proof::Proof::None,
         };
         e.plan(&Plan::Write(write));
         assert_eq!((e.keys.as_str(), e.token), ("/a,/b/", Some(7)));

@@ -12,8 +12,8 @@ use http::uri::PathAndQuery;
 use http::{HeaderMap, Method, Request, Uri};
 use hyper::body::Body;
 
+use super::proof::{self, Proof};
 use super::rules;
-use super::verify::{self, Proof};
 use crate::config::{Config, LimitsConfig, MissingToken};
 use crate::fence::token::{self, TokenError};
 pub use crate::fence::{Coverage, EqualToken, Touch};
@@ -126,8 +126,8 @@ pub fn fenced_write(head: &Head<'_>, config: &Config, named: Named) -> Result<Pl
         Err(TokenError::Missing) => return Err(Refusal::MissingToken { header: config.fence.header.to_string() }),
         Err(e) => return Err(e.into()),
     };
-    let locks = super::locks::lock_names(&touches, &config.fence).map_err(Refusal::Lock)?;
-    let proof = verify::read(head.headers, &config.verify, governed.verify, governed.domain)?;
+    let locks = super::holders::lock_names(&touches, &config.fence).map_err(Refusal::Lock)?;
+    let proof = proof::read(head.headers, &config.verify, governed.verify, governed.domain)?;
     // Only the verified holder of a lock can present its own revision: equal passes there.
     let equal = if locks.is_empty() { governed.equal } else { EqualToken::Accept };
     let max_jump = governed.max_jump;

@@ -18,8 +18,8 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 
 use super::classify::Write;
-use super::verify::Proof;
-use super::{InFlight, Outgoing, ResponseBody, locks, send, verify};
+use super::proof::Proof;
+use super::{InFlight, Outgoing, ResponseBody, holders, proof, send};
 use crate::etcd::Mirrors;
 use crate::fence::{Outcome, Policy, Touch};
 use crate::refusal::Refusal;
@@ -55,8 +55,8 @@ struct Proven {
 impl Proven {
     /// The proof against the keys and the locks' holders in force now.
     fn check(&self, touches: &[Touch], hmac: &crate::fence::verify::HmacKeys, locks: &Mirrors) -> Result<(), Refusal> {
-        verify::check(&self.proof, self.token, touches, hmac)?;
-        locks::check(locks, &self.locks, self.token).map_err(Refusal::Lock)
+        proof::check(&self.proof, self.token, touches, hmac)?;
+        holders::check(locks, &self.locks, self.token).map_err(Refusal::Lock)
     }
 }
 

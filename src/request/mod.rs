@@ -1,16 +1,16 @@
 //! One request's path through fencegate: [`classify`] it (pure, through the backend's
 //! [`protocol`]), then forward it at once, or, for a fenced write, take it through its phases
-//! ([`fenced`]: where it is fenced, its proof ([`verify`]), the early check, its turn, and the
+//! ([`fenced`]: where it is fenced, its proof ([`proof`]), the early check, its turn, and the
 //! turn's own steps); every refusal becomes fencegate's own answer, in the words of
 //! [`crate::refusal`] and the form of the protocol.
 
 mod access;
 pub mod classify;
 mod fenced;
-pub mod locks;
+pub mod holders;
+pub mod proof;
 pub mod protocol;
 pub(crate) mod rules;
-pub mod verify;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -24,7 +24,7 @@ use crate::state::{Metrics, Settings, State};
 pub use crate::upstream::ResponseBody;
 use crate::upstream::{Connection, Hold, Peer, full_body};
 use classify::{Head, Plan};
-use verify::Guess;
+use proof::Guess;
 
 /// Handles one request; every refusal becomes fencegate's own answer, in the backend's
 /// protocol.

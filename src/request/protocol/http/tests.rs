@@ -10,7 +10,7 @@ use super::*;
 use crate::config::Config;
 use crate::fence::{EqualToken, Scope};
 use crate::request::classify::Write;
-use crate::request::verify::Proof;
+use crate::request::proof::Proof;
 
 pub(in crate::request) fn config(extra: &str) -> Config {
     let text = format!("[backend]\nurl = \"http://127.0.0.1:9\"\n[store]\ndir = \"/tmp/x\"\n{extra}");

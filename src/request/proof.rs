@@ -39,7 +39,7 @@ pub enum Proof {
 /// or malformed.
 pub(super) fn read(headers: &HeaderMap, config: &VerifyConfig, verify: Verify, domain: &str) -> Result<Proof, Refusal> {
     match verify {
-        // etcd's holder is looked up from the write's lock names (`request::locks`).
+        // etcd's holder is looked up from the write's lock names (`request::holders`).
         Verify::None | Verify::Etcd => Ok(Proof::None),
         Verify::Hmac => {
             let signature = signature(headers, &config.signature_header)?;
