@@ -162,7 +162,7 @@ fn check(path: &std::path::Path) -> anyhow::Result<()> {
     for name in Environment::read(None).ignored {
         println!("# warning: {name} is ignored: {NOT_A_SETTING}");
     }
-    let notes = fencegate::app::preflight(&config).with_context(|| format!("{} would not run", path.display()))?;
+    let notes = fencegate::app::check(&config).with_context(|| format!("{} would not run", path.display()))?;
     for note in notes {
         println!("# {note}");
     }

@@ -1,9 +1,9 @@
 //! The running application: opens the store, starts the listener and the admin API, applies
 //! reloads, and drains on shutdown.
 
+mod check;
 mod cluster;
 mod inspection;
-mod preflight;
 mod proxying;
 
 use std::future::Future;
@@ -24,9 +24,9 @@ use crate::request::rules;
 use crate::state::{Metrics, Settings, SettingsError, SettingsSlot, State};
 use crate::store::{self, Adopted, FileStore, Store, StoreError, StoreOptions};
 use crate::upstream::leader::Peers;
+pub use check::check;
 pub use cluster::{init_etcd, migrate_to_etcd};
 pub use inspection::inspection_report;
-pub use preflight::preflight;
 
 /// Why the proxy could not start, apply a reload, or close its store.
 #[derive(Debug, thiserror::Error)]

@@ -11,7 +11,7 @@ use crate::upstream::backend_addr;
 
 /// Checks that `run` could start with `config`, without binding or writing anything; returns
 /// notes worth showing (a data directory a running fencegate holds, say).
-pub fn preflight(config: &Config) -> Result<Vec<String>, Error> {
+pub fn check(config: &Config) -> Result<Vec<String>, Error> {
     let mut notes = Vec::new();
     let server = ("server.listen", config.server.listen);
     if let Some(admin) = config.admin.listen
