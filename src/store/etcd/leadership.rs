@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::lease::{Shared, Standing, boottime};
+use super::lease::{Shared, Standing};
 use super::names::Names;
 use super::takeover::{self, Adopted, Failed};
 use crate::etcd::{Client, Compare, EventKind, Op, Watch};
@@ -49,7 +49,7 @@ impl Campaign {
     /// Runs until the store stops; resigns if it leads then.
     pub(crate) async fn run(self) {
         while !self.stopped() {
-            let sent = boottime();
+            let sent = self.shared.now();
             let lease = match self.client.grant(self.ttl).await {
                 Ok(id) => id,
                 Err(e) => {
@@ -296,7 +296,7 @@ async fn keep_alive(client: Client, shared: Arc<Shared>, lease: i64, ttl: Durati
         if shared.stopped() {
             return;
         }
-        let sent = boottime();
+        let sent = shared.now();
         match client.keep_alive_once(lease).await {
             // Not once the lease lapsed on this instance's clock (or it stepped down, or
             // stopped): a lost lease is never trusted again, whatever etcd says of it.

@@ -18,12 +18,34 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 /// Nanoseconds on `CLOCK_BOOTTIME`.
-pub(crate) fn boottime() -> u64 {
+fn boottime() -> u64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
     u64::try_from(t.tv_sec)
         .unwrap_or(0)
         .saturating_mul(1_000_000_000)
         .saturating_add(u64::try_from(t.tv_nsec).unwrap_or(0))
+}
+
+/// The clock a lease is counted on.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum LeaseClock {
+    /// `CLOCK_BOOTTIME` (module docs): what a store counts its lease on.
+    Boot,
+    /// Tokio's clock, counted from the given instant: for tests of the lease's timing on a
+    /// paused clock.
+    #[cfg(test)]
+    Tokio(tokio::time::Instant),
+}
+
+impl LeaseClock {
+    /// Nanoseconds now.
+    fn now(self) -> u64 {
+        match self {
+            LeaseClock::Boot => boottime(),
+            #[cfg(test)]
+            LeaseClock::Tokio(start) => nanos(start.elapsed()),
+        }
+    }
 }
 
 fn nanos(d: Duration) -> u64 {
@@ -53,8 +75,9 @@ pub(crate) enum Standing {
 /// Shared by the leadership task, the batch writer and every request.
 #[derive(Debug)]
 pub(crate) struct Shared {
-    /// Boot-time nanoseconds until which the lease is trusted; 0: no lease.
+    /// Nanoseconds on `clock` until which the lease is trusted; 0: no lease.
     until: AtomicU64,
+    clock: LeaseClock,
     term: AtomicU64,
     standing: Mutex<Standing>,
     /// Wakes the leadership task: the lease lapsed, or a batch found the guard gone.
@@ -69,8 +92,14 @@ pub(crate) struct Shared {
 
 impl Shared {
     pub(crate) fn new(margin: Duration) -> Shared {
+        Shared::on_clock(margin, LeaseClock::Boot)
+    }
+
+    /// [`Shared::new`], counting the lease on `clock`.
+    pub(crate) fn on_clock(margin: Duration, clock: LeaseClock) -> Shared {
         Shared {
             until: AtomicU64::new(0),
+            clock,
             term: AtomicU64::new(1),
             standing: Mutex::new(Standing::Seeking("starting".into())),
             wake: Notify::new(),
@@ -80,7 +109,12 @@ impl Shared {
         }
     }
 
-    /// etcd acknowledged a grant or keep-alive sent at `sent` (boot time) with `ttl` left.
+    /// Nanoseconds now on the lease's clock: when a grant or keep-alive is sent.
+    pub(crate) fn now(&self) -> u64 {
+        self.clock.now()
+    }
+
+    /// etcd acknowledged a grant or keep-alive sent at `sent` ([`Shared::now`]) with `ttl` left.
     pub(crate) fn acknowledged(&self, sent: u64, ttl: Duration) {
         let until = sent.saturating_add(nanos(ttl.saturating_sub(self.margin)));
         self.until.fetch_max(until, Ordering::AcqRel);
@@ -93,12 +127,12 @@ impl Shared {
 
     /// Whether the lease is still trusted now.
     pub(crate) fn lease_valid(&self) -> bool {
-        boottime() < self.until.load(Ordering::Acquire)
+        self.now() < self.until.load(Ordering::Acquire)
     }
 
     /// How long the lease is still trusted.
     pub(crate) fn lease_left(&self) -> Duration {
-        Duration::from_nanos(self.until.load(Ordering::Acquire).saturating_sub(boottime()))
+        Duration::from_nanos(self.until.load(Ordering::Acquire).saturating_sub(self.now()))
     }
 
     pub(crate) fn term(&self) -> u64 {
@@ -243,5 +277,33 @@ mod tests {
         assert!(!shared.lease_valid(), "a stopped store sends nothing more");
         shared.set(Standing::TakingOver);
         assert!(shared.stopped(), "stopped for good");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_is_trusted_from_its_send_until_ttl_less_the_margin() {
+        let shared = Shared::on_clock(Duration::from_secs(2), LeaseClock::Tokio(tokio::time::Instant::now()));
+        let sent = shared.now();
+        // etcd takes a second to answer: the lease counts from the send all the same.
+        tokio::time::advance(Duration::from_secs(1)).await;
+        shared.acknowledged(sent, Duration::from_secs(10));
+        assert_eq!(shared.lease_left(), Duration::from_secs(7));
+        tokio::time::advance(Duration::from_millis(6_999)).await;
+        assert!(shared.lease_valid(), "trusted until send + ttl - margin");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(!shared.lease_valid(), "and not from then on");
+        assert_eq!(shared.lease_left(), Duration::ZERO);
+        // A keep-alive sent before the lapse but answered after it renews from its own send.
+        let renewal = shared.now() - 1_000_000_000;
+        shared.acknowledged(renewal, Duration::from_secs(10));
+        assert_eq!(shared.lease_left(), Duration::from_secs(7));
+        // A sleeper (a stopped process, a suspended machine) finds it lapsed when it wakes,
+        // however far the next keep-alive was.
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        assert!(!shared.lease_valid());
+        // A keep-alive that etcd answers more than ttl - margin after its send gives nothing.
+        let slow = shared.now();
+        tokio::time::advance(Duration::from_secs(8)).await;
+        shared.acknowledged(slow, Duration::from_secs(10));
+        assert!(!shared.lease_valid(), "lapsed on arrival");
     }
 }
