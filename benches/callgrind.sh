@@ -27,9 +27,10 @@ mkdir -p "$SHM/logs" "$SHM/www/get"
 head -c 1024 /dev/zero >"$SHM/www/get/file"
 bench_backend
 
-# Runs BIN under callgrind for WORKLOAD (get, put or idle); prints "INSTRUCTIONS REQUESTS".
+# Runs BIN under callgrind for WORKLOAD (get, put or idle); sets TOTAL (instructions) and
+# REQUESTS (what wrk counted, all answered 2xx).
 measure() { # BIN WORKLOAD
-    local name="cg-$2-$RANDOM" pid requests=0 total
+    local name="cg-$2-$RANDOM" pid out
     "$1" init --dir "$DISK/$name" >/dev/null
     printf '[server]\nlisten = "127.0.0.1:%s"\n[backend]\nurl = "http://127.0.0.1:18081"\n[store]\ndir = "%s"\nsync = "always"\n[log]\nlevel = "warn"\n' \
         "$PORT" "$DISK/$name" >"$SHM/$name.toml"
@@ -37,28 +38,39 @@ measure() { # BIN WORKLOAD
         2>"$SHM/logs/$name.log" &
     pid=$!
     PIDS+=("$pid")
-    # Under valgrind start-up takes seconds, not milliseconds.
-    for _ in $(seq 600); do
-        (echo >/dev/tcp/127.0.0.1/"$PORT") 2>/dev/null && break
+    # Serving, not only bound: under valgrind start-up takes seconds, and the signal handlers
+    # are installed once the proxy runs.
+    for _ in $(seq 1200); do
+        curl -s -o /dev/null "http://127.0.0.1:$PORT/get/file" && break
         kill -0 "$pid" 2>/dev/null || { cat "$SHM/logs/$name.log" >&2; exit 1; }
         sleep 0.1
     done
+    curl -sf -o /dev/null "http://127.0.0.1:$PORT/get/file" || { echo "$1 did not serve" >&2; exit 1; }
+    REQUESTS=0
     case $2 in
-    get) requests=$(wrk -t1 -c8 -d"${SECONDS_PER_RUN}s" "http://127.0.0.1:$PORT/get/file" | awk '/requests in/ {print $1}') ;;
-    put) requests=$(wrk -t1 -c8 -d"${SECONDS_PER_RUN}s" -s "$SHM/put.lua" "http://127.0.0.1:$PORT" | awk '/requests in/ {print $1}') ;;
+    get) out=$(wrk -t1 -c8 -d"${SECONDS_PER_RUN}s" "http://127.0.0.1:$PORT/get/file") ;;
+    put) out=$(wrk -t1 -c8 -d"${SECONDS_PER_RUN}s" -s "$SHM/put.lua" "http://127.0.0.1:$PORT") ;;
+    idle) out="0 requests in" ;;
     esac
-    kill -INT "$pid"
-    wait "$pid" || true
-    total=$(callgrind_annotate "$SHM/$name.out" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1; exit}')
-    echo "$total $requests"
+    if grep -qE "Non-2xx|Socket errors" <<<"$out"; then
+        echo "$1 $2: not every request was answered 2xx:" >&2
+        echo "$out" >&2
+        exit 1
+    fi
+    REQUESTS=$(awk '/requests in/ {print $1; exit}' <<<"$out")
+    kill -TERM "$pid"
+    timeout 120 tail --pid="$pid" -f /dev/null || { echo "$1 did not stop" >&2; exit 1; }
+    TOTAL=$(awk -F'[: ]+' '/^(summary|totals):/ {print $2; exit}' "$SHM/$name.out")
+    [[ $TOTAL =~ ^[0-9]+$ && $REQUESTS =~ ^[0-9]+$ ]] || { echo "$1 $2: no count ($TOTAL, $REQUESTS)" >&2; exit 1; }
 }
 
 printf '%-50s %14s %14s\n' binary "GET instr/req" "PUT instr/req"
 for bin in $BINS; do
-    read -r idle _ < <(measure "$bin" idle)
-    read -r get_total get_requests < <(measure "$bin" get)
-    read -r put_total put_requests < <(measure "$bin" put)
-    printf '%-50s %14d %14d   (%d GETs, %d PUTs; idle run %d)\n' "$bin" \
-        $(((get_total - idle) / get_requests)) $(((put_total - idle) / put_requests)) \
-        "$get_requests" "$put_requests" "$idle"
+    measure "$bin" idle
+    idle=$TOTAL
+    measure "$bin" get
+    get=$(((TOTAL - idle) / REQUESTS)) gets=$REQUESTS
+    measure "$bin" put
+    put=$(((TOTAL - idle) / REQUESTS)) puts=$REQUESTS
+    printf '%-50s %14d %14d   (%d GETs, %d PUTs; idle run %d)\n' "$bin" "$get" "$put" "$gets" "$puts" "$idle"
 done

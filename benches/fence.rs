@@ -208,7 +208,7 @@ fn etcd_verification(c: &mut Criterion) {
 }
 
 /// The per-write cost of `verify = "hmac"`: the signature header parsed and its MAC checked
-/// (what `request::verify` does before the precheck), against no verification, alone and in
+/// (what `request::proof` does before the precheck), against no verification, alone and in
 /// front of an uncontended check-and-reserve.
 fn verification(c: &mut Criterion) {
     use fencegate::fence::verify::{HmacKeys, Secret, Signature, sign, unix_now};

@@ -42,7 +42,8 @@ pub(crate) async fn serve(state: Arc<State>, listener: TcpListener, shutdown: im
     let settings = state.settings.get();
     let config = &settings.config;
     if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, backend = %config.backend.url, "fencegate listening");
+        let protocol = request::protocol::for_backend(&config.backend).name();
+        tracing::info!(%addr, backend = %config.backend.url, protocol, "fencegate listening");
     }
     let listening = Listening { name: "proxy", max_connections: config.limits.max_connections, tls: true };
     listener::serve(Proxying(Arc::clone(&state)), listening, state, listener, shutdown).await;

@@ -20,6 +20,16 @@ fn minimal_file_gets_documented_defaults() {
     assert_eq!(c.store.sync, SyncMode::Always);
     assert_eq!(c.store.writer_scheduling, WriterScheduling::Batch);
     assert_eq!(c.store.max_table_bytes, 1 << 30);
+    assert_eq!(c.backend.protocol, BackendProtocol::Http);
+}
+
+#[test]
+fn the_backend_protocol_is_one_fencegate_knows() {
+    let with =
+        |p: &str| Config::from_toml_str(&format!("[backend]\nurl = \"http://127.0.0.1:9000\"\nprotocol = \"{p}\"\n"));
+    assert_eq!(with("HTTP").unwrap().backend.protocol, BackendProtocol::Http);
+    let err = with("ftp").unwrap_err().to_string();
+    assert!(err.contains("backend.protocol") && err.contains("\"http\""), "{err}");
 }
 
 #[test]

@@ -92,7 +92,7 @@ impl<'a> Head<'a> {
         }
     }
 
-    /// The request target as sent (`/` when it has none, as in `OPTIONS *` or an authority).
+    /// The request target as sent (`/` when it has none: an authority-form target).
     pub fn target(&self) -> PathAndQuery {
         self.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"))
     }

@@ -6,10 +6,10 @@
 //! [`for_backend`] chooses the one `backend.protocol` names (restart-only: the keys of the
 //! fence follow it).
 //!
-//! [`Http`] is the first: resources named by canonical path, WebDAV's `Destination`, JSON
-//! refusals. A protocol that names resources otherwise fits the same shape: an object store
-//! names them by bucket and key and forwards the client's bytes unchanged (its [`Plan`]'s
-//! target is the one sent and it sets no headers), and writes its refusals in its own error
+//! [`Http`] implements it for resources named by canonical path and WebDAV's `Destination`,
+//! with JSON refusals. The seam takes a protocol that names resources otherwise: an object
+//! store's would name them by bucket and key and forward the client's bytes unchanged (its
+//! [`Plan`]'s target the one sent, no headers set), and write its refusals in its own error
 //! format from the same [`Refusal`], whose status and code stay the one pinned mapping.
 
 pub mod http;

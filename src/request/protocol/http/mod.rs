@@ -73,12 +73,14 @@ impl Protocol for Http {
         if !spelled().all(|m| m == b"COPY") {
             touches.push(source);
         }
-        let mut set_headers = Vec::new();
+        let mut set_headers = Vec::with_capacity(usize::from(destination.is_some()));
         if let Some(d) = destination {
             touches.push(touch(keys::resource_key(&d.path, &config.fence.scopes).to_owned(), &d.path));
             // What the backend is told to change is what was fenced.
             set_headers.push((DESTINATION.clone(), d.forwarded));
         }
+        // Cannot fail for a path canonicalised from a parsed target; were it to, this refusal
+        // would come before those of the rules over the keys.
         let target = forwarded_target(head, canonical)?;
         fenced_write(head, config, Named { touches, target, set_headers, body_limit })
     }
