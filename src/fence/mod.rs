@@ -40,14 +40,13 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use arc_swap::ArcSwap;
-use dashmap::DashMap;
 use serde::Serialize;
-use tokio::sync::Mutex;
 
 use crate::store::{Store, Table, TableBytes};
 use domains::HighWater;
 pub use domains::{DEFAULT_DOMAIN, Domains};
 pub use gates::GATE_BYTES;
+use gates::Gates;
 pub use guesses::Guesses;
 pub use keys::Scope;
 pub use operator::{Lifted, Reset};
@@ -216,23 +215,13 @@ impl std::fmt::Display for QuarantineCause {
     }
 }
 
-/// Per-gate state, only ever touched by the holder of the resource's turn.
-#[derive(Debug, Default)]
-struct GateState {
-    quarantined_until: Option<Instant>,
-    cause: QuarantineCause,
-}
-
-type Gate = Arc<Mutex<GateState>>;
-
 /// `max_seen` for every resource, and the turns of resources with writes in progress.
 #[derive(Debug)]
 pub struct Fence {
     max_seen: Arc<Table>,
     store: Arc<dyn Store>,
-    /// Hashed with foldhash, like [`Table`] and for its reasons: each fenced write hashes its
-    /// key here twice, to take its turn and to give it back.
-    gates: DashMap<Box<str>, Gate, foldhash::quality::RandomState>,
+    /// The turns of resources with writes waiting, in flight or quarantined.
+    gates: Gates,
     /// The highest token below each node, for subtree checks.
     tree: Tree,
     /// Subtree writes queued and active, and quarantined subtrees.
@@ -254,7 +243,8 @@ impl Fence {
         let max_seen = Arc::clone(store.table());
         let tree = Tree::build(&max_seen);
         let high_water = ArcSwap::from_pointee(domains::counted(domains, &max_seen));
-        Fence { max_seen, store, gates: DashMap::default(), tree, subtrees: Subtrees::default(), high_water }
+        let gates = Gates::new(Arc::clone(&max_seen));
+        Fence { max_seen, store, gates, tree, subtrees: Subtrees::default(), high_water }
     }
 
     /// The highest token `key` has accepted, if any.
@@ -296,8 +286,7 @@ impl Fence {
 
     /// Number of writes holding or waiting for `key`'s turn.
     pub fn queue_len(&self, key: &str) -> usize {
-        // Each holder and each waiter holds a clone of the gate; the map holds one more.
-        self.gates.get(key).map_or(0, |g| Arc::strong_count(g.value()) - 1)
+        self.gates.queue_len(key)
     }
 
     /// Refuses a stale token, or one that jumps too far, without waiting for the turn. Never
@@ -323,13 +312,7 @@ impl Fence {
     /// Resources and subtrees quarantined now. A gate whose turn is held is not counted: its
     /// state belongs to its holder.
     pub fn quarantined(&self) -> usize {
-        let now = Instant::now();
-        let keys = self
-            .gates
-            .iter()
-            .filter(|g| g.value().try_lock().is_ok_and(|s| s.quarantined_until.is_some_and(|until| until > now)))
-            .count();
-        keys + self.subtrees.quarantined_len()
+        self.gates.quarantined_len() + self.subtrees.quarantined_len()
     }
 
     /// Nodes in the tree: directories with keys or floors below them.
@@ -341,19 +324,13 @@ impl Fence {
     /// were in flight when the previous process (or leader) stopped. A gate someone holds is
     /// never replaced.
     pub(crate) fn quarantine(&self, key: &str, period: Duration) {
-        let until = quarantine_end(period);
-        // Never refused: the key is in the table, and its write's outcome is unknown.
-        let Ok(gate) = self.gate(key, true) else { return };
-        match gate.try_lock() {
-            Ok(mut state) => {
-                state.quarantined_until = state.quarantined_until.max(Some(until));
-                state.cause = QuarantineCause::InFlightAtStart;
-            }
-            // A turn holds it (a write of an earlier term of a shared fence, at a takeover):
-            // its state is the holder's, so the key is closed as a subtree instead, which the
-            // next write's check sees as well (closing what lies below the key too, which only
-            // refuses more).
-            Err(_) => self.subtrees.quarantine(node(key), until, QuarantineCause::InFlightAtStart),
+        let (until, cause) = (quarantine_end(period), QuarantineCause::InFlightAtStart);
+        // A turn holds it (a write of an earlier term of a shared fence, at a takeover): its
+        // state is the holder's, so the key is closed as a subtree instead, which the next
+        // write's check sees as well (closing what lies below the key too, which only refuses
+        // more).
+        if !self.gates.try_quarantine(key, until, cause) {
+            self.subtrees.quarantine(node(key), until, cause);
         }
     }
 

@@ -13,8 +13,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::acquire::{Held, Registered};
+use super::acquire::Registered;
 use super::detach::Detached;
+use super::gates::Held;
 use super::tree::{Coverage, Touch, node};
 use super::{Fence, FenceError, Policy, QuarantineCause, quarantine_end};
 use crate::store::{MarkKind, StoreError};
@@ -72,16 +73,9 @@ impl Turn {
     pub fn check(&mut self, token: u64, policy: impl Into<Policy>) -> Result<(), FenceError> {
         let policy = policy.into();
         let now = Instant::now();
-        for h in &mut self.held {
-            if let Some(state) = h.guard.as_mut() {
-                match state.quarantined_until {
-                    Some(until) if until > now => {
-                        let (resource, retry_after, cause) = (h.key.to_string(), until - now, state.cause);
-                        return Err(FenceError::Quarantined { resource, retry_after, cause });
-                    }
-                    Some(_) => state.quarantined_until = None,
-                    None => {}
-                }
+        for held in &mut self.held {
+            if let Some((retry_after, cause)) = held.quarantined(now) {
+                return Err(FenceError::Quarantined { resource: held.key().to_owned(), retry_after, cause });
             }
         }
         let fence = &self.fence;
@@ -108,10 +102,8 @@ impl Turn {
                     self.fence.subtrees.quarantine(node(&touch.key), until, QuarantineCause::UnknownOutcome)
                 }
                 Coverage::Key => {
-                    let held = self.held.iter_mut().find(|h| *h.key == *touch.key);
-                    if let Some(state) = held.and_then(|h| h.guard.as_mut()) {
-                        state.quarantined_until = Some(until);
-                        state.cause = QuarantineCause::UnknownOutcome;
+                    if let Some(held) = self.held.iter_mut().find(|h| h.key() == touch.key) {
+                        held.quarantine(until, QuarantineCause::UnknownOutcome);
                     }
                 }
             }
@@ -122,8 +114,8 @@ impl Turn {
     pub(super) fn lift_quarantine(&mut self) -> bool {
         let now = Instant::now();
         let mut lifted = false;
-        for state in self.held.iter_mut().filter_map(|h| h.guard.as_mut()) {
-            lifted |= state.quarantined_until.take().is_some_and(|until| until > now);
+        for held in &mut self.held {
+            lifted |= held.lift(now);
         }
         lifted
     }
@@ -262,7 +254,7 @@ impl Drop for Turn {
         if let Some(period) = self.unsettled.take() {
             self.quarantine(period);
         }
-        self.fence.give_back(&mut self.held);
+        self.fence.gates.put_back(&mut self.held);
         // After the gates: writes that waited for the registry find them free.
         drop(self.registered.take());
     }
