@@ -1,9 +1,11 @@
 //! The fence: keys, tokens, and the turns that serialise writes.
 //!
-//! [`Fence`] reads `max_seen` and the floors from the store's [`Table`], keeps the highest
-//! token below each directory (`tree.rs`), and keeps a FIFO gate only for resources that have
-//! a write waiting, in flight, or quarantined (`gates.rs`), so memory follows what is
-//! happening. A gate leaves the map with the last task that touches it.
+//! [`Fence`] reads `max_seen` and the floors from the store's [`Table`], and composes parts
+//! that each own their state: the highest token below each directory (`Tree`, `tree.rs`), a
+//! FIFO gate only for resources that have a write waiting, in flight, or quarantined (`Gates`,
+//! `gates.rs`), so memory follows what is happening, the subtree writes' registry
+//! (`Subtrees`, `subtree.rs`) and each token domain's highest token (`HighWater`,
+//! [`domains`]). A gate leaves the map with the last task that touches it.
 //!
 //! A write's life: [`Fence::precheck`] (cheap, lock-free, may refuse early) →
 //! [`Fence::acquire`] (`turn.rs`; the turns are taken in `acquire.rs`: the subtree registry of
@@ -39,7 +41,6 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use arc_swap::ArcSwap;
 use serde::Serialize;
 
 use crate::store::{Store, Table, TableBytes};
@@ -51,8 +52,8 @@ pub use guesses::Guesses;
 pub use keys::Scope;
 pub use operator::{Lifted, Reset};
 use subtree::Subtrees;
+use tree::Tree;
 pub use tree::{Coverage, NODE_BYTES, Touch};
-use tree::{Tree, level};
 pub(crate) use tree::{covers, node};
 pub use turn::{Outcome, Raised, Turn};
 
@@ -216,8 +217,14 @@ impl std::fmt::Display for QuarantineCause {
 }
 
 /// `max_seen` for every resource, and the turns of resources with writes in progress.
+///
+/// Composed of parts that each own their state and its invariants, in a file of their own:
+/// the gates (`gates.rs`), the tree (`tree.rs`), the subtree registry (`subtree.rs`) and the
+/// token domains' highest tokens (`domains.rs`). Each part that reads the store's table or
+/// counts its memory in the table's bytes holds the table itself.
 #[derive(Debug)]
 pub struct Fence {
+    /// The store's table: what the queries and an operator's changes read.
     max_seen: Arc<Table>,
     store: Arc<dyn Store>,
     /// The turns of resources with writes waiting, in flight or quarantined.
@@ -227,7 +234,7 @@ pub struct Fence {
     /// Subtree writes queued and active, and quarantined subtrees.
     subtrees: Subtrees,
     /// The highest token of each token domain, for `max_jump`.
-    high_water: ArcSwap<HighWater>,
+    high_water: HighWater,
 }
 
 impl Fence {
@@ -241,8 +248,8 @@ impl Fence {
     /// tokens are counted from the table before this returns.
     pub fn with_domains(store: Arc<dyn Store>, domains: Domains) -> Self {
         let max_seen = Arc::clone(store.table());
-        let tree = Tree::build(&max_seen);
-        let high_water = ArcSwap::from_pointee(domains::counted(domains, &max_seen));
+        let tree = Tree::build(Arc::clone(&max_seen));
+        let high_water = HighWater::counted(domains, Arc::clone(&max_seen));
         let gates = Gates::new(Arc::clone(&max_seen));
         Fence { max_seen, store, gates, tree, subtrees: Subtrees::default(), high_water }
     }
@@ -301,12 +308,37 @@ impl Fence {
     /// Refuses `token` for `touch` unless it is above the level (or equal to it, if the policy
     /// accepts that) and no further above it than `max_jump`.
     fn judge(&self, touch: &Touch, token: u64, policy: Policy) -> Result<(), FenceError> {
-        let level = level(&self.max_seen, &self.tree, touch);
+        let level = self.tree.level(touch);
         admit(&touch.key, token, level, policy.equal)?;
         match policy.max_jump {
-            Some(max_jump) => self.jump(touch, token, level, max_jump),
+            Some(max_jump) => self.high_water.jump(touch, token, level, max_jump),
             None => Ok(()),
         }
+    }
+
+    /// Notes that the marks of `touches` now stand at `token`, made durable by the store: the
+    /// tree and the token domains' highest tokens are raised with them.
+    #[inline]
+    fn raised(&self, touches: &[Touch], token: u64) {
+        for touch in touches {
+            self.tree.raise(touch.mark().1, token);
+        }
+        self.high_water.raise(touches, token);
+    }
+
+    /// Maps keys to token domains by `domains` from now on. When that changes the mapping, each
+    /// domain's highest token is counted again from the table on a thread of its own (a pass
+    /// over every key); until it is done, keys without a level of their own are bounded by the
+    /// highest token of the old mapping over every domain, and advances made meanwhile are
+    /// counted too. Returns whether a count started.
+    pub fn set_domains(&self, domains: Domains) -> bool {
+        self.high_water.set_domains(domains)
+    }
+
+    /// The highest token accepted in `domain`, if it has one and it has been counted (while a
+    /// count runs, `max_jump` measures from the old mapping's highest token instead).
+    pub fn domain_max(&self, domain: &str) -> Option<u64> {
+        self.high_water.domain_max(domain)
     }
 
     /// Resources and subtrees quarantined now. A gate whose turn is held is not counted: its
@@ -345,8 +377,8 @@ impl Fence {
     /// flight is quarantined for `period`. Called before this instance leads: writes of an
     /// earlier term may still hold turns, but none of them can advance any more.
     pub(crate) fn adopt(&self, adopted: &crate::store::Adopted, period: Duration) {
-        self.tree.rebuild(&self.max_seen);
-        self.recount();
+        self.tree.rebuild();
+        self.high_water.recount();
         for (key, token) in &adopted.in_flight {
             tracing::warn!(resource = %key, token, quarantine = %humantime::format_duration(period),
                 "a write was in flight when fencegate stopped or stepped down: resource quarantined");

@@ -82,9 +82,7 @@ impl Turn {
         for touch in &self.touches {
             let here = node(&touch.key);
             let subtree = touch.coverage == Coverage::Subtree;
-            if let Some((until, cause)) =
-                (!fence.subtrees.is_empty()).then(|| fence.subtrees.quarantined(here, subtree)).flatten()
-            {
+            if let Some((until, cause)) = fence.subtrees.quarantined(here, subtree) {
                 let (resource, retry_after) = (touch.key.clone(), until - now);
                 return Err(FenceError::Quarantined { resource, retry_after, cause });
             }
@@ -128,10 +126,7 @@ impl Turn {
             [Touch { key, coverage: Coverage::Key }] => store.advance_in(term, key, token).await?,
             touches => store.advance_all_in(term, marks(touches), token).await?,
         }
-        for touch in &self.touches {
-            self.fence.tree.raise(touch.mark().1, token, &self.fence.max_seen);
-        }
-        self.fence.high_water.load().raise(&self.touches, token);
+        self.fence.raised(&self.touches, token);
         Ok(())
     }
 
@@ -228,8 +223,8 @@ impl Turn {
             }
             if previous.map(|(m, _)| m) != Some(to) {
                 fence.store.advance_in(term, key, to).await?;
-                fence.tree.raise(key, to, &fence.max_seen);
-                fence.high_water.load().raise(&self.touches, to);
+                fence.tree.raise(key, to);
+                fence.high_water.raise(&self.touches, to);
                 // Nothing was forwarded for this advance. But a write that is still in flight
                 // (its answer never came) must stay marked, or a restart would not quarantine it.
                 if !previous.is_some_and(|(_, in_flight)| in_flight) {
