@@ -55,7 +55,7 @@ use subtree::Subtrees;
 use tree::Tree;
 pub use tree::{Coverage, NODE_BYTES, Touch};
 pub(crate) use tree::{covers, node};
-pub use turn::{Outcome, Raised, Turn};
+pub use turn::{Checked, Forward, Outcome, Raised, Turn};
 
 /// What to do with a token equal to `max_seen`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -18,7 +18,7 @@ use super::detach::Detached;
 use super::gates::Held;
 use super::tree::{Coverage, Touch, node};
 use super::{Fence, FenceError, Policy, QuarantineCause, quarantine_end};
-use crate::store::{MarkKind, StoreError};
+use crate::store::{MarkKind, Permit, StoreError};
 
 /// How a forwarded write ended, as far as the fence is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,6 +34,40 @@ pub enum Outcome {
 pub struct Raised {
     /// `max_seen` before the raise, if the resource had one.
     pub previous: Option<u64>,
+}
+
+/// What a turn's authoritative check passed in: the store's term (see
+/// [`Store::term`](crate::store::Store::term)). The levels it checked belong to that term, so
+/// the write's advance, its permit to be sent and its answer are made in it too, or not at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Checked {
+    term: u64,
+}
+
+/// A prepared write's forward, made by [`Turn::finish_after`] with the store's permit for the
+/// term the write was checked in (`None` when every write may be sent): the forward sends
+/// nothing the permit refuses. Every `FnOnce(Option<Permit>) -> impl Future` is one.
+pub trait Forward: Send + 'static {
+    /// What the forward ends with.
+    type Output;
+    /// The forward.
+    type Write: Future<Output = Self::Output> + Send + 'static;
+    /// The forward, sent only while `permit` allows.
+    fn permitted(self, permit: Option<Permit>) -> Self::Write;
+}
+
+impl<F, W> Forward for F
+where
+    F: FnOnce(Option<Permit>) -> W + Send + 'static,
+    W: Future + Send + 'static,
+{
+    type Output = W::Output;
+    type Write = W;
+
+    #[inline]
+    fn permitted(self, permit: Option<Permit>) -> W {
+        self(permit)
+    }
 }
 
 /// Exclusive right to check, advance and forward one write. Dropping it lets the next waiting
@@ -69,8 +103,10 @@ impl Turn {
 
     /// The authoritative check, made while no write that overlaps this one can move
     /// `max_seen`: no quarantine over what it touches, `token` above every level, and no
-    /// further above it than the policy's `max_jump`.
-    pub fn check(&mut self, token: u64, policy: impl Into<Policy>) -> Result<(), FenceError> {
+    /// further above it than the policy's `max_jump`. Returns the store's term it was made in.
+    pub fn check(&mut self, token: u64, policy: impl Into<Policy>) -> Result<Checked, FenceError> {
+        // Read before the levels: what they admit is advanced in this term or not at all.
+        let checked = Checked { term: self.fence.store.term() };
         let policy = policy.into();
         let now = Instant::now();
         for held in &mut self.held {
@@ -88,7 +124,7 @@ impl Turn {
             }
             fence.judge(touch, token, policy)?;
         }
-        Ok(())
+        Ok(checked)
     }
 
     /// Closes what this write touches for `period`: it may still be applied late.
@@ -118,10 +154,16 @@ impl Turn {
         lifted
     }
 
-    /// Makes the write's marks durable (one batch) in the store's `term`, the one it was
-    /// checked in, then raises the tree.
-    async fn advance(&self, term: u64, token: u64) -> Result<(), StoreError> {
-        let store = &self.fence.store;
+    /// Whether the write checked as `checked` may still be sent, by the store's word for the
+    /// term it was checked in; `None` when it always may.
+    fn permit(&self, checked: Checked) -> Option<Permit> {
+        self.fence.store.permit(checked.term)
+    }
+
+    /// Makes the write's marks durable (one batch) in the store's term it was checked in, then
+    /// raises the tree.
+    async fn advance(&self, checked: Checked, token: u64) -> Result<(), StoreError> {
+        let (store, term) = (&self.fence.store, checked.term);
         match self.touches.as_slice() {
             [Touch { key, coverage: Coverage::Key }] => store.advance_in(term, key, token).await?,
             touches => store.advance_all_in(term, marks(touches), token).await?,
@@ -130,16 +172,18 @@ impl Turn {
         Ok(())
     }
 
-    /// Notes that the backend answered the write of `token`, advanced in `term`.
-    fn answered(&self, term: u64, token: u64) {
-        let store = &self.fence.store;
+    /// Notes that the backend answered the write of `token`, advanced in the term it was
+    /// checked in.
+    fn answered(&self, checked: Checked, token: u64) {
+        let (store, term) = (&self.fence.store, checked.term);
         match self.touches.as_slice() {
             [Touch { key, coverage: Coverage::Key }] => store.answered_in(term, key, token),
             touches => store.answered_all_in(term, &marks(touches), token),
         }
     }
 
-    /// [`Turn::finish_after`] for a write that needs nothing before its advance.
+    /// [`Turn::finish_after`] for a write that needs nothing before its advance and is sent
+    /// whatever the store's permit (the file store permits every write it advanced).
     pub async fn finish<T, E, W>(
         self,
         token: u64,
@@ -153,18 +197,20 @@ impl Turn {
         T: Send + 'static,
         E: From<FenceError> + From<StoreError> + Send + 'static,
     {
-        self.finish_after(token, policy.into(), quarantine, async { Ok(write) }, outcome).await
+        self.finish_after(token, policy.into(), quarantine, async move { Ok(move |_: Option<Permit>| write) }, outcome)
+            .await
     }
 
-    /// Runs a fenced write to its end, in this order: the authoritative check of `token`;
-    /// `prepare`, which gets what the write needs before its token is used up (its backend
-    /// connection) and returns the write; the durable advance of everything it touches; the
-    /// write (the forward); then marking it answered or, when `outcome` says the backend may
-    /// still apply it, quarantining what it touches for `quarantine`. Only then does the next
-    /// overlapping write get its turn. A `prepare` that fails has sent nothing: its error is
-    /// returned with nothing advanced and nothing quarantined, so the holder may try again
-    /// with the same token.
-    pub async fn finish_after<T, E, P, W>(
+    /// Runs a fenced write to its end, in this order: the authoritative check of `token`, which
+    /// fixes the store's term; `prepare`, which gets what the write needs before its token is
+    /// used up (its backend connection) and returns its [`Forward`], given the store's permit
+    /// for that term; the durable advance of everything it touches, in that term; the write
+    /// (the forward); then marking it answered in that term or, when `outcome` says the
+    /// backend may still apply it, quarantining what it touches for `quarantine`. Only then
+    /// does the next overlapping write get its turn. A `prepare` that fails has sent nothing:
+    /// its error is returned with nothing advanced and nothing quarantined, so the holder may
+    /// try again with the same token.
+    pub async fn finish_after<T, E, P, F>(
         self,
         token: u64,
         policy: impl Into<Policy>,
@@ -173,8 +219,8 @@ impl Turn {
         outcome: fn(&Result<T, E>) -> Outcome,
     ) -> Result<T, E>
     where
-        P: Future<Output = Result<W, E>> + Send + 'static,
-        W: Future<Output = Result<T, E>> + Send + 'static,
+        P: Future<Output = Result<F, E>> + Send + 'static,
+        F: Forward<Output = Result<T, E>>,
         T: Send + 'static,
         E: From<FenceError> + From<StoreError> + Send + 'static,
     {
@@ -184,20 +230,18 @@ impl Turn {
         // leaves.
         let write = Detached::new(async move {
             let mut turn = self;
-            // The levels checked belong to this term of the store; the advance is made in it
-            // or not at all.
-            let term = turn.fence.store.term();
-            turn.check(token, policy)?;
+            // The permit, the advance and the answer are all of the term this check was made in.
+            let checked = turn.check(token, policy)?;
             // After the check, so that a stale write takes no backend connection; before the
             // advance, so that one that cannot get any has not used its token up.
-            let write = prepare.await?;
+            let write = prepare.await?.permitted(turn.permit(checked));
             // Durable, and the table raised, before the write goes anywhere.
-            turn.advance(term, token).await?;
+            turn.advance(checked, token).await?;
             turn.unsettled = Some(quarantine);
             let result = write.await;
             turn.unsettled = None;
             match outcome(&result) {
-                Outcome::Answered => turn.answered(term, token),
+                Outcome::Answered => turn.answered(checked, token),
                 // It stays in flight in the log too, so a restart quarantines it again.
                 Outcome::Unknown => turn.quarantine(quarantine),
             }
