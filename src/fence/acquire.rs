@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::gates::{Gates, Held};
+use super::gates::{Gates, KeyTurn};
 use super::tree::{Coverage, Touch, node};
 use super::{Fence, FenceError};
 
@@ -32,7 +32,7 @@ impl Drop for Registered {
 
 /// Everything a write holds once its turn has come.
 pub(super) struct Taken {
-    pub(super) held: Vec<Held>,
+    pub(super) key_turns: Vec<KeyTurn>,
     pub(super) registered: Option<Registered>,
 }
 
@@ -68,22 +68,22 @@ impl Fence {
             }
         };
         loop {
-            let mut held = match (touches, registered.is_some()) {
+            let mut key_turns = match (touches, registered.is_some()) {
                 // The common case, one key and no subtree: no list to build and sort.
                 ([touch], false) => vec![self.gates.take(&touch.key, false, deadline, &timed_out).await?],
                 _ => self.take_all(touches, &subtrees, deadline, &timed_out).await?,
             };
             if registered.is_some() || self.subtrees.is_empty() {
-                return Ok(Taken { held, registered });
+                return Ok(Taken { key_turns, registered });
             }
             let changed = self.subtrees.changed();
             tokio::pin!(changed);
             changed.as_mut().enable();
             if !touches.iter().any(|t| self.subtrees.blocks(node(&t.key))) {
-                return Ok(Taken { held, registered });
+                return Ok(Taken { key_turns, registered });
             }
             // A subtree write above one of these keys came first: let it go ahead.
-            self.gates.put_back(&mut held);
+            self.gates.put_back(&mut key_turns);
             tokio::time::timeout_at(deadline, changed).await.map_err(|_| timed_out())?;
         }
     }
@@ -96,7 +96,7 @@ impl Fence {
         subtrees: &[Box<str>],
         deadline: Instant,
         timed_out: &impl Fn() -> FenceError,
-    ) -> Result<Vec<Held>, FenceError> {
+    ) -> Result<Vec<KeyTurn>, FenceError> {
         // Each key with `always`, whether its gate is made whatever the table's bytes: a key
         // under a subtree had a gate a moment ago, so only the touched keys can add resources.
         // The root's gate is one gate, and an operator's reset needs it however full the table.
@@ -113,23 +113,23 @@ impl Fence {
         keys.dedup_by_key(|(key, _)| *key);
         // Gives back what it holds if this wait ends early: timed out, refused, or dropped by a
         // client that went away while it waited for a later key.
-        let mut taking = Taking { gates: &self.gates, held: Vec::with_capacity(keys.len()) };
+        let mut taking = Taking { gates: &self.gates, key_turns: Vec::with_capacity(keys.len()) };
         for (key, always) in keys {
-            taking.held.push(self.gates.take(key, always, deadline, timed_out).await?);
+            taking.key_turns.push(self.gates.take(key, always, deadline, timed_out).await?);
         }
-        Ok(std::mem::take(&mut taking.held))
+        Ok(std::mem::take(&mut taking.key_turns))
     }
 }
 
 /// Key turns taken so far by a wait for several.
 struct Taking<'a> {
     gates: &'a Gates,
-    held: Vec<Held>,
+    key_turns: Vec<KeyTurn>,
 }
 
 impl Drop for Taking<'_> {
     fn drop(&mut self) {
-        self.gates.put_back(&mut self.held);
+        self.gates.put_back(&mut self.key_turns);
     }
 }
 

@@ -11,8 +11,8 @@
 //! [`Gates`] owns the map and that account: a gate is made by [`Gates::take`], which waits for
 //! its turn, and leaves the map, giving its bytes back, with the last task that touches it
 //! ([`Gates::put_back`], or a wait that ends without the turn). Its quarantine state is read
-//! and changed only through the [`Held`] turn, or by [`Gates::try_quarantine`] while nobody
-//! holds it.
+//! and changed only by the holder of its turn, through [`KeyTurn`], or by
+//! [`Gates::try_quarantine`] while nobody holds it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -44,26 +44,27 @@ struct GateState {
     cause: QuarantineCause,
 }
 
-type Gate = Arc<Mutex<GateState>>;
+/// One resource's gate: its FIFO turn (the mutex) around the state its holder reads.
+type ResourceGate = Arc<Mutex<GateState>>;
 
 /// The gates of the resources with a write waiting, in flight or quarantined.
 #[derive(Debug)]
 pub(super) struct Gates {
     /// Hashed with foldhash, like [`Table`] and for its reasons: each fenced write hashes its
     /// key here twice, to take its turn and to give it back.
-    map: DashMap<Box<str>, Gate, foldhash::quality::RandomState>,
+    map: DashMap<Box<str>, ResourceGate, foldhash::quality::RandomState>,
     /// The table whose bytes the gates count in.
     table: Arc<Table>,
 }
 
 /// One key's turn, held: its gate's state is this holder's until it is put back.
 #[derive(Debug)]
-pub(super) struct Held {
+pub(super) struct KeyTurn {
     key: Box<str>,
     state: OwnedMutexGuard<GateState>,
 }
 
-impl Held {
+impl KeyTurn {
     /// The key whose turn this is.
     #[inline]
     pub(super) fn key(&self) -> &str {
@@ -127,7 +128,7 @@ impl Gates {
         always: bool,
         deadline: Instant,
         timed_out: &impl Fn() -> FenceError,
-    ) -> Result<Held, FenceError> {
+    ) -> Result<KeyTurn, FenceError> {
         // Made first, so it is dropped last (a future's locals are dropped in reverse order),
         // after the wait that holds the gate's clone: whoever leaves last finds the count that
         // lets the gate go.
@@ -135,12 +136,12 @@ impl Gates {
         let gate = self.gate(key, always)?;
         let state = tokio::time::timeout_at(deadline, gate.lock_owned()).await.map_err(|_| timed_out())?;
         leaving.armed = false; // the turn releases the gate when it is put back
-        Ok(Held { key: key.into(), state })
+        Ok(KeyTurn { key: key.into(), state })
     }
 
-    /// Gives back the key turns in `held`, emptying it.
-    pub(super) fn put_back(&self, held: &mut Vec<Held>) {
-        for Held { key, state } in held.drain(..) {
+    /// Gives back the key turns in `key_turns`, emptying it.
+    pub(super) fn put_back(&self, key_turns: &mut Vec<KeyTurn>) {
+        for KeyTurn { key, state } in key_turns.drain(..) {
             drop(state);
             self.release(&key);
         }
@@ -193,7 +194,7 @@ impl Gates {
     /// hold (as a key, or as a floor at its node) is refused with [`FenceError::Full`] when
     /// its bytes would take the table past its limit, unless `always` (a key that had a gate
     /// a moment ago, a quarantine at start).
-    fn gate(&self, key: &str, always: bool) -> Result<Gate, FenceError> {
+    fn gate(&self, key: &str, always: bool) -> Result<ResourceGate, FenceError> {
         match self.map.entry(key.into()) {
             Entry::Occupied(gate) => Ok(Arc::clone(gate.get())),
             Entry::Vacant(slot) => {
@@ -207,7 +208,7 @@ impl Gates {
                     }
                     self.table.hold(bytes);
                 }
-                Ok(Arc::clone(slot.insert(Gate::default()).value()))
+                Ok(Arc::clone(slot.insert(ResourceGate::default()).value()))
             }
         }
     }

@@ -1,21 +1,24 @@
 //! The fence: keys, tokens, and the turns that serialise writes.
 //!
 //! [`Fence`] reads `max_seen` and the floors from the store's [`Table`], and composes parts
-//! that each own their state: the highest token below each directory (`Tree`, `tree.rs`), a
-//! FIFO gate only for resources that have a write waiting, in flight, or quarantined (`Gates`,
-//! `gates.rs`), so memory follows what is happening, the subtree writes' registry
-//! (`Subtrees`, `subtree.rs`) and each token domain's highest token (`HighWater`,
+//! that each own their state and its invariants in a file of their own: the highest token
+//! below each directory (`Tree`, `tree.rs`); a FIFO gate only for resources that have a write
+//! waiting, in flight, or quarantined, counted in the table's bytes (`Gates`, `gates.rs`), so
+//! memory follows what is happening; the registry of subtree writes and quarantined subtrees
+//! (`Subtrees`, `subtree.rs`); and each token domain's highest token (`HighWater`,
 //! [`domains`]). A gate leaves the map with the last task that touches it.
 //!
 //! A write's life: [`Fence::precheck`] (cheap, lock-free, may refuse early) →
-//! [`Fence::acquire`] (`turn.rs`; the turns are taken in `acquire.rs`: the subtree registry of
-//! `subtree.rs` for a write that covers subtrees, then the gate of every key it touches, in one
-//! global order) → [`Turn::finish_after`], which owns the rest in this order: the
-//! authoritative check, the backend connection, the durable advance, the forward, then
-//! "answered" or quarantine, and only then the next overlapping write's turn. It runs to its
-//! end even if its caller leaves (`detach.rs`); [`Turn::finish`] is the same with nothing to
-//! get before the advance. An operator's raise is [`Turn::raise`], a reset or lift
-//! `operator.rs`. The fence knows nothing of HTTP: the forward is a future it is handed.
+//! [`Fence::acquire`] (`turn.rs`; the turns are taken in `acquire.rs`: the subtree registry
+//! for a write that covers subtrees, then the turn of every key it touches from the gates, in
+//! one global order) → [`Turn::finish_after`], which owns the rest in this order: the
+//! authoritative check, which reads the store's term once ([`Checked`]); the backend
+//! connection; the durable advance in that term; the forward, sent under the store's permit
+//! for that term; then "answered" in that term, or quarantine; and only then the next
+//! overlapping write's turn. It runs to its end even if its caller leaves (`detach.rs`);
+//! [`Turn::finish`] is the same with nothing to get before the advance. An operator's raise is
+//! [`Turn::raise`], a reset or lift `operator.rs`. The fence knows nothing of HTTP: the forward
+//! is a future it is handed ([`Prepared`]).
 //!
 //! A token is judged by a [`Policy`]: whether one equal to the level passes, and how far above
 //! it (or above its token domain's highest token, [`domains`]) it may be. Signed tokens are
@@ -55,7 +58,7 @@ use subtree::Subtrees;
 use tree::Tree;
 pub use tree::{Coverage, NODE_BYTES, Touch};
 pub(crate) use tree::{covers, node};
-pub use turn::{Checked, Forward, Outcome, Raised, Turn};
+pub use turn::{Checked, Outcome, Prepared, Raised, Turn};
 
 /// What to do with a token equal to `max_seen`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

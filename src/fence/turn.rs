@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use super::acquire::Registered;
 use super::detach::Detached;
-use super::gates::Held;
+use super::gates::KeyTurn;
 use super::tree::{Coverage, Touch, node};
 use super::{Fence, FenceError, Policy, QuarantineCause, quarantine_end};
 use crate::store::{MarkKind, Permit, StoreError};
@@ -44,19 +44,19 @@ pub struct Checked {
     term: u64,
 }
 
-/// A prepared write's forward, made by [`Turn::finish_after`] with the store's permit for the
-/// term the write was checked in (`None` when every write may be sent): the forward sends
-/// nothing the permit refuses. Every `FnOnce(Option<Permit>) -> impl Future` is one.
-pub trait Forward: Send + 'static {
+/// A write ready to be forwarded, once [`Turn::finish_after`] gives it the store's permit for
+/// the term it was checked in (`None` when every write may be sent): the forward sends nothing
+/// the permit refuses. Every `FnOnce(Option<Permit>) -> impl Future` is one.
+pub trait Prepared: Send + 'static {
     /// What the forward ends with.
     type Output;
     /// The forward.
     type Write: Future<Output = Self::Output> + Send + 'static;
     /// The forward, sent only while `permit` allows.
-    fn permitted(self, permit: Option<Permit>) -> Self::Write;
+    fn with_permit(self, permit: Option<Permit>) -> Self::Write;
 }
 
-impl<F, W> Forward for F
+impl<F, W> Prepared for F
 where
     F: FnOnce(Option<Permit>) -> W + Send + 'static,
     W: Future + Send + 'static,
@@ -65,7 +65,7 @@ where
     type Write = W;
 
     #[inline]
-    fn permitted(self, permit: Option<Permit>) -> W {
+    fn with_permit(self, permit: Option<Permit>) -> W {
         self(permit)
     }
 }
@@ -76,9 +76,9 @@ where
 pub struct Turn {
     fence: Arc<Fence>,
     touches: Vec<Touch>,
-    /// The key gates held, sorted: the touched keys, and for a subtree write every key under it
+    /// The key turns held, sorted: the touched keys, and for a subtree write every key under it
     /// that had a write waiting or in flight.
-    held: Vec<Held>,
+    key_turns: Vec<KeyTurn>,
     /// A subtree write's place in the registry.
     registered: Option<Registered>,
     /// Set while a forwarded write's outcome is open: a turn dropped then (its write panicked)
@@ -91,7 +91,13 @@ impl Fence {
     /// flight, and returns the turn for them.
     pub async fn acquire(self: &Arc<Self>, touches: Vec<Touch>, wait: Duration) -> Result<Turn, FenceError> {
         let taken = self.take(&touches, wait).await?;
-        Ok(Turn { fence: Arc::clone(self), touches, held: taken.held, registered: taken.registered, unsettled: None })
+        Ok(Turn {
+            fence: Arc::clone(self),
+            touches,
+            key_turns: taken.key_turns,
+            registered: taken.registered,
+            unsettled: None,
+        })
     }
 }
 
@@ -109,9 +115,9 @@ impl Turn {
         let checked = Checked { term: self.fence.store.term() };
         let policy = policy.into();
         let now = Instant::now();
-        for held in &mut self.held {
-            if let Some((retry_after, cause)) = held.quarantined(now) {
-                return Err(FenceError::Quarantined { resource: held.key().to_owned(), retry_after, cause });
+        for key_turn in &mut self.key_turns {
+            if let Some((retry_after, cause)) = key_turn.quarantined(now) {
+                return Err(FenceError::Quarantined { resource: key_turn.key().to_owned(), retry_after, cause });
             }
         }
         let fence = &self.fence;
@@ -136,8 +142,8 @@ impl Turn {
                     self.fence.subtrees.quarantine(node(&touch.key), until, QuarantineCause::UnknownOutcome)
                 }
                 Coverage::Key => {
-                    if let Some(held) = self.held.iter_mut().find(|h| h.key() == touch.key) {
-                        held.quarantine(until, QuarantineCause::UnknownOutcome);
+                    if let Some(key_turn) = self.key_turns.iter_mut().find(|k| k.key() == touch.key) {
+                        key_turn.quarantine(until, QuarantineCause::UnknownOutcome);
                     }
                 }
             }
@@ -148,8 +154,8 @@ impl Turn {
     pub(super) fn lift_quarantine(&mut self) -> bool {
         let now = Instant::now();
         let mut lifted = false;
-        for held in &mut self.held {
-            lifted |= held.lift(now);
+        for key_turn in &mut self.key_turns {
+            lifted |= key_turn.lift(now);
         }
         lifted
     }
@@ -203,9 +209,9 @@ impl Turn {
 
     /// Runs a fenced write to its end, in this order: the authoritative check of `token`, which
     /// fixes the store's term; `prepare`, which gets what the write needs before its token is
-    /// used up (its backend connection) and returns its [`Forward`], given the store's permit
-    /// for that term; the durable advance of everything it touches, in that term; the write
-    /// (the forward); then marking it answered in that term or, when `outcome` says the
+    /// used up (its backend connection) and returns it [`Prepared`], to be given the store's
+    /// permit for that term; the durable advance of everything it touches, in that term; the
+    /// write (the forward); then marking it answered in that term or, when `outcome` says the
     /// backend may still apply it, quarantining what it touches for `quarantine`. Only then
     /// does the next overlapping write get its turn. A `prepare` that fails has sent nothing:
     /// its error is returned with nothing advanced and nothing quarantined, so the holder may
@@ -220,7 +226,7 @@ impl Turn {
     ) -> Result<T, E>
     where
         P: Future<Output = Result<F, E>> + Send + 'static,
-        F: Forward<Output = Result<T, E>>,
+        F: Prepared<Output = Result<T, E>>,
         T: Send + 'static,
         E: From<FenceError> + From<StoreError> + Send + 'static,
     {
@@ -234,7 +240,7 @@ impl Turn {
             let checked = turn.check(token, policy)?;
             // After the check, so that a stale write takes no backend connection; before the
             // advance, so that one that cannot get any has not used its token up.
-            let write = prepare.await?.permitted(turn.permit(checked));
+            let write = prepare.await?.with_permit(turn.permit(checked));
             // Durable, and the table raised, before the write goes anywhere.
             turn.advance(checked, token).await?;
             turn.unsettled = Some(quarantine);
@@ -293,7 +299,7 @@ impl Drop for Turn {
         if let Some(period) = self.unsettled.take() {
             self.quarantine(period);
         }
-        self.fence.gates.put_back(&mut self.held);
+        self.fence.gates.put_back(&mut self.key_turns);
         // After the gates: writes that waited for the registry find them free.
         drop(self.registered.take());
     }

@@ -22,7 +22,7 @@ use super::classify::Write;
 use super::verify::Proof;
 use super::{InFlight, Outgoing, ResponseBody, destination, locks, send, verify};
 use crate::etcd::Mirrors;
-use crate::fence::{Forward, Outcome, Policy, Touch};
+use crate::fence::{Outcome, Policy, Prepared, Touch};
 use crate::refusal::Refusal;
 use crate::state::{Settings, State};
 use crate::store::{Permit, Role, StoreError};
@@ -150,7 +150,7 @@ fn prepare(
     settings: Arc<Settings>,
     proven: Proven,
     out: Outgoing,
-) -> impl Future<Output = Result<impl Forward<Output = Result<Response<ResponseBody>, Refusal>>, Refusal>> {
+) -> impl Future<Output = Result<impl Prepared<Output = Result<Response<ResponseBody>, Refusal>>, Refusal>> {
     boxed_in_place!(async move {
         // Before the advance: without a connection the token is not used up.
         let conn = settings.upstream.connection().await?;
