@@ -13,33 +13,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use tokio::sync::OwnedMutexGuard;
-
-use super::tree::{Coverage, Touch, covers, node};
-use super::{Fence, FenceError, GateState};
-
-/// One key's turn, held.
-#[derive(Debug)]
-pub(super) struct Held {
-    pub(super) key: Box<str>,
-    pub(super) guard: Option<OwnedMutexGuard<GateState>>,
-}
-
-/// Releases a resource's gate when a wait for its turn ends without one (timed out, or the
-/// waiting future dropped: an HTTP/2 reset, a shutdown deadline).
-struct Leaving<'a> {
-    fence: &'a Fence,
-    key: &'a str,
-    armed: bool,
-}
-
-impl Drop for Leaving<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.fence.release_gate(self.key);
-        }
-    }
-}
+use super::gates::{Gates, KeyTurn};
+use super::tree::{Coverage, Touch, node};
+use super::{Fence, FenceError};
 
 /// A subtree write's place in the registry, given back when dropped.
 #[derive(Debug)]
@@ -56,39 +32,11 @@ impl Drop for Registered {
 
 /// Everything a write holds once its turn has come.
 pub(super) struct Taken {
-    pub(super) held: Vec<Held>,
+    pub(super) key_turns: Vec<KeyTurn>,
     pub(super) registered: Option<Registered>,
 }
 
 impl Fence {
-    /// Waits (FIFO) until `key` is this write's, at the latest by `deadline` (then
-    /// `timed_out`). A gate it would have to make is refused past the table's limit in bytes
-    /// unless `always` (see `gates.rs`).
-    async fn take_gate(
-        &self,
-        key: &str,
-        always: bool,
-        deadline: Instant,
-        timed_out: &impl Fn() -> FenceError,
-    ) -> Result<Held, FenceError> {
-        // Made first, so it is dropped last (a future's locals are dropped in reverse order),
-        // after the wait that holds the gate's clone: whoever leaves last finds the count that
-        // lets the gate go.
-        let mut leaving = Leaving { fence: self, key, armed: true };
-        let gate = self.gate(key, always)?;
-        let guard = tokio::time::timeout_at(deadline, gate.lock_owned()).await.map_err(|_| timed_out())?;
-        leaving.armed = false; // the turn releases the gate when it drops
-        Ok(Held { key: key.into(), guard: Some(guard) })
-    }
-
-    /// Gives back key turns taken so far.
-    pub(super) fn give_back(&self, held: &mut Vec<Held>) {
-        for mut h in held.drain(..) {
-            drop(h.guard.take());
-            self.release_gate(&h.key);
-        }
-    }
-
     /// Waits (FIFO, at most `wait`) until no earlier write that overlaps `touches` is in flight.
     pub(super) async fn take(self: &Arc<Self>, touches: &[Touch], wait: Duration) -> Result<Taken, FenceError> {
         let deadline = Instant::now() + wait;
@@ -120,22 +68,22 @@ impl Fence {
             }
         };
         loop {
-            let mut held = match (touches, registered.is_some()) {
+            let mut key_turns = match (touches, registered.is_some()) {
                 // The common case, one key and no subtree: no list to build and sort.
-                ([touch], false) => vec![self.take_gate(&touch.key, false, deadline, &timed_out).await?],
+                ([touch], false) => vec![self.gates.take(&touch.key, false, deadline, &timed_out).await?],
                 _ => self.take_all(touches, &subtrees, deadline, &timed_out).await?,
             };
             if registered.is_some() || self.subtrees.is_empty() {
-                return Ok(Taken { held, registered });
+                return Ok(Taken { key_turns, registered });
             }
             let changed = self.subtrees.changed();
             tokio::pin!(changed);
             changed.as_mut().enable();
             if !touches.iter().any(|t| self.subtrees.blocks(node(&t.key))) {
-                return Ok(Taken { held, registered });
+                return Ok(Taken { key_turns, registered });
             }
             // A subtree write above one of these keys came first: let it go ahead.
-            self.give_back(&mut held);
+            self.gates.put_back(&mut key_turns);
             tokio::time::timeout_at(deadline, changed).await.map_err(|_| timed_out())?;
         }
     }
@@ -148,7 +96,7 @@ impl Fence {
         subtrees: &[Box<str>],
         deadline: Instant,
         timed_out: &impl Fn() -> FenceError,
-    ) -> Result<Vec<Held>, FenceError> {
+    ) -> Result<Vec<KeyTurn>, FenceError> {
         // Each key with `always`, whether its gate is made whatever the table's bytes: a key
         // under a subtree had a gate a moment ago, so only the touched keys can add resources.
         // The root's gate is one gate, and an operator's reset needs it however full the table.
@@ -158,35 +106,30 @@ impl Fence {
         // later sees the registry and steps back.
         let under: Vec<Box<str>> = match subtrees.is_empty() {
             true => Vec::new(),
-            false => self
-                .gates
-                .iter()
-                .filter(|g| subtrees.iter().any(|s| covers(s, node(g.key()))))
-                .map(|g| g.key().clone())
-                .collect(),
+            false => self.gates.keys_under(subtrees),
         };
         keys.extend(under.iter().map(|k| (&**k, true)));
         keys.sort_unstable();
         keys.dedup_by_key(|(key, _)| *key);
         // Gives back what it holds if this wait ends early: timed out, refused, or dropped by a
         // client that went away while it waited for a later key.
-        let mut taking = Taking { fence: self, held: Vec::with_capacity(keys.len()) };
+        let mut taking = Taking { gates: &self.gates, key_turns: Vec::with_capacity(keys.len()) };
         for (key, always) in keys {
-            taking.held.push(self.take_gate(key, always, deadline, timed_out).await?);
+            taking.key_turns.push(self.gates.take(key, always, deadline, timed_out).await?);
         }
-        Ok(std::mem::take(&mut taking.held))
+        Ok(std::mem::take(&mut taking.key_turns))
     }
 }
 
 /// Key turns taken so far by a wait for several.
 struct Taking<'a> {
-    fence: &'a Fence,
-    held: Vec<Held>,
+    gates: &'a Gates,
+    key_turns: Vec<KeyTurn>,
 }
 
 impl Drop for Taking<'_> {
     fn drop(&mut self) {
-        self.fence.give_back(&mut self.held);
+        self.gates.put_back(&mut self.key_turns);
     }
 }
 

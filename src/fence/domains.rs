@@ -6,13 +6,18 @@
 //! to domains differently, and raised by every durable advance. A domain with no token yet has
 //! no bound. The fence knows domains only as [`Domains`], prefix and name pairs that the
 //! request module makes from the rules.
+//!
+//! [`HighWater`] owns the mapping in force and its counts (a `Mapping`), swapped whole when the
+//! mapping changes or the table is counted again, and judges a token's jump from them.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use arc_swap::ArcSwap;
+
+use super::FenceError;
 use super::keys::in_scope;
 use super::tree::Touch;
-use super::{Fence, FenceError};
 use crate::store::Table;
 
 /// The token domain of keys no rule names.
@@ -88,7 +93,7 @@ impl Mark {
 
 /// The highest token of each domain, under one mapping of keys to domains.
 #[derive(Debug)]
-pub(crate) struct HighWater {
+struct Mapping {
     domains: Domains,
     marks: Box<[Mark]>,
     /// Whether the table has been counted in.
@@ -99,15 +104,22 @@ pub(crate) struct HighWater {
     fallback: Option<u64>,
 }
 
-impl HighWater {
-    fn new(domains: Domains) -> HighWater {
-        HighWater::replacing(domains, None)
+impl Mapping {
+    fn new(domains: Domains) -> Mapping {
+        Mapping::replacing(domains, None)
     }
 
-    /// A high water to be counted, bounded meanwhile by `fallback`.
-    fn replacing(domains: Domains, fallback: Option<u64>) -> HighWater {
+    /// A mapping to be counted, bounded meanwhile by `fallback`.
+    fn replacing(domains: Domains, fallback: Option<u64>) -> Mapping {
         let marks = domains.names.iter().map(|_| Mark::default()).collect();
-        HighWater { domains, marks, counted: AtomicBool::new(false), fallback }
+        Mapping { domains, marks, counted: AtomicBool::new(false), fallback }
+    }
+
+    /// A mapping counted from `table` now.
+    fn counted(domains: Domains, table: &Table) -> Mapping {
+        let mapping = Mapping::new(domains);
+        mapping.count(table);
+        mapping
     }
 
     /// The highest token over every domain (while uncounted, with the fallback).
@@ -127,7 +139,7 @@ impl HighWater {
     }
 
     /// Notes that the marks of `touches` now stand at `token`, durably.
-    pub(crate) fn raise(&self, touches: &[Touch], token: u64) {
+    fn raise(&self, touches: &[Touch], token: u64) {
         for touch in touches {
             self.marks[self.domains.index(&touch.key)].raise(token);
         }
@@ -141,30 +153,43 @@ impl HighWater {
     }
 }
 
-/// A high water counted from `table` now.
-pub(crate) fn counted(domains: Domains, table: &Table) -> HighWater {
-    let high = HighWater::new(domains);
-    high.count(table);
-    high
+/// The highest token of each token domain, under the mapping of keys to domains in force, over
+/// the table it is counted from.
+#[derive(Debug)]
+pub(crate) struct HighWater {
+    mapping: ArcSwap<Mapping>,
+    table: Arc<Table>,
 }
 
-impl Fence {
+impl HighWater {
+    /// The highest tokens of `domains`, counted from `table` before this returns.
+    pub(crate) fn counted(domains: Domains, table: Arc<Table>) -> HighWater {
+        let mapping = ArcSwap::from_pointee(Mapping::counted(domains, &table));
+        HighWater { mapping, table }
+    }
+
+    /// Notes that the marks of `touches` now stand at `token`, durably.
+    #[inline]
+    pub(crate) fn raise(&self, touches: &[Touch], token: u64) {
+        self.mapping.load().raise(touches, token);
+    }
+
     /// Maps keys to token domains by `domains` from now on. When that changes the mapping, each
     /// domain's highest token is counted again from the table on a thread of its own (a pass
     /// over every key); until it is done, keys without a level of their own are bounded by the
     /// highest token of the old mapping over every domain, and advances made meanwhile are
     /// counted too. Returns whether a count started.
-    pub fn set_domains(&self, domains: Domains) -> bool {
-        let old = self.high_water.load();
+    pub(crate) fn set_domains(&self, domains: Domains) -> bool {
+        let old = self.mapping.load();
         if old.domains == domains {
             return false;
         }
-        let high = Arc::new(HighWater::replacing(domains, old.overall()));
+        let mapping = Arc::new(Mapping::replacing(domains, old.overall()));
         // Installed before the count reads the table: an advance raises either the table
-        // before the count passes its key, or this high water.
-        self.high_water.store(Arc::clone(&high));
-        let table = Arc::clone(&self.max_seen);
-        let counting = Arc::clone(&high);
+        // before the count passes its key, or this mapping.
+        self.mapping.store(Arc::clone(&mapping));
+        let table = Arc::clone(&self.table);
+        let counting = Arc::clone(&mapping);
         let spawned = std::thread::Builder::new().name("fencegate-count".into()).spawn(move || {
             let started = std::time::Instant::now();
             counting.count(&table);
@@ -172,37 +197,37 @@ impl Fence {
         });
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "no thread to count the token domains' highest tokens on: counting here");
-            high.count(&self.max_seen);
+            mapping.count(&self.table);
         }
         true
     }
 
     /// The highest token accepted in `domain`, if it has one and it has been counted (while a
     /// count runs, `max_jump` measures from the old mapping's highest token instead).
-    pub fn domain_max(&self, domain: &str) -> Option<u64> {
-        let high = self.high_water.load();
-        let index = high.domains.names.iter().position(|n| n == domain)?;
-        high.counted.load(Ordering::Acquire).then(|| high.marks[index].get()).flatten()
+    pub(crate) fn domain_max(&self, domain: &str) -> Option<u64> {
+        let mapping = self.mapping.load();
+        let index = mapping.domains.names.iter().position(|n| n == domain)?;
+        mapping.counted.load(Ordering::Acquire).then(|| mapping.marks[index].get()).flatten()
     }
 
     /// Counts the domains again from the table, at once: after an operator's reset lowered
-    /// marks, holding the turn of the whole tree.
-    pub(super) fn recount(&self) {
-        let domains = self.high_water.load().domains.clone();
-        self.high_water.store(Arc::new(counted(domains, &self.max_seen)));
+    /// marks, holding the turn of the whole tree, or a takeover loaded the table anew.
+    pub(crate) fn recount(&self) {
+        let domains = self.mapping.load().domains.clone();
+        self.mapping.store(Arc::new(Mapping::counted(domains, &self.table)));
     }
 
     /// Refuses `token` if it is more than `max_jump` above `level`, the level of `touch`, or,
     /// when it has none, above the highest token of its domain.
-    pub(super) fn jump(&self, touch: &Touch, token: u64, level: Option<u64>, max_jump: u64) -> Result<(), FenceError> {
+    pub(crate) fn jump(&self, touch: &Touch, token: u64, level: Option<u64>, max_jump: u64) -> Result<(), FenceError> {
         let (base, domain) = match level {
             Some(level) => (level, None),
             None => {
-                let high = self.high_water.load();
+                let mapping = self.mapping.load();
                 // A write's keys are all in one domain, a subtree's with it.
-                let index = high.domains.index(&touch.key);
-                match high.get(index) {
-                    Some(top) => (top, Some(high.domains.names[index].clone())),
+                let index = mapping.domains.index(&touch.key);
+                match mapping.get(index) {
+                    Some(top) => (top, Some(mapping.domains.names[index].clone())),
                     None => return Ok(()),
                 }
             }
@@ -286,13 +311,13 @@ mod tests {
         table.raise("/b", 100);
         table.raise_floor("/consul/d", 9);
         let d = Domains::new([("/consul/".to_owned(), "consul".to_owned()), ("/zk/".to_owned(), "zk".to_owned())]);
-        let high = counted(d.clone(), &table);
+        let high = Mapping::counted(d.clone(), &table);
         assert_eq!((high.get(0), high.get(1), high.get(2)), (Some(100), Some(9), None));
-        let pending = HighWater::replacing(d.clone(), high.overall());
+        let pending = Mapping::replacing(d.clone(), high.overall());
         pending.raise(&[Touch { key: "/zk/x".into(), coverage: Coverage::Key }], 5);
         assert_eq!(pending.get(2), Some(100), "until it is counted, the old mapping's highest token bounds");
         pending.count(&table);
         assert_eq!((pending.get(1), pending.get(2)), (Some(9), Some(5)), "advances made meanwhile count");
-        assert_eq!(HighWater::new(d).get(2), None, "a fence with nothing counted yet has no bound");
+        assert_eq!(Mapping::new(d).get(2), None, "a fence with nothing counted yet has no bound");
     }
 }

@@ -7,13 +7,24 @@
 //! gate for a resource the table does not hold is refused once the table's bytes would pass
 //! `store.max_table_bytes`. A gate for a resource it holds is never refused, so known
 //! resources keep their turns however full the table is.
+//!
+//! [`Gates`] owns the map and that account: a gate is made by [`Gates::take`], which waits for
+//! its turn, and leaves the map, giving its bytes back, with the last task that touches it
+//! ([`Gates::put_back`], or a wait that ends without the turn). Its quarantine state is read
+//! and changed only by the holder of its turn, through [`KeyTurn`], or by
+//! [`Gates::try_quarantine`] while nobody holds it.
 
 use std::sync::Arc;
+use std::time::Duration;
 
+use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
+use tokio::sync::{Mutex, OwnedMutexGuard};
+use tokio::time::Instant;
 
-use super::tree::node;
-use super::{Fence, FenceError, Gate};
+use super::tree::{covers, node};
+use super::{FenceError, QuarantineCause};
+use crate::store::Table;
 
 /// What one gate costs in memory beside its key's bytes: its map slot (the boxed key and the
 /// `Arc`: 24 bytes) with the map's spare capacity, and the `Arc`'s allocation (the counts, the
@@ -26,29 +37,178 @@ pub(crate) fn gate_bytes(key: &str) -> u64 {
     key.len() as u64 + GATE_BYTES
 }
 
-impl Fence {
+/// Per-gate state, only ever touched by the holder of the resource's turn.
+#[derive(Debug, Default)]
+struct GateState {
+    quarantined_until: Option<Instant>,
+    cause: QuarantineCause,
+}
+
+/// One resource's gate: its FIFO turn (the mutex) around the state its holder reads.
+type ResourceGate = Arc<Mutex<GateState>>;
+
+/// The gates of the resources with a write waiting, in flight or quarantined.
+#[derive(Debug)]
+pub(super) struct Gates {
+    /// Hashed with foldhash, like [`Table`] and for its reasons: each fenced write hashes its
+    /// key here twice, to take its turn and to give it back.
+    map: DashMap<Box<str>, ResourceGate, foldhash::quality::RandomState>,
+    /// The table whose bytes the gates count in.
+    table: Arc<Table>,
+}
+
+/// One key's turn, held: its gate's state is this holder's until it is put back.
+#[derive(Debug)]
+pub(super) struct KeyTurn {
+    key: Box<str>,
+    state: OwnedMutexGuard<GateState>,
+}
+
+impl KeyTurn {
+    /// The key whose turn this is.
+    #[inline]
+    pub(super) fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// How long the key's quarantine still runs at `now`, and what caused it, if it runs. A
+    /// quarantine that has expired is ended.
+    #[inline]
+    pub(super) fn quarantined(&mut self, now: Instant) -> Option<(Duration, QuarantineCause)> {
+        match self.state.quarantined_until {
+            Some(until) if until > now => Some((until - now, self.state.cause)),
+            Some(_) => {
+                self.state.quarantined_until = None;
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Closes the key until `until`, for `cause`.
+    pub(super) fn quarantine(&mut self, until: Instant, cause: QuarantineCause) {
+        self.state.quarantined_until = Some(until);
+        self.state.cause = cause;
+    }
+
+    /// Ends the key's quarantine; whether one was running at `now`.
+    pub(super) fn lift(&mut self, now: Instant) -> bool {
+        self.state.quarantined_until.take().is_some_and(|until| until > now)
+    }
+}
+
+/// Releases a resource's gate when a wait for its turn ends without one (timed out, or the
+/// waiting future dropped: an HTTP/2 reset, a shutdown deadline).
+struct Leaving<'a> {
+    gates: &'a Gates,
+    key: &'a str,
+    armed: bool,
+}
+
+impl Drop for Leaving<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.gates.release(self.key);
+        }
+    }
+}
+
+impl Gates {
+    /// No gates, counting in the bytes of `table`.
+    pub(super) fn new(table: Arc<Table>) -> Gates {
+        Gates { map: DashMap::default(), table }
+    }
+
+    /// Waits (FIFO) until `key` is this write's, at the latest by `deadline` (then
+    /// `timed_out`). A gate it would have to make is refused past the table's limit in bytes
+    /// unless `always` (see [`Gates::gate`]).
+    pub(super) async fn take(
+        &self,
+        key: &str,
+        always: bool,
+        deadline: Instant,
+        timed_out: &impl Fn() -> FenceError,
+    ) -> Result<KeyTurn, FenceError> {
+        // Made first, so it is dropped last (a future's locals are dropped in reverse order),
+        // after the wait that holds the gate's clone: whoever leaves last finds the count that
+        // lets the gate go.
+        let mut leaving = Leaving { gates: self, key, armed: true };
+        let gate = self.gate(key, always)?;
+        let state = tokio::time::timeout_at(deadline, gate.lock_owned()).await.map_err(|_| timed_out())?;
+        leaving.armed = false; // the turn releases the gate when it is put back
+        Ok(KeyTurn { key: key.into(), state })
+    }
+
+    /// Gives back the key turns in `key_turns`, emptying it.
+    pub(super) fn put_back(&self, key_turns: &mut Vec<KeyTurn>) {
+        for KeyTurn { key, state } in key_turns.drain(..) {
+            drop(state);
+            self.release(&key);
+        }
+    }
+
+    /// Closes `key` until `until`, for `cause`, without taking its turn (keeping a later end
+    /// it already has); false, changing nothing, when a turn holds it. Its gate is made
+    /// whatever the table's bytes.
+    pub(super) fn try_quarantine(&self, key: &str, until: Instant, cause: QuarantineCause) -> bool {
+        // Never refused: made with `always`.
+        let Ok(gate) = self.gate(key, true) else { return false };
+        match gate.try_lock() {
+            Ok(mut state) => {
+                state.quarantined_until = state.quarantined_until.max(Some(until));
+                state.cause = cause;
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Number of resources that hold a gate.
+    pub(super) fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Number of writes holding or waiting for `key`'s turn.
+    pub(super) fn queue_len(&self, key: &str) -> usize {
+        // Each holder and each waiter holds a clone of the gate; the map holds one more.
+        self.map.get(key).map_or(0, |g| Arc::strong_count(g.value()) - 1)
+    }
+
+    /// Resources quarantined now. A gate whose turn is held is not counted: its state belongs
+    /// to its holder.
+    pub(super) fn quarantined_len(&self) -> usize {
+        let now = Instant::now();
+        self.map
+            .iter()
+            .filter(|g| g.value().try_lock().is_ok_and(|s| s.quarantined_until.is_some_and(|until| until > now)))
+            .count()
+    }
+
+    /// The keys with a gate now (a write waiting, in flight or quarantined) whose nodes lie
+    /// under one of the nodes `subtrees`.
+    pub(super) fn keys_under(&self, subtrees: &[Box<str>]) -> Vec<Box<str>> {
+        self.map.iter().filter(|g| subtrees.iter().any(|s| covers(s, node(g.key())))).map(|g| g.key().clone()).collect()
+    }
+
     /// The gate of `key`, made if it has none. A new gate for a resource the table does not
     /// hold (as a key, or as a floor at its node) is refused with [`FenceError::Full`] when
     /// its bytes would take the table past its limit, unless `always` (a key that had a gate
     /// a moment ago, a quarantine at start).
-    pub(super) fn gate(&self, key: &str, always: bool) -> Result<Gate, FenceError> {
-        match self.gates.entry(key.into()) {
+    fn gate(&self, key: &str, always: bool) -> Result<ResourceGate, FenceError> {
+        match self.map.entry(key.into()) {
             Entry::Occupied(gate) => Ok(Arc::clone(gate.get())),
             Entry::Vacant(slot) => {
                 let bytes = gate_bytes(key);
                 // Whether the table holds the resource is looked up only once the bytes do not
                 // fit: most fenced writes make a gate, and most find room.
-                if always || !self.max_seen.try_hold(bytes) {
-                    let known = always || self.max_seen.get(key).is_some() || self.max_seen.floor(node(key)).is_some();
+                if always || !self.table.try_hold(bytes) {
+                    let known = always || self.table.get(key).is_some() || self.table.floor(node(key)).is_some();
                     if !known {
-                        return Err(FenceError::Full {
-                            resource: key.to_owned(),
-                            max_bytes: self.max_seen.max_bytes(),
-                        });
+                        return Err(FenceError::Full { resource: key.to_owned(), max_bytes: self.table.max_bytes() });
                     }
-                    self.max_seen.hold(bytes);
+                    self.table.hold(bytes);
                 }
-                Ok(Arc::clone(slot.insert(Gate::default()).value()))
+                Ok(Arc::clone(slot.insert(ResourceGate::default()).value()))
             }
         }
     }
@@ -56,12 +216,12 @@ impl Fence {
     /// Drops `key`'s gate if nobody waits on it, holds it, or needs its quarantine, and gives
     /// its bytes back. Under the shard lock no one can clone the gate, so a count of one (the
     /// map's own) means no task waits on it, and `try_lock` sees the state the last holder left.
-    pub(super) fn release_gate(&self, key: &str) {
-        let removed = self.gates.remove_if(key, |_, g| {
+    fn release(&self, key: &str) {
+        let removed = self.map.remove_if(key, |_, g| {
             Arc::strong_count(g) == 1 && g.try_lock().is_ok_and(|s| s.quarantined_until.is_none())
         });
         if let Some((key, _)) = removed {
-            self.max_seen.release(gate_bytes(&key));
+            self.table.release(gate_bytes(&key));
         }
     }
 }
@@ -71,8 +231,8 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::fence::NODE_BYTES;
     use crate::fence::{Coverage, Touch};
+    use crate::fence::{Fence, NODE_BYTES};
     use crate::store::{FileStore, MARK_BYTES, Store, StoreOptions, SyncMode};
 
     const WAIT: Duration = Duration::from_secs(10);

@@ -4,7 +4,7 @@
 //! address and every lock has a bucket of refused proofs (`not_lock_holder`) that drains at one
 //! per `refill`; a verified write's proof is checked only while both of its buckets hold fewer
 //! than `burst`, and otherwise the write gets `429 too_many_refusals` with the time until one
-//! more proof is checked (the request path writes that answer: `request::verify`). It is the
+//! more proof is checked (the request path writes that answer: `request::proof`). It is the
 //! same whatever the token, so a throttled guess learns nothing. An IPv6 client is counted by
 //! its /64, which one host usually has whole.
 //!

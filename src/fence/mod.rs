@@ -1,19 +1,24 @@
 //! The fence: keys, tokens, and the turns that serialise writes.
 //!
-//! [`Fence`] reads `max_seen` and the floors from the store's [`Table`], keeps the highest
-//! token below each directory (`tree.rs`), and keeps a FIFO gate only for resources that have
-//! a write waiting, in flight, or quarantined (`gates.rs`), so memory follows what is
-//! happening. A gate leaves the map with the last task that touches it.
+//! [`Fence`] reads `max_seen` and the floors from the store's [`Table`], and composes parts
+//! that each own their state and its invariants in a file of their own: the highest token
+//! below each directory (`Tree`, `tree.rs`); a FIFO gate only for resources that have a write
+//! waiting, in flight, or quarantined, counted in the table's bytes (`Gates`, `gates.rs`), so
+//! memory follows what is happening; the registry of subtree writes and quarantined subtrees
+//! (`Subtrees`, `subtree.rs`); and each token domain's highest token (`HighWater`,
+//! [`domains`]). A gate leaves the map with the last task that touches it.
 //!
 //! A write's life: [`Fence::precheck`] (cheap, lock-free, may refuse early) →
-//! [`Fence::acquire`] (`turn.rs`; the turns are taken in `acquire.rs`: the subtree registry of
-//! `subtree.rs` for a write that covers subtrees, then the gate of every key it touches, in one
-//! global order) → [`Turn::finish_after`], which owns the rest in this order: the
-//! authoritative check, the backend connection, the durable advance, the forward, then
-//! "answered" or quarantine, and only then the next overlapping write's turn. It runs to its
-//! end even if its caller leaves (`detach.rs`); [`Turn::finish`] is the same with nothing to
-//! get before the advance. An operator's raise is [`Turn::raise`], a reset or lift
-//! `operator.rs`. The fence knows nothing of HTTP: the forward is a future it is handed.
+//! [`Fence::acquire`] (`turn.rs`; the turns are taken in `acquire.rs`: the subtree registry
+//! for a write that covers subtrees, then the turn of every key it touches from the gates, in
+//! one global order) → [`Turn::finish_after`], which owns the rest in this order: the
+//! authoritative check, which reads the store's term once ([`Checked`]); the backend
+//! connection; the durable advance in that term; the forward, sent under the store's permit
+//! for that term; then "answered" in that term, or quarantine; and only then the next
+//! overlapping write's turn. It runs to its end even if its caller leaves (`detach.rs`);
+//! [`Turn::finish`] is the same with nothing to get before the advance. An operator's raise is
+//! [`Turn::raise`], a reset or lift `operator.rs`. The fence knows nothing of HTTP: the forward
+//! is a future it is handed ([`Prepared`]).
 //!
 //! A token is judged by a [`Policy`]: whether one equal to the level passes, and how far above
 //! it (or above its token domain's highest token, [`domains`]) it may be. Signed tokens are
@@ -39,23 +44,21 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use arc_swap::ArcSwap;
-use dashmap::DashMap;
 use serde::Serialize;
-use tokio::sync::Mutex;
 
 use crate::store::{Store, Table, TableBytes};
 use domains::HighWater;
 pub use domains::{DEFAULT_DOMAIN, Domains};
 pub use gates::GATE_BYTES;
+use gates::Gates;
 pub use guesses::Guesses;
 pub use keys::Scope;
 pub use operator::{Lifted, Reset};
 use subtree::Subtrees;
+use tree::Tree;
 pub use tree::{Coverage, NODE_BYTES, Touch};
-use tree::{Tree, level};
 pub(crate) use tree::{covers, node};
-pub use turn::{Outcome, Raised, Turn};
+pub use turn::{Checked, Outcome, Prepared, Raised, Turn};
 
 /// What to do with a token equal to `max_seen`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -216,29 +219,25 @@ impl std::fmt::Display for QuarantineCause {
     }
 }
 
-/// Per-gate state, only ever touched by the holder of the resource's turn.
-#[derive(Debug, Default)]
-struct GateState {
-    quarantined_until: Option<Instant>,
-    cause: QuarantineCause,
-}
-
-type Gate = Arc<Mutex<GateState>>;
-
 /// `max_seen` for every resource, and the turns of resources with writes in progress.
+///
+/// Composed of parts that each own their state and its invariants, in a file of their own:
+/// the gates (`gates.rs`), the tree (`tree.rs`), the subtree registry (`subtree.rs`) and the
+/// token domains' highest tokens (`domains.rs`). Each part that reads the store's table or
+/// counts its memory in the table's bytes holds the table itself.
 #[derive(Debug)]
 pub struct Fence {
+    /// The store's table: what the queries and an operator's changes read.
     max_seen: Arc<Table>,
     store: Arc<dyn Store>,
-    /// Hashed with foldhash, like [`Table`] and for its reasons: each fenced write hashes its
-    /// key here twice, to take its turn and to give it back.
-    gates: DashMap<Box<str>, Gate, foldhash::quality::RandomState>,
+    /// The turns of resources with writes waiting, in flight or quarantined.
+    gates: Gates,
     /// The highest token below each node, for subtree checks.
     tree: Tree,
     /// Subtree writes queued and active, and quarantined subtrees.
     subtrees: Subtrees,
     /// The highest token of each token domain, for `max_jump`.
-    high_water: ArcSwap<HighWater>,
+    high_water: HighWater,
 }
 
 impl Fence {
@@ -252,9 +251,10 @@ impl Fence {
     /// tokens are counted from the table before this returns.
     pub fn with_domains(store: Arc<dyn Store>, domains: Domains) -> Self {
         let max_seen = Arc::clone(store.table());
-        let tree = Tree::build(&max_seen);
-        let high_water = ArcSwap::from_pointee(domains::counted(domains, &max_seen));
-        Fence { max_seen, store, gates: DashMap::default(), tree, subtrees: Subtrees::default(), high_water }
+        let tree = Tree::build(Arc::clone(&max_seen));
+        let high_water = HighWater::counted(domains, Arc::clone(&max_seen));
+        let gates = Gates::new(Arc::clone(&max_seen));
+        Fence { max_seen, store, gates, tree, subtrees: Subtrees::default(), high_water }
     }
 
     /// The highest token `key` has accepted, if any.
@@ -296,8 +296,7 @@ impl Fence {
 
     /// Number of writes holding or waiting for `key`'s turn.
     pub fn queue_len(&self, key: &str) -> usize {
-        // Each holder and each waiter holds a clone of the gate; the map holds one more.
-        self.gates.get(key).map_or(0, |g| Arc::strong_count(g.value()) - 1)
+        self.gates.queue_len(key)
     }
 
     /// Refuses a stale token, or one that jumps too far, without waiting for the turn. Never
@@ -312,24 +311,43 @@ impl Fence {
     /// Refuses `token` for `touch` unless it is above the level (or equal to it, if the policy
     /// accepts that) and no further above it than `max_jump`.
     fn judge(&self, touch: &Touch, token: u64, policy: Policy) -> Result<(), FenceError> {
-        let level = level(&self.max_seen, &self.tree, touch);
+        let level = self.tree.level(touch);
         admit(&touch.key, token, level, policy.equal)?;
         match policy.max_jump {
-            Some(max_jump) => self.jump(touch, token, level, max_jump),
+            Some(max_jump) => self.high_water.jump(touch, token, level, max_jump),
             None => Ok(()),
         }
+    }
+
+    /// Notes that the marks of `touches` now stand at `token`, made durable by the store: the
+    /// tree and the token domains' highest tokens are raised with them.
+    #[inline]
+    fn raised(&self, touches: &[Touch], token: u64) {
+        for touch in touches {
+            self.tree.raise(touch.mark().1, token);
+        }
+        self.high_water.raise(touches, token);
+    }
+
+    /// Maps keys to token domains by `domains` from now on. When that changes the mapping, each
+    /// domain's highest token is counted again from the table on a thread of its own (a pass
+    /// over every key); until it is done, keys without a level of their own are bounded by the
+    /// highest token of the old mapping over every domain, and advances made meanwhile are
+    /// counted too. Returns whether a count started.
+    pub fn set_domains(&self, domains: Domains) -> bool {
+        self.high_water.set_domains(domains)
+    }
+
+    /// The highest token accepted in `domain`, if it has one and it has been counted (while a
+    /// count runs, `max_jump` measures from the old mapping's highest token instead).
+    pub fn domain_max(&self, domain: &str) -> Option<u64> {
+        self.high_water.domain_max(domain)
     }
 
     /// Resources and subtrees quarantined now. A gate whose turn is held is not counted: its
     /// state belongs to its holder.
     pub fn quarantined(&self) -> usize {
-        let now = Instant::now();
-        let keys = self
-            .gates
-            .iter()
-            .filter(|g| g.value().try_lock().is_ok_and(|s| s.quarantined_until.is_some_and(|until| until > now)))
-            .count();
-        keys + self.subtrees.quarantined_len()
+        self.gates.quarantined_len() + self.subtrees.quarantined_len()
     }
 
     /// Nodes in the tree: directories with keys or floors below them.
@@ -341,19 +359,13 @@ impl Fence {
     /// were in flight when the previous process (or leader) stopped. A gate someone holds is
     /// never replaced.
     pub(crate) fn quarantine(&self, key: &str, period: Duration) {
-        let until = quarantine_end(period);
-        // Never refused: the key is in the table, and its write's outcome is unknown.
-        let Ok(gate) = self.gate(key, true) else { return };
-        match gate.try_lock() {
-            Ok(mut state) => {
-                state.quarantined_until = state.quarantined_until.max(Some(until));
-                state.cause = QuarantineCause::InFlightAtStart;
-            }
-            // A turn holds it (a write of an earlier term of a shared fence, at a takeover):
-            // its state is the holder's, so the key is closed as a subtree instead, which the
-            // next write's check sees as well (closing what lies below the key too, which only
-            // refuses more).
-            Err(_) => self.subtrees.quarantine(node(key), until, QuarantineCause::InFlightAtStart),
+        let (until, cause) = (quarantine_end(period), QuarantineCause::InFlightAtStart);
+        // A turn holds it (a write of an earlier term of a shared fence, at a takeover): its
+        // state is the holder's, so the key is closed as a subtree instead, which the next
+        // write's check sees as well (closing what lies below the key too, which only refuses
+        // more).
+        if !self.gates.try_quarantine(key, until, cause) {
+            self.subtrees.quarantine(node(key), until, cause);
         }
     }
 
@@ -368,8 +380,8 @@ impl Fence {
     /// flight is quarantined for `period`. Called before this instance leads: writes of an
     /// earlier term may still hold turns, but none of them can advance any more.
     pub(crate) fn adopt(&self, adopted: &crate::store::Adopted, period: Duration) {
-        self.tree.rebuild(&self.max_seen);
-        self.recount();
+        self.tree.rebuild();
+        self.high_water.recount();
         for (key, token) in &adopted.in_flight {
             tracing::warn!(resource = %key, token, quarantine = %humantime::format_duration(period),
                 "a write was in flight when fencegate stopped or stepped down: resource quarantined");

@@ -95,8 +95,8 @@ impl Fence {
         if !marks.is_empty() {
             // Nothing changes if the store cannot record it: the operator may try again.
             self.store.reset_in(term, marks, to).await?;
-            self.tree.rebuild(table);
-            self.recount();
+            self.tree.rebuild();
+            self.high_water.recount();
             let lowered: Vec<String> = floors.iter().map(|(p, t)| format!("{p} (was {t})")).collect();
             tracing::warn!(resource = %key, previous = %previous.map_or_else(|| "none".to_owned(), |m| m.to_string()),
                 max_seen = to, floors = %lowered.join(", "),

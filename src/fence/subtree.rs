@@ -145,7 +145,16 @@ impl Subtrees {
 
     /// When the latest quarantine covering `node`, or covered by it when `subtree`, ends, if
     /// one still runs. Expired ones are dropped on the way.
+    #[inline]
     pub(crate) fn quarantined(&self, node: &str, subtree: bool) -> Option<(Instant, QuarantineCause)> {
+        // Without a look at the registry while it is empty, as it is for nearly every write.
+        if self.is_empty() {
+            return None;
+        }
+        self.quarantined_in_registry(node, subtree)
+    }
+
+    fn quarantined_in_registry(&self, node: &str, subtree: bool) -> Option<(Instant, QuarantineCause)> {
         let now = Instant::now();
         let mut r = self.lock();
         let before = r.quarantined.len();

@@ -16,8 +16,12 @@
 //! paths that hash alike share one `below`, the higher of the two: a subtree write could then
 //! be refused for a token it is above (about one chance in 2^64 per pair of nodes), never
 //! admitted below one.
+//!
+//! [`Tree`] owns the nodes and their account in the table's bytes, and answers what a write
+//! must be above ([`Tree::level`]) from the table and its nodes together.
 
 use std::hash::BuildHasher;
+use std::sync::Arc;
 
 use dashmap::DashMap;
 
@@ -76,37 +80,43 @@ pub(crate) fn covers(a: &str, b: &str) -> bool {
 /// `u64`s), the map's control byte and spare capacity, rounded up.
 pub const NODE_BYTES: u64 = 40;
 
-/// The highest token below each node that has keys or floors below it.
-#[derive(Debug, Default)]
+/// The highest token below each node that has keys or floors below it, over the table whose
+/// keys and floors it counts and in whose bytes its nodes count.
+#[derive(Debug)]
 pub(crate) struct Tree {
     /// By the hash of the node's path (see the module's notes).
     below: DashMap<u64, u64, foldhash::fast::RandomState>,
     /// Hashes the paths, with a per-process key, so clients cannot aim for a collision.
     paths: foldhash::quality::RandomState,
+    table: Arc<Table>,
 }
 
 impl Tree {
     /// The tree of everything `table` holds, counted in its bytes.
-    pub(crate) fn build(table: &Table) -> Tree {
-        let tree = Tree::default();
-        table.for_each(|key, token, _| tree.raise(key, token, table));
-        table.for_each_floor(|path, token, _| tree.raise(path, token, table));
+    pub(crate) fn build(table: Arc<Table>) -> Tree {
+        let tree = Tree { below: DashMap::default(), paths: Default::default(), table };
+        tree.count();
         tree
     }
 
-    /// Recomputes every node from `table`, after marks were lowered (a reset). The caller must
-    /// keep every write from raising the tree meanwhile (the turn of the whole tree).
-    pub(crate) fn rebuild(&self, table: &Table) {
+    /// Recomputes every node from the table, after marks were lowered (a reset) or the table
+    /// was loaded anew (a takeover). The caller must keep every write from raising the tree
+    /// meanwhile (the turn of the whole tree), or know that none can.
+    pub(crate) fn rebuild(&self) {
         let nodes = self.below.len() as u64;
         self.below.clear();
-        table.release(nodes * NODE_BYTES);
-        table.for_each(|key, token, _| self.raise(key, token, table));
-        table.for_each_floor(|path, token, _| self.raise(path, token, table));
+        self.table.release(nodes * NODE_BYTES);
+        self.count();
+    }
+
+    fn count(&self) {
+        self.table.for_each(|key, token, _| self.raise(key, token));
+        self.table.for_each_floor(|path, token, _| self.raise(path, token));
     }
 
     /// Notes that `mark`, a key or a floor, now stands at `token` (made durable by the store):
-    /// both raise the nodes above them alike. New nodes count in `table`'s bytes.
-    pub(crate) fn raise(&self, mark: &str, token: u64, table: &Table) {
+    /// both raise the nodes above them alike. New nodes count in the table's bytes.
+    pub(crate) fn raise(&self, mark: &str, token: u64) {
         for above in ancestors(node(mark)) {
             let hash = self.paths.hash_one(above);
             if let Some(mut below) = self.below.get_mut(&hash) {
@@ -114,7 +124,7 @@ impl Tree {
                 continue;
             }
             let mut below = self.below.entry(hash).or_insert_with(|| {
-                table.hold(NODE_BYTES);
+                self.table.hold(NODE_BYTES);
                 token
             });
             *below = (*below).max(token);
@@ -122,7 +132,7 @@ impl Tree {
     }
 
     /// The highest token of any key or floor strictly below `node`.
-    pub(crate) fn below(&self, node: &str) -> Option<u64> {
+    fn below(&self, node: &str) -> Option<u64> {
         self.below.get(&self.paths.hash_one(node)).map(|b| *b)
     }
 
@@ -130,25 +140,27 @@ impl Tree {
     pub(crate) fn len(&self) -> usize {
         self.below.len()
     }
-}
 
-/// The highest token `touch` must be above (or, by the equal-token policy, not below): the
-/// key's own `max_seen`, every floor at or above its node, and for a subtree everything in it.
-pub(crate) fn level(table: &Table, tree: &Tree, touch: &Touch) -> Option<u64> {
-    let here = node(&touch.key);
-    let mut level = table.get(&touch.key);
-    if table.floors_len() > 0 {
-        for n in ancestors(here).chain(std::iter::once(here)) {
-            level = level.max(table.floor(n));
+    /// The highest token `touch` must be above (or, by the equal-token policy, not below): the
+    /// key's own `max_seen`, every floor at or above its node, and for a subtree everything in
+    /// it.
+    pub(crate) fn level(&self, touch: &Touch) -> Option<u64> {
+        let table = &*self.table;
+        let here = node(&touch.key);
+        let mut level = table.get(&touch.key);
+        if table.floors_len() > 0 {
+            for n in ancestors(here).chain(std::iter::once(here)) {
+                level = level.max(table.floor(n));
+            }
         }
-    }
-    if touch.coverage == Coverage::Subtree {
-        level = level.max(table.get(here)).max(tree.below(here));
-        if here != "/" {
-            level = level.max(table.get(&format!("{here}/")));
+        if touch.coverage == Coverage::Subtree {
+            level = level.max(table.get(here)).max(self.below(here));
+            if here != "/" {
+                level = level.max(table.get(&format!("{here}/")));
+            }
         }
+        level
     }
-    level
 }
 
 #[cfg(test)]
@@ -173,36 +185,37 @@ mod tests {
 
     #[test]
     fn a_subtree_sees_every_key_below_it_and_a_key_every_floor_above_it() {
-        let table = Table::new();
+        let table = Arc::new(Table::new());
         table.raise("/d/f", 1000);
         table.raise("/d", 7);
         table.raise("/e/", 9);
-        let tree = Tree::build(&table);
-        assert_eq!(level(&table, &tree, &touch("/d/", Coverage::Key)), None, "a key alone sees only itself");
-        assert_eq!(level(&table, &tree, &touch("/d/", Coverage::Subtree)), Some(1000));
-        assert_eq!(level(&table, &tree, &touch("/d", Coverage::Subtree)), Some(1000), "with or without the slash");
-        assert_eq!(level(&table, &tree, &touch("/e", Coverage::Subtree)), Some(9), "the collection key counts");
-        assert_eq!(level(&table, &tree, &touch("/", Coverage::Subtree)), Some(1000));
-        assert_eq!(level(&table, &tree, &touch("/dx", Coverage::Subtree)), None, "segments, not prefixes");
+        let tree = Tree::build(Arc::clone(&table));
+        let level = |t: Touch| tree.level(&t);
+        assert_eq!(level(touch("/d/", Coverage::Key)), None, "a key alone sees only itself");
+        assert_eq!(level(touch("/d/", Coverage::Subtree)), Some(1000));
+        assert_eq!(level(touch("/d", Coverage::Subtree)), Some(1000), "with or without the slash");
+        assert_eq!(level(touch("/e", Coverage::Subtree)), Some(9), "the collection key counts");
+        assert_eq!(level(touch("/", Coverage::Subtree)), Some(1000));
+        assert_eq!(level(touch("/dx", Coverage::Subtree)), None, "segments, not prefixes");
 
         table.raise_floor("/d", 2000);
-        tree.raise("/d", 2000, &table);
-        assert_eq!(level(&table, &tree, &touch("/d/g/h", Coverage::Key)), Some(2000), "a floor covers new keys too");
-        assert_eq!(level(&table, &tree, &touch("/d/", Coverage::Key)), Some(2000));
-        assert_eq!(level(&table, &tree, &touch("/dx", Coverage::Key)), None);
-        assert_eq!(level(&table, &tree, &touch("/", Coverage::Subtree)), Some(2000), "and the subtrees above it");
+        tree.raise("/d", 2000);
+        assert_eq!(level(touch("/d/g/h", Coverage::Key)), Some(2000), "a floor covers new keys too");
+        assert_eq!(level(touch("/d/", Coverage::Key)), Some(2000));
+        assert_eq!(level(touch("/dx", Coverage::Key)), None);
+        assert_eq!(level(touch("/", Coverage::Subtree)), Some(2000), "and the subtrees above it");
     }
 
     #[test]
     fn a_node_costs_the_same_however_long_its_path_and_counts_in_the_table_bytes() {
-        let table = Table::new();
-        let tree = Tree::default();
+        let tree = Tree::build(Arc::new(Table::new()));
+        let table = Arc::clone(&tree.table);
         // 1,000 segments of 8 bytes: the paths of the nodes above it would take about 4 MB.
         let deep: String = (0..1000).map(|i| format!("/seg{i:04}")).collect();
-        tree.raise(&deep, 5, &table);
+        tree.raise(&deep, 5);
         assert_eq!(tree.len(), 1000);
         assert_eq!(table.bytes().held, 1000 * NODE_BYTES);
-        tree.raise(&deep, 6, &table);
+        tree.raise(&deep, 6);
         assert_eq!(table.bytes().held, 1000 * NODE_BYTES, "known nodes cost nothing more");
         let above = &deep[..deep.len() - "/seg0999".len()];
         assert_eq!(tree.below(above), Some(6));

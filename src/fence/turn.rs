@@ -13,11 +13,12 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::acquire::{Held, Registered};
+use super::acquire::Registered;
 use super::detach::Detached;
+use super::gates::KeyTurn;
 use super::tree::{Coverage, Touch, node};
 use super::{Fence, FenceError, Policy, QuarantineCause, quarantine_end};
-use crate::store::{MarkKind, StoreError};
+use crate::store::{MarkKind, Permit, StoreError};
 
 /// How a forwarded write ended, as far as the fence is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,15 +36,49 @@ pub struct Raised {
     pub previous: Option<u64>,
 }
 
+/// What a turn's authoritative check passed in: the store's term (see
+/// [`Store::term`](crate::store::Store::term)). The levels it checked belong to that term, so
+/// the write's advance, its permit to be sent and its answer are made in it too, or not at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Checked {
+    term: u64,
+}
+
+/// A write ready to be forwarded, once [`Turn::finish_after`] gives it the store's permit for
+/// the term it was checked in (`None` when every write may be sent): the forward sends nothing
+/// the permit refuses. Every `FnOnce(Option<Permit>) -> impl Future` is one.
+pub trait Prepared: Send + 'static {
+    /// What the forward ends with.
+    type Output;
+    /// The forward.
+    type Write: Future<Output = Self::Output> + Send + 'static;
+    /// The forward, sent only while `permit` allows.
+    fn with_permit(self, permit: Option<Permit>) -> Self::Write;
+}
+
+impl<F, W> Prepared for F
+where
+    F: FnOnce(Option<Permit>) -> W + Send + 'static,
+    W: Future + Send + 'static,
+{
+    type Output = W::Output;
+    type Write = W;
+
+    #[inline]
+    fn with_permit(self, permit: Option<Permit>) -> W {
+        self(permit)
+    }
+}
+
 /// Exclusive right to check, advance and forward one write. Dropping it lets the next waiting
 /// writes proceed.
 #[derive(Debug)]
 pub struct Turn {
     fence: Arc<Fence>,
     touches: Vec<Touch>,
-    /// The key gates held, sorted: the touched keys, and for a subtree write every key under it
+    /// The key turns held, sorted: the touched keys, and for a subtree write every key under it
     /// that had a write waiting or in flight.
-    held: Vec<Held>,
+    key_turns: Vec<KeyTurn>,
     /// A subtree write's place in the registry.
     registered: Option<Registered>,
     /// Set while a forwarded write's outcome is open: a turn dropped then (its write panicked)
@@ -56,7 +91,13 @@ impl Fence {
     /// flight, and returns the turn for them.
     pub async fn acquire(self: &Arc<Self>, touches: Vec<Touch>, wait: Duration) -> Result<Turn, FenceError> {
         let taken = self.take(&touches, wait).await?;
-        Ok(Turn { fence: Arc::clone(self), touches, held: taken.held, registered: taken.registered, unsettled: None })
+        Ok(Turn {
+            fence: Arc::clone(self),
+            touches,
+            key_turns: taken.key_turns,
+            registered: taken.registered,
+            unsettled: None,
+        })
     }
 }
 
@@ -68,35 +109,28 @@ impl Turn {
 
     /// The authoritative check, made while no write that overlaps this one can move
     /// `max_seen`: no quarantine over what it touches, `token` above every level, and no
-    /// further above it than the policy's `max_jump`.
-    pub fn check(&mut self, token: u64, policy: impl Into<Policy>) -> Result<(), FenceError> {
+    /// further above it than the policy's `max_jump`. Returns the store's term it was made in.
+    pub fn check(&mut self, token: u64, policy: impl Into<Policy>) -> Result<Checked, FenceError> {
+        // Read before the levels: what they admit is advanced in this term or not at all.
+        let checked = Checked { term: self.fence.store.term() };
         let policy = policy.into();
         let now = Instant::now();
-        for h in &mut self.held {
-            if let Some(state) = h.guard.as_mut() {
-                match state.quarantined_until {
-                    Some(until) if until > now => {
-                        let (resource, retry_after, cause) = (h.key.to_string(), until - now, state.cause);
-                        return Err(FenceError::Quarantined { resource, retry_after, cause });
-                    }
-                    Some(_) => state.quarantined_until = None,
-                    None => {}
-                }
+        for key_turn in &mut self.key_turns {
+            if let Some((retry_after, cause)) = key_turn.quarantined(now) {
+                return Err(FenceError::Quarantined { resource: key_turn.key().to_owned(), retry_after, cause });
             }
         }
         let fence = &self.fence;
         for touch in &self.touches {
             let here = node(&touch.key);
             let subtree = touch.coverage == Coverage::Subtree;
-            if let Some((until, cause)) =
-                (!fence.subtrees.is_empty()).then(|| fence.subtrees.quarantined(here, subtree)).flatten()
-            {
+            if let Some((until, cause)) = fence.subtrees.quarantined(here, subtree) {
                 let (resource, retry_after) = (touch.key.clone(), until - now);
                 return Err(FenceError::Quarantined { resource, retry_after, cause });
             }
             fence.judge(touch, token, policy)?;
         }
-        Ok(())
+        Ok(checked)
     }
 
     /// Closes what this write touches for `period`: it may still be applied late.
@@ -108,10 +142,8 @@ impl Turn {
                     self.fence.subtrees.quarantine(node(&touch.key), until, QuarantineCause::UnknownOutcome)
                 }
                 Coverage::Key => {
-                    let held = self.held.iter_mut().find(|h| *h.key == *touch.key);
-                    if let Some(state) = held.and_then(|h| h.guard.as_mut()) {
-                        state.quarantined_until = Some(until);
-                        state.cause = QuarantineCause::UnknownOutcome;
+                    if let Some(key_turn) = self.key_turns.iter_mut().find(|k| k.key() == touch.key) {
+                        key_turn.quarantine(until, QuarantineCause::UnknownOutcome);
                     }
                 }
             }
@@ -122,37 +154,42 @@ impl Turn {
     pub(super) fn lift_quarantine(&mut self) -> bool {
         let now = Instant::now();
         let mut lifted = false;
-        for state in self.held.iter_mut().filter_map(|h| h.guard.as_mut()) {
-            lifted |= state.quarantined_until.take().is_some_and(|until| until > now);
+        for key_turn in &mut self.key_turns {
+            lifted |= key_turn.lift(now);
         }
         lifted
     }
 
-    /// Makes the write's marks durable (one batch) in the store's `term`, the one it was
-    /// checked in, then raises the tree.
-    async fn advance(&self, term: u64, token: u64) -> Result<(), StoreError> {
-        let store = &self.fence.store;
+    /// Whether the write checked as `checked` may still be sent, by the store's word for the
+    /// term it was checked in; `None` when it always may.
+    fn permit(&self, checked: Checked) -> Option<Permit> {
+        self.fence.store.permit(checked.term)
+    }
+
+    /// Makes the write's marks durable (one batch) in the store's term it was checked in, then
+    /// raises the tree.
+    async fn advance(&self, checked: Checked, token: u64) -> Result<(), StoreError> {
+        let (store, term) = (&self.fence.store, checked.term);
         match self.touches.as_slice() {
             [Touch { key, coverage: Coverage::Key }] => store.advance_in(term, key, token).await?,
             touches => store.advance_all_in(term, marks(touches), token).await?,
         }
-        for touch in &self.touches {
-            self.fence.tree.raise(touch.mark().1, token, &self.fence.max_seen);
-        }
-        self.fence.high_water.load().raise(&self.touches, token);
+        self.fence.raised(&self.touches, token);
         Ok(())
     }
 
-    /// Notes that the backend answered the write of `token`, advanced in `term`.
-    fn answered(&self, term: u64, token: u64) {
-        let store = &self.fence.store;
+    /// Notes that the backend answered the write of `token`, advanced in the term it was
+    /// checked in.
+    fn answered(&self, checked: Checked, token: u64) {
+        let (store, term) = (&self.fence.store, checked.term);
         match self.touches.as_slice() {
             [Touch { key, coverage: Coverage::Key }] => store.answered_in(term, key, token),
             touches => store.answered_all_in(term, &marks(touches), token),
         }
     }
 
-    /// [`Turn::finish_after`] for a write that needs nothing before its advance.
+    /// [`Turn::finish_after`] for a write that needs nothing before its advance and is sent
+    /// whatever the store's permit (the file store permits every write it advanced).
     pub async fn finish<T, E, W>(
         self,
         token: u64,
@@ -166,18 +203,20 @@ impl Turn {
         T: Send + 'static,
         E: From<FenceError> + From<StoreError> + Send + 'static,
     {
-        self.finish_after(token, policy.into(), quarantine, async { Ok(write) }, outcome).await
+        self.finish_after(token, policy.into(), quarantine, async move { Ok(move |_: Option<Permit>| write) }, outcome)
+            .await
     }
 
-    /// Runs a fenced write to its end, in this order: the authoritative check of `token`;
-    /// `prepare`, which gets what the write needs before its token is used up (its backend
-    /// connection) and returns the write; the durable advance of everything it touches; the
-    /// write (the forward); then marking it answered or, when `outcome` says the backend may
-    /// still apply it, quarantining what it touches for `quarantine`. Only then does the next
-    /// overlapping write get its turn. A `prepare` that fails has sent nothing: its error is
-    /// returned with nothing advanced and nothing quarantined, so the holder may try again
-    /// with the same token.
-    pub async fn finish_after<T, E, P, W>(
+    /// Runs a fenced write to its end, in this order: the authoritative check of `token`, which
+    /// fixes the store's term; `prepare`, which gets what the write needs before its token is
+    /// used up (its backend connection) and returns it [`Prepared`], to be given the store's
+    /// permit for that term; the durable advance of everything it touches, in that term; the
+    /// write (the forward); then marking it answered in that term or, when `outcome` says the
+    /// backend may still apply it, quarantining what it touches for `quarantine`. Only then
+    /// does the next overlapping write get its turn. A `prepare` that fails has sent nothing:
+    /// its error is returned with nothing advanced and nothing quarantined, so the holder may
+    /// try again with the same token.
+    pub async fn finish_after<T, E, P, F>(
         self,
         token: u64,
         policy: impl Into<Policy>,
@@ -186,8 +225,8 @@ impl Turn {
         outcome: fn(&Result<T, E>) -> Outcome,
     ) -> Result<T, E>
     where
-        P: Future<Output = Result<W, E>> + Send + 'static,
-        W: Future<Output = Result<T, E>> + Send + 'static,
+        P: Future<Output = Result<F, E>> + Send + 'static,
+        F: Prepared<Output = Result<T, E>>,
         T: Send + 'static,
         E: From<FenceError> + From<StoreError> + Send + 'static,
     {
@@ -197,20 +236,18 @@ impl Turn {
         // leaves.
         let write = Detached::new(async move {
             let mut turn = self;
-            // The levels checked belong to this term of the store; the advance is made in it
-            // or not at all.
-            let term = turn.fence.store.term();
-            turn.check(token, policy)?;
+            // The permit, the advance and the answer are all of the term this check was made in.
+            let checked = turn.check(token, policy)?;
             // After the check, so that a stale write takes no backend connection; before the
             // advance, so that one that cannot get any has not used its token up.
-            let write = prepare.await?;
+            let write = prepare.await?.with_permit(turn.permit(checked));
             // Durable, and the table raised, before the write goes anywhere.
-            turn.advance(term, token).await?;
+            turn.advance(checked, token).await?;
             turn.unsettled = Some(quarantine);
             let result = write.await;
             turn.unsettled = None;
             match outcome(&result) {
-                Outcome::Answered => turn.answered(term, token),
+                Outcome::Answered => turn.answered(checked, token),
                 // It stays in flight in the log too, so a restart quarantines it again.
                 Outcome::Unknown => turn.quarantine(quarantine),
             }
@@ -236,8 +273,8 @@ impl Turn {
             }
             if previous.map(|(m, _)| m) != Some(to) {
                 fence.store.advance_in(term, key, to).await?;
-                fence.tree.raise(key, to, &fence.max_seen);
-                fence.high_water.load().raise(&self.touches, to);
+                fence.tree.raise(key, to);
+                fence.high_water.raise(&self.touches, to);
                 // Nothing was forwarded for this advance. But a write that is still in flight
                 // (its answer never came) must stay marked, or a restart would not quarantine it.
                 if !previous.is_some_and(|(_, in_flight)| in_flight) {
@@ -262,7 +299,7 @@ impl Drop for Turn {
         if let Some(period) = self.unsettled.take() {
             self.quarantine(period);
         }
-        self.fence.give_back(&mut self.held);
+        self.fence.gates.put_back(&mut self.key_turns);
         // After the gates: writes that waited for the registry find them free.
         drop(self.registered.take());
     }

@@ -8,8 +8,9 @@
 //! 3. The precheck against `max_seen` and the floors, and the wait for the turn.
 //!
 //! Once the turn is ours, `Turn::finish_after` runs the write to its end: the authoritative
-//! check, then [`prepare`] (a backend connection, the proof's second look, the lease's
-//! permit), the durable advance, the send, and the answer or a quarantine.
+//! check, then [`prepare`] (a backend connection, the proof's second look; the send is given
+//! the lease's permit for the term of the check), the durable advance, the send, and the
+//! answer or a quarantine.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -21,10 +22,10 @@ use super::classify::Write;
 use super::proof::Proof;
 use super::{InFlight, Outgoing, ResponseBody, holders, proof, send};
 use crate::etcd::Mirrors;
-use crate::fence::{Outcome, Policy, Touch};
+use crate::fence::{Outcome, Policy, Prepared, Touch};
 use crate::refusal::Refusal;
 use crate::state::{Settings, State};
-use crate::store::{Role, StoreError};
+use crate::store::{Permit, Role, StoreError};
 use crate::upstream::{Hold, Peer, UpstreamError, leader};
 
 /// `fut` in a new pinned box, built in place (`Box::write`) rather than built and then moved
@@ -140,15 +141,16 @@ fn prove(
     Ok(proven)
 }
 
-/// What the turn runs before the advance, and then the send. Boxed: the connection's checkout
-/// and the forward's state (request, timer) would otherwise make up most of the write's
-/// future, which is moved into its box whole.
+/// What the turn runs before the advance, and then the send, given the store's permit for the
+/// term the write was checked in. Boxed: the connection's checkout and the forward's state
+/// (request, timer) would otherwise make up most of the write's future, which is moved into
+/// its box whole.
 fn prepare(
     state: Arc<State>,
     settings: Arc<Settings>,
     proven: Proven,
     out: Outgoing,
-) -> impl Future<Output = Result<impl Future<Output = Result<Response<ResponseBody>, Refusal>>, Refusal>> {
+) -> impl Future<Output = Result<impl Prepared<Output = Result<Response<ResponseBody>, Refusal>>, Refusal>> {
     boxed_in_place!(async move {
         // Before the advance: without a connection the token is not used up.
         let conn = settings.upstream.connection().await?;
@@ -157,14 +159,15 @@ fn prepare(
         // lost its lock meanwhile, a key a reload withdrew (after a leak), or a signature that
         // expired while the write waited no longer passes, and the token is not used up.
         proven.check(proven.first.as_slice(), &state.settings.get().hmac, &state.locks.load())?;
-        // A shared fence's leader sends only while it trusts its lease: checked before the
-        // head and each body chunk (docs/cluster.md: self-fencing).
-        let permit = state.store.permit(state.store.term());
-        Ok(boxed_in_place!(async move {
-            let _flying = InFlight::new(&state.metrics);
-            // Whole: the turn is held until the backend has the whole body, not only until it answers.
-            send(&state, &settings, conn, out, Hold { whole: true, permit }).await
-        }))
+        // A shared fence's leader sends only while it trusts its lease: the permit is checked
+        // before the head and each body chunk (docs/cluster.md: self-fencing).
+        Ok(move |permit: Option<Permit>| {
+            boxed_in_place!(async move {
+                let _flying = InFlight::new(&state.metrics);
+                // Whole: the turn is held until the backend has the whole body, not only until it answers.
+                send(&state, &settings, conn, out, Hold { whole: true, permit }).await
+            })
+        })
     })
 }
 
