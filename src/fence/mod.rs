@@ -27,6 +27,7 @@
 mod acquire;
 mod detach;
 pub mod domains;
+mod error;
 mod gates;
 pub mod guesses;
 pub mod keys;
@@ -49,6 +50,7 @@ use serde::Serialize;
 use crate::store::{Store, Table, TableBytes};
 use domains::HighWater;
 pub use domains::{DEFAULT_DOMAIN, Domains};
+pub use error::{FenceError, QuarantineCause};
 pub use gates::GATE_BYTES;
 use gates::Gates;
 pub use guesses::Guesses;
@@ -83,139 +85,6 @@ pub struct Policy {
 impl From<EqualToken> for Policy {
     fn from(equal: EqualToken) -> Policy {
         Policy { equal, max_jump: None }
-    }
-}
-
-/// What a stale-token refusal adds when the token equals `max_seen`: the setting that decides
-/// it, so that a holder meaning to write many times in one tenure learns what to change.
-fn equal_hint(token: u64, max_seen: u64) -> &'static str {
-    if token == max_seen {
-        "; a token equal to max_seen is refused under equal_token = \"reject\" (one write per \
-         token); equal_token = \"accept\" in a [[fence.rules]] entry for the prefix allows many \
-         writes per tenure (docs/tokens.md)"
-    } else {
-        ""
-    }
-}
-
-/// What a jump refusal measured from.
-fn jump_base(resource: &str, base: u64, domain: Option<&str>) -> String {
-    match domain {
-        None => format!("max_seen {base} of {resource}"),
-        Some(d) => format!("{base}, the highest token accepted in token domain {d} ({resource} has no max_seen yet)"),
-    }
-}
-
-/// Why the fence refused or stopped a write.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum FenceError {
-    /// The token is not above the highest one this resource has accepted.
-    #[error("token {token} is stale: {resource} has already accepted {max_seen}{}", equal_hint(*token, *max_seen))]
-    Stale {
-        /// The fence key.
-        resource: String,
-        /// The token the write carried.
-        token: u64,
-        /// The resource's `max_seen`.
-        max_seen: u64,
-    },
-    /// The token is further above the key's level (or its domain's highest token) than
-    /// `max_jump` allows.
-    #[error("token {token} is more than max_jump {max_jump} above {}", jump_base(resource, *base, domain.as_deref()))]
-    Jump {
-        /// The fence key.
-        resource: String,
-        /// The token the write carried.
-        token: u64,
-        /// The key's level, or the highest token of its domain when it has none.
-        base: u64,
-        /// The bound.
-        max_jump: u64,
-        /// The token domain whose highest token `base` is, when the key has no level.
-        domain: Option<String>,
-    },
-    /// The write waited too long behind earlier writes to the same resource.
-    #[error("{resource} is busy: earlier writes were still in flight after {waited:?}")]
-    QueueTimeout {
-        /// The fence key.
-        resource: String,
-        /// How long the write waited.
-        waited: Duration,
-    },
-    /// An earlier write's outcome is unknown, so the resource is closed for a while.
-    #[error("{resource} is closed for a while: {cause}")]
-    Quarantined {
-        /// The fence key.
-        resource: String,
-        /// Time until the resource reopens.
-        retry_after: Duration,
-        /// What left the outcome unknown.
-        cause: QuarantineCause,
-    },
-    /// An operator asked to lower `max_seen`, which never happens.
-    #[error("max_seen of {resource} is {max_seen}; it is never lowered to {to}")]
-    WouldLower {
-        /// The fence key.
-        resource: String,
-        /// Its current `max_seen`.
-        max_seen: u64,
-        /// The value asked for.
-        to: u64,
-    },
-    /// An operator asked a reset to raise `max_seen`, which only `advance` does.
-    #[error("max_seen of {resource} is {max_seen}; a reset only lowers it, and {to} is above (raise it with :advance)")]
-    WouldRaise {
-        /// The fence key.
-        resource: String,
-        /// Its current `max_seen`.
-        max_seen: u64,
-        /// The value asked for.
-        to: u64,
-    },
-    /// An operator asked to reset a key with no `max_seen` and no floor at or below it.
-    #[error("{resource} has no max_seen and no floor below it: there is nothing to reset")]
-    NoFence {
-        /// The fence key.
-        resource: String,
-    },
-    /// A write to a resource the table does not hold, while the table's bytes (keys, floors
-    /// and gates) would pass their limit with its gate.
-    #[error(
-        "{resource} is a new resource and the fence table is full ({max_bytes} bytes of keys, floors \
-        and gates, store.max_table_bytes); only known resources accept writes"
-    )]
-    Full {
-        /// The fence key.
-        resource: String,
-        /// The table's limit in bytes.
-        max_bytes: u64,
-    },
-    /// A write or an operator's raise ended without an answer: the write's future panicked,
-    /// or the raise's task panicked or was cancelled by its runtime's shutdown.
-    #[error("the write failed inside fencegate: {0}")]
-    TaskFailed(String),
-}
-
-/// Why a resource is quarantined: a write to it may still be applied by the backend.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum QuarantineCause {
-    /// The backend did not answer an earlier write (timeout, broken connection, a body cut off).
-    #[default]
-    UnknownOutcome,
-    /// A write to it was in flight when fencegate last stopped.
-    InFlightAtStart,
-}
-
-impl std::fmt::Display for QuarantineCause {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            QuarantineCause::UnknownOutcome => {
-                "the backend did not answer an earlier write (it timed out or the connection broke), which it may still apply"
-            }
-            QuarantineCause::InFlightAtStart => {
-                "a write to it was in flight when fencegate last stopped, and the backend may still apply it"
-            }
-        })
     }
 }
 
