@@ -211,7 +211,7 @@ fn etcd_verification(c: &mut Criterion) {
 /// (what `request::proof` does before the precheck), against no verification, alone and in
 /// front of an uncontended check-and-reserve.
 fn verification(c: &mut Criterion) {
-    use fencegate::fence::verify::{HmacKeys, Secret, Signature, sign, unix_now};
+    use fencegate::fence::signature::{HmacKeys, Secret, Signature, sign, unix_now};
     let secret = Secret::new(b"a-secret-of-32-bytes-for-benches".to_vec()).unwrap();
     let keys = HmacKeys::new([("2026-11", &secret), ("2026-12", &secret)], Duration::from_secs(30));
     let expiry = unix_now() + 3600;

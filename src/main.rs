@@ -193,14 +193,14 @@ fn sign(
     expires_in: Option<std::time::Duration>,
     expiry: Option<u64>,
 ) -> anyhow::Result<()> {
-    use fencegate::fence::verify;
-    let key = verify::Secret::from_file(key_file).with_context(|| format!("key file {}", key_file.display()))?;
+    use fencegate::fence::signature;
+    let key = signature::Secret::from_file(key_file).with_context(|| format!("key file {}", key_file.display()))?;
     let expiry = match (expiry, expires_in) {
         (Some(at), _) => at,
-        (None, Some(d)) => verify::unix_now().saturating_add(d.as_secs()),
+        (None, Some(d)) => signature::unix_now().saturating_add(d.as_secs()),
         (None, None) => anyhow::bail!("give --expires-in or --expiry"),
     };
-    println!("{}", verify::sign(&key, kid, domain, token, expiry)?);
+    println!("{}", signature::sign(&key, kid, domain, token, expiry)?);
     Ok(())
 }
 

@@ -10,7 +10,7 @@ use http::header::HeaderName;
 use http::{Method, Uri};
 use serde::{Serialize, Serializer};
 
-pub use crate::fence::locks::LockTemplate;
+pub use crate::fence::lock_names::LockTemplate;
 pub use crate::fence::path::PathPolicy;
 pub use crate::fence::{DEFAULT_DOMAIN, EqualToken, Scope};
 pub use crate::store::{SyncMode, WriterScheduling};

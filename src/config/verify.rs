@@ -12,7 +12,7 @@ use serde::Serialize;
 use super::raw::RawVerify;
 use super::validate::{duration, invalid};
 use super::{ConfigError, Rule, ser_display_header, ser_duration};
-use crate::fence::verify::{KeyError, Secret, valid_kid};
+use crate::fence::signature::{KeyError, Secret, valid_kid};
 
 /// What a token must prove beyond being a number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -22,7 +22,7 @@
 //!
 //! A token is judged by a [`Policy`]: whether one equal to the level passes, and how far above
 //! it (or above its token domain's highest token, [`domains`]) it may be. Signed tokens are
-//! checked by [`verify`] before any of this, by the request module, which reads them.
+//! checked by [`signature`] before any of this, by the request module, which reads them.
 
 mod acquire;
 mod detach;
@@ -31,14 +31,14 @@ mod error;
 mod gates;
 pub mod guesses;
 pub mod keys;
-pub mod locks;
+pub mod lock_names;
 mod operator;
 pub mod path;
+pub mod signature;
 mod subtree;
 pub mod token;
 mod tree;
 mod turn;
-pub mod verify;
 
 use std::sync::Arc;
 use std::time::Duration;

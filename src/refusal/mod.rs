@@ -14,10 +14,10 @@ use serde_json::{Value, json};
 
 use crate::fence::FenceError;
 use crate::fence::guesses::LimitedBy;
-use crate::fence::locks::LockError;
+use crate::fence::lock_names::LockError;
 use crate::fence::path::PathError;
+use crate::fence::signature::{Rejected, SignatureError};
 use crate::fence::token::TokenError;
-use crate::fence::verify::{Rejected, SignatureError};
 use crate::store::StoreError;
 use crate::upstream::UpstreamError;
 

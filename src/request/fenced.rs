@@ -55,7 +55,12 @@ struct Proven {
 
 impl Proven {
     /// The proof against the keys and the locks' holders in force now.
-    fn check(&self, touches: &[Touch], hmac: &crate::fence::verify::HmacKeys, locks: &Mirrors) -> Result<(), Refusal> {
+    fn check(
+        &self,
+        touches: &[Touch],
+        hmac: &crate::fence::signature::HmacKeys,
+        locks: &Mirrors,
+    ) -> Result<(), Refusal> {
         proof::check(&self.proof, self.token, touches, hmac)?;
         holders::check(locks, &self.locks, self.token).map_err(Refusal::Lock)
     }

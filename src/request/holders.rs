@@ -11,7 +11,7 @@
 use crate::config::{Config, FenceConfig, Rule, Verify};
 use crate::etcd::{Client, MirrorOptions, Mirrors};
 use crate::fence::Touch;
-use crate::fence::locks::LockError;
+use crate::fence::lock_names::LockError;
 
 /// The verification setting of `key`: that of the longest rule over it that sets one.
 fn rule_of<'a>(key: &str, rules: &'a [Rule]) -> Option<&'a Rule> {

@@ -1,6 +1,6 @@
 //! Proving a token: what a write under a rule's `verify` setting must carry, read by
 //! classification (no I/O), and its check against the keys in force, made before the write
-//! is prechecked or waits for its turn. The fence's `verify` module knows signatures; this one
+//! is prechecked or waits for its turn. The fence's `signature` module knows signatures; this one
 //! knows where they come from (a header, the config) and what a refusal of one is.
 
 use std::net::IpAddr;
@@ -13,8 +13,8 @@ use super::classify::Plan;
 use crate::config::{StoreKind, Verify, VerifyConfig};
 use crate::fence::Touch;
 use crate::fence::guesses::{Limit, Limits, Throttled};
-use crate::fence::locks::LockError;
-use crate::fence::verify::{HmacKeys, Signature, SignatureError, unix_now};
+use crate::fence::lock_names::LockError;
+use crate::fence::signature::{HmacKeys, Signature, SignatureError, unix_now};
 use crate::refusal::Refusal;
 use crate::state::{Settings, State};
 use crate::store::Role;
@@ -137,7 +137,7 @@ mod tests {
     use super::*;
     use crate::config::HmacKey;
     use crate::fence::Coverage;
-    use crate::fence::verify::{Secret, sign};
+    use crate::fence::signature::{Secret, sign};
     use crate::state::settings::hmac_keys;
 
     fn config() -> VerifyConfig {

@@ -15,7 +15,7 @@ use prometheus_client::metrics::counter::Counter;
 use tokio_rustls::TlsAcceptor;
 
 use crate::config::{Config, VerifyConfig};
-use crate::fence::verify::HmacKeys;
+use crate::fence::signature::HmacKeys;
 use crate::tls;
 use crate::upstream::Upstream;
 

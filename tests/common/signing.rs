@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use fencegate::Config;
-use fencegate::fence::verify::{self, Secret};
+use fencegate::fence::signature::{self, Secret};
 
 use super::{Harness, Resp};
 
@@ -59,13 +59,13 @@ pub fn with_rules(config: &Config, toml: &str) -> Config {
 
 /// The UNIX time now, in seconds.
 pub fn now() -> u64 {
-    verify::unix_now()
+    signature::unix_now()
 }
 
 /// The signature header value for `token` in `domain` with the key `kid` whose secret is
 /// `secret`, valid until `expiry`.
 pub fn sign(secret: &str, kid: &str, domain: &str, token: u64, expiry: u64) -> String {
-    verify::sign(&Secret::new(secret.as_bytes().to_vec()).unwrap(), kid, domain, token, expiry).unwrap()
+    signature::sign(&Secret::new(secret.as_bytes().to_vec()).unwrap(), kid, domain, token, expiry).unwrap()
 }
 
 impl Harness {

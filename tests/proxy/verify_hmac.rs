@@ -344,7 +344,7 @@ fn the_documented_test_vector_agrees_with_sign_and_with_python() {
     let field = |k: &str| v.get(k).unwrap_or_else(|| panic!("docs/tokens.md's vector has no {k}: {v:?}")).clone();
     let (key, kid, domain, header) = (field("key"), field("kid"), field("domain"), field("header"));
     let (token, expiry): (u64, u64) = (field("token").parse().unwrap(), field("expiry").parse().unwrap());
-    assert_eq!(sign(&key, &kid, &domain, token, expiry), header, "fencegate::fence::verify::sign");
+    assert_eq!(sign(&key, &kid, &domain, token, expiry), header, "fencegate::fence::signature::sign");
 
     const PYTHON: &str = "import base64, hashlib, hmac, sys\n\
         key, kid, domain, token, expiry = sys.argv[1:]\n\

@@ -316,5 +316,5 @@ impl HmacKeys {
 }
 
 #[cfg(test)]
-#[path = "verify_tests.rs"]
+#[path = "signature_tests.rs"]
 mod tests;
