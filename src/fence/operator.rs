@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use super::tree::{Coverage, Touch, covers, node};
 use super::{Fence, FenceError};
-use crate::store::{MarkKind, StoreError};
+use crate::store::{Mark, StoreError};
 
 /// What a reset changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,9 +88,9 @@ impl Fence {
         }
         floors.sort_unstable();
         floors_above.sort_unstable();
-        let mut marks: Vec<(MarkKind, String)> = floors.iter().map(|(p, _)| (MarkKind::Floor, p.clone())).collect();
+        let mut marks: Vec<Mark> = floors.iter().map(|(p, _)| Mark::floor(p.as_str())).collect();
         if previous.is_some_and(|m| m > to) {
-            marks.push((MarkKind::Key, key.to_owned()));
+            marks.push(Mark::key(key));
         }
         if !marks.is_empty() {
             // Nothing changes if the store cannot record it: the operator may try again.
@@ -123,7 +123,7 @@ impl Fence {
         if lifted.subtree
             && let Some((token, true)) = self.max_seen.floor_entry(node(key))
         {
-            self.store.answered_all_in(term, &[(MarkKind::Floor, node(key).to_owned())], token);
+            self.store.answered_all_in(term, &[Mark::floor(node(key))], token);
         }
         if lifted.key || lifted.subtree {
             tracing::warn!(resource = %key, key = lifted.key, subtree = lifted.subtree,

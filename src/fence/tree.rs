@@ -21,7 +21,7 @@ use std::hash::BuildHasher;
 
 use dashmap::DashMap;
 
-use crate::store::{MarkKind, Table};
+use crate::store::{MarkRef, Table};
 
 /// How much of the tree at a key a write may change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,10 +44,10 @@ pub struct Touch {
 
 impl Touch {
     /// The durable mark a write with this touch raises: the key itself, or a floor at its node.
-    pub(crate) fn mark(&self) -> (MarkKind, &str) {
+    pub(crate) fn mark(&self) -> MarkRef<'_> {
         match self.coverage {
-            Coverage::Key => (MarkKind::Key, &self.key),
-            Coverage::Subtree => (MarkKind::Floor, node(&self.key)),
+            Coverage::Key => MarkRef::key(&self.key),
+            Coverage::Subtree => MarkRef::floor(node(&self.key)),
         }
     }
 }

@@ -17,7 +17,7 @@ use super::acquire::{Held, Registered};
 use super::detach::Detached;
 use super::tree::{Coverage, Touch, node};
 use super::{Fence, FenceError, Policy, QuarantineCause, quarantine_end};
-use crate::store::{MarkKind, StoreError};
+use crate::store::{Mark, StoreError};
 
 /// How a forwarded write ended, as far as the fence is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,7 +137,7 @@ impl Turn {
             touches => store.advance_all_in(term, marks(touches), token).await?,
         }
         for touch in &self.touches {
-            self.fence.tree.raise(touch.mark().1, token, &self.fence.max_seen);
+            self.fence.tree.raise(touch.mark().name, token, &self.fence.max_seen);
         }
         self.fence.high_water.load().raise(&self.touches, token);
         Ok(())
@@ -253,8 +253,8 @@ impl Turn {
 }
 
 /// The durable marks a write with `touches` raises, owned, for the store's multi-mark calls.
-fn marks(touches: &[Touch]) -> Vec<(MarkKind, String)> {
-    touches.iter().map(|t| t.mark()).map(|(kind, m)| (kind, m.to_owned())).collect()
+fn marks(touches: &[Touch]) -> Vec<Mark> {
+    touches.iter().map(|t| t.mark().to_mark()).collect()
 }
 
 impl Drop for Turn {

@@ -16,7 +16,7 @@ use super::relay::Relay;
 use super::scheduling::WriterScheduling;
 use super::status::{Condition, Status};
 use super::writer::{Change, Msg, Writer};
-use super::{MarkKind, Store, StoreError, StoreFuture, Table};
+use super::{Mark, Store, StoreError, StoreFuture, Table};
 
 /// Answered writes waiting for the writer's next batch, shared by the store and its writer.
 pub(super) type Answers = Arc<std::sync::Mutex<Answered>>;
@@ -24,8 +24,8 @@ pub(super) type Answers = Arc<std::sync::Mutex<Answered>>;
 /// What [`Answers`] holds.
 #[derive(Debug, Default)]
 pub(super) struct Answered {
-    /// The answered writes, as `(mark, name, token)`.
-    pub(super) list: Vec<(MarkKind, String, u64)>,
+    /// The answered writes, as `(mark, token)`.
+    pub(super) list: Vec<(Mark, u64)>,
     /// The writer sleeps with no deadline for answers: the next answer sends it a reminder.
     /// Otherwise the writer is busy, or wakes by itself within `ANSWER_FLUSH` (it committed
     /// advances whose answers it expects), and an answer wakes nobody: for writes less than
@@ -242,7 +242,7 @@ impl FileStore {
     }
 
     /// Queues answered writes for the writer's next batch, reminding it if it sleeps until told.
-    fn note_answers(&self, answered: impl IntoIterator<Item = (MarkKind, String, u64)>) {
+    fn note_answers(&self, answered: impl IntoIterator<Item = (Mark, u64)>) {
         let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
         answers.list.extend(answered);
         let remind = answers.remind && !answers.list.is_empty();
@@ -271,9 +271,9 @@ impl FileStore {
 
 impl FileStore {
     /// Sends a change of several marks to the writer, as one entry of one batch.
-    fn change_all(&self, mut marks: Vec<(MarkKind, String)>, token: u64, change: Change) -> StoreFuture<'_> {
-        if let Some((_, name)) = marks.iter().find(|(_, name)| name.is_empty() || name.len() > MAX_KEY_LEN) {
-            return Box::pin(std::future::ready(Err(StoreError::KeyTooLong(name.len()))));
+    fn change_all(&self, mut marks: Vec<Mark>, token: u64, change: Change) -> StoreFuture<'_> {
+        if let Some(mark) = marks.iter().find(|mark| mark.name.is_empty() || mark.name.len() > MAX_KEY_LEN) {
+            return Box::pin(std::future::ready(Err(StoreError::KeyTooLong(mark.name.len()))));
         }
         if marks.is_empty() {
             return Box::pin(std::future::ready(Ok(())));
@@ -298,19 +298,19 @@ impl Store for FileStore {
     }
 
     fn answered(&self, key: &str, token: u64) {
-        self.note_answers(std::iter::once((MarkKind::Key, key.to_owned(), token)));
+        self.note_answers(std::iter::once((Mark::key(key), token)));
     }
 
-    fn advance_all_in(&self, _term: u64, marks: Vec<(MarkKind, String)>, token: u64) -> StoreFuture<'_> {
+    fn advance_all_in(&self, _term: u64, marks: Vec<Mark>, token: u64) -> StoreFuture<'_> {
         self.change_all(marks, token, Change::Advance)
     }
 
-    fn reset_in(&self, _term: u64, marks: Vec<(MarkKind, String)>, token: u64) -> StoreFuture<'_> {
+    fn reset_in(&self, _term: u64, marks: Vec<Mark>, token: u64) -> StoreFuture<'_> {
         self.change_all(marks, token, Change::Reset)
     }
 
-    fn answered_all(&self, marks: &[(MarkKind, String)], token: u64) {
-        self.note_answers(marks.iter().map(|(mark, name)| (*mark, name.clone(), token)));
+    fn answered_all(&self, marks: &[Mark], token: u64) {
+        self.note_answers(marks.iter().map(|mark| (mark.clone(), token)));
     }
 
     fn close(&self) -> StoreFuture<'_> {

@@ -10,12 +10,12 @@ use super::recovery::{segment_name, snapshot_name};
 use super::tests::{as_a_crash_would_leave, contents, map, open, options, records_end, segment};
 use super::*;
 
-fn key(name: &str) -> (MarkKind, String) {
-    (MarkKind::Key, name.to_owned())
+fn key(name: &str) -> Mark {
+    Mark::key(name)
 }
 
-fn floor(name: &str) -> (MarkKind, String) {
-    (MarkKind::Floor, name.to_owned())
+fn floor(name: &str) -> Mark {
+    Mark::floor(name)
 }
 
 fn floors(table: &Table) -> HashMap<String, u64> {

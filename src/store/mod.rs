@@ -1,9 +1,10 @@
 //! Durable `max_seen`: the [`Store`] trait, the in-memory [`Table`] it keeps current, and
 //! [`FileStore`], a log-structured store in the tradition of etcd's WAL.
 //!
-//! The store keeps two kinds of mark ([`MarkKind`]): a key's `max_seen`, and floors, each the
-//! highest token a write covering everything under a string was accepted with. Both are opaque
-//! strings to the store, in separate maps: a floor and a key spelled alike are different marks.
+//! The store keeps a level for each [`Mark`], of two kinds ([`MarkKind`]): a key's `max_seen`,
+//! and floors, each the highest token a write covering everything under a string was accepted
+//! with. Names are opaque strings to the store, in a map per kind: a floor and a key spelled
+//! alike are different marks.
 //!
 //! The proxy calls [`Store::advance`] (one key) or [`Store::advance_all`] (several marks, in one
 //! atomic batch) and waits for it before forwarding. An implementation
@@ -21,6 +22,7 @@ mod init;
 mod inspect;
 mod listing;
 mod log;
+mod mark;
 mod preflight;
 pub(crate) mod recovery;
 mod relay;
@@ -40,6 +42,7 @@ pub use file::{CommitHook, FileStore, StoreOptions};
 pub use init::{check_initialised, init};
 pub use inspect::{Inspection, inspect};
 pub use listing::Listed;
+pub use mark::{Mark, MarkKind, MarkRef};
 pub use preflight::{Usable, check_usable};
 pub use scheduling::WriterScheduling;
 pub use status::Condition;
@@ -55,16 +58,6 @@ pub enum SyncMode {
     Always,
     /// Leave it to the page cache: survives a process crash only. For benchmarks.
     Never,
-}
-
-/// What one record raises: a key's `max_seen`, or a floor (the highest token a write covering
-/// everything under a string was accepted with).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum MarkKind {
-    /// A key: `max_seen` of one resource.
-    Key,
-    /// A floor: the highest token of a write that covered everything under the string.
-    Floor,
 }
 
 /// A boxed future returned by [`Store`] methods.
@@ -104,15 +97,15 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Raises every mark in `marks` to `token` in one committed batch: all of them are durable,
     /// and the table raised, before this resolves, or none is (never split across batches,
     /// whatever MAX_BATCH says). Each is in flight until answered.
-    fn advance_all_in(&self, term: u64, marks: Vec<(MarkKind, String)>, token: u64) -> StoreFuture<'_>;
+    fn advance_all_in(&self, term: u64, marks: Vec<Mark>, token: u64) -> StoreFuture<'_>;
     /// Notes that the write that advanced `marks` to `token` was answered.
-    fn answered_all(&self, marks: &[(MarkKind, String)], token: u64);
+    fn answered_all(&self, marks: &[Mark], token: u64);
     /// Sets every mark in `marks` to exactly `token`, lowering it if need be (an operator's
     /// reset), in one committed batch, with the table set before this resolves. Unlike an
     /// advance it counts in log order: recovery applies it after every record before it, so
     /// taking the highest of what the log holds cannot undo it. Whether a write is in flight is
     /// left as it was. The caller must hold every turn the marks could move under.
-    fn reset_in(&self, term: u64, marks: Vec<(MarkKind, String)>, token: u64) -> StoreFuture<'_>;
+    fn reset_in(&self, term: u64, marks: Vec<Mark>, token: u64) -> StoreFuture<'_>;
     /// Flushes everything and stops; later advances fail with [`StoreError::Closed`].
     fn close(&self) -> StoreFuture<'_>;
     /// What the store can do now (for readiness).
@@ -142,7 +135,7 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         self.answered(key, token);
     }
     /// [`Store::answered_all`] for a write advanced in `term`.
-    fn answered_all_in(&self, term: u64, marks: &[(MarkKind, String)], token: u64) {
+    fn answered_all_in(&self, term: u64, marks: &[Mark], token: u64) {
         let _ = term;
         self.answered_all(marks, token);
     }
@@ -151,11 +144,11 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         self.advance_in(self.term(), key, token)
     }
     /// [`Store::advance_all_in`] in the term now.
-    fn advance_all(&self, marks: Vec<(MarkKind, String)>, token: u64) -> StoreFuture<'_> {
+    fn advance_all(&self, marks: Vec<Mark>, token: u64) -> StoreFuture<'_> {
         self.advance_all_in(self.term(), marks, token)
     }
     /// [`Store::reset_in`] in the term now.
-    fn reset(&self, marks: Vec<(MarkKind, String)>, token: u64) -> StoreFuture<'_> {
+    fn reset(&self, marks: Vec<Mark>, token: u64) -> StoreFuture<'_> {
         self.reset_in(self.term(), marks, token)
     }
 }

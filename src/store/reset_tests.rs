@@ -6,12 +6,12 @@ use std::collections::HashMap;
 use super::tests::{contents, map, open, options};
 use super::*;
 
-fn key(name: &str) -> (MarkKind, String) {
-    (MarkKind::Key, name.to_owned())
+fn key(name: &str) -> Mark {
+    Mark::key(name)
 }
 
-fn floor(name: &str) -> (MarkKind, String) {
-    (MarkKind::Floor, name.to_owned())
+fn floor(name: &str) -> Mark {
+    Mark::floor(name)
 }
 
 fn floors(table: &Table) -> HashMap<String, u64> {

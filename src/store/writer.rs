@@ -34,7 +34,7 @@ use super::relay::{Answer, Done, Relay};
 use super::scheduling::Scheduler;
 use super::status::{Status, stall_point};
 use super::table::mark_bytes;
-use super::{MarkKind, StoreError, Table};
+use super::{Mark, MarkKind, StoreError, Table};
 
 /// Most advances committed by one write and one sync (an advance of several marks counts once:
 /// it is never split).
@@ -52,7 +52,7 @@ pub(super) enum Msg {
     },
     /// Several marks, in one batch.
     AdvanceAll {
-        marks: Vec<(MarkKind, String)>,
+        marks: Vec<Mark>,
         token: u64,
         change: Change,
         done: Done,
@@ -90,7 +90,7 @@ pub(super) struct Writer {
     /// The answers of the batch being committed.
     answering: Vec<Answer>,
     /// Answered writes just taken from `answers`, kept for its capacity.
-    taken: Vec<(MarkKind, String, u64)>,
+    taken: Vec<(Mark, u64)>,
 }
 
 /// What a message of several marks does to them.
@@ -138,9 +138,9 @@ impl Room {
 }
 
 /// Raises (or, for a reset, sets) `marks` in `table` to `token`, once that is durable.
-pub(super) fn apply(table: &Table, marks: &[(MarkKind, String)], token: u64, change: Change) {
-    for (mark, name) in marks {
-        match (mark, change) {
+pub(super) fn apply(table: &Table, marks: &[Mark], token: u64, change: Change) {
+    for Mark { kind, name } in marks {
+        match (kind, change) {
             (MarkKind::Key, Change::Advance) => table.advance(name, token),
             (MarkKind::Floor, Change::Advance) => table.advance_floor(name, token),
             (MarkKind::Key, Change::Reset) => table.reset(name, token),
@@ -151,8 +151,8 @@ pub(super) fn apply(table: &Table, marks: &[(MarkKind, String)], token: u64, cha
 
 enum Op {
     Advance { key: String, token: u64, done: Done },
-    AdvanceAll { marks: Vec<(MarkKind, String)>, token: u64, change: Change, done: Done },
-    Answered { mark: MarkKind, key: String, token: u64 },
+    AdvanceAll { marks: Vec<Mark>, token: u64, change: Change, done: Done },
+    Answered { mark: Mark, token: u64 },
 }
 
 /// What woke the writer from its wait for work.
@@ -327,9 +327,9 @@ impl Writer {
             self.taken.clear();
             return;
         }
-        for (mark, key, token) in self.taken.drain(..) {
-            self.log.append(Kind::answered(mark), &key, token);
-            self.batch.push(Op::Answered { mark, key, token });
+        for (mark, token) in self.taken.drain(..) {
+            self.log.append(Kind::answered(mark.kind), &mark.name, token);
+            self.batch.push(Op::Answered { mark, token });
         }
     }
 
@@ -359,29 +359,29 @@ impl Writer {
     }
 
     /// Queues a change of several marks for this batch, whole, or refuses it whole at once.
-    fn admit_all(&mut self, marks: Vec<(MarkKind, String)>, token: u64, change: Change, done: Done) {
+    fn admit_all(&mut self, marks: Vec<Mark>, token: u64, change: Change, done: Done) {
         if let Some(f) = &self.failed {
             let _ = done.send(Err(StoreError::Failed(f.clone())));
             return;
         }
         let (new, bytes) = marks
             .iter()
-            .filter(|(mark, name)| match mark {
-                MarkKind::Key => self.table.get(name).is_none(),
-                MarkKind::Floor => self.table.floor(name).is_none(),
+            .filter(|mark| match mark.kind {
+                MarkKind::Key => self.table.get(&mark.name).is_none(),
+                MarkKind::Floor => self.table.floor(&mark.name).is_none(),
             })
-            .fold((0, 0), |(n, b), (_, name)| (n + 1, b + mark_bytes(name)));
+            .fold((0, 0), |(n, b), mark| (n + 1, b + mark_bytes(&mark.name)));
         if let Err(e) = self.make_room(new, bytes) {
             tracing::warn!(marks = marks.len(), new, error = %e, "refusing a write to new resources");
             let _ = done.send(Err(e));
             return;
         }
-        for (mark, name) in &marks {
+        for mark in &marks {
             let kind = match change {
-                Change::Advance => Kind::advance(*mark),
-                Change::Reset => Kind::reset(*mark),
+                Change::Advance => Kind::advance(mark.kind),
+                Change::Reset => Kind::reset(mark.kind),
             };
-            self.log.append(kind, name, token);
+            self.log.append(kind, &mark.name, token);
         }
         self.advances_in_batch += marks.len();
         self.writes_in_batch += 1;
@@ -441,8 +441,10 @@ impl Writer {
                 }
                 // An answer the log had no room for is lost, which only costs a quarantine
                 // after a restart; the table need not wait for it.
-                Op::Answered { mark: MarkKind::Key, key, token } => self.table.answered(&key, token),
-                Op::Answered { mark: MarkKind::Floor, key, token } => self.table.answered_floor(&key, token),
+                Op::Answered { mark: Mark { kind: MarkKind::Key, name }, token } => self.table.answered(&name, token),
+                Op::Answered { mark: Mark { kind: MarkKind::Floor, name }, token } => {
+                    self.table.answered_floor(&name, token)
+                }
             }
         }
         if answers_follow && outcome.is_ok() {

@@ -54,11 +54,11 @@ async fn past_max_table_bytes_new_marks_are_refused_and_known_ones_still_advance
     let full = StoreError::FullBytes(max_table_bytes);
     assert!(matches!(store.advance(&long(3), 1).await, Err(e) if e.to_string() == full.to_string()));
     assert!(matches!(store.advance("/t", 1).await, Err(StoreError::FullBytes(_))), "however short");
-    let with_a_floor = vec![(MarkKind::Key, long(1)), (MarkKind::Floor, "/f".to_owned())];
+    let with_a_floor = vec![Mark::key(long(1)), Mark::floor("/f")];
     assert!(matches!(store.advance_all(with_a_floor, 2).await, Err(StoreError::FullBytes(_))), "refused whole");
     assert_eq!((store.table().get(&long(1)), store.table().floor("/f")), (Some(1), None));
     store.advance(&long(1), 2).await.expect("a known key advances past the limit");
-    store.advance_all(vec![(MarkKind::Key, long(2)), (MarkKind::Key, "/s".to_owned())], 3).await.unwrap();
+    store.advance_all(vec![Mark::key(long(2)), Mark::key("/s")], 3).await.unwrap();
     assert!(store.healthy(), "a full table is not a failed store");
     assert_eq!(store.table().bytes().total(), max_table_bytes);
     assert!(full.to_string().contains("store.max_table_bytes"), "{full}");
@@ -149,7 +149,7 @@ async fn an_answer_reminds_a_writer_that_stopped_expecting_one() {
 async fn after_an_operators_reset_the_writer_expects_no_answer() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
-    store.reset_in(0, vec![(MarkKind::Key, "/a".to_owned())], 5).await.unwrap();
+    store.reset_in(0, vec![Mark::key("/a")], 5).await.unwrap();
     until("the writer sleeps until reminded", || store.writer_awaits_reminder()).await;
     assert_eq!(store.empty_commits(), 0, "the writer waited for an answer a reset never gets");
     // An answer then reminds it, and is logged.

@@ -322,12 +322,12 @@ async fn census_under(c: &Cluster, prefix: &str) -> Option<u64> {
 /// leads it with fewer.
 #[tokio::test]
 async fn a_prefix_that_lost_levels_is_refused_naming_what_is_missing() {
-    use fencegate::store::{Condition, MarkKind, Store};
+    use fencegate::store::{Condition, Mark, Store};
     let Some(etcd) = start_etcd().await else { return };
     let c = Cluster::build(&[etcd.url()], 1, "").await;
     let store = leading_store(&c, &etcd).await;
     store.advance("/a", 5).await.unwrap();
-    store.advance_all(vec![(MarkKind::Key, "/b".into()), (MarkKind::Floor, "/d/".into())], 6).await.unwrap();
+    store.advance_all(vec![Mark::key("/b"), Mark::floor("/d/")], 6).await.unwrap();
     store.advance("/c", 7).await.unwrap();
     store.close().await.unwrap();
 
@@ -368,7 +368,7 @@ async fn a_prefix_that_lost_levels_is_refused_naming_what_is_missing() {
 /// the same transaction: an advance, several marks at once, a reset of a mark never written.
 #[tokio::test]
 async fn the_census_counts_every_level_created() {
-    use fencegate::store::{MarkKind, Store};
+    use fencegate::store::{Mark, Store};
     let Some(etcd) = start_etcd().await else { return };
     let c = Cluster::build(&[etcd.url()], 1, "").await;
     let store = leading_store(&c, &etcd).await;
@@ -376,13 +376,13 @@ async fn the_census_counts_every_level_created() {
     store.advance("/a", 5).await.unwrap();
     assert_eq!(census_in_etcd(&c).await, Some(1));
     let (both, again) = (
-        store.advance_all(vec![(MarkKind::Key, "/b".into()), (MarkKind::Floor, "/d/".into())], 6),
-        store.advance_all(vec![(MarkKind::Key, "/b".into()), (MarkKind::Key, "/a".into())], 7),
+        store.advance_all(vec![Mark::key("/b"), Mark::floor("/d/")], 6),
+        store.advance_all(vec![Mark::key("/b"), Mark::key("/a")], 7),
     );
     both.await.unwrap();
     again.await.unwrap();
     assert_eq!(census_in_etcd(&c).await, Some(3), "/b counted once, /a not again");
-    store.reset(vec![(MarkKind::Key, "/b".into()), (MarkKind::Key, "/c".into())], 3).await.unwrap();
+    store.reset(vec![Mark::key("/b"), Mark::key("/c")], 3).await.unwrap();
     assert_eq!(census_in_etcd(&c).await, Some(4), "a reset that makes a level counts it");
     store.close().await.unwrap();
 

@@ -30,7 +30,7 @@ use crate::etcd::{Client, Compare, EtcdError, Op};
 use crate::store::file::CommitHook;
 use crate::store::table::mark_bytes;
 use crate::store::writer::{Change, Room, apply};
-use crate::store::{MarkKind, StoreError, Table};
+use crate::store::{Mark, MarkKind, StoreError, Table};
 
 /// etcd's default `--max-txn-ops`: the operations one transaction may hold.
 pub const DEFAULT_MAX_TXN_OPS: usize = 128;
@@ -44,9 +44,9 @@ pub(crate) type Done = oneshot::Sender<Result<(), StoreError>>;
 
 pub(crate) enum Msg {
     /// Raises (or resets) marks, checked in `term`.
-    Change { marks: Vec<(MarkKind, String)>, token: u64, term: u64, change: Change, done: Done },
+    Change { marks: Vec<Mark>, token: u64, term: u64, change: Change, done: Done },
     /// A write of `token` to `marks`, advanced in `term` (if known), was answered.
-    Answered { marks: Vec<(MarkKind, String)>, token: u64, term: Option<u64> },
+    Answered { marks: Vec<Mark>, token: u64, term: Option<u64> },
     /// Commits what is queued, resigns and stops.
     Close(Done),
 }
@@ -57,9 +57,9 @@ impl Msg {
         match self {
             Msg::Change { marks, change, .. } => {
                 let per = if *change == Change::Advance { 2 } else { 1 };
-                (marks.len() * per, marks.iter().map(|(_, n)| (n.len() + 48) * per).sum())
+                (marks.len() * per, marks.iter().map(|m| (m.name.len() + 48) * per).sum())
             }
-            Msg::Answered { marks, .. } => (marks.len(), marks.iter().map(|(_, n)| n.len() + 24).sum()),
+            Msg::Answered { marks, .. } => (marks.len(), marks.iter().map(|m| m.name.len() + 24).sum()),
             Msg::Close(_) => (0, 0),
         }
     }
@@ -99,8 +99,8 @@ struct Chain {
 
 /// One change of a batch, applied to the table once the batch commits.
 enum Applied {
-    Change { marks: Vec<(MarkKind, String)>, token: u64, change: Change, done: Done },
-    Answered { marks: Vec<(MarkKind, String)>, token: u64 },
+    Change { marks: Vec<Mark>, token: u64, change: Change, done: Done },
+    Answered { marks: Vec<Mark>, token: u64 },
 }
 
 impl Writer {
@@ -190,17 +190,17 @@ impl Writer {
         let mut applied = Vec::with_capacity(batch.len());
         let mut room = Room::default();
         // The highest advance of each mark so far in this batch.
-        let mut batch_levels: HashMap<(MarkKind, String), u64> = HashMap::new();
+        let mut batch_levels: HashMap<Mark, u64> = HashMap::new();
         // The levels this batch creates, each once however many of its changes name it.
-        let mut created: HashSet<(MarkKind, String)> = HashSet::new();
+        let mut created: HashSet<Mark> = HashSet::new();
         for msg in batch {
             match msg {
                 Msg::Answered { marks, token, term: answered_in } => {
                     // An answer from an earlier term leaves etcd's marker alone: a later term
                     // may have set it for a write of its own (costing a quarantine at most).
                     if answered_in.is_none_or(|t| t == term) {
-                        for (mark, name) in &marks {
-                            writes.insert(self.names.in_flight(*mark, name), None);
+                        for mark in &marks {
+                            writes.insert(self.names.in_flight(mark.borrowed()), None);
                         }
                     }
                     applied.push(Applied::Answered { marks, token });
@@ -212,14 +212,14 @@ impl Writer {
                     // Levels only climb here, whatever the caller checked: an advance below a
                     // mark's level, or below an advance of it earlier in this batch, is refused
                     // (a change whose caller stopped waiting may still be queued ahead of it).
-                    let level = |mark: &MarkKind, name: &str| match mark {
-                        MarkKind::Key => self.table.get(name),
-                        MarkKind::Floor => self.table.floor(name),
+                    let level = |mark: &Mark| match mark.kind {
+                        MarkKind::Key => self.table.get(&mark.name),
+                        MarkKind::Floor => self.table.floor(&mark.name),
                     };
                     if change == Change::Advance
-                        && marks.iter().any(|(m, n)| {
-                            let queued = batch_levels.get(&(*m, n.clone())).copied();
-                            level(m, n).max(queued).is_some_and(|l| token < l)
+                        && marks.iter().any(|m| {
+                            let queued = batch_levels.get(m).copied();
+                            level(m).max(queued).is_some_and(|l| token < l)
                         })
                     {
                         let why = "a higher level of one of its marks was committed or is being committed";
@@ -227,28 +227,22 @@ impl Writer {
                         continue;
                     }
                     if change == Change::Advance {
-                        for (m, n) in &marks {
-                            let e = batch_levels.entry((*m, n.clone())).or_insert(token);
+                        for m in &marks {
+                            let e = batch_levels.entry(m.clone()).or_insert(token);
                             *e = (*e).max(token);
                         }
                     }
-                    let fresh: Vec<&(MarkKind, String)> = marks
-                        .iter()
-                        .filter(|(m, n)| match m {
-                            MarkKind::Key => self.table.get(n).is_none(),
-                            MarkKind::Floor => self.table.floor(n).is_none(),
-                        })
-                        .collect();
-                    let bytes = fresh.iter().map(|(_, n)| mark_bytes(n)).sum::<u64>();
+                    let fresh: Vec<&Mark> = marks.iter().filter(|m| level(m).is_none()).collect();
+                    let bytes = fresh.iter().map(|m| mark_bytes(&m.name)).sum::<u64>();
                     if let Err(e) = room.take(&self.table, self.max_resources, fresh.len(), bytes) {
                         let _ = done.send(Err(e));
                         continue;
                     }
                     created.extend(fresh.into_iter().cloned());
-                    for (mark, name) in &marks {
-                        writes.insert(self.names.level(*mark, name), Some(token_value(token)));
+                    for mark in &marks {
+                        writes.insert(self.names.level(mark.borrowed()), Some(token_value(token)));
                         if change == Change::Advance {
-                            writes.insert(self.names.in_flight(*mark, name), Some(token_value(token)));
+                            writes.insert(self.names.in_flight(mark.borrowed()), Some(token_value(token)));
                         }
                     }
                     applied.push(Applied::Change { marks, token, change, done });
@@ -381,8 +375,8 @@ impl Writer {
         for a in applied {
             match a {
                 Applied::Answered { marks, token } => {
-                    for (mark, name) in &marks {
-                        match mark {
+                    for Mark { kind, name } in &marks {
+                        match kind {
                             MarkKind::Key => self.table.answered(name, token),
                             MarkKind::Floor => self.table.answered_floor(name, token),
                         }

@@ -23,7 +23,7 @@ use tokio::task::JoinHandle;
 use super::file::CommitHook;
 use super::format::MAX_KEY_LEN;
 use super::writer::Change;
-use super::{Condition, MarkKind, Permit, Role, Store, StoreError, StoreFuture, Table};
+use super::{Condition, Mark, Permit, Role, Store, StoreError, StoreFuture, Table};
 use crate::etcd::Client;
 pub use batch::DEFAULT_MAX_TXN_OPS;
 use batch::Msg;
@@ -154,9 +154,9 @@ impl EtcdStore {
         })
     }
 
-    fn change(&self, term: u64, mut marks: Vec<(MarkKind, String)>, token: u64, change: Change) -> StoreFuture<'_> {
-        if let Some((_, name)) = marks.iter().find(|(_, name)| name.is_empty() || name.len() > MAX_KEY_LEN) {
-            return Box::pin(std::future::ready(Err(StoreError::KeyTooLong(name.len()))));
+    fn change(&self, term: u64, mut marks: Vec<Mark>, token: u64, change: Change) -> StoreFuture<'_> {
+        if let Some(mark) = marks.iter().find(|mark| mark.name.is_empty() || mark.name.len() > MAX_KEY_LEN) {
+            return Box::pin(std::future::ready(Err(StoreError::KeyTooLong(mark.name.len()))));
         }
         if marks.is_empty() {
             return Box::pin(std::future::ready(Ok(())));
@@ -187,30 +187,30 @@ impl Store for EtcdStore {
     }
 
     fn advance_in(&self, term: u64, key: &str, token: u64) -> StoreFuture<'_> {
-        self.change(term, vec![(MarkKind::Key, key.to_owned())], token, Change::Advance)
+        self.change(term, vec![Mark::key(key)], token, Change::Advance)
     }
 
     fn answered(&self, key: &str, token: u64) {
-        let _ = self.tx.send(Msg::Answered { marks: vec![(MarkKind::Key, key.to_owned())], token, term: None });
+        let _ = self.tx.send(Msg::Answered { marks: vec![Mark::key(key)], token, term: None });
     }
 
     fn answered_in(&self, term: u64, key: &str, token: u64) {
-        let _ = self.tx.send(Msg::Answered { marks: vec![(MarkKind::Key, key.to_owned())], token, term: Some(term) });
+        let _ = self.tx.send(Msg::Answered { marks: vec![Mark::key(key)], token, term: Some(term) });
     }
 
-    fn answered_all_in(&self, term: u64, marks: &[(MarkKind, String)], token: u64) {
+    fn answered_all_in(&self, term: u64, marks: &[Mark], token: u64) {
         let _ = self.tx.send(Msg::Answered { marks: marks.to_vec(), token, term: Some(term) });
     }
 
-    fn advance_all_in(&self, term: u64, marks: Vec<(MarkKind, String)>, token: u64) -> StoreFuture<'_> {
+    fn advance_all_in(&self, term: u64, marks: Vec<Mark>, token: u64) -> StoreFuture<'_> {
         self.change(term, marks, token, Change::Advance)
     }
 
-    fn answered_all(&self, marks: &[(MarkKind, String)], token: u64) {
+    fn answered_all(&self, marks: &[Mark], token: u64) {
         let _ = self.tx.send(Msg::Answered { marks: marks.to_vec(), token, term: None });
     }
 
-    fn reset_in(&self, term: u64, marks: Vec<(MarkKind, String)>, token: u64) -> StoreFuture<'_> {
+    fn reset_in(&self, term: u64, marks: Vec<Mark>, token: u64) -> StoreFuture<'_> {
         self.change(term, marks, token, Change::Reset)
     }
 
