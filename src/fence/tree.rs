@@ -174,9 +174,9 @@ mod tests {
     #[test]
     fn a_subtree_sees_every_key_below_it_and_a_key_every_floor_above_it() {
         let table = Table::new();
-        table.raise("/d/f", 1000);
-        table.raise("/d", 7);
-        table.raise("/e/", 9);
+        table.raise(MarkRef::key("/d/f"), 1000);
+        table.raise(MarkRef::key("/d"), 7);
+        table.raise(MarkRef::key("/e/"), 9);
         let tree = Tree::build(&table);
         assert_eq!(level(&table, &tree, &touch("/d/", Coverage::Key)), None, "a key alone sees only itself");
         assert_eq!(level(&table, &tree, &touch("/d/", Coverage::Subtree)), Some(1000));
@@ -185,7 +185,7 @@ mod tests {
         assert_eq!(level(&table, &tree, &touch("/", Coverage::Subtree)), Some(1000));
         assert_eq!(level(&table, &tree, &touch("/dx", Coverage::Subtree)), None, "segments, not prefixes");
 
-        table.raise_floor("/d", 2000);
+        table.raise(MarkRef::floor("/d"), 2000);
         tree.raise("/d", 2000, &table);
         assert_eq!(level(&table, &tree, &touch("/d/g/h", Coverage::Key)), Some(2000), "a floor covers new keys too");
         assert_eq!(level(&table, &tree, &touch("/d/", Coverage::Key)), Some(2000));

@@ -139,9 +139,9 @@ async fn an_advance_of_more_marks_than_a_batch_holds_is_never_split() {
 fn a_snapshot_keeps_floors_and_the_writes_in_flight_under_them() {
     let dir = tempfile::tempdir().unwrap();
     let table = Table::new();
-    table.raise_floor("/p/", 4);
-    table.advance_floor("/q/", 6);
-    table.advance("/q/", 2);
+    table.raise(MarkRef::floor("/p/"), 4);
+    table.advance(MarkRef::floor("/q/"), 6);
+    table.advance(MarkRef::key("/q/"), 2);
     compact::write_snapshot(dir.path(), 3, &table).unwrap();
     fs::write(segment(dir.path(), 3), Header::new(3).encode(FileKind::Segment)).unwrap();
     let (t, found) = as_a_crash_would_leave(dir.path());
@@ -332,7 +332,7 @@ async fn a_file_of_an_unknown_version_refuses_to_start_and_names_the_version() {
     // A snapshot of an unknown version is refused the same way.
     let snap = tempfile::tempdir().unwrap();
     let table = Table::new();
-    table.raise_floor("/d/", 5);
+    table.raise(MarkRef::floor("/d/"), 5);
     compact::write_snapshot(snap.path(), 2, &table).unwrap();
     let path = snap.path().join(snapshot_name(2));
     let mut data = fs::read(&path).unwrap();

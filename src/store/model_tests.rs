@@ -35,7 +35,7 @@ use std::path::Path;
 
 use proptest::prelude::*;
 
-use super::format::{HEADER_LEN, Kind};
+use super::format::{HEADER_LEN, Kind, Says};
 use super::log::Log;
 use super::recovery::{self, Mode, Recovered, snapshot_name};
 use super::*;
@@ -149,7 +149,7 @@ impl Model {
         marks.dedup();
         let token = to(marks.iter().map(|k| self.latest.get(k).copied().unwrap_or(0)).max().unwrap_or(0));
         for mark in marks {
-            log.append(if reset { Kind::reset(mark.kind) } else { Kind::advance(mark.kind) }, mark.name, token);
+            log.append(Kind::keyed(if reset { Says::Reset } else { Says::Advance }, mark.kind), mark.name, token);
             let change = Change { mark, token, reset, at: self.place() };
             change.apply(&mut self.latest);
             self.buffered.push(change);
@@ -207,11 +207,8 @@ impl<'a> World<'a> {
         World { dir, log, table, durable, found }
     }
 
-    fn get(&self, MarkRef { kind, name }: Mark) -> Option<u64> {
-        match kind {
-            MarkKind::Key => self.table.get(name),
-            MarkKind::Floor => self.table.floor(name),
-        }
+    fn get(&self, mark: Mark) -> Option<u64> {
+        self.table.level(mark)
     }
 
     /// Checks what recovery found against the states `outcomes` a crash may leave; returns it.
@@ -254,11 +251,9 @@ impl<'a> World<'a> {
         let written = std::mem::take(&mut m.written);
         for c in written.into_iter().flatten().chain(std::mem::take(&mut m.buffered)) {
             c.apply(&mut m.synced);
-            match (c.mark, c.reset) {
-                (MarkRef { kind: MarkKind::Key, name }, false) => self.table.advance(name, c.token),
-                (MarkRef { kind: MarkKind::Floor, name }, false) => self.table.advance_floor(name, c.token),
-                (MarkRef { kind: MarkKind::Key, name }, true) => self.table.reset(name, c.token),
-                (MarkRef { kind: MarkKind::Floor, name }, true) => self.table.reset_floor(name, c.token),
+            match c.reset {
+                false => self.table.advance(c.mark, c.token),
+                true => self.table.reset(c.mark, c.token),
             }
             if !c.reset {
                 m.last_acked.insert(c.mark, (c.at, c.token));
@@ -280,14 +275,11 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             Op::Answered { mark: i } => {
                 let k = mark(i);
                 if let Some(&(_, t)) = m.last_acked.get(&k) {
-                    w.log.append(Kind::answered(k.kind), k.name, t);
+                    w.log.append(Kind::keyed(Says::Answered, k.kind), k.name, t);
                     let at = m.place();
                     m.last_answer.insert(k, at);
                     m.last_answer_of.insert((k, t), at);
-                    match k.kind {
-                        MarkKind::Key => w.table.answered(k.name, t),
-                        MarkKind::Floor => w.table.answered_floor(k.name, t),
-                    }
+                    w.table.answered(k, t);
                 }
             }
             Op::Write => {

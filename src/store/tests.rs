@@ -185,7 +185,7 @@ async fn snapshot_plus_tail_recovers_and_compaction_keeps_disk_proportional_to_r
 async fn a_damaged_snapshot_refuses_to_start() {
     let dir = tempfile::tempdir().unwrap();
     let table = Table::new();
-    table.raise("/a", 5);
+    table.raise(MarkRef::key("/a"), 5);
     compact::write_snapshot(dir.path(), 3, &table).unwrap();
     fs::write(segment(dir.path(), 3), Header::new(3).encode(FileKind::Segment)).unwrap();
     let snap = dir.path().join(snapshot_name(3));

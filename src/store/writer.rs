@@ -27,14 +27,14 @@ use super::compact;
 #[path = "writer_faults.rs"]
 mod faults;
 use super::file::{Answers, StoreOptions};
-use super::format::Kind;
+use super::format::{Kind, Says};
 use super::log::{Log, LogError};
 use super::recovery::io_err;
 use super::relay::{Answer, Done, Relay};
 use super::scheduling::Scheduler;
 use super::status::{Status, stall_point};
 use super::table::mark_bytes;
-use super::{Mark, MarkKind, StoreError, Table};
+use super::{Mark, MarkRef, StoreError, Table};
 
 /// Most advances committed by one write and one sync (an advance of several marks counts once:
 /// it is never split).
@@ -139,12 +139,10 @@ impl Room {
 
 /// Raises (or, for a reset, sets) `marks` in `table` to `token`, once that is durable.
 pub(super) fn apply(table: &Table, marks: &[Mark], token: u64, change: Change) {
-    for Mark { kind, name } in marks {
-        match (kind, change) {
-            (MarkKind::Key, Change::Advance) => table.advance(name, token),
-            (MarkKind::Floor, Change::Advance) => table.advance_floor(name, token),
-            (MarkKind::Key, Change::Reset) => table.reset(name, token),
-            (MarkKind::Floor, Change::Reset) => table.reset_floor(name, token),
+    for mark in marks {
+        match change {
+            Change::Advance => table.advance(mark.borrowed(), token),
+            Change::Reset => table.reset(mark.borrowed(), token),
         }
     }
 }
@@ -328,7 +326,7 @@ impl Writer {
             return;
         }
         for (mark, token) in self.taken.drain(..) {
-            self.log.append(Kind::answered(mark.kind), &mark.name, token);
+            self.log.append(Kind::keyed(Says::Answered, mark.kind), &mark.name, token);
             self.batch.push(Op::Answered { mark, token });
         }
     }
@@ -366,10 +364,7 @@ impl Writer {
         }
         let (new, bytes) = marks
             .iter()
-            .filter(|mark| match mark.kind {
-                MarkKind::Key => self.table.get(&mark.name).is_none(),
-                MarkKind::Floor => self.table.floor(&mark.name).is_none(),
-            })
+            .filter(|mark| self.table.level(mark.borrowed()).is_none())
             .fold((0, 0), |(n, b), mark| (n + 1, b + mark_bytes(&mark.name)));
         if let Err(e) = self.make_room(new, bytes) {
             tracing::warn!(marks = marks.len(), new, error = %e, "refusing a write to new resources");
@@ -378,8 +373,8 @@ impl Writer {
         }
         for mark in &marks {
             let kind = match change {
-                Change::Advance => Kind::advance(mark.kind),
-                Change::Reset => Kind::reset(mark.kind),
+                Change::Advance => Kind::keyed(Says::Advance, mark.kind),
+                Change::Reset => Kind::keyed(Says::Reset, mark.kind),
             };
             self.log.append(kind, &mark.name, token);
         }
@@ -428,7 +423,7 @@ impl Writer {
                     answers_follow = true;
                     if outcome.is_ok() {
                         // Durable now: raise the table before anyone hears back.
-                        self.table.advance(&key, token);
+                        self.table.advance(MarkRef::key(&key), token);
                     }
                     self.answering.push((done, outcome.clone()));
                 }
@@ -441,10 +436,7 @@ impl Writer {
                 }
                 // An answer the log had no room for is lost, which only costs a quarantine
                 // after a restart; the table need not wait for it.
-                Op::Answered { mark: Mark { kind: MarkKind::Key, name }, token } => self.table.answered(&name, token),
-                Op::Answered { mark: Mark { kind: MarkKind::Floor, name }, token } => {
-                    self.table.answered_floor(&name, token)
-                }
+                Op::Answered { mark, token } => self.table.answered(mark.borrowed(), token),
             }
         }
         if answers_follow && outcome.is_ok() {

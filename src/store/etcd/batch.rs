@@ -30,7 +30,7 @@ use crate::etcd::{Client, Compare, EtcdError, Op};
 use crate::store::file::CommitHook;
 use crate::store::table::mark_bytes;
 use crate::store::writer::{Change, Room, apply};
-use crate::store::{Mark, MarkKind, StoreError, Table};
+use crate::store::{Mark, StoreError, Table};
 
 /// etcd's default `--max-txn-ops`: the operations one transaction may hold.
 pub const DEFAULT_MAX_TXN_OPS: usize = 128;
@@ -212,10 +212,7 @@ impl Writer {
                     // Levels only climb here, whatever the caller checked: an advance below a
                     // mark's level, or below an advance of it earlier in this batch, is refused
                     // (a change whose caller stopped waiting may still be queued ahead of it).
-                    let level = |mark: &Mark| match mark.kind {
-                        MarkKind::Key => self.table.get(&mark.name),
-                        MarkKind::Floor => self.table.floor(&mark.name),
-                    };
+                    let level = |mark: &Mark| self.table.level(mark.borrowed());
                     if change == Change::Advance
                         && marks.iter().any(|m| {
                             let queued = batch_levels.get(m).copied();
@@ -375,11 +372,8 @@ impl Writer {
         for a in applied {
             match a {
                 Applied::Answered { marks, token } => {
-                    for Mark { kind, name } in &marks {
-                        match kind {
-                            MarkKind::Key => self.table.answered(name, token),
-                            MarkKind::Floor => self.table.answered_floor(name, token),
-                        }
+                    for mark in &marks {
+                        self.table.answered(mark.borrowed(), token);
                     }
                 }
                 Applied::Change { done, .. } if answers_only => {

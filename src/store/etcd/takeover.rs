@@ -10,7 +10,7 @@
 
 use super::names::{Named, Names, parse_token, token_value};
 use crate::etcd::{Client, Compare, EtcdError, Op, prefix_end};
-use crate::store::{Mark, MarkKind, StoreError, Table};
+use crate::store::{MarkKind, StoreError, Table};
 
 /// Keys read per page.
 const PAGE: i64 = 1000;
@@ -99,14 +99,9 @@ pub(crate) async fn read(client: &Client, names: &Names, table: &Table, keying: 
                 continue;
             };
             match named {
-                Named::Level(Mark { kind: MarkKind::Key, name }) => {
-                    table.load(&name, token, false);
-                    table.reset(&name, token);
-                    adopted.marks += 1;
-                }
-                Named::Level(Mark { kind: MarkKind::Floor, name }) => {
-                    table.load_floor(&name, token, false);
-                    table.reset_floor(&name, token);
+                Named::Level(mark) => {
+                    table.load(mark.borrowed(), token, false);
+                    table.reset(mark.borrowed(), token);
                     adopted.marks += 1;
                 }
                 Named::InFlight(mark) => flying.push((mark, token)),
@@ -129,17 +124,14 @@ pub(crate) async fn read(client: &Client, names: &Names, table: &Table, keying: 
     }
     // After every level is in: a marker marks its entry in flight, at the level etcd holds
     // (a reset may have lowered the level below the marker's token; the marker never raises it).
-    for (Mark { kind, name }, token) in flying {
-        match kind {
-            MarkKind::Key => {
-                table.load(&name, table.get(&name).unwrap_or(token), true);
-                adopted.in_flight.push((name.into(), token));
-            }
-            MarkKind::Floor => {
-                table.load_floor(&name, table.floor(&name).unwrap_or(token), true);
-                adopted.floors_in_flight.push((name.into(), token));
-            }
-        }
+    for (mark, token) in flying {
+        let at = mark.borrowed();
+        table.load(at, table.level(at).unwrap_or(token), true);
+        let reported = match mark.kind {
+            MarkKind::Key => &mut adopted.in_flight,
+            MarkKind::Floor => &mut adopted.floors_in_flight,
+        };
+        reported.push((mark.name.into(), token));
     }
     Ok(Read { adopted, batch, census })
 }
