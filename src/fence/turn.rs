@@ -17,7 +17,7 @@ use super::acquire::{Held, Registered};
 use super::detach::Detached;
 use super::tree::{Coverage, Touch, node};
 use super::{Fence, FenceError, Policy, QuarantineCause, quarantine_end};
-use crate::store::{Mark, StoreError};
+use crate::store::{Change, Mark, MarkBatch, StoreError};
 
 /// How a forwarded write ended, as far as the fence is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,11 +131,7 @@ impl Turn {
     /// Makes the write's marks durable (one batch) in the store's `term`, the one it was
     /// checked in, then raises the tree.
     async fn advance(&self, term: u64, token: u64) -> Result<(), StoreError> {
-        let store = &self.fence.store;
-        match self.touches.as_slice() {
-            [Touch { key, coverage: Coverage::Key }] => store.advance_in(term, key, token).await?,
-            touches => store.advance_all_in(term, marks(touches), token).await?,
-        }
+        self.fence.store.commit(term, self.batch(Change::Advance, token)).await?;
         for touch in &self.touches {
             self.fence.tree.raise(touch.mark().name, token, &self.fence.max_seen);
         }
@@ -144,12 +140,14 @@ impl Turn {
     }
 
     /// Notes that the backend answered the write of `token`, advanced in `term`.
-    fn answered(&self, term: u64, token: u64) {
-        let store = &self.fence.store;
-        match self.touches.as_slice() {
-            [Touch { key, coverage: Coverage::Key }] => store.answered_in(term, key, token),
-            touches => store.answered_all_in(term, &marks(touches), token),
-        }
+    async fn answered(&self, term: u64, token: u64) {
+        // An answer resolves at once, and always with Ok.
+        let _ = self.fence.store.commit(term, self.batch(Change::Answered, token)).await;
+    }
+
+    /// The batch making `change` to the durable marks this write raises, with `token`.
+    fn batch(&self, change: Change, token: u64) -> MarkBatch {
+        MarkBatch::new(change, self.touches.iter().map(|t| t.mark().to_mark()), token)
     }
 
     /// [`Turn::finish_after`] for a write that needs nothing before its advance.
@@ -210,7 +208,7 @@ impl Turn {
             let result = write.await;
             turn.unsettled = None;
             match outcome(&result) {
-                Outcome::Answered => turn.answered(term, token),
+                Outcome::Answered => turn.answered(term, token).await,
                 // It stays in flight in the log too, so a restart quarantines it again.
                 Outcome::Unknown => turn.quarantine(quarantine),
             }
@@ -235,13 +233,13 @@ impl Turn {
                 return Err(FenceError::WouldLower { resource: key.to_string(), max_seen, to }.into());
             }
             if previous.map(|(m, _)| m) != Some(to) {
-                fence.store.advance_in(term, key, to).await?;
+                fence.store.commit(term, MarkBatch::advance([Mark::key(key)], to)).await?;
                 fence.tree.raise(key, to, &fence.max_seen);
                 fence.high_water.load().raise(&self.touches, to);
                 // Nothing was forwarded for this advance. But a write that is still in flight
                 // (its answer never came) must stay marked, or a restart would not quarantine it.
                 if !previous.is_some_and(|(_, in_flight)| in_flight) {
-                    fence.store.answered_in(term, key, to);
+                    let _ = fence.store.commit(term, MarkBatch::answered([Mark::key(key)], to)).await;
                 }
                 tracing::warn!(resource = %key, previous = %previous.map_or_else(|| "none".to_owned(), |(m, _)| m.to_string()), max_seen = to,
                     "max_seen raised by an operator: every holder of a lower token is cut off");
@@ -250,11 +248,6 @@ impl Turn {
         });
         task.await.unwrap_or_else(|e| Err(FenceError::TaskFailed(e.to_string()).into()))
     }
-}
-
-/// The durable marks a write with `touches` raises, owned, for the store's multi-mark calls.
-fn marks(touches: &[Touch]) -> Vec<Mark> {
-    touches.iter().map(|t| t.mark().to_mark()).collect()
 }
 
 impl Drop for Turn {

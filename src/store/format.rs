@@ -12,7 +12,7 @@
 use std::hash::BuildHasher;
 use std::io::{self, Write};
 
-use super::MarkKind;
+use super::{Change, MarkKind};
 
 /// Size of every file header.
 pub const HEADER_LEN: usize = 40;
@@ -152,6 +152,17 @@ pub enum Says {
     Answered,
     /// The mark is set to the token by an operator's reset, in log order.
     Reset,
+}
+
+impl From<Change> for Says {
+    /// What the records of a batch making `change` say.
+    fn from(change: Change) -> Says {
+        match change {
+            Change::Advance => Says::Advance,
+            Change::Reset => Says::Reset,
+            Change::Answered => Says::Answered,
+        }
+    }
 }
 
 /// The versions this build reads, as an error message names them.

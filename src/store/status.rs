@@ -24,6 +24,13 @@ pub enum Condition {
     Unavailable(String),
 }
 
+impl Condition {
+    /// Whether the store still accepts advances (false after a write or sync failure).
+    pub fn healthy(&self) -> bool {
+        !matches!(self, Condition::Failed(_))
+    }
+}
+
 /// Shared by the writer, which sets it, and the store's owner, which reads it.
 #[derive(Debug)]
 pub(super) struct Status {

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry as Slot;
 
-use super::{MarkKind, MarkRef};
+use super::{Change, MarkBatch, MarkKind, MarkRef};
 
 /// One mark in the [`Table`].
 #[derive(Debug, Clone, Copy)]
@@ -284,6 +284,19 @@ impl Table {
     /// Sets `mark` to `token`, lowering it if need be: an operator's reset, once durable.
     pub(crate) fn reset(&self, mark: MarkRef<'_>, token: u64) {
         self.marks(mark.kind).reset(mark.name, token);
+    }
+
+    /// Makes `batch`'s change to every mark of it, once it is durable (an answer need not be):
+    /// the one place a [`Change`] is applied to the table.
+    pub(crate) fn apply(&self, batch: &MarkBatch) {
+        let token = batch.token();
+        for mark in batch.marks() {
+            match batch.change() {
+                Change::Advance => self.advance(mark.borrowed(), token),
+                Change::Reset => self.reset(mark.borrowed(), token),
+                Change::Answered => self.answered(mark.borrowed(), token),
+            }
+        }
     }
 
     /// Visits every key as `(key, max_seen, in_flight)`, in no particular order.
