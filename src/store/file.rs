@@ -15,7 +15,7 @@ use super::recovery::{self, Mode, io_err, round_ms};
 use super::relay::Relay;
 use super::scheduling::WriterScheduling;
 use super::status::{Condition, Status};
-use super::writer::{Msg, Writer};
+use super::writer::{FileWriter, Msg};
 use super::{Change, MarkBatch, Store, StoreError, StoreFuture, Table};
 
 /// Answered writes waiting for the writer's next batch, shared by the store and its writer.
@@ -203,7 +203,7 @@ impl FileStore {
         // Started here, on the runtime that opens the store, if there is one.
         let relay = Relay::start();
         let writer =
-            Writer::new(log, Arc::clone(&table), Arc::clone(&status), options, Arc::clone(&answers), lock, relay);
+            FileWriter::new(log, Arc::clone(&table), Arc::clone(&status), options, Arc::clone(&answers), lock, relay);
         std::thread::Builder::new()
             .name("fencegate-log".into())
             .spawn(move || writer.run(rx))

@@ -49,7 +49,7 @@ pub use preflight::{Usable, check_usable};
 pub use scheduling::WriterScheduling;
 pub use status::Condition;
 #[cfg(feature = "stall-hook")]
-pub use status::{Held, hold};
+pub use status::{Stall, hold};
 pub use table::{MARK_BYTES, Table, TableBytes};
 
 /// Whether an advance is made durable with `fdatasync` before it resolves.
@@ -69,7 +69,7 @@ pub type StoreFuture<'a> = Pin<Box<dyn Future<Output = Result<(), StoreError>> +
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Role {
     /// Fences it here: the file store, or the etcd store's leader.
-    Writer,
+    Fences,
     /// Sends it to the leader at this URL, which fences it (the etcd store's followers).
     Forward(String),
     /// Refuses it: no instance can fence writes now, for this reason.
@@ -111,7 +111,7 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     }
     /// What this instance does with a fenced write now.
     fn role(&self) -> Role {
-        Role::Writer
+        Role::Fences
     }
     /// For a write advanced in `term`: whether it may still be sent on; `None` when it always
     /// may (the file store).

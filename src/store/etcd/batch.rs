@@ -1,6 +1,6 @@
-//! The leader's group commit to etcd: every change and answer queued while the previous
-//! transaction was under way joins the next one, and a batch is one transaction, guarded by
-//! the leader's epoch and the batch chain:
+//! [`EtcdWriter`]: the leader's group commit to etcd. Every change and answer queued while the
+//! previous transaction was under way joins the next one, and a batch is one transaction,
+//! guarded by the leader's epoch and the batch chain:
 //! `If(create_revision(P/leader) == epoch, value(P/batch) == last) Then(puts, deletes,
 //! P/batch = next)`. Only once etcd has committed it (a quorum has it) is the table raised and
 //! are the writes answered.
@@ -75,7 +75,7 @@ impl Msg {
 }
 
 /// What the writer needs, apart from its queue.
-pub(crate) struct Writer {
+pub(crate) struct EtcdWriter {
     pub(crate) client: Client,
     pub(crate) names: Names,
     pub(crate) shared: Arc<Shared>,
@@ -112,9 +112,9 @@ enum Applied {
     Answered(MarkBatch),
 }
 
-impl Writer {
-    pub(crate) fn new(client: Client, names: Names, shared: Arc<Shared>, table: Arc<Table>) -> Writer {
-        Writer {
+impl EtcdWriter {
+    pub(crate) fn new(client: Client, names: Names, shared: Arc<Shared>, table: Arc<Table>) -> EtcdWriter {
+        EtcdWriter {
             client,
             names,
             shared,

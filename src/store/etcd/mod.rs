@@ -102,7 +102,7 @@ impl EtcdStore {
         }
         let table = Arc::new(Table::new().with_max_bytes(options.max_table_bytes));
         let shared = Arc::new(Shared::new(options.lease_margin));
-        let mut writer = batch::Writer::new(client.clone(), names.clone(), Arc::clone(&shared), Arc::clone(&table));
+        let mut writer = batch::EtcdWriter::new(client.clone(), names.clone(), Arc::clone(&shared), Arc::clone(&table));
         writer.max_resources = options.max_resources;
         // Two operations of each transaction are the batch id's and the census's.
         writer.max_ops = options.max_txn_ops.max(3) - 2;
@@ -220,7 +220,7 @@ impl Store for EtcdStore {
 
     fn role(&self) -> Role {
         match self.shared.standing() {
-            Standing::Leading { .. } if self.shared.lease_valid() => Role::Writer,
+            Standing::Leading { .. } if self.shared.lease_valid() => Role::Fences,
             Standing::Following(url) => Role::Forward(url),
             standing => Role::Unavailable(batch::not_leading(&standing)),
         }

@@ -1,5 +1,5 @@
-//! The writer (group commit), on a thread of its own, which starts the compaction thread
-//! (`compact`).
+//! [`FileWriter`]: the file store's writer (group commit), on a thread of its own, which starts
+//! the compaction thread (`compact`); what it does when the disk lets it down is `faults`'.
 //!
 //! The writer's blocking writes and `fdatasync`s never run on a thread that serves requests:
 //! a disk that stalls (a slow sync, dirty-page throttling of a `write`) then delays only the
@@ -24,7 +24,6 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use super::compact;
-#[path = "writer_faults.rs"]
 mod faults;
 use super::file::{Answers, StoreOptions};
 use super::log::{Log, LogError};
@@ -55,7 +54,7 @@ pub(super) enum Msg {
     Close(Done),
 }
 
-pub(super) struct Writer {
+pub(super) struct FileWriter {
     answers: Answers,
     /// When answered writes waiting in `answers` are written even if no advance comes.
     flush_by: Option<Instant>,
@@ -102,7 +101,7 @@ enum Woke {
     Dropped,
 }
 
-impl Writer {
+impl FileWriter {
     /// A writer for `log`, raising `table`; answered writes come in through `answers`.
     pub(super) fn new(
         log: Log,
@@ -112,8 +111,8 @@ impl Writer {
         answers: Answers,
         lock: std::fs::File,
         relay: Relay,
-    ) -> Writer {
-        Writer {
+    ) -> FileWriter {
+        FileWriter {
             answers,
             flush_by: None,
             log,
