@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use fencegate::fence::{Coverage, EqualToken, Fence, Outcome, Touch, path};
-use fencegate::store::{FileStore, Store, StoreOptions, SyncMode};
+use fencegate::store::{FileStore, Mark, MarkBatch, Store, StoreOptions, SyncMode};
 
 fn parsing(c: &mut Criterion) {
     c.bench_function("token_parse", |b| b.iter(|| fencegate::fence::token::parse(black_box(b"18446744073709551615"))));
@@ -86,8 +86,8 @@ fn deep(c: &mut Criterion) {
                 let store = Arc::clone(&store);
                 tokio::spawn(async move {
                     for i in (w..1_000_000).step_by(64) {
-                        store.advance(&deep_key(i), 1).await.unwrap();
-                        store.answered(&deep_key(i), 1);
+                        store.commit(0, MarkBatch::advance([Mark::key(deep_key(i))], 1)).await.unwrap();
+                        store.commit(0, MarkBatch::answered([Mark::key(deep_key(i))], 1)).await.unwrap();
                     }
                 })
             })

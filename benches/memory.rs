@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fencegate::fence::{Coverage, Fence, GATE_BYTES, Touch};
-use fencegate::store::{FileStore, MARK_BYTES, Store, StoreOptions, SyncMode};
+use fencegate::store::{FileStore, MARK_BYTES, Mark, MarkBatch, Store, StoreOptions, SyncMode};
 
 const RESOURCES: u64 = 1_000_000;
 
@@ -88,8 +88,8 @@ fn main() {
                 tokio::spawn(async move {
                     for i in (w..RESOURCES).step_by(64) {
                         let key = key(i);
-                        store.advance(&key, i + 1).await.unwrap();
-                        store.answered(&key, i + 1);
+                        store.commit(0, MarkBatch::advance([Mark::key(key.as_str())], i + 1)).await.unwrap();
+                        store.commit(0, MarkBatch::answered([Mark::key(key.as_str())], i + 1)).await.unwrap();
                     }
                 })
             })

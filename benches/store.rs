@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use fencegate::store::{FileStore, Store, StoreOptions, SyncMode};
+use fencegate::store::{FileStore, Mark, MarkBatch, Store, StoreOptions, SyncMode};
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
@@ -43,7 +43,7 @@ fn durable_advance(c: &mut Criterion) {
                             tokio::spawn(async move {
                                 let key = key(w);
                                 for t in first..first + per_writer {
-                                    store.advance(&key, t).await.unwrap();
+                                    store.commit(0, MarkBatch::advance([Mark::key(key.as_str())], t)).await.unwrap();
                                 }
                             })
                         })
@@ -72,9 +72,9 @@ pub fn populate(dir: &std::path::Path, n: u64, segment_bytes: u64) {
                 let store = Arc::clone(&store);
                 tokio::spawn(async move {
                     for i in (w..n).step_by(64) {
-                        store.advance(&key(i), i + 1).await.unwrap();
+                        store.commit(0, MarkBatch::advance([Mark::key(key(i))], i + 1)).await.unwrap();
                         // As the proxy does once the backend has answered.
-                        store.answered(&key(i), i + 1);
+                        store.commit(0, MarkBatch::answered([Mark::key(key(i))], i + 1)).await.unwrap();
                     }
                 })
             })

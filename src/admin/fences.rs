@@ -218,7 +218,7 @@ fn bearer(value: Option<&HeaderValue>) -> Option<&str> {
 /// a shared fence holds no levels, and its changes would not reach the leader's table.
 fn leading(state: &State) -> Result<(), Refusal> {
     match state.store.role() {
-        Role::Writer => Ok(()),
+        Role::Fences => Ok(()),
         Role::Forward(leader) => Err(Refusal::NotLeader { leader }),
         Role::Unavailable(why) => Err(Refusal::Store(StoreError::Unavailable(why))),
     }

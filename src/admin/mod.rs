@@ -127,7 +127,7 @@ async fn route(state: &State, req: Request<Incoming>, caller: SocketAddr) -> Res
             state.metrics.quarantined(state.fence.quarantined());
             state.metrics.lock_views(state.locks.load().ages());
             state.metrics.role(match state.store.role() {
-                Role::Writer => "writer",
+                Role::Fences => "writer",
                 Role::Forward(_) => "follower",
                 Role::Unavailable(_) => "unavailable",
             });

@@ -246,6 +246,7 @@ mod tests {
     use super::*;
     use crate::fence::turn::tests::{Failed, fence};
     use crate::fence::{Coverage, EqualToken, Outcome, Policy};
+    use crate::store::MarkRef;
 
     fn key(k: &str) -> Vec<Touch> {
         vec![Touch { key: k.into(), coverage: Coverage::Key }]
@@ -276,7 +277,7 @@ mod tests {
     #[test]
     fn new_domains_are_counted_on_a_thread_and_unchanged_ones_are_not_counted_again() {
         let (t, _dir) = fence();
-        t.max_seen.raise("/zk/q", 7);
+        t.max_seen.raise(MarkRef::key("/zk/q"), 7);
         assert!(!t.set_domains(Domains::default()), "the same mapping");
         assert!(t.set_domains(Domains::new([("/zk/".to_owned(), "zk".to_owned())])));
         let start = std::time::Instant::now();
@@ -307,9 +308,9 @@ mod tests {
     #[test]
     fn each_domain_counts_its_own_keys_and_floors_and_none_is_unbounded() {
         let table = Table::new();
-        table.raise("/consul/a", 7);
-        table.raise("/b", 100);
-        table.raise_floor("/consul/d", 9);
+        table.raise(MarkRef::key("/consul/a"), 7);
+        table.raise(MarkRef::key("/b"), 100);
+        table.raise(MarkRef::floor("/consul/d"), 9);
         let d = Domains::new([("/consul/".to_owned(), "consul".to_owned()), ("/zk/".to_owned(), "zk".to_owned())]);
         let high = Mapping::counted(d.clone(), &table);
         assert_eq!((high.get(0), high.get(1), high.get(2)), (Some(100), Some(9), None));

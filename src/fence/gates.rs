@@ -233,6 +233,7 @@ mod tests {
     use super::*;
     use crate::fence::{Coverage, Touch};
     use crate::fence::{Fence, NODE_BYTES};
+    use crate::store::MarkRef;
     use crate::store::{FileStore, MARK_BYTES, Store, StoreOptions, SyncMode};
 
     const WAIT: Duration = Duration::from_secs(10);
@@ -248,7 +249,7 @@ mod tests {
         let max_table_bytes = 6 + MARK_BYTES + NODE_BYTES + room;
         let options = StoreOptions { sync: SyncMode::Never, max_table_bytes, ..StoreOptions::default() };
         let store = FileStore::open(dir.path(), options).unwrap();
-        store.table().raise("/known", 1);
+        store.table().raise(MarkRef::key("/known"), 1);
         (Arc::new(Fence::new(Arc::new(store))), dir)
     }
 

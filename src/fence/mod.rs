@@ -193,7 +193,7 @@ impl Fence {
     #[inline]
     fn raised(&self, touches: &[Touch], token: u64) {
         for touch in touches {
-            self.tree.raise(touch.mark().1, token);
+            self.tree.raise(touch.mark().name, token);
         }
         self.high_water.raise(touches, token);
     }

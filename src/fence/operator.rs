@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use super::tree::{Coverage, Touch, covers, node};
 use super::{Fence, FenceError};
-use crate::store::{MarkKind, StoreError};
+use crate::store::{Mark, MarkBatch, StoreError};
 
 /// What a reset changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,13 +88,13 @@ impl Fence {
         }
         floors.sort_unstable();
         floors_above.sort_unstable();
-        let mut marks: Vec<(MarkKind, String)> = floors.iter().map(|(p, _)| (MarkKind::Floor, p.clone())).collect();
+        let mut marks: Vec<Mark> = floors.iter().map(|(p, _)| Mark::floor(p.as_str())).collect();
         if previous.is_some_and(|m| m > to) {
-            marks.push((MarkKind::Key, key.to_owned()));
+            marks.push(Mark::key(key));
         }
         if !marks.is_empty() {
             // Nothing changes if the store cannot record it: the operator may try again.
-            self.store.reset_in(term, marks, to).await?;
+            self.store.commit(term, MarkBatch::reset(marks, to)).await?;
             self.tree.rebuild();
             self.high_water.recount();
             let lowered: Vec<String> = floors.iter().map(|(p, t)| format!("{p} (was {t})")).collect();
@@ -118,12 +118,12 @@ impl Fence {
         // key's turn, no write of the key is in flight now; a subtree that was quarantined had
         // none running at its node either.
         if let Some((token, true)) = self.max_seen.entry(key) {
-            self.store.answered_in(term, key, token);
+            let _ = self.store.commit(term, MarkBatch::answered([Mark::key(key)], token)).await;
         }
         if lifted.subtree
             && let Some((token, true)) = self.max_seen.floor_entry(node(key))
         {
-            self.store.answered_all_in(term, &[(MarkKind::Floor, node(key).to_owned())], token);
+            let _ = self.store.commit(term, MarkBatch::answered([Mark::floor(node(key))], token)).await;
         }
         if lifted.key || lifted.subtree {
             tracing::warn!(resource = %key, key = lifted.key, subtree = lifted.subtree,

@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use dashmap::DashMap;
 
-use crate::store::{MarkKind, Table};
+use crate::store::{MarkRef, Table};
 
 /// How much of the tree at a key a write may change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,10 +48,10 @@ pub struct Touch {
 
 impl Touch {
     /// The durable mark a write with this touch raises: the key itself, or a floor at its node.
-    pub(crate) fn mark(&self) -> (MarkKind, &str) {
+    pub(crate) fn mark(&self) -> MarkRef<'_> {
         match self.coverage {
-            Coverage::Key => (MarkKind::Key, &self.key),
-            Coverage::Subtree => (MarkKind::Floor, node(&self.key)),
+            Coverage::Key => MarkRef::key(&self.key),
+            Coverage::Subtree => MarkRef::floor(node(&self.key)),
         }
     }
 }
@@ -186,9 +186,9 @@ mod tests {
     #[test]
     fn a_subtree_sees_every_key_below_it_and_a_key_every_floor_above_it() {
         let table = Arc::new(Table::new());
-        table.raise("/d/f", 1000);
-        table.raise("/d", 7);
-        table.raise("/e/", 9);
+        table.raise(MarkRef::key("/d/f"), 1000);
+        table.raise(MarkRef::key("/d"), 7);
+        table.raise(MarkRef::key("/e/"), 9);
         let tree = Tree::build(Arc::clone(&table));
         let level = |t: Touch| tree.level(&t);
         assert_eq!(level(touch("/d/", Coverage::Key)), None, "a key alone sees only itself");
@@ -198,7 +198,7 @@ mod tests {
         assert_eq!(level(touch("/", Coverage::Subtree)), Some(1000));
         assert_eq!(level(touch("/dx", Coverage::Subtree)), None, "segments, not prefixes");
 
-        table.raise_floor("/d", 2000);
+        table.raise(MarkRef::floor("/d"), 2000);
         tree.raise("/d", 2000);
         assert_eq!(level(touch("/d/g/h", Coverage::Key)), Some(2000), "a floor covers new keys too");
         assert_eq!(level(touch("/d/", Coverage::Key)), Some(2000));

@@ -18,7 +18,7 @@ use super::detach::Detached;
 use super::gates::KeyTurn;
 use super::tree::{Coverage, Touch, node};
 use super::{Fence, FenceError, Policy, QuarantineCause, quarantine_end};
-use crate::store::{MarkKind, Permit, StoreError};
+use crate::store::{Change, Mark, MarkBatch, Permit, StoreError};
 
 /// How a forwarded write ended, as far as the fence is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,23 +169,21 @@ impl Turn {
     /// Makes the write's marks durable (one batch) in the store's term it was checked in, then
     /// raises the tree.
     async fn advance(&self, checked: Checked, token: u64) -> Result<(), StoreError> {
-        let (store, term) = (&self.fence.store, checked.term);
-        match self.touches.as_slice() {
-            [Touch { key, coverage: Coverage::Key }] => store.advance_in(term, key, token).await?,
-            touches => store.advance_all_in(term, marks(touches), token).await?,
-        }
+        self.fence.store.commit(checked.term, self.batch(Change::Advance, token)).await?;
         self.fence.raised(&self.touches, token);
         Ok(())
     }
 
     /// Notes that the backend answered the write of `token`, advanced in the term it was
     /// checked in.
-    fn answered(&self, checked: Checked, token: u64) {
-        let (store, term) = (&self.fence.store, checked.term);
-        match self.touches.as_slice() {
-            [Touch { key, coverage: Coverage::Key }] => store.answered_in(term, key, token),
-            touches => store.answered_all_in(term, &marks(touches), token),
-        }
+    async fn answered(&self, checked: Checked, token: u64) {
+        // An answer resolves at once, and always with Ok.
+        let _ = self.fence.store.commit(checked.term, self.batch(Change::Answered, token)).await;
+    }
+
+    /// The batch making `change` to the durable marks this write raises, with `token`.
+    fn batch(&self, change: Change, token: u64) -> MarkBatch {
+        MarkBatch::new(change, self.touches.iter().map(|t| t.mark().to_mark()), token)
     }
 
     /// [`Turn::finish_after`] for a write that needs nothing before its advance and is sent
@@ -247,7 +245,7 @@ impl Turn {
             let result = write.await;
             turn.unsettled = None;
             match outcome(&result) {
-                Outcome::Answered => turn.answered(checked, token),
+                Outcome::Answered => turn.answered(checked, token).await,
                 // It stays in flight in the log too, so a restart quarantines it again.
                 Outcome::Unknown => turn.quarantine(quarantine),
             }
@@ -272,13 +270,13 @@ impl Turn {
                 return Err(FenceError::WouldLower { resource: key.to_string(), max_seen, to }.into());
             }
             if previous.map(|(m, _)| m) != Some(to) {
-                fence.store.advance_in(term, key, to).await?;
+                fence.store.commit(term, MarkBatch::advance([Mark::key(key)], to)).await?;
                 fence.tree.raise(key, to);
                 fence.high_water.raise(&self.touches, to);
                 // Nothing was forwarded for this advance. But a write that is still in flight
                 // (its answer never came) must stay marked, or a restart would not quarantine it.
                 if !previous.is_some_and(|(_, in_flight)| in_flight) {
-                    fence.store.answered_in(term, key, to);
+                    let _ = fence.store.commit(term, MarkBatch::answered([Mark::key(key)], to)).await;
                 }
                 tracing::warn!(resource = %key, previous = %previous.map_or_else(|| "none".to_owned(), |(m, _)| m.to_string()), max_seen = to,
                     "max_seen raised by an operator: every holder of a lower token is cut off");
@@ -287,11 +285,6 @@ impl Turn {
         });
         task.await.unwrap_or_else(|e| Err(FenceError::TaskFailed(e.to_string()).into()))
     }
-}
-
-/// The durable marks a write with `touches` raises, owned, for the store's multi-mark calls.
-fn marks(touches: &[Touch]) -> Vec<(MarkKind, String)> {
-    touches.iter().map(|t| t.mark()).map(|(kind, m)| (kind, m.to_owned())).collect()
 }
 
 impl Drop for Turn {

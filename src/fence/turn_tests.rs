@@ -6,7 +6,7 @@ use std::task::{Context, Waker};
 
 use super::*;
 use crate::fence::EqualToken;
-use crate::store::{FileStore, Store, StoreOptions, SyncMode};
+use crate::store::{FileStore, MarkRef, Store, StoreOptions, SyncMode};
 
 const STRICT: EqualToken = EqualToken::Reject;
 
@@ -19,7 +19,7 @@ pub(in crate::fence) fn fence() -> (Arc<Fence>, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let store = FileStore::open(dir.path(), StoreOptions { sync: SyncMode::Never, ..StoreOptions::default() });
     let store = store.unwrap();
-    store.table().raise("/a", 34);
+    store.table().raise(MarkRef::key("/a"), 34);
     (Arc::new(Fence::new(Arc::new(store))), dir)
 }
 
@@ -38,7 +38,7 @@ async fn a_higher_token_that_took_its_turn_first_makes_a_waiter_stale() {
     while t.queue_len("/a") < 2 {
         tokio::task::yield_now().await;
     }
-    t.max_seen.raise("/a", 40); // what the store does once the advance is durable
+    t.max_seen.raise(MarkRef::key("/a"), 40); // what the store does once the advance is durable
     drop(first);
     assert!(matches!(waiter.await.unwrap(), Err(FenceError::Stale { max_seen: 40, .. })));
     assert_eq!(t.active_gates(), 0, "gates of idle resources are dropped");
@@ -191,7 +191,7 @@ async fn a_write_whose_task_panics_at_the_backend_quarantines_the_resource() {
 #[tokio::test]
 async fn raise_never_lowers_and_keeps_an_unanswered_write_in_flight() {
     let (t, _dir) = fence();
-    t.max_seen.advance("/flying", 7); // a write the backend never answered
+    t.max_seen.advance(MarkRef::key("/flying"), 7); // a write the backend never answered
     let fence = &t;
     let raise = |to| async move {
         fence.acquire(key("/flying"), Duration::from_secs(1)).await.unwrap().raise::<Failed>(to).await
@@ -203,6 +203,6 @@ async fn raise_never_lowers_and_keeps_an_unanswered_write_in_flight() {
     assert_eq!(t.max_seen.entry("/flying"), Some((9, true)), "still in flight: a restart quarantines it");
     assert_eq!(raise(10).await, Ok(Raised { previous: Some(9) }));
     assert_eq!(t.max_seen.entry("/a"), Some((34, false)));
-    t.max_seen.answered("/flying", 10);
+    t.max_seen.answered(MarkRef::key("/flying"), 10);
     assert_eq!(t.max_seen.entry("/flying"), Some((10, false)));
 }

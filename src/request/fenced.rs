@@ -107,7 +107,7 @@ async fn route(
     client: &Peer,
 ) -> Result<Routed, Refusal> {
     match state.store.role() {
-        Role::Writer => {
+        Role::Fences => {
             req.headers_mut().remove(&leader::FORWARDED_BY);
             Ok(Routed::Here(req))
         }

@@ -99,7 +99,7 @@ impl Guess {
         let Plan::Write(write) = plan else { return None };
         let lock = write.locks.first()?;
         let shared = match state.store.role() {
-            Role::Writer => matches!(settings.config.store.kind, StoreKind::Etcd),
+            Role::Fences => matches!(settings.config.store.kind, StoreKind::Etcd),
             Role::Forward(_) | Role::Unavailable(_) => return None,
         };
         let verify = &settings.config.verify;

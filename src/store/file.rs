@@ -9,14 +9,14 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 
 use super::SyncMode;
-use super::format::MAX_KEY_LEN;
 use super::log::{self, Log};
+use super::mark_batch::{noted, refused};
 use super::recovery::{self, Mode, io_err, round_ms};
 use super::relay::Relay;
 use super::scheduling::WriterScheduling;
 use super::status::{Condition, Status};
-use super::writer::{Change, Msg, Writer};
-use super::{MarkKind, Store, StoreError, StoreFuture, Table};
+use super::writer::{FileWriter, Msg};
+use super::{Change, MarkBatch, Store, StoreError, StoreFuture, Table};
 
 /// Answered writes waiting for the writer's next batch, shared by the store and its writer.
 pub(super) type Answers = Arc<std::sync::Mutex<Answered>>;
@@ -24,8 +24,8 @@ pub(super) type Answers = Arc<std::sync::Mutex<Answered>>;
 /// What [`Answers`] holds.
 #[derive(Debug, Default)]
 pub(super) struct Answered {
-    /// The answered writes, as `(mark, name, token)`.
-    pub(super) list: Vec<(MarkKind, String, u64)>,
+    /// The answered writes, each a [`Change::Answered`] batch.
+    pub(super) list: Vec<MarkBatch>,
     /// The writer sleeps with no deadline for answers: the next answer sends it a reminder.
     /// Otherwise the writer is busy, or wakes by itself within `ANSWER_FLUSH` (it committed
     /// advances whose answers it expects), and an answer wakes nobody: for writes less than
@@ -203,7 +203,7 @@ impl FileStore {
         // Started here, on the runtime that opens the store, if there is one.
         let relay = Relay::start();
         let writer =
-            Writer::new(log, Arc::clone(&table), Arc::clone(&status), options, Arc::clone(&answers), lock, relay);
+            FileWriter::new(log, Arc::clone(&table), Arc::clone(&status), options, Arc::clone(&answers), lock, relay);
         std::thread::Builder::new()
             .name("fencegate-log".into())
             .spawn(move || writer.run(rx))
@@ -241,10 +241,13 @@ impl FileStore {
         self.answers.lock().unwrap_or_else(|e| e.into_inner()).empty_commits
     }
 
-    /// Queues answered writes for the writer's next batch, reminding it if it sleeps until told.
-    fn note_answers(&self, answered: impl IntoIterator<Item = (MarkKind, String, u64)>) {
+    /// Queues an answered write for the writer's next group, reminding it if it sleeps until
+    /// told.
+    fn note_answer(&self, answered: MarkBatch) {
         let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
-        answers.list.extend(answered);
+        if !answered.is_empty() {
+            answers.list.push(answered);
+        }
         let remind = answers.remind && !answers.list.is_empty();
         if remind {
             answers.remind = false;
@@ -269,48 +272,23 @@ impl FileStore {
     }
 }
 
-impl FileStore {
-    /// Sends a change of several marks to the writer, as one entry of one batch.
-    fn change_all(&self, mut marks: Vec<(MarkKind, String)>, token: u64, change: Change) -> StoreFuture<'_> {
-        if let Some((_, name)) = marks.iter().find(|(_, name)| name.is_empty() || name.len() > MAX_KEY_LEN) {
-            return Box::pin(std::future::ready(Err(StoreError::KeyTooLong(name.len()))));
-        }
-        if marks.is_empty() {
-            return Box::pin(std::future::ready(Ok(())));
-        }
-        // A mark named twice is one mark: logged once, counted once against max_resources.
-        marks.sort_unstable();
-        marks.dedup();
-        self.send(|done| Msg::AdvanceAll { marks, token, change, done })
-    }
-}
-
 impl Store for FileStore {
     fn table(&self) -> &Arc<Table> {
         &self.table
     }
 
-    fn advance_in(&self, _term: u64, key: &str, token: u64) -> StoreFuture<'_> {
-        if key.is_empty() || key.len() > MAX_KEY_LEN {
-            return Box::pin(std::future::ready(Err(StoreError::KeyTooLong(key.len()))));
+    /// One term for ever: `term` is not looked at.
+    fn commit(&self, _term: u64, mut batch: MarkBatch) -> StoreFuture<'_> {
+        if batch.change() == Change::Answered {
+            self.note_answer(batch);
+            return noted();
         }
-        self.send(|done| Msg::Advance { key: key.to_owned(), token, done })
-    }
-
-    fn answered(&self, key: &str, token: u64) {
-        self.note_answers(std::iter::once((MarkKind::Key, key.to_owned(), token)));
-    }
-
-    fn advance_all_in(&self, _term: u64, marks: Vec<(MarkKind, String)>, token: u64) -> StoreFuture<'_> {
-        self.change_all(marks, token, Change::Advance)
-    }
-
-    fn reset_in(&self, _term: u64, marks: Vec<(MarkKind, String)>, token: u64) -> StoreFuture<'_> {
-        self.change_all(marks, token, Change::Reset)
-    }
-
-    fn answered_all(&self, marks: &[(MarkKind, String)], token: u64) {
-        self.note_answers(marks.iter().map(|(mark, name)| (*mark, name.clone(), token)));
+        match batch.check() {
+            Err(e) => refused(e),
+            Ok(false) => noted(),
+            // One entry of one group: its records share one commit marker.
+            Ok(true) => self.send(|done| Msg::Commit { batch, done }),
+        }
     }
 
     fn close(&self) -> StoreFuture<'_> {

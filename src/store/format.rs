@@ -12,7 +12,7 @@
 use std::hash::BuildHasher;
 use std::io::{self, Write};
 
-use super::MarkKind;
+use super::{Change, MarkKind};
 
 /// Size of every file header.
 pub const HEADER_LEN: usize = 40;
@@ -100,28 +100,35 @@ impl Kind {
         }
     }
 
-    /// The record that advances a mark of this kind.
-    pub fn advance(mark: MarkKind) -> Kind {
-        match mark {
-            MarkKind::Key => Kind::Advance,
-            MarkKind::Floor => Kind::FloorAdvance,
+    /// The record that says `says` of a mark of `kind`. With [`Kind::says`], the one place a
+    /// record kind is tied to a kind of mark.
+    pub fn keyed(says: Says, kind: MarkKind) -> Kind {
+        match (says, kind) {
+            (Says::State, MarkKind::Key) => Kind::State,
+            (Says::Advance, MarkKind::Key) => Kind::Advance,
+            (Says::Answered, MarkKind::Key) => Kind::Answered,
+            (Says::Reset, MarkKind::Key) => Kind::Reset,
+            (Says::State, MarkKind::Floor) => Kind::FloorState,
+            (Says::Advance, MarkKind::Floor) => Kind::FloorAdvance,
+            (Says::Answered, MarkKind::Floor) => Kind::FloorAnswered,
+            (Says::Reset, MarkKind::Floor) => Kind::FloorReset,
         }
     }
 
-    /// The record that notes an answer to a write that advanced a mark of this kind.
-    pub fn answered(mark: MarkKind) -> Kind {
-        match mark {
-            MarkKind::Key => Kind::Answered,
-            MarkKind::Floor => Kind::FloorAnswered,
-        }
-    }
-
-    /// The record that sets a mark of this kind by an operator's reset.
-    pub fn reset(mark: MarkKind) -> Kind {
-        match mark {
-            MarkKind::Key => Kind::Reset,
-            MarkKind::Floor => Kind::FloorReset,
-        }
+    /// What a keyed record says, and of which kind of mark; `None` for commit markers and
+    /// trailers.
+    pub fn says(self) -> Option<(Says, MarkKind)> {
+        Some(match self {
+            Kind::State => (Says::State, MarkKind::Key),
+            Kind::Advance => (Says::Advance, MarkKind::Key),
+            Kind::Answered => (Says::Answered, MarkKind::Key),
+            Kind::Reset => (Says::Reset, MarkKind::Key),
+            Kind::FloorState => (Says::State, MarkKind::Floor),
+            Kind::FloorAdvance => (Says::Advance, MarkKind::Floor),
+            Kind::FloorAnswered => (Says::Answered, MarkKind::Floor),
+            Kind::FloorReset => (Says::Reset, MarkKind::Floor),
+            Kind::Commit | Kind::Trailer => return None,
+        })
     }
 
     /// The oldest format version whose files may hold this kind of record.
@@ -130,6 +137,30 @@ impl Kind {
             Kind::FloorAdvance | Kind::FloorAnswered | Kind::FloorState => FLOORS_SINCE,
             Kind::Reset | Kind::FloorReset => RESETS_SINCE,
             _ => MIN_VERSION,
+        }
+    }
+}
+
+/// What a keyed record says of its mark, whatever the mark's kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Says {
+    /// The mark stands at least at the token (snapshots).
+    State,
+    /// The mark stands at least at the token, and a write with it is on its way to the backend.
+    Advance,
+    /// The write with the token that raised the mark has been answered.
+    Answered,
+    /// The mark is set to the token by an operator's reset, in log order.
+    Reset,
+}
+
+impl From<Change> for Says {
+    /// What the records of a batch making `change` say.
+    fn from(change: Change) -> Says {
+        match change {
+            Change::Advance => Says::Advance,
+            Change::Reset => Says::Reset,
+            Change::Answered => Says::Answered,
         }
     }
 }
@@ -398,8 +429,12 @@ mod tests {
             assert_eq!((kind as u8, kind.since()), (6 + i as u8, 2));
             at += r.used;
         }
-        assert_eq!(Kind::advance(MarkKind::Floor), Kind::FloorAdvance);
-        assert_eq!(Kind::answered(MarkKind::Key), Kind::Answered);
+        assert_eq!(Kind::keyed(Says::Advance, MarkKind::Floor), Kind::FloorAdvance);
+        assert_eq!(Kind::keyed(Says::Answered, MarkKind::Key), Kind::Answered);
+        for kind in (1..=10u8).filter_map(Kind::from_u8) {
+            let keyed = kind.says().map(|(says, mark)| Kind::keyed(says, mark));
+            assert!(keyed.is_none_or(|k| k == kind), "{kind:?} maps back to itself");
+        }
         assert_eq!(Kind::Advance.since(), 1);
         let mut unknown = Vec::new();
         encode(&mut unknown, 7, Kind::Advance, "/a", 1);
@@ -412,8 +447,8 @@ mod tests {
     #[test]
     fn reset_records_round_trip_and_only_version_three_may_hold_them() {
         let mut buf = Vec::new();
-        encode(&mut buf, 7, Kind::reset(MarkKind::Key), "/a", 5);
-        encode(&mut buf, 7, Kind::reset(MarkKind::Floor), "/d", 6);
+        encode(&mut buf, 7, Kind::keyed(Says::Reset, MarkKind::Key), "/a", 5);
+        encode(&mut buf, 7, Kind::keyed(Says::Reset, MarkKind::Floor), "/d", 6);
         let r = decode(&buf, 7).unwrap();
         assert_eq!((r.kind, r.key, r.token, r.kind as u8, r.kind.since()), (Kind::Reset, "/a", 5, 9, 3));
         let r = decode(&buf[r.used..], 7).unwrap();

@@ -4,7 +4,7 @@
 use std::fs;
 
 use super::recovery::{segment_name, snapshot_name};
-use super::tests::{open, write_and_close};
+use super::tests::{advance, answered, open, write_and_close};
 use super::*;
 
 fn refused(dir: &std::path::Path) -> (bool, String) {
@@ -63,8 +63,8 @@ async fn init_floors_are_in_the_log_answered_and_survive_compaction() {
     // The proxy appends to segment 1; rotations and snapshots keep the floor.
     for i in 0..200u64 {
         let key = format!("/k/{i:0>40}");
-        store.advance(&key, 501 + i).await.unwrap();
-        store.answered(&key, 501 + i);
+        advance(&store, &key, 501 + i).await.unwrap();
+        answered(&store, &key, 501 + i);
     }
     store.close().await.unwrap();
     let found = inspect(dir.path()).unwrap();
@@ -163,7 +163,7 @@ async fn a_dir_whose_log_was_lost_is_refused_naming_what_shows_it_had_one() {
     init(used.path(), &[]).unwrap();
     let store = FileStore::open(used.path(), tests::options(4096)).unwrap();
     for i in 0..200u64 {
-        store.advance(&format!("/k/{i:0>40}"), 1 + i).await.unwrap();
+        advance(&store, &format!("/k/{i:0>40}"), 1 + i).await.unwrap();
     }
     store.close().await.unwrap();
     assert!(fs::read_dir(used.path()).unwrap().any(|e| e.unwrap().file_name().to_string_lossy().ends_with(".snap")));

@@ -50,14 +50,15 @@ impl Table {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::MarkRef;
 
     #[test]
     fn pages_follow_each_other_in_byte_order_under_a_prefix() {
         let t = Table::new();
         for (i, k) in ["/a/3", "/a/1", "/b/1", "/a/2", "/a", "/a/10"].into_iter().enumerate() {
-            t.raise(k, i as u64);
+            t.raise(MarkRef::key(k), i as u64);
         }
-        t.advance("/a/2", 9);
+        t.advance(MarkRef::key("/a/2"), 9);
         let names = |page: Vec<Listed>| page.into_iter().map(|(k, _, _)| k).collect::<Vec<_>>();
         assert_eq!(names(t.page("/a/", None, 2)), ["/a/1", "/a/10"]);
         assert_eq!(t.page("/a/", Some("/a/10"), 2), [("/a/2".into(), 9, true), ("/a/3".into(), 0, false)]);

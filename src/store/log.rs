@@ -17,9 +17,9 @@ use std::io::{self, BufWriter, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use super::SyncMode;
-use super::format::{self, FileKind, Header, Kind};
+use super::format::{self, FileKind, Header, Kind, Says};
 use super::recovery::{Recovered, segment_name};
+use super::{MarkBatch, SyncMode};
 
 /// Why the log did not take a batch or a rotation.
 #[derive(Debug, thiserror::Error)]
@@ -159,6 +159,14 @@ impl Log {
     /// Buffers one record (an advance or an answer, of a key or a floor) for the next write.
     pub(crate) fn append(&mut self, kind: Kind, key: &str, token: u64) {
         format::encode(&mut self.pending, self.seed, kind, key, token);
+    }
+
+    /// Buffers the records of `batch`, one per mark, for the next write.
+    pub(crate) fn append_batch(&mut self, batch: &MarkBatch) {
+        let says = Says::from(batch.change());
+        for mark in batch.marks() {
+            self.append(Kind::keyed(says, mark.kind), &mark.name, batch.token());
+        }
     }
 
     /// Writes the buffered records as one batch, closed by a commit marker naming where the

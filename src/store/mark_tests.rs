@@ -7,15 +7,17 @@ use std::sync::{Arc, Mutex};
 
 use super::format::{self, FileKind, HEADER_LEN, Header, Kind};
 use super::recovery::{segment_name, snapshot_name};
-use super::tests::{as_a_crash_would_leave, contents, map, open, options, records_end, segment};
+use super::tests::{
+    advance, answered, as_a_crash_would_leave, contents, map, note, open, options, records_end, segment,
+};
 use super::*;
 
-fn key(name: &str) -> (MarkKind, String) {
-    (MarkKind::Key, name.to_owned())
+fn key(name: &str) -> Mark {
+    Mark::key(name)
 }
 
-fn floor(name: &str) -> (MarkKind, String) {
-    (MarkKind::Floor, name.to_owned())
+fn floor(name: &str) -> Mark {
+    Mark::floor(name)
 }
 
 fn floors(table: &Table) -> HashMap<String, u64> {
@@ -39,14 +41,14 @@ fn pairs(entries: &[(&str, u64)]) -> Vec<(String, u64)> {
 async fn floors_and_keys_spelled_alike_are_separate_marks_and_survive_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
-    store.advance_all(vec![floor("/d/"), key("/d/x")], 5).await.unwrap();
-    store.advance_all(vec![floor("/a")], 7).await.unwrap();
-    store.advance("/a", 3).await.unwrap();
+    store.commit(0, MarkBatch::advance(vec![floor("/d/"), key("/d/x")], 5)).await.unwrap();
+    store.commit(0, MarkBatch::advance(vec![floor("/a")], 7)).await.unwrap();
+    advance(&store, "/a", 3).await.unwrap();
     let table = store.table();
     assert_eq!((table.floor("/a"), table.get("/a")), (Some(7), Some(3)), "raised before it resolved");
     assert_eq!(table.floor_entry("/d/"), Some((5, true)));
     assert_eq!((table.floor("/d/x"), table.get("/d/")), (None, None));
-    store.answered_all(&[floor("/a")], 7);
+    note(&store, MarkBatch::answered([floor("/a")], 7));
     store.close().await.unwrap();
     drop(store);
     let store = open(dir.path());
@@ -60,7 +62,7 @@ async fn floors_and_keys_spelled_alike_are_separate_marks_and_survive_a_restart(
 async fn an_acknowledged_advance_of_several_marks_is_on_disk_when_it_resolves() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
-    store.advance_all(vec![key("/src"), key("/dst"), floor("/dst/")], 11).await.unwrap();
+    store.commit(0, MarkBatch::advance(vec![key("/src"), key("/dst"), floor("/dst/")], 11)).await.unwrap();
     // A crash now: the directory as it is, the store still running.
     let (table, found) = as_a_crash_would_leave(dir.path());
     assert_eq!((table.get("/src"), table.get("/dst"), table.floor("/dst/")), (Some(11), Some(11), Some(11)));
@@ -72,8 +74,8 @@ async fn an_acknowledged_advance_of_several_marks_is_on_disk_when_it_resolves() 
 async fn an_advance_of_several_marks_is_recovered_whole_or_not_at_all_wherever_a_crash_cuts_it() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
-    store.advance_all(vec![key("/a"), floor("/keep/")], 1).await.unwrap();
-    store.advance_all(vec![key("/a"), floor("/a"), key("/b"), floor("/c/")], 2).await.unwrap();
+    store.commit(0, MarkBatch::advance(vec![key("/a"), floor("/keep/")], 1)).await.unwrap();
+    store.commit(0, MarkBatch::advance(vec![key("/a"), floor("/a"), key("/b"), floor("/c/")], 2)).await.unwrap();
     store.close().await.unwrap();
     drop(store);
     let end = records_end(dir.path()) as usize;
@@ -109,7 +111,7 @@ async fn an_advance_of_several_marks_is_recovered_whole_or_not_at_all_wherever_a
     fs::write(segment(dir.path(), 1), &data[..end - 5]).unwrap();
     let store = open(dir.path());
     assert_eq!((store.table().floor("/keep/"), store.table().floor("/a")), (Some(1), None));
-    store.advance_all(vec![floor("/a"), floor("/c/")], 3).await.unwrap();
+    store.commit(0, MarkBatch::advance(vec![floor("/a"), floor("/c/")], 3)).await.unwrap();
     store.close().await.unwrap();
     drop(store);
     let store = open(dir.path());
@@ -126,7 +128,7 @@ async fn an_advance_of_more_marks_than_a_batch_holds_is_never_split() {
     let opts = StoreOptions { max_resources: 10_000, on_commit: Some(hook), ..options(64 << 20) };
     let store = FileStore::open(dir.path(), opts).unwrap();
     let marks: Vec<_> = (0..5000).map(|i| floor(&format!("/f/{i}/"))).collect();
-    store.advance_all(marks, 3).await.unwrap();
+    store.commit(0, MarkBatch::advance(marks, 3)).await.unwrap();
     assert_eq!(*batches.lock().unwrap(), [5000], "one batch, one sync");
     assert_eq!(store.table().floors_len(), 5000);
     store.close().await.unwrap();
@@ -139,9 +141,9 @@ async fn an_advance_of_more_marks_than_a_batch_holds_is_never_split() {
 fn a_snapshot_keeps_floors_and_the_writes_in_flight_under_them() {
     let dir = tempfile::tempdir().unwrap();
     let table = Table::new();
-    table.raise_floor("/p/", 4);
-    table.advance_floor("/q/", 6);
-    table.advance("/q/", 2);
+    table.raise(MarkRef::floor("/p/"), 4);
+    table.advance(MarkRef::floor("/q/"), 6);
+    table.advance(MarkRef::key("/q/"), 2);
     compact::write_snapshot(dir.path(), 3, &table).unwrap();
     fs::write(segment(dir.path(), 3), Header::new(3).encode(FileKind::Segment)).unwrap();
     let (t, found) = as_a_crash_would_leave(dir.path());
@@ -159,9 +161,9 @@ async fn floors_survive_rotation_snapshots_and_compaction() {
     let store = FileStore::open(dir.path(), options(4096)).unwrap();
     for t in 1..=600u64 {
         let marks = vec![floor(&format!("/d{}/", t % 7)), key(&format!("/d{}/x", t % 7))];
-        store.advance_all(marks.clone(), t).await.unwrap();
+        store.commit(0, MarkBatch::advance(marks.clone(), t)).await.unwrap();
         if t < 598 {
-            store.answered_all(&marks, t);
+            note(&store, MarkBatch::answered(marks.clone(), t));
         }
     }
     store.close().await.unwrap();
@@ -189,14 +191,14 @@ async fn floors_survive_rotation_snapshots_and_compaction() {
 async fn max_resources_counts_keys_and_floors_and_refuses_a_batch_whole() {
     let dir = tempfile::tempdir().unwrap();
     let store = FileStore::open(dir.path(), StoreOptions { max_resources: 3, ..options(4096) }).unwrap();
-    store.advance("/a", 1).await.unwrap();
-    store.advance_all(vec![floor("/a"), key("/b")], 2).await.unwrap();
-    let refused = store.advance_all(vec![key("/a"), floor("/c")], 3).await;
+    advance(&store, "/a", 1).await.unwrap();
+    store.commit(0, MarkBatch::advance(vec![floor("/a"), key("/b")], 2)).await.unwrap();
+    let refused = store.commit(0, MarkBatch::advance(vec![key("/a"), floor("/c")], 3)).await;
     assert!(matches!(refused, Err(StoreError::Full(3))), "{refused:?}");
     assert_eq!((store.table().get("/a"), store.table().floor("/c")), (Some(1), None), "nothing of it was applied");
-    assert!(matches!(store.advance("/new", 1).await, Err(StoreError::Full(3))), "floors count against new keys");
-    store.advance_all(vec![key("/a"), floor("/a"), floor("/a")], 4).await.unwrap();
-    assert!(store.healthy());
+    assert!(matches!(advance(&store, "/new", 1).await, Err(StoreError::Full(3))), "floors count against new keys");
+    store.commit(0, MarkBatch::advance(vec![key("/a"), floor("/a"), floor("/a")], 4)).await.unwrap();
+    assert!(store.condition().healthy());
     store.close().await.unwrap();
     drop(store);
     let (table, found) = as_a_crash_would_leave(dir.path());
@@ -205,13 +207,13 @@ async fn max_resources_counts_keys_and_floors_and_refuses_a_batch_whole() {
 }
 
 #[tokio::test]
-async fn answered_all_clears_the_marks_of_its_own_token_only() {
+async fn an_answer_clears_the_marks_of_its_own_token_only() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
-    store.advance_all(vec![floor("/d/"), key("/d/x"), floor("/e/"), floor("/f/")], 5).await.unwrap();
-    store.answered_all(&[floor("/d/"), key("/d/x")], 5);
-    store.answered_all(&[floor("/e/")], 4); // an earlier write's answer
-    store.answered("/f/", 5); // the key /f/, not the floor
+    store.commit(0, MarkBatch::advance(vec![floor("/d/"), key("/d/x"), floor("/e/"), floor("/f/")], 5)).await.unwrap();
+    note(&store, MarkBatch::answered([floor("/d/"), key("/d/x")], 5));
+    note(&store, MarkBatch::answered([floor("/e/")], 4)); // an earlier write's answer
+    answered(&store, "/f/", 5); // the key /f/, not the floor
     store.close().await.unwrap(); // logs and applies every answer still waiting
     assert_eq!(store.table().floor_entry("/d/"), Some((5, false)));
     assert_eq!(store.table().entry("/d/x"), Some((5, false)));
@@ -226,12 +228,12 @@ async fn answered_all_clears_the_marks_of_its_own_token_only() {
 async fn an_empty_advance_resolves_at_once_and_an_unloggable_name_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
-    store.advance_all(Vec::new(), 1).await.unwrap();
+    store.commit(0, MarkBatch::advance(Vec::new(), 1)).await.unwrap();
     let long = "/".repeat(format::MAX_KEY_LEN + 1);
-    let too_long = store.advance_all(vec![key("/ok"), floor(&long)], 1).await;
+    let too_long = store.commit(0, MarkBatch::advance(vec![key("/ok"), floor(&long)], 1)).await;
     assert!(matches!(too_long, Err(StoreError::KeyTooLong(n)) if n == long.len()), "{too_long:?}");
-    assert!(matches!(store.advance_all(vec![floor("")], 1).await, Err(StoreError::KeyTooLong(0))));
-    store.answered_all(&[], 1);
+    assert!(matches!(store.commit(0, MarkBatch::advance(vec![floor("")], 1)).await, Err(StoreError::KeyTooLong(0))));
+    note(&store, MarkBatch::answered([], 1));
     store.close().await.unwrap();
     let (table, found) = as_a_crash_would_leave(dir.path());
     assert_eq!((found.records, table.get("/ok")), (0, None), "nothing was logged");
@@ -241,8 +243,8 @@ async fn an_empty_advance_resolves_at_once_and_an_unloggable_name_is_refused() {
 async fn inspect_counts_floors_and_the_writes_in_flight_under_them() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
-    store.advance_all(vec![floor("/a/"), floor("/b/"), key("/a/1")], 8).await.unwrap();
-    store.answered_all(&[floor("/a/")], 8);
+    store.commit(0, MarkBatch::advance(vec![floor("/a/"), floor("/b/"), key("/a/1")], 8)).await.unwrap();
+    note(&store, MarkBatch::answered([floor("/a/")], 8));
     store.close().await.unwrap();
     drop(store);
     let found = inspect(dir.path()).unwrap();
@@ -288,7 +290,7 @@ async fn a_version_1_directory_opens_keeps_its_keys_and_goes_on_in_a_segment_of_
     assert_eq!(contents(&store), map(&[("/old", 3), ("/flying", 4), ("/a", 5), ("/b", 7)]));
     assert_eq!(sorted(store.in_flight_at_start().to_vec()), pairs(&[("/b", 7), ("/flying", 4)]));
     assert!(segment(dir.path(), 3).exists(), "new records go to a new segment");
-    store.advance_all(vec![floor("/f/"), key("/a")], 9).await.unwrap();
+    store.commit(0, MarkBatch::advance(vec![floor("/f/"), key("/a")], 9)).await.unwrap();
     store.close().await.unwrap();
     drop(store);
     let old_end = 40 + 2 * 24 + 32 + 24 + 32;
@@ -313,7 +315,7 @@ async fn a_floor_record_in_a_version_1_file_refuses_to_start() {
 async fn a_file_of_an_unknown_version_refuses_to_start_and_names_the_version() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
-    store.advance_all(vec![floor("/d/"), key("/a")], 5).await.unwrap();
+    store.commit(0, MarkBatch::advance(vec![floor("/d/"), key("/a")], 5)).await.unwrap();
     store.close().await.unwrap();
     drop(store);
     let path = segment(dir.path(), 1);
@@ -332,7 +334,7 @@ async fn a_file_of_an_unknown_version_refuses_to_start_and_names_the_version() {
     // A snapshot of an unknown version is refused the same way.
     let snap = tempfile::tempdir().unwrap();
     let table = Table::new();
-    table.raise_floor("/d/", 5);
+    table.raise(MarkRef::floor("/d/"), 5);
     compact::write_snapshot(snap.path(), 2, &table).unwrap();
     let path = snap.path().join(snapshot_name(2));
     let mut data = fs::read(&path).unwrap();

@@ -1,16 +1,17 @@
 //! Durable `max_seen`: the [`Store`] trait, the in-memory [`Table`] it keeps current, and
 //! [`FileStore`], a log-structured store in the tradition of etcd's WAL.
 //!
-//! The store keeps two kinds of mark ([`MarkKind`]): a key's `max_seen`, and floors, each the
-//! highest token a write covering everything under a string was accepted with. Both are opaque
-//! strings to the store, in separate maps: a floor and a key spelled alike are different marks.
+//! The store keeps a level for each [`Mark`], of two kinds ([`MarkKind`]): a key's `max_seen`,
+//! and floors, each the highest token a write covering everything under a string was accepted
+//! with. Names are opaque strings to the store, in a map per kind: a floor and a key spelled
+//! alike are different marks.
 //!
-//! The proxy calls [`Store::advance`] (one key) or [`Store::advance_all`] (several marks, in one
-//! atomic batch) and waits for it before forwarding. An implementation
-//! must resolve only once the advance would survive a crash, and must have raised the
-//! [`Table`] by then. Because the store itself raises the table, and only after the advance is
-//! durable, the table is always an image of durable state: a snapshot taken from it can never
-//! miss a record of the segments it replaces. [`EtcdStore`] shares the fence between several
+//! Every change reaches a store as a [`MarkBatch`]: the proxy hands its advance (one key, or
+//! several marks in one atomic batch) to [`Store::commit`] and waits for it before forwarding.
+//! An implementation must resolve only once the advance would survive a crash, and must have
+//! raised the [`Table`] by then. Because the store itself raises the table, and only after the
+//! advance is durable, the table is always an image of durable state: a snapshot taken from it
+//! can never miss a record of the segments it replaces. [`EtcdStore`] shares the fence between several
 //! instances through an etcd cluster (docs/cluster.md).
 
 mod compact;
@@ -21,6 +22,8 @@ mod init;
 mod inspect;
 mod listing;
 mod log;
+mod mark;
+mod mark_batch;
 mod preflight;
 pub(crate) mod recovery;
 mod relay;
@@ -40,11 +43,13 @@ pub use file::{CommitHook, FileStore, StoreOptions};
 pub use init::{check_initialised, init};
 pub use inspect::{Inspection, inspect};
 pub use listing::Listed;
+pub use mark::{Mark, MarkKind, MarkRef};
+pub use mark_batch::{Change, MarkBatch};
 pub use preflight::{Usable, check_usable};
 pub use scheduling::WriterScheduling;
 pub use status::Condition;
 #[cfg(feature = "stall-hook")]
-pub use status::{Held, hold};
+pub use status::{Stall, hold};
 pub use table::{MARK_BYTES, Table, TableBytes};
 
 /// Whether an advance is made durable with `fdatasync` before it resolves.
@@ -57,16 +62,6 @@ pub enum SyncMode {
     Never,
 }
 
-/// What one record raises: a key's `max_seen`, or a floor (the highest token a write covering
-/// everything under a string was accepted with).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum MarkKind {
-    /// A key: `max_seen` of one resource.
-    Key,
-    /// A floor: the highest token of a write that covered everything under the string.
-    Floor,
-}
-
 /// A boxed future returned by [`Store`] methods.
 pub type StoreFuture<'a> = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
 
@@ -74,7 +69,7 @@ pub type StoreFuture<'a> = Pin<Box<dyn Future<Output = Result<(), StoreError>> +
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Role {
     /// Fences it here: the file store, or the etcd store's leader.
-    Writer,
+    Fences,
     /// Sends it to the leader at this URL, which fences it (the etcd store's followers).
     Forward(String),
     /// Refuses it: no instance can fence writes now, for this reason.
@@ -90,73 +85,39 @@ pub type Permit = Arc<dyn Fn() -> bool + Send + Sync>;
 ///
 /// A store may serve in terms (the etcd store's leaderships): a write is checked against the
 /// table in one term and must be advanced in that same term, or not at all, so the fence reads
-/// [`Store::term`] before its check and advances with it. The file store has one term for ever.
+/// [`Store::term`] before its check and commits with it. The file store has one term for ever.
 pub trait Store: Send + Sync + std::fmt::Debug {
     /// The table this store raises once each advance is durable.
     fn table(&self) -> &Arc<Table>;
-    /// Records that `key` accepted `token`; resolves once a crash can no longer lose it, with
-    /// the store's [`Table`] already raised. Refused if the store's term is no longer `term`.
-    fn advance_in(&self, term: u64, key: &str, token: u64) -> StoreFuture<'_>;
-    /// Notes that the write that advanced `key` to `token` has been answered by the backend,
-    /// so it is no longer in flight. Need not be durable: if lost, a restart quarantines the
-    /// resource once more than needed.
-    fn answered(&self, key: &str, token: u64);
-    /// Raises every mark in `marks` to `token` in one committed batch: all of them are durable,
-    /// and the table raised, before this resolves, or none is (never split across batches,
-    /// whatever MAX_BATCH says). Each is in flight until answered.
-    fn advance_all_in(&self, term: u64, marks: Vec<(MarkKind, String)>, token: u64) -> StoreFuture<'_>;
-    /// Notes that the write that advanced `marks` to `token` was answered.
-    fn answered_all(&self, marks: &[(MarkKind, String)], token: u64);
-    /// Sets every mark in `marks` to exactly `token`, lowering it if need be (an operator's
-    /// reset), in one committed batch, with the table set before this resolves. Unlike an
-    /// advance it counts in log order: recovery applies it after every record before it, so
-    /// taking the highest of what the log holds cannot undo it. Whether a write is in flight is
-    /// left as it was. The caller must hold every turn the marks could move under.
-    fn reset_in(&self, term: u64, marks: Vec<(MarkKind, String)>, token: u64) -> StoreFuture<'_>;
-    /// Flushes everything and stops; later advances fail with [`StoreError::Closed`].
+    /// Makes `batch`'s change, checked in `term`; refused if the store's term is no longer
+    /// `term`. The batch is handed over when this is called; the future waits for its outcome.
+    ///
+    /// An advance or a reset resolves once a crash can no longer lose it, with the [`Table`]
+    /// already changed: every mark of it, or none (never split across the writer's groups,
+    /// whatever their bounds). Each mark an advance raises is in flight until answered; a reset
+    /// leaves that as it was, and the caller must hold every turn its marks could move under.
+    ///
+    /// An answer ([`Change::Answered`]) resolves at once and is made durable with a later
+    /// group; a store with terms forgets one from an earlier term rather than clear a marker a
+    /// later term may have set.
+    fn commit(&self, term: u64, batch: MarkBatch) -> StoreFuture<'_>;
+    /// Flushes everything and stops; later commits fail with [`StoreError::Closed`].
     fn close(&self) -> StoreFuture<'_>;
     /// What the store can do now (for readiness).
     fn condition(&self) -> Condition;
-    /// Whether the store still accepts advances (false after a write or sync failure).
-    fn healthy(&self) -> bool {
-        !matches!(self.condition(), Condition::Failed(_))
-    }
     /// The term now (module docs); 0 for a store with one term.
     fn term(&self) -> u64 {
         0
     }
     /// What this instance does with a fenced write now.
     fn role(&self) -> Role {
-        Role::Writer
+        Role::Fences
     }
     /// For a write advanced in `term`: whether it may still be sent on; `None` when it always
     /// may (the file store).
     fn permit(&self, term: u64) -> Option<Permit> {
         let _ = term;
         None
-    }
-    /// [`Store::answered`] for a write advanced in `term`: a store with terms forgets an answer
-    /// from an earlier one rather than clear a marker a later term may have set.
-    fn answered_in(&self, term: u64, key: &str, token: u64) {
-        let _ = term;
-        self.answered(key, token);
-    }
-    /// [`Store::answered_all`] for a write advanced in `term`.
-    fn answered_all_in(&self, term: u64, marks: &[(MarkKind, String)], token: u64) {
-        let _ = term;
-        self.answered_all(marks, token);
-    }
-    /// [`Store::advance_in`] in the term now.
-    fn advance(&self, key: &str, token: u64) -> StoreFuture<'_> {
-        self.advance_in(self.term(), key, token)
-    }
-    /// [`Store::advance_all_in`] in the term now.
-    fn advance_all(&self, marks: Vec<(MarkKind, String)>, token: u64) -> StoreFuture<'_> {
-        self.advance_all_in(self.term(), marks, token)
-    }
-    /// [`Store::reset_in`] in the term now.
-    fn reset(&self, marks: Vec<(MarkKind, String)>, token: u64) -> StoreFuture<'_> {
-        self.reset_in(self.term(), marks, token)
     }
 }
 

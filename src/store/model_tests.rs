@@ -35,11 +35,11 @@ use std::path::Path;
 
 use proptest::prelude::*;
 
-use super::MarkKind;
-use super::format::{HEADER_LEN, Kind};
+use super::format::{HEADER_LEN, Kind, Says};
 use super::log::Log;
 use super::recovery::{self, Mode, Recovered, snapshot_name};
 use super::*;
+use super::{MarkKind, MarkRef};
 use crate::store::SyncMode;
 
 const NAMES: [&str; 5] = ["/a", "/b", "/c/d", "/accounts/42", "/e/f/g"];
@@ -48,12 +48,12 @@ const MARKS: usize = 2 * NAMES.len();
 const SECTOR: u64 = 64;
 
 /// A key or a floor.
-type Mark = (MarkKind, &'static str);
+type Mark = MarkRef<'static>;
 /// The value of every mark that has one.
 type State = BTreeMap<Mark, u64>;
 
 fn mark(i: usize) -> Mark {
-    (if i < NAMES.len() { MarkKind::Key } else { MarkKind::Floor }, NAMES[i % NAMES.len()])
+    MarkRef::new(if i < NAMES.len() { MarkKind::Key } else { MarkKind::Floor }, NAMES[i % NAMES.len()])
 }
 
 #[derive(Debug, Clone)]
@@ -149,7 +149,7 @@ impl Model {
         marks.dedup();
         let token = to(marks.iter().map(|k| self.latest.get(k).copied().unwrap_or(0)).max().unwrap_or(0));
         for mark in marks {
-            log.append(if reset { Kind::reset(mark.0) } else { Kind::advance(mark.0) }, mark.1, token);
+            log.append(Kind::keyed(if reset { Says::Reset } else { Says::Advance }, mark.kind), mark.name, token);
             let change = Change { mark, token, reset, at: self.place() };
             change.apply(&mut self.latest);
             self.buffered.push(change);
@@ -207,11 +207,8 @@ impl<'a> World<'a> {
         World { dir, log, table, durable, found }
     }
 
-    fn get(&self, (kind, name): Mark) -> Option<u64> {
-        match kind {
-            MarkKind::Key => self.table.get(name),
-            MarkKind::Floor => self.table.floor(name),
-        }
+    fn get(&self, mark: Mark) -> Option<u64> {
+        self.table.level(mark)
     }
 
     /// Checks what recovery found against the states `outcomes` a crash may leave; returns it.
@@ -225,11 +222,11 @@ impl<'a> World<'a> {
             prop_assert!(got <= hi, "{k:?}: recovered {got:?}, above the highest it can be, {hi:?} (of {can:?})");
             prop_assert!(can.contains(&got), "{k:?}: recovered {got:?}, none of the values it can have, {can:?}");
             found.extend(got.map(|g| (k, g)));
-            let reported = match k.0 {
+            let reported = match k.kind {
                 MarkKind::Key => &self.found.in_flight,
                 MarkKind::Floor => &self.found.floors_in_flight,
             };
-            let flying = reported.iter().find(|(n, _)| n == k.1).map(|(_, t)| *t);
+            let flying = reported.iter().find(|(n, _)| n == k.name).map(|(_, t)| *t);
             if let Some(token) = m.must_fly(k) {
                 prop_assert!(
                     flying.is_some() && flying == got,
@@ -254,11 +251,9 @@ impl<'a> World<'a> {
         let written = std::mem::take(&mut m.written);
         for c in written.into_iter().flatten().chain(std::mem::take(&mut m.buffered)) {
             c.apply(&mut m.synced);
-            match (c.mark, c.reset) {
-                ((MarkKind::Key, name), false) => self.table.advance(name, c.token),
-                ((MarkKind::Floor, name), false) => self.table.advance_floor(name, c.token),
-                ((MarkKind::Key, name), true) => self.table.reset(name, c.token),
-                ((MarkKind::Floor, name), true) => self.table.reset_floor(name, c.token),
+            match c.reset {
+                false => self.table.advance(c.mark, c.token),
+                true => self.table.reset(c.mark, c.token),
             }
             if !c.reset {
                 m.last_acked.insert(c.mark, (c.at, c.token));
@@ -280,14 +275,11 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             Op::Answered { mark: i } => {
                 let k = mark(i);
                 if let Some(&(_, t)) = m.last_acked.get(&k) {
-                    w.log.append(Kind::answered(k.0), k.1, t);
+                    w.log.append(Kind::keyed(Says::Answered, k.kind), k.name, t);
                     let at = m.place();
                     m.last_answer.insert(k, at);
                     m.last_answer_of.insert((k, t), at);
-                    match k.0 {
-                        MarkKind::Key => w.table.answered(k.1, t),
-                        MarkKind::Floor => w.table.answered_floor(k.1, t),
-                    }
+                    w.table.answered(k, t);
                 }
             }
             Op::Write => {

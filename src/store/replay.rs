@@ -8,9 +8,9 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
-use super::format::{self, Bad, FileKind, HEADER_LEN, Header, Kind, Record};
+use super::format::{self, Bad, FileKind, HEADER_LEN, Header, Kind, Record, Says};
 use super::recovery::{Mode, corrupt, io_err};
-use super::{StoreError, Table};
+use super::{MarkRef, StoreError, Table};
 
 const CHUNK: usize = 1 << 20;
 
@@ -72,16 +72,13 @@ fn file_len(path: &Path) -> Result<u64, StoreError> {
 
 /// Applies one state-bearing record to the table.
 fn apply(table: &Table, kind: Kind, key: &str, token: u64) {
-    match kind {
-        Kind::State => table.raise(key, token),
-        Kind::Advance => table.advance(key, token),
-        Kind::Answered => table.answered(key, token),
-        Kind::FloorState => table.raise_floor(key, token),
-        Kind::FloorAdvance => table.advance_floor(key, token),
-        Kind::FloorAnswered => table.answered_floor(key, token),
-        Kind::Reset => table.reset(key, token),
-        Kind::FloorReset => table.reset_floor(key, token),
-        Kind::Commit | Kind::Trailer => {}
+    let Some((says, mark)) = kind.says() else { return };
+    let mark = MarkRef::new(mark, key);
+    match says {
+        Says::State => table.raise(mark, token),
+        Says::Advance => table.advance(mark, token),
+        Says::Answered => table.answered(mark, token),
+        Says::Reset => table.reset(mark, token),
     }
 }
 
@@ -102,10 +99,11 @@ pub(super) fn load_snapshot(path: &Path, seq: u64, table: &Table) -> Result<(), 
     let mut trailer = None;
     let stop = scan(path, seed, |r, at| {
         check_version(path, &header, r, at)?;
-        match r.kind {
-            Kind::State | Kind::Advance => table.load(r.key, r.token, r.kind == Kind::Advance),
-            Kind::FloorState | Kind::FloorAdvance => table.load_floor(r.key, r.token, r.kind == Kind::FloorAdvance),
-            Kind::Trailer => {
+        match (r.kind, r.kind.says()) {
+            (_, Some((says @ (Says::State | Says::Advance), kind))) => {
+                table.load(MarkRef::new(kind, r.key), r.token, says == Says::Advance)
+            }
+            (Kind::Trailer, _) => {
                 trailer = Some((at, r.token));
                 return Ok(false);
             }

@@ -3,15 +3,15 @@
 
 use std::collections::HashMap;
 
-use super::tests::{contents, map, open, options};
+use super::tests::{advance, answered, contents, map, note, open, options};
 use super::*;
 
-fn key(name: &str) -> (MarkKind, String) {
-    (MarkKind::Key, name.to_owned())
+fn key(name: &str) -> Mark {
+    Mark::key(name)
 }
 
-fn floor(name: &str) -> (MarkKind, String) {
-    (MarkKind::Floor, name.to_owned())
+fn floor(name: &str) -> Mark {
+    Mark::floor(name)
 }
 
 fn floors(table: &Table) -> HashMap<String, u64> {
@@ -26,11 +26,11 @@ fn floors(table: &Table) -> HashMap<String, u64> {
 async fn a_reset_lowers_marks_and_a_restart_does_not_take_the_highest_back() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
-    store.advance("/a", u64::MAX).await.unwrap();
-    store.answered("/a", u64::MAX);
-    store.advance_all(vec![floor("/d"), key("/b")], 1 << 60).await.unwrap();
-    store.answered_all(&[floor("/d"), key("/b")], 1 << 60);
-    store.reset(vec![key("/a"), floor("/d")], 40).await.unwrap();
+    advance(&store, "/a", u64::MAX).await.unwrap();
+    answered(&store, "/a", u64::MAX);
+    store.commit(0, MarkBatch::advance(vec![floor("/d"), key("/b")], 1 << 60)).await.unwrap();
+    note(&store, MarkBatch::answered([floor("/d"), key("/b")], 1 << 60));
+    store.commit(0, MarkBatch::reset(vec![key("/a"), floor("/d")], 40)).await.unwrap();
     let table = store.table();
     assert_eq!((table.get("/a"), table.floor("/d"), table.get("/b")), (Some(40), Some(40), Some(1 << 60)));
     assert_eq!(table.entry("/a"), Some((40, false)), "an answered write stays answered");
@@ -42,7 +42,7 @@ async fn a_reset_lowers_marks_and_a_restart_does_not_take_the_highest_back() {
     assert_eq!(floors(store.table()), map(&[("/d", 40)]));
     assert!(store.in_flight_at_start().is_empty());
     // Advances after a reset raise the mark again, and a restart keeps the later value.
-    store.advance("/a", 41).await.unwrap();
+    advance(&store, "/a", 41).await.unwrap();
     store.close().await.unwrap();
     drop(store);
     let store = open(dir.path());
@@ -55,13 +55,13 @@ async fn a_reset_survives_snapshots_of_the_log_that_held_the_advance_it_overrule
     // Small segments: the advances below rotate the log several times, each rotation asking
     // for a snapshot, so the reset and the advance it overrules end up in different files.
     let store = FileStore::open(dir.path(), options(4096)).unwrap();
-    store.advance("/bricked", u64::MAX).await.unwrap();
+    advance(&store, "/bricked", u64::MAX).await.unwrap();
     for t in 0..300u64 {
-        store.advance(&format!("/other/{}", t % 7), t).await.unwrap();
+        advance(&store, &format!("/other/{}", t % 7), t).await.unwrap();
     }
-    store.reset(vec![key("/bricked")], 9).await.unwrap();
+    store.commit(0, MarkBatch::reset(vec![key("/bricked")], 9)).await.unwrap();
     for t in 300..600u64 {
-        store.advance(&format!("/other/{}", t % 7), t).await.unwrap();
+        advance(&store, &format!("/other/{}", t % 7), t).await.unwrap();
     }
     store.close().await.unwrap();
     drop(store);
@@ -76,8 +76,8 @@ async fn a_reset_survives_snapshots_of_the_log_that_held_the_advance_it_overrule
 async fn a_reset_leaves_a_write_in_flight_in_flight() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
-    store.advance("/a", 1000).await.unwrap();
-    store.reset(vec![key("/a")], 10).await.unwrap();
+    advance(&store, "/a", 1000).await.unwrap();
+    store.commit(0, MarkBatch::reset(vec![key("/a")], 10)).await.unwrap();
     assert_eq!(store.table().entry("/a"), Some((10, true)));
     store.close().await.unwrap();
     drop(store);

@@ -24,6 +24,13 @@ pub enum Condition {
     Unavailable(String),
 }
 
+impl Condition {
+    /// Whether the store still accepts advances (false after a write or sync failure).
+    pub fn healthy(&self) -> bool {
+        !matches!(self, Condition::Failed(_))
+    }
+}
+
 /// Shared by the writer, which sets it, and the store's owner, which reads it.
 #[derive(Debug)]
 pub(super) struct Status {
@@ -103,33 +110,33 @@ impl Status {
 
 /// A held directory's gate: true while held.
 #[cfg(feature = "stall-hook")]
-type Gate = std::sync::Arc<(Mutex<bool>, std::sync::Condvar)>;
+type StallGate = std::sync::Arc<(Mutex<bool>, std::sync::Condvar)>;
 
 /// Log writes held by tests, by data directory.
 #[cfg(feature = "stall-hook")]
-static HELD: Mutex<Vec<(std::path::PathBuf, Gate)>> = Mutex::new(Vec::new());
+static STALLS: Mutex<Vec<(std::path::PathBuf, StallGate)>> = Mutex::new(Vec::new());
 
 /// Holds every write and sync of the log in `dir` (as a stalled disk would) until the returned
 /// guard is dropped. For tests: compiled only with the `stall-hook` feature.
 #[cfg(feature = "stall-hook")]
-pub fn hold(dir: &Path) -> Held {
-    let gate: Gate = std::sync::Arc::new((Mutex::new(true), std::sync::Condvar::new()));
-    HELD.lock().unwrap_or_else(|e| e.into_inner()).push((dir.to_owned(), std::sync::Arc::clone(&gate)));
-    Held { dir: dir.to_owned(), gate }
+pub fn hold(dir: &Path) -> Stall {
+    let gate: StallGate = std::sync::Arc::new((Mutex::new(true), std::sync::Condvar::new()));
+    STALLS.lock().unwrap_or_else(|e| e.into_inner()).push((dir.to_owned(), std::sync::Arc::clone(&gate)));
+    Stall { dir: dir.to_owned(), gate }
 }
 
 /// Log writes held in a directory; dropping it lets them go.
 #[cfg(feature = "stall-hook")]
 #[derive(Debug)]
-pub struct Held {
+pub struct Stall {
     dir: std::path::PathBuf,
-    gate: Gate,
+    gate: StallGate,
 }
 
 #[cfg(feature = "stall-hook")]
-impl Drop for Held {
+impl Drop for Stall {
     fn drop(&mut self) {
-        HELD.lock().unwrap_or_else(|e| e.into_inner()).retain(|(d, _)| *d != self.dir);
+        STALLS.lock().unwrap_or_else(|e| e.into_inner()).retain(|(d, _)| *d != self.dir);
         *self.gate.0.lock().unwrap_or_else(|e| e.into_inner()) = false;
         self.gate.1.notify_all();
     }
@@ -139,7 +146,7 @@ impl Drop for Held {
 pub(super) fn stall_point(dir: &Path) {
     #[cfg(feature = "stall-hook")]
     {
-        let held = HELD.lock().unwrap_or_else(|e| e.into_inner());
+        let held = STALLS.lock().unwrap_or_else(|e| e.into_inner());
         let gate = held.iter().find(|(d, _)| d == dir).map(|(_, g)| std::sync::Arc::clone(g));
         drop(held);
         if let Some(gate) = gate {

@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry as Slot;
 
+use super::{Change, MarkBatch, MarkKind, MarkRef};
+
 /// One mark in the [`Table`].
 #[derive(Debug, Clone, Copy)]
 struct Entry {
@@ -225,9 +227,22 @@ impl Table {
         self.held.fetch_sub(bytes, Ordering::Relaxed);
     }
 
-    /// The highest durable token of `key`.
+    /// The map of one kind of mark: the one place the table tells the kinds apart.
+    fn marks(&self, kind: MarkKind) -> &Marks {
+        match kind {
+            MarkKind::Key => &self.keys,
+            MarkKind::Floor => &self.floors,
+        }
+    }
+
+    /// The highest durable token of `mark`.
+    pub fn level(&self, mark: MarkRef<'_>) -> Option<u64> {
+        self.marks(mark.kind).map.get(mark.name).map(|e| e.token)
+    }
+
+    /// The highest durable token of the key `key`: [`Table::level`] of a key.
     pub fn get(&self, key: &str) -> Option<u64> {
-        self.keys.map.get(key).map(|e| e.token)
+        self.level(MarkRef::key(key))
     }
 
     /// The highest durable token of `key`, and whether its write is still in flight.
@@ -245,30 +260,43 @@ impl Table {
         self.len() == 0
     }
 
-    /// Loads a snapshot entry. Snapshot keys are unique, so this goes straight to the entry:
+    /// Loads a snapshot entry. Snapshot marks are unique, so this goes straight to the entry:
     /// one probe instead of a lookup and then an insert.
-    pub(crate) fn load(&self, key: &str, token: u64, in_flight: bool) {
-        self.keys.load(key, token, in_flight);
+    pub(crate) fn load(&self, mark: MarkRef<'_>, token: u64, in_flight: bool) {
+        self.marks(mark.kind).load(mark.name, token, in_flight);
     }
 
-    /// Raises `key` to `token` (never lowers it). Only stores call this, once it is durable.
-    pub(crate) fn raise(&self, key: &str, token: u64) {
-        self.keys.raise(key, token);
+    /// Raises `mark` to `token` (never lowers it). Only stores call this, once it is durable.
+    pub(crate) fn raise(&self, mark: MarkRef<'_>, token: u64) {
+        self.marks(mark.kind).raise(mark.name, token);
     }
 
-    /// Raises `key` to `token` and marks its write in flight.
-    pub(crate) fn advance(&self, key: &str, token: u64) {
-        self.keys.advance(key, token);
+    /// Raises `mark` to `token` and marks its write in flight.
+    pub(crate) fn advance(&self, mark: MarkRef<'_>, token: u64) {
+        self.marks(mark.kind).advance(mark.name, token);
     }
 
-    /// Notes that the backend answered the write of `token` to `key`.
-    pub(crate) fn answered(&self, key: &str, token: u64) {
-        self.keys.answered(key, token);
+    /// Notes that the backend answered the write of `token` that raised `mark`.
+    pub(crate) fn answered(&self, mark: MarkRef<'_>, token: u64) {
+        self.marks(mark.kind).answered(mark.name, token);
     }
 
-    /// Sets `key` to `token`, lowering it if need be: an operator's reset, once durable.
-    pub(crate) fn reset(&self, key: &str, token: u64) {
-        self.keys.reset(key, token);
+    /// Sets `mark` to `token`, lowering it if need be: an operator's reset, once durable.
+    pub(crate) fn reset(&self, mark: MarkRef<'_>, token: u64) {
+        self.marks(mark.kind).reset(mark.name, token);
+    }
+
+    /// Makes `batch`'s change to every mark of it, once it is durable (an answer need not be):
+    /// the one place a [`Change`] is applied to the table.
+    pub(crate) fn apply(&self, batch: &MarkBatch) {
+        let token = batch.token();
+        for mark in batch.marks() {
+            match batch.change() {
+                Change::Advance => self.advance(mark.borrowed(), token),
+                Change::Reset => self.reset(mark.borrowed(), token),
+                Change::Answered => self.answered(mark.borrowed(), token),
+            }
+        }
     }
 
     /// Visits every key as `(key, max_seen, in_flight)`, in no particular order.
@@ -281,9 +309,10 @@ impl Table {
         self.keys.in_flight()
     }
 
-    /// The highest durable token of a write that covered everything under `p`.
+    /// The highest durable token of a write that covered everything under `p`: [`Table::level`]
+    /// of a floor.
     pub fn floor(&self, p: &str) -> Option<u64> {
-        self.floors.map.get(p).map(|e| e.token)
+        self.level(MarkRef::floor(p))
     }
 
     /// The floor of `p`, and whether the write that raised it is still in flight.
@@ -305,49 +334,32 @@ impl Table {
     pub fn in_flight_floors(&self) -> Vec<(String, u64)> {
         self.floors.in_flight()
     }
-
-    /// Loads a snapshot's floor entry.
-    pub(crate) fn load_floor(&self, p: &str, token: u64, in_flight: bool) {
-        self.floors.load(p, token, in_flight);
-    }
-
-    /// Raises the floor `p` to `token` (never lowers it), once that is durable.
-    pub(crate) fn raise_floor(&self, p: &str, token: u64) {
-        self.floors.raise(p, token);
-    }
-
-    /// Raises the floor `p` to `token` and marks its write in flight.
-    pub(crate) fn advance_floor(&self, p: &str, token: u64) {
-        self.floors.advance(p, token);
-    }
-
-    /// Notes that the backend answered the write of `token` that raised the floor `p`.
-    pub(crate) fn answered_floor(&self, p: &str, token: u64) {
-        self.floors.answered(p, token);
-    }
-
-    /// Sets the floor `p` to `token`, lowering it if need be: an operator's reset, once durable.
-    pub(crate) fn reset_floor(&self, p: &str, token: u64) {
-        self.floors.reset(p, token);
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn key(name: &str) -> MarkRef<'_> {
+        MarkRef::key(name)
+    }
+
+    fn floor(name: &str) -> MarkRef<'_> {
+        MarkRef::floor(name)
+    }
+
     #[test]
     fn table_only_climbs_and_ranks_its_top_entries() {
         let t = Table::new();
-        t.raise("/a", 5);
-        t.raise("/a", 3);
-        t.raise("/b", 9);
-        t.raise("/c", 7);
+        t.raise(key("/a"), 5);
+        t.raise(key("/a"), 3);
+        t.raise(key("/b"), 9);
+        t.raise(key("/c"), 7);
         assert_eq!(t.get("/a"), Some(5));
-        t.advance("/a", 6);
-        t.answered("/a", 5);
+        t.advance(key("/a"), 6);
+        t.answered(key("/a"), 5);
         assert_eq!(t.entry("/a"), Some((6, true)), "an answer for an older token clears nothing");
-        t.answered("/a", 6);
+        t.answered(key("/a"), 6);
         assert_eq!(t.entry("/a"), Some((6, false)));
         assert_eq!(t.top(2), vec![("/b".to_string(), 9), ("/c".to_string(), 7)]);
         assert_eq!(t.top(0), vec![]);
@@ -357,19 +369,20 @@ mod tests {
     #[test]
     fn floors_are_marks_of_their_own_beside_the_keys() {
         let t = Table::new();
-        t.advance("/a", 5);
+        t.advance(key("/a"), 5);
         assert_eq!((t.floor("/a"), t.floors_len()), (None, 0), "a key is not a floor");
-        t.advance_floor("/a", 9);
-        t.raise_floor("/a", 4);
-        t.load_floor("/d/", 3, false);
-        t.load_floor("/d/", 2, true);
+        t.advance(floor("/a"), 9);
+        t.raise(floor("/a"), 4);
+        t.load(floor("/d/"), 3, false);
+        t.load(floor("/d/"), 2, true);
         assert_eq!((t.get("/a"), t.floor("/a")), (Some(5), Some(9)), "neither touched the other");
+        assert_eq!((t.level(key("/a")), t.level(floor("/a"))), (Some(5), Some(9)));
         assert_eq!(t.floor_entry("/d/"), Some((3, true)), "load keeps the maximum, in flight if either was");
-        t.answered_floor("/a", 8);
+        t.answered(floor("/a"), 8);
         assert_eq!(t.floor_entry("/a"), Some((9, true)), "an answer for an older token clears nothing");
-        t.answered("/a", 9);
+        t.answered(key("/a"), 9);
         assert_eq!(t.floor_entry("/a"), Some((9, true)), "nor does the key's answer");
-        t.answered_floor("/a", 9);
+        t.answered(floor("/a"), 9);
         assert_eq!(t.floor_entry("/a"), Some((9, false)));
         assert_eq!(t.in_flight(), [("/a".to_string(), 5)]);
         assert_eq!(t.in_flight_floors(), [("/d/".to_string(), 3)]);
@@ -383,9 +396,9 @@ mod tests {
     #[test]
     fn bytes_count_each_mark_once_and_what_is_held_beside_them() {
         let t = Table::new().with_max_bytes(3 * MARK_BYTES + 10);
-        t.advance("/a", 1);
-        t.raise("/a", 2);
-        t.load_floor("/d", 3, false);
+        t.advance(key("/a"), 1);
+        t.raise(key("/a"), 2);
+        t.load(floor("/d"), 3, false);
         let bytes = TableBytes { keys: 2 + MARK_BYTES, floors: 2 + MARK_BYTES, held: 0 };
         assert_eq!(t.bytes(), bytes, "a mark counts once, however often it is raised");
         assert!(t.try_hold(MARK_BYTES + 6) && !t.try_hold(1), "held bytes fit up to the limit, and no further");

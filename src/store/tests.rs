@@ -31,6 +31,21 @@ pub(super) fn open_when_free(dir: &Path) -> FileStore {
     panic!("{} stayed locked", dir.display());
 }
 
+/// Advances the key `key` to `token`, in the store's term now.
+pub(super) fn advance<'a>(store: &'a dyn Store, key: &str, token: u64) -> StoreFuture<'a> {
+    store.commit(store.term(), MarkBatch::advance([Mark::key(key)], token))
+}
+
+/// Hands an answer to `store`, in its term now. It resolves at once: nothing waits for it.
+pub(super) fn note(store: &dyn Store, answered: MarkBatch) {
+    drop(store.commit(store.term(), answered));
+}
+
+/// Notes that the write that advanced the key `key` to `token` was answered.
+pub(super) fn answered(store: &dyn Store, key: &str, token: u64) {
+    note(store, MarkBatch::answered([Mark::key(key)], token));
+}
+
 pub(super) fn contents(store: &FileStore) -> HashMap<String, u64> {
     let mut all = HashMap::new();
     store.table().for_each(|k, t, _| {
@@ -41,7 +56,7 @@ pub(super) fn contents(store: &FileStore) -> HashMap<String, u64> {
 
 pub(super) async fn write(store: &FileStore, entries: &[(&str, u64)]) {
     for (k, t) in entries {
-        store.advance(k, *t).await.unwrap();
+        advance(store, k, *t).await.unwrap();
     }
 }
 
@@ -166,7 +181,7 @@ async fn snapshot_plus_tail_recovers_and_compaction_keeps_disk_proportional_to_r
     let mut expect = HashMap::new();
     for t in 0..3000u64 {
         let key = format!("/resource/{}", t % 10);
-        store.advance(&key, t).await.unwrap();
+        advance(&store, &key, t).await.unwrap();
         expect.insert(key, t);
     }
     // Closing waits for the compactor to finish the snapshots it was asked for.
@@ -185,7 +200,7 @@ async fn snapshot_plus_tail_recovers_and_compaction_keeps_disk_proportional_to_r
 async fn a_damaged_snapshot_refuses_to_start() {
     let dir = tempfile::tempdir().unwrap();
     let table = Table::new();
-    table.raise("/a", 5);
+    table.raise(MarkRef::key("/a"), 5);
     compact::write_snapshot(dir.path(), 3, &table).unwrap();
     fs::write(segment(dir.path(), 3), Header::new(3).encode(FileKind::Segment)).unwrap();
     let snap = dir.path().join(snapshot_name(3));

@@ -13,9 +13,20 @@ use std::net::SocketAddr;
 use common::cluster::{Cluster, PREFIX};
 use common::etcd_server::{Etcd, start_etcd};
 use common::{Resp, eventually, raw_request, try_raw_request};
+use fencegate::store::{Mark, MarkBatch, Store, StoreFuture};
 
 async fn put(addr: SocketAddr, path: &str, token: u64) -> Resp {
     common::raw::put_response(addr, path, token).await.expect("a complete response")
+}
+
+/// Advances the key `key` to `token` in the store's term now.
+fn advance<'a>(store: &'a dyn Store, key: &str, token: u64) -> StoreFuture<'a> {
+    store.commit(store.term(), MarkBatch::advance([Mark::key(key)], token))
+}
+
+/// Notes that the write that advanced the key `key` to `token` was answered: at once.
+fn answered(store: &dyn Store, key: &str, token: u64) {
+    drop(store.commit(store.term(), MarkBatch::answered([Mark::key(key)], token)));
 }
 
 fn ok(r: &Resp) -> bool {
@@ -169,13 +180,12 @@ async fn migrate_copies_a_file_store_without_lowering_anything() {
     fencegate::app::init_data_dir(&dir, 0).unwrap();
     let keying = fencegate::fence::keys::keying(&Default::default(), &[]);
     {
-        use fencegate::store::Store;
         let options = fencegate::store::StoreOptions { keying, ..Default::default() };
         let store = fencegate::store::FileStore::open(&dir, options).unwrap();
-        store.advance("/a", 7).await.unwrap();
-        store.answered("/a", 7);
-        store.advance("/b", 9).await.unwrap();
-        store.answered("/b", 9);
+        advance(&store, "/a", 7).await.unwrap();
+        answered(&store, "/a", 7);
+        advance(&store, "/b", 9).await.unwrap();
+        answered(&store, "/b", 9);
         store.close().await.unwrap();
     }
     c.init().await;
@@ -289,19 +299,18 @@ async fn a_store_dropped_without_close_gives_the_leadership_up() {
 /// stopped waiting can still be queued ahead of a later, lower one.
 #[tokio::test]
 async fn the_writer_never_lowers_a_level_in_etcd() {
-    use fencegate::store::Store;
     let Some(etcd) = start_etcd().await else { return };
     let c = Cluster::build(&[etcd.url()], 1, "").await;
     let store = leading_store(&c, &etcd).await;
     // Both queued before either is answered: in one batch, or the lower one in the next.
-    let (higher, lower) = (store.advance("/a", 10), store.advance("/a", 8));
+    let (higher, lower) = (advance(&store, "/a", 10), advance(&store, "/a", 8));
     assert!(higher.await.is_ok());
     let refused = lower.await.unwrap_err().to_string();
     assert!(refused.contains("a higher level"), "{refused}");
     assert_eq!(c.max_seen_in_etcd("/a").await, Some(10));
     // And against a committed level too.
-    assert!(store.advance("/a", 9).await.is_err());
-    assert!(store.advance("/a", 11).await.is_ok());
+    assert!(advance(&store, "/a", 9).await.is_err());
+    assert!(advance(&store, "/a", 11).await.is_ok());
     assert_eq!(c.max_seen_in_etcd("/a").await, Some(11));
 }
 
@@ -322,13 +331,13 @@ async fn census_under(c: &Cluster, prefix: &str) -> Option<u64> {
 /// leads it with fewer.
 #[tokio::test]
 async fn a_prefix_that_lost_levels_is_refused_naming_what_is_missing() {
-    use fencegate::store::{Condition, MarkKind, Store};
+    use fencegate::store::Condition;
     let Some(etcd) = start_etcd().await else { return };
     let c = Cluster::build(&[etcd.url()], 1, "").await;
     let store = leading_store(&c, &etcd).await;
-    store.advance("/a", 5).await.unwrap();
-    store.advance_all(vec![(MarkKind::Key, "/b".into()), (MarkKind::Floor, "/d/".into())], 6).await.unwrap();
-    store.advance("/c", 7).await.unwrap();
+    advance(&store, "/a", 5).await.unwrap();
+    store.commit(store.term(), MarkBatch::advance(vec![Mark::key("/b"), Mark::floor("/d/")], 6)).await.unwrap();
+    advance(&store, "/c", 7).await.unwrap();
     store.close().await.unwrap();
 
     // A restart with every level in place leads.
@@ -352,7 +361,7 @@ async fn a_prefix_that_lost_levels_is_refused_naming_what_is_missing() {
     assert!(!store.leading());
     assert!(refusal.contains("holds 2 fence levels") && refusal.contains("records 4"), "{refusal}");
     assert!(refusal.contains("2 were deleted") && refusal.contains("--floor <that token>"), "{refusal}");
-    assert!(store.advance("/b", 100).await.is_err(), "no write is fenced from what is left");
+    assert!(advance(&store, "/b", 100).await.is_err(), "no write is fenced from what is left");
     drop(store);
     eventually("it gave the leadership up", async || c.leader_url().await.is_none()).await;
 
@@ -368,21 +377,20 @@ async fn a_prefix_that_lost_levels_is_refused_naming_what_is_missing() {
 /// the same transaction: an advance, several marks at once, a reset of a mark never written.
 #[tokio::test]
 async fn the_census_counts_every_level_created() {
-    use fencegate::store::{MarkKind, Store};
     let Some(etcd) = start_etcd().await else { return };
     let c = Cluster::build(&[etcd.url()], 1, "").await;
     let store = leading_store(&c, &etcd).await;
     assert_eq!(census_in_etcd(&c).await, Some(0), "init with no floor: no level");
-    store.advance("/a", 5).await.unwrap();
+    advance(&store, "/a", 5).await.unwrap();
     assert_eq!(census_in_etcd(&c).await, Some(1));
     let (both, again) = (
-        store.advance_all(vec![(MarkKind::Key, "/b".into()), (MarkKind::Floor, "/d/".into())], 6),
-        store.advance_all(vec![(MarkKind::Key, "/b".into()), (MarkKind::Key, "/a".into())], 7),
+        store.commit(store.term(), MarkBatch::advance(vec![Mark::key("/b"), Mark::floor("/d/")], 6)),
+        store.commit(store.term(), MarkBatch::advance(vec![Mark::key("/b"), Mark::key("/a")], 7)),
     );
     both.await.unwrap();
     again.await.unwrap();
     assert_eq!(census_in_etcd(&c).await, Some(3), "/b counted once, /a not again");
-    store.reset(vec![(MarkKind::Key, "/b".into()), (MarkKind::Key, "/c".into())], 3).await.unwrap();
+    store.commit(store.term(), MarkBatch::reset(vec![Mark::key("/b"), Mark::key("/c")], 3)).await.unwrap();
     assert_eq!(census_in_etcd(&c).await, Some(4), "a reset that makes a level counts it");
     store.close().await.unwrap();
 
@@ -396,8 +404,8 @@ async fn the_census_counts_every_level_created() {
     let options = fencegate::store::StoreOptions { keying: keying.clone(), ..Default::default() };
     let file = fencegate::store::FileStore::open(&dir, options).unwrap();
     for (key, token) in [("/a", 7), ("/b", 9)] {
-        file.advance(key, token).await.unwrap();
-        file.answered(key, token);
+        advance(&file, key, token).await.unwrap();
+        answered(&file, key, token);
     }
     file.close().await.unwrap();
     fencegate::store::etcd::migrate(&client, "/fg-floor/", &keying, &dir).await.unwrap();
@@ -410,7 +418,6 @@ async fn the_census_counts_every_level_created() {
 /// and writes it, and batches keep it from then on.
 #[tokio::test]
 async fn a_prefix_without_a_census_gets_one_at_its_takeover() {
-    use fencegate::store::Store;
     let Some(etcd) = start_etcd().await else { return };
     let c = Cluster::build(&[etcd.url()], 1, "").await;
     c.init().await;
@@ -419,7 +426,7 @@ async fn a_prefix_without_a_census_gets_one_at_its_takeover() {
     let store = leading_store_on(&c, &etcd).await;
     assert_eq!(census_in_etcd(&c).await, Some(1), "counted at the takeover");
     assert_eq!(store.table().get("/old"), Some(9));
-    store.advance("/new", 10).await.unwrap();
+    advance(&store, "/new", 10).await.unwrap();
     store.close().await.unwrap();
     assert_eq!(census_in_etcd(&c).await, Some(2));
 }

@@ -1,6 +1,6 @@
-//! The leader's group commit to etcd: every change and answer queued while the previous
-//! transaction was under way joins the next one, and a batch is one transaction, guarded by
-//! the leader's epoch and the batch chain:
+//! [`EtcdWriter`]: the leader's group commit to etcd. Every change and answer queued while the
+//! previous transaction was under way joins the next one, and a batch is one transaction,
+//! guarded by the leader's epoch and the batch chain:
 //! `If(create_revision(P/leader) == epoch, value(P/batch) == last) Then(puts, deletes,
 //! P/batch = next)`. Only once etcd has committed it (a quorum has it) is the table raised and
 //! are the writes answered.
@@ -28,9 +28,8 @@ use super::names::{Names, batch_id, parse_batch_id, token_value};
 use super::outcome::refusal;
 use crate::etcd::{Client, Compare, EtcdError, Op};
 use crate::store::file::CommitHook;
-use crate::store::table::mark_bytes;
-use crate::store::writer::{Change, Room, apply};
-use crate::store::{MarkKind, StoreError, Table};
+use crate::store::mark_batch::Room;
+use crate::store::{Change, Mark, MarkBatch, StoreError, Table};
 
 /// etcd's default `--max-txn-ops`: the operations one transaction may hold.
 pub const DEFAULT_MAX_TXN_OPS: usize = 128;
@@ -43,30 +42,40 @@ const BARRIER_RETRY: Duration = Duration::from_millis(100);
 pub(crate) type Done = oneshot::Sender<Result<(), StoreError>>;
 
 pub(crate) enum Msg {
-    /// Raises (or resets) marks, checked in `term`.
-    Change { marks: Vec<(MarkKind, String)>, token: u64, term: u64, change: Change, done: Done },
-    /// A write of `token` to `marks`, advanced in `term` (if known), was answered.
-    Answered { marks: Vec<(MarkKind, String)>, token: u64, term: Option<u64> },
+    /// An advance or a reset, checked ([`MarkBatch::check`]) in `term`.
+    Commit { batch: MarkBatch, term: u64, done: Done },
+    /// An answered write, advanced in `term`.
+    Answered { batch: MarkBatch, term: u64 },
     /// Commits what is queued, resigns and stops.
     Close(Done),
+}
+
+/// The operations a transaction holds for each mark of a batch making `change`: an advance
+/// puts the level and the in-flight marker, a reset the level, an answer deletes the marker.
+pub(crate) fn ops_per_mark(change: Change) -> usize {
+    match change {
+        Change::Advance => 2,
+        Change::Reset | Change::Answered => 1,
+    }
 }
 
 impl Msg {
     /// An upper bound of the operations and bytes this message adds to a batch.
     fn cost(&self) -> (usize, usize) {
         match self {
-            Msg::Change { marks, change, .. } => {
-                let per = if *change == Change::Advance { 2 } else { 1 };
-                (marks.len() * per, marks.iter().map(|(_, n)| (n.len() + 48) * per).sum())
+            Msg::Commit { batch, .. } | Msg::Answered { batch, .. } => {
+                let per = ops_per_mark(batch.change());
+                // A put carries a token value besides its key; a delete only its key.
+                let each = if batch.change() == Change::Answered { 24 } else { 48 };
+                (batch.len() * per, batch.marks().iter().map(|m| (m.name.len() + each) * per).sum())
             }
-            Msg::Answered { marks, .. } => (marks.len(), marks.iter().map(|(_, n)| n.len() + 24).sum()),
             Msg::Close(_) => (0, 0),
         }
     }
 }
 
 /// What the writer needs, apart from its queue.
-pub(crate) struct Writer {
+pub(crate) struct EtcdWriter {
     pub(crate) client: Client,
     pub(crate) names: Names,
     pub(crate) shared: Arc<Shared>,
@@ -99,13 +108,13 @@ struct Chain {
 
 /// One change of a batch, applied to the table once the batch commits.
 enum Applied {
-    Change { marks: Vec<(MarkKind, String)>, token: u64, change: Change, done: Done },
-    Answered { marks: Vec<(MarkKind, String)>, token: u64 },
+    Commit { batch: MarkBatch, done: Done },
+    Answered(MarkBatch),
 }
 
-impl Writer {
-    pub(crate) fn new(client: Client, names: Names, shared: Arc<Shared>, table: Arc<Table>) -> Writer {
-        Writer {
+impl EtcdWriter {
+    pub(crate) fn new(client: Client, names: Names, shared: Arc<Shared>, table: Arc<Table>) -> EtcdWriter {
+        EtcdWriter {
             client,
             names,
             shared,
@@ -151,7 +160,7 @@ impl Writer {
             if let Some(done) = closing {
                 rx.close();
                 while let Ok(msg) = rx.try_recv() {
-                    if let Msg::Change { done, .. } = msg {
+                    if let Msg::Commit { done, .. } = msg {
                         let _ = done.send(Err(StoreError::Closed));
                     }
                 }
@@ -177,8 +186,8 @@ impl Writer {
         (chain.last.clone(), batch_id(epoch, chain.sent), chain.sent)
     }
 
-    async fn commit(&mut self, batch: Vec<Msg>) {
-        if batch.is_empty() {
+    async fn commit(&mut self, group: Vec<Msg>) {
+        if group.is_empty() {
             return;
         }
         let term = self.shared.term();
@@ -187,39 +196,37 @@ impl Writer {
         // The final state of every key the batch writes, in key order: etcd refuses a
         // transaction that names a key twice.
         let mut writes: BTreeMap<Vec<u8>, Option<Vec<u8>>> = BTreeMap::new();
-        let mut applied = Vec::with_capacity(batch.len());
+        let mut applied = Vec::with_capacity(group.len());
         let mut room = Room::default();
         // The highest advance of each mark so far in this batch.
-        let mut batch_levels: HashMap<(MarkKind, String), u64> = HashMap::new();
+        let mut batch_levels: HashMap<Mark, u64> = HashMap::new();
         // The levels this batch creates, each once however many of its changes name it.
-        let mut created: HashSet<(MarkKind, String)> = HashSet::new();
-        for msg in batch {
+        let mut created: HashSet<Mark> = HashSet::new();
+        for msg in group {
             match msg {
-                Msg::Answered { marks, token, term: answered_in } => {
+                Msg::Answered { batch, term: answered_in } => {
                     // An answer from an earlier term leaves etcd's marker alone: a later term
                     // may have set it for a write of its own (costing a quarantine at most).
-                    if answered_in.is_none_or(|t| t == term) {
-                        for (mark, name) in &marks {
-                            writes.insert(self.names.in_flight(*mark, name), None);
+                    if answered_in == term {
+                        for mark in batch.marks() {
+                            writes.insert(self.names.in_flight(mark.borrowed()), None);
                         }
                     }
-                    applied.push(Applied::Answered { marks, token });
+                    applied.push(Applied::Answered(batch));
                 }
-                Msg::Change { done, term: checked, .. } if guard.is_none() || checked != term => {
+                Msg::Commit { done, term: checked, .. } if guard.is_none() || checked != term => {
                     let _ = done.send(Err(not_leader()));
                 }
-                Msg::Change { marks, token, change, done, .. } => {
+                Msg::Commit { batch, done, .. } => {
+                    let (marks, token, change) = (batch.marks(), batch.token(), batch.change());
                     // Levels only climb here, whatever the caller checked: an advance below a
                     // mark's level, or below an advance of it earlier in this batch, is refused
                     // (a change whose caller stopped waiting may still be queued ahead of it).
-                    let level = |mark: &MarkKind, name: &str| match mark {
-                        MarkKind::Key => self.table.get(name),
-                        MarkKind::Floor => self.table.floor(name),
-                    };
+                    let level = |mark: &Mark| self.table.level(mark.borrowed());
                     if change == Change::Advance
-                        && marks.iter().any(|(m, n)| {
-                            let queued = batch_levels.get(&(*m, n.clone())).copied();
-                            level(m, n).max(queued).is_some_and(|l| token < l)
+                        && marks.iter().any(|m| {
+                            let queued = batch_levels.get(m).copied();
+                            level(m).max(queued).is_some_and(|l| token < l)
                         })
                     {
                         let why = "a higher level of one of its marks was committed or is being committed";
@@ -227,31 +234,23 @@ impl Writer {
                         continue;
                     }
                     if change == Change::Advance {
-                        for (m, n) in &marks {
-                            let e = batch_levels.entry((*m, n.clone())).or_insert(token);
+                        for m in marks {
+                            let e = batch_levels.entry(m.clone()).or_insert(token);
                             *e = (*e).max(token);
                         }
                     }
-                    let fresh: Vec<&(MarkKind, String)> = marks
-                        .iter()
-                        .filter(|(m, n)| match m {
-                            MarkKind::Key => self.table.get(n).is_none(),
-                            MarkKind::Floor => self.table.floor(n).is_none(),
-                        })
-                        .collect();
-                    let bytes = fresh.iter().map(|(_, n)| mark_bytes(n)).sum::<u64>();
-                    if let Err(e) = room.take(&self.table, self.max_resources, fresh.len(), bytes) {
+                    if let (_, Err(e)) = room.take(&self.table, self.max_resources, &batch) {
                         let _ = done.send(Err(e));
                         continue;
                     }
-                    created.extend(fresh.into_iter().cloned());
-                    for (mark, name) in &marks {
-                        writes.insert(self.names.level(*mark, name), Some(token_value(token)));
+                    created.extend(marks.iter().filter(|m| level(m).is_none()).cloned());
+                    for mark in marks {
+                        writes.insert(self.names.level(mark.borrowed()), Some(token_value(token)));
                         if change == Change::Advance {
-                            writes.insert(self.names.in_flight(*mark, name), Some(token_value(token)));
+                            writes.insert(self.names.in_flight(mark.borrowed()), Some(token_value(token)));
                         }
                     }
-                    applied.push(Applied::Change { marks, token, change, done });
+                    applied.push(Applied::Commit { batch, done });
                 }
                 Msg::Close(done) => {
                     let _ = done.send(Ok(()));
@@ -264,13 +263,13 @@ impl Writer {
             self.apply(applied, Ok(()), true);
             return;
         };
-        if applied.iter().all(|a| matches!(a, Applied::Answered { .. })) && writes.is_empty() {
+        if applied.iter().all(|a| matches!(a, Applied::Answered(_))) && writes.is_empty() {
             // Answers of an earlier term only: nothing for etcd, but the table hears of them.
             self.apply(applied, Ok(()), true);
             return;
         }
         let (last, next, seq) = self.next_id(epoch);
-        let advances = applied.iter().filter(|a| matches!(a, Applied::Change { .. })).count();
+        let advances = applied.iter().filter(|a| matches!(a, Applied::Commit { .. })).count();
         let mut success: Vec<Op> = writes
             .into_iter()
             .map(|(key, value)| match value {
@@ -380,20 +379,13 @@ impl Writer {
     fn apply(&self, applied: Vec<Applied>, outcome: Result<(), StoreError>, answers_only: bool) {
         for a in applied {
             match a {
-                Applied::Answered { marks, token } => {
-                    for (mark, name) in &marks {
-                        match mark {
-                            MarkKind::Key => self.table.answered(name, token),
-                            MarkKind::Floor => self.table.answered_floor(name, token),
-                        }
-                    }
-                }
-                Applied::Change { done, .. } if answers_only => {
+                Applied::Answered(answered) => self.table.apply(&answered),
+                Applied::Commit { done, .. } if answers_only => {
                     let _ = done.send(Err(StoreError::Unavailable(not_leading(&self.shared.standing()))));
                 }
-                Applied::Change { marks, token, change, done } => {
+                Applied::Commit { batch, done } => {
                     if outcome.is_ok() {
-                        apply(&self.table, &marks, token, change);
+                        self.table.apply(&batch);
                     }
                     let _ = done.send(outcome.clone());
                 }

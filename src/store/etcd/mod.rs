@@ -21,9 +21,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use super::file::CommitHook;
-use super::format::MAX_KEY_LEN;
-use super::writer::Change;
-use super::{Condition, MarkKind, Permit, Role, Store, StoreError, StoreFuture, Table};
+use super::mark_batch::{noted, refused};
+use super::{Change, Condition, MarkBatch, Permit, Role, Store, StoreError, StoreFuture, Table};
 use crate::etcd::Client;
 pub use batch::DEFAULT_MAX_TXN_OPS;
 use batch::Msg;
@@ -103,7 +102,7 @@ impl EtcdStore {
         }
         let table = Arc::new(Table::new().with_max_bytes(options.max_table_bytes));
         let shared = Arc::new(Shared::new(options.lease_margin));
-        let mut writer = batch::Writer::new(client.clone(), names.clone(), Arc::clone(&shared), Arc::clone(&table));
+        let mut writer = batch::EtcdWriter::new(client.clone(), names.clone(), Arc::clone(&shared), Arc::clone(&table));
         writer.max_resources = options.max_resources;
         // Two operations of each transaction are the batch id's and the census's.
         writer.max_ops = options.max_txn_ops.max(3) - 2;
@@ -153,23 +152,6 @@ impl EtcdStore {
             }
         })
     }
-
-    fn change(&self, term: u64, mut marks: Vec<(MarkKind, String)>, token: u64, change: Change) -> StoreFuture<'_> {
-        if let Some((_, name)) = marks.iter().find(|(_, name)| name.is_empty() || name.len() > MAX_KEY_LEN) {
-            return Box::pin(std::future::ready(Err(StoreError::KeyTooLong(name.len()))));
-        }
-        if marks.is_empty() {
-            return Box::pin(std::future::ready(Ok(())));
-        }
-        marks.sort_unstable();
-        marks.dedup();
-        let per = if change == Change::Advance { 2 } else { 1 };
-        if marks.len() * per > self.max_ops {
-            let why = format!("a write of {} marks does not fit one etcd transaction", marks.len());
-            return Box::pin(std::future::ready(Err(StoreError::Unavailable(why))));
-        }
-        self.send(|done| Msg::Change { marks, token, term, change, done })
-    }
 }
 
 impl Drop for EtcdStore {
@@ -186,32 +168,21 @@ impl Store for EtcdStore {
         &self.table
     }
 
-    fn advance_in(&self, term: u64, key: &str, token: u64) -> StoreFuture<'_> {
-        self.change(term, vec![(MarkKind::Key, key.to_owned())], token, Change::Advance)
-    }
-
-    fn answered(&self, key: &str, token: u64) {
-        let _ = self.tx.send(Msg::Answered { marks: vec![(MarkKind::Key, key.to_owned())], token, term: None });
-    }
-
-    fn answered_in(&self, term: u64, key: &str, token: u64) {
-        let _ = self.tx.send(Msg::Answered { marks: vec![(MarkKind::Key, key.to_owned())], token, term: Some(term) });
-    }
-
-    fn answered_all_in(&self, term: u64, marks: &[(MarkKind, String)], token: u64) {
-        let _ = self.tx.send(Msg::Answered { marks: marks.to_vec(), token, term: Some(term) });
-    }
-
-    fn advance_all_in(&self, term: u64, marks: Vec<(MarkKind, String)>, token: u64) -> StoreFuture<'_> {
-        self.change(term, marks, token, Change::Advance)
-    }
-
-    fn answered_all(&self, marks: &[(MarkKind, String)], token: u64) {
-        let _ = self.tx.send(Msg::Answered { marks: marks.to_vec(), token, term: None });
-    }
-
-    fn reset_in(&self, term: u64, marks: Vec<(MarkKind, String)>, token: u64) -> StoreFuture<'_> {
-        self.change(term, marks, token, Change::Reset)
+    fn commit(&self, term: u64, mut batch: MarkBatch) -> StoreFuture<'_> {
+        if batch.change() == Change::Answered {
+            let _ = self.tx.send(Msg::Answered { batch, term });
+            return noted();
+        }
+        match batch.check() {
+            Err(e) => return refused(e),
+            Ok(false) => return noted(),
+            Ok(true) => {}
+        }
+        if batch.len() * batch::ops_per_mark(batch.change()) > self.max_ops {
+            let why = format!("a write of {} marks does not fit one etcd transaction", batch.len());
+            return refused(StoreError::Unavailable(why));
+        }
+        self.send(|done| Msg::Commit { batch, term, done })
     }
 
     fn close(&self) -> StoreFuture<'_> {
@@ -249,7 +220,7 @@ impl Store for EtcdStore {
 
     fn role(&self) -> Role {
         match self.shared.standing() {
-            Standing::Leading { .. } if self.shared.lease_valid() => Role::Writer,
+            Standing::Leading { .. } if self.shared.lease_valid() => Role::Fences,
             Standing::Following(url) => Role::Forward(url),
             standing => Role::Unavailable(batch::not_leading(&standing)),
         }

@@ -14,7 +14,7 @@
 //! Tokens are 20-digit zero-padded decimals, so etcd's byte-wise compare orders them as
 //! numbers (`fencegate migrate` compares with `LESS`).
 
-use crate::store::MarkKind;
+use crate::store::{Mark, MarkKind, MarkRef};
 
 /// The key names of one store's prefix.
 #[derive(Debug, Clone)]
@@ -26,9 +26,9 @@ pub(crate) struct Names {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Named {
     /// A mark's level.
-    Level(MarkKind, String),
+    Level(Mark),
     /// A mark's write in flight.
-    InFlight(MarkKind, String),
+    InFlight(Mark),
     /// The census of the levels.
     Census,
     /// Anything else (the leader, the batch id, the keying).
@@ -71,19 +71,13 @@ impl Names {
     }
 
     /// Where a mark's level is kept.
-    pub(crate) fn level(&self, mark: MarkKind, name: &str) -> Vec<u8> {
-        match mark {
-            MarkKind::Key => self.under("k/", name),
-            MarkKind::Floor => self.under("f/", name),
-        }
+    pub(crate) fn level(&self, mark: MarkRef<'_>) -> Vec<u8> {
+        self.under(tails(mark.kind).level, mark.name)
     }
 
     /// Where a mark's write in flight is kept.
-    pub(crate) fn in_flight(&self, mark: MarkKind, name: &str) -> Vec<u8> {
-        match mark {
-            MarkKind::Key => self.under("i/", name),
-            MarkKind::Floor => self.under("if/", name),
-        }
+    pub(crate) fn in_flight(&self, mark: MarkRef<'_>) -> Vec<u8> {
+        self.under(tails(mark.kind).in_flight, mark.name)
     }
 
     /// What `key` (read from etcd) holds; `Other` for a key outside the prefix too.
@@ -93,20 +87,31 @@ impl Names {
         if tail == "census" {
             return Named::Census;
         }
-        for (start, mark, level) in [
-            ("k/", MarkKind::Key, true),
-            ("f/", MarkKind::Floor, true),
-            ("i/", MarkKind::Key, false),
-            ("if/", MarkKind::Floor, false),
-        ] {
-            if let Some(name) = tail.strip_prefix(start) {
-                return match level {
-                    true => Named::Level(mark, name.to_owned()),
-                    false => Named::InFlight(mark, name.to_owned()),
-                };
+        for kind in MarkKind::ALL {
+            let Tails { level, in_flight } = tails(kind);
+            if let Some(name) = tail.strip_prefix(level) {
+                return Named::Level(Mark::new(kind, name));
+            }
+            if let Some(name) = tail.strip_prefix(in_flight) {
+                return Named::InFlight(Mark::new(kind, name));
             }
         }
         Named::Other
+    }
+}
+
+/// What follows the prefix in the names of one kind of mark.
+struct Tails {
+    level: &'static str,
+    in_flight: &'static str,
+}
+
+/// The tails of each kind of mark: the one place the key layout names a kind (no tail is the
+/// start of another).
+fn tails(kind: MarkKind) -> Tails {
+    match kind {
+        MarkKind::Key => Tails { level: "k/", in_flight: "i/" },
+        MarkKind::Floor => Tails { level: "f/", in_flight: "if/" },
     }
 }
 
@@ -140,11 +145,12 @@ mod tests {
     #[test]
     fn names_round_trip_and_values_order_as_numbers() {
         let n = Names::new("/fg/");
-        assert_eq!(n.level(MarkKind::Key, "/a/b"), b"/fg/k//a/b");
-        assert_eq!(n.parse(b"/fg/k//a/b"), Named::Level(MarkKind::Key, "/a/b".into()));
-        assert_eq!(n.parse(b"/fg/f//d/"), Named::Level(MarkKind::Floor, "/d/".into()));
-        assert_eq!(n.parse(b"/fg/i//a"), Named::InFlight(MarkKind::Key, "/a".into()));
-        assert_eq!(n.parse(b"/fg/if//d/"), Named::InFlight(MarkKind::Floor, "/d/".into()));
+        assert_eq!(n.level(MarkRef::key("/a/b")), b"/fg/k//a/b");
+        assert_eq!(n.in_flight(MarkRef::floor("/d/")), b"/fg/if//d/");
+        assert_eq!(n.parse(b"/fg/k//a/b"), Named::Level(Mark::key("/a/b")));
+        assert_eq!(n.parse(b"/fg/f//d/"), Named::Level(Mark::floor("/d/")));
+        assert_eq!(n.parse(b"/fg/i//a"), Named::InFlight(Mark::key("/a")));
+        assert_eq!(n.parse(b"/fg/if//d/"), Named::InFlight(Mark::floor("/d/")));
         assert_eq!(n.parse(b"/fg/leader"), Named::Other);
         assert_eq!(n.parse(&n.census()), Named::Census);
         assert_eq!(n.parse(b"/other/k//a"), Named::Other);

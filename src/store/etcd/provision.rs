@@ -11,7 +11,7 @@ use std::path::Path;
 
 use super::names::{Names, batch_id, parse_token, token_value};
 use crate::etcd::{Client, Compare, Op};
-use crate::store::{MarkKind, StoreError};
+use crate::store::{Mark, MarkRef, StoreError};
 
 /// The floor name that covers every key (`fence::tree`'s root).
 const ROOT: &str = "/";
@@ -37,7 +37,7 @@ pub async fn init(client: &Client, prefix: &str, keying: &str, floor: u64) -> Re
         Op::Put { key: names.census(), value: token_value(u64::from(floor > 0)), lease: 0 },
     ];
     if floor > 0 {
-        puts.push(Op::Put { key: names.level(MarkKind::Floor, ROOT), value: token_value(floor), lease: 0 });
+        puts.push(Op::Put { key: names.level(MarkRef::floor(ROOT)), value: token_value(floor), lease: 0 });
     }
     let guard = [Compare::CreateRevision(names.batch(), 0), Compare::CreateRevision(names.leader(), 0)];
     let done = client.txn(&guard, &puts, &[Op::Get(names.batch())]).await.map_err(etcd_error)?;
@@ -84,23 +84,23 @@ pub async fn migrate(client: &Client, prefix: &str, keying: &str, dir: &Path) ->
         });
     }
     let mut marks = Vec::new();
-    found.table.for_each(|key, token, _| marks.push((MarkKind::Key, key.to_owned(), token)));
-    found.table.for_each_floor(|p, token, _| marks.push((MarkKind::Floor, p.to_owned(), token)));
+    found.table.for_each(|key, token, _| marks.push((Mark::key(key), token)));
+    found.table.for_each_floor(|p, token, _| marks.push((Mark::floor(p), token)));
     let mut migrated = Migrated::default();
     // The census as etcd holds it (read again whenever a create finds it changed); none on a
     // prefix an earlier build initialised, whose next takeover writes it.
     let mut census = read_census(&names, read.ranges.get(1).cloned().flatten())?;
-    for (mark, name, token) in marks {
-        if raise(client, &names, &names.level(mark, &name), token, &mut census).await? {
+    for (mark, token) in marks {
+        if raise(client, &names, &names.level(mark.borrowed()), token, &mut census).await? {
             migrated.raised += 1;
         } else {
             migrated.kept += 1;
         }
     }
-    let flying = found.in_flight.iter().map(|(k, t)| (MarkKind::Key, k, *t));
-    let flying = flying.chain(found.floors_in_flight.iter().map(|(p, t)| (MarkKind::Floor, p, *t)));
-    for (mark, name, token) in flying {
-        let key = names.in_flight(mark, name);
+    let flying = found.in_flight.iter().map(|(k, t)| (MarkRef::key(k), *t));
+    let flying = flying.chain(found.floors_in_flight.iter().map(|(p, t)| (MarkRef::floor(p), *t)));
+    for (mark, token) in flying {
+        let key = names.in_flight(mark);
         let guard = [Compare::CreateRevision(key.clone(), 0), Compare::CreateRevision(names.leader(), 0)];
         let put = [Op::Put { key, value: token_value(token), lease: 0 }];
         client.txn(&guard, &put, &[]).await.map_err(etcd_error)?;

@@ -99,17 +99,12 @@ pub(crate) async fn read(client: &Client, names: &Names, table: &Table, keying: 
                 continue;
             };
             match named {
-                Named::Level(MarkKind::Key, name) => {
-                    table.load(&name, token, false);
-                    table.reset(&name, token);
+                Named::Level(mark) => {
+                    table.load(mark.borrowed(), token, false);
+                    table.reset(mark.borrowed(), token);
                     adopted.marks += 1;
                 }
-                Named::Level(MarkKind::Floor, name) => {
-                    table.load_floor(&name, token, false);
-                    table.reset_floor(&name, token);
-                    adopted.marks += 1;
-                }
-                Named::InFlight(mark, name) => flying.push((mark, name, token)),
+                Named::InFlight(mark) => flying.push((mark, token)),
                 Named::Census => census = Some(token),
                 Named::Other => {}
             }
@@ -129,17 +124,14 @@ pub(crate) async fn read(client: &Client, names: &Names, table: &Table, keying: 
     }
     // After every level is in: a marker marks its entry in flight, at the level etcd holds
     // (a reset may have lowered the level below the marker's token; the marker never raises it).
-    for (mark, name, token) in flying {
-        match mark {
-            MarkKind::Key => {
-                table.load(&name, table.get(&name).unwrap_or(token), true);
-                adopted.in_flight.push((name, token));
-            }
-            MarkKind::Floor => {
-                table.load_floor(&name, table.floor(&name).unwrap_or(token), true);
-                adopted.floors_in_flight.push((name, token));
-            }
-        }
+    for (mark, token) in flying {
+        let at = mark.borrowed();
+        table.load(at, table.level(at).unwrap_or(token), true);
+        let reported = match mark.kind {
+            MarkKind::Key => &mut adopted.in_flight,
+            MarkKind::Floor => &mut adopted.floors_in_flight,
+        };
+        reported.push((mark.name.into(), token));
     }
     Ok(Read { adopted, batch, census })
 }

@@ -6,14 +6,14 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use super::Writer;
+use super::FileWriter;
 use crate::store::StoreError;
 use crate::store::log::LogError;
 
 /// How often a store refused room looks for some while no batch comes to try.
 pub(super) const ROOM_RETRY: Duration = Duration::from_secs(1);
 
-impl Writer {
+impl FileWriter {
     /// Looks for room on a disk that refused the last batch; says so once there is some.
     pub(super) fn retry_room(&mut self) {
         if self.failed.is_none() && self.status.full() && self.log.find_room().is_ok() {
@@ -71,7 +71,7 @@ impl Writer {
 /// answers spare their resources a quarantine after a restart. Advances nobody was answered
 /// for (so never forwarded) are logged too: they only raise `max_seen` and quarantine their
 /// resources.
-impl Drop for Writer {
+impl Drop for FileWriter {
     fn drop(&mut self) {
         if self.finished || self.failed.is_some() {
             return;

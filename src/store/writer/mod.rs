@@ -1,5 +1,5 @@
-//! The writer (group commit), on a thread of its own, which starts the compaction thread
-//! (`compact`).
+//! [`FileWriter`]: the file store's writer (group commit), on a thread of its own, which starts
+//! the compaction thread (`compact`); what it does when the disk lets it down is `faults`'.
 //!
 //! The writer's blocking writes and `fdatasync`s never run on a thread that serves requests:
 //! a disk that stalls (a slow sync, dirty-page throttling of a `write`) then delays only the
@@ -24,17 +24,15 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use super::compact;
-#[path = "writer_faults.rs"]
 mod faults;
 use super::file::{Answers, StoreOptions};
-use super::format::Kind;
 use super::log::{Log, LogError};
+use super::mark_batch::Room;
 use super::recovery::io_err;
 use super::relay::{Answer, Done, Relay};
 use super::scheduling::Scheduler;
 use super::status::{Status, stall_point};
-use super::table::mark_bytes;
-use super::{MarkKind, StoreError, Table};
+use super::{Change, Mark, MarkBatch, MarkKind, StoreError, Table};
 
 /// Most advances committed by one write and one sync (an advance of several marks counts once:
 /// it is never split).
@@ -45,16 +43,9 @@ const MAX_BATCH: usize = 4096;
 pub(super) const ANSWER_FLUSH: Duration = Duration::from_millis(200);
 
 pub(super) enum Msg {
-    Advance {
-        key: String,
-        token: u64,
-        done: Done,
-    },
-    /// Several marks, in one batch.
-    AdvanceAll {
-        marks: Vec<(MarkKind, String)>,
-        token: u64,
-        change: Change,
+    /// An advance or a reset, checked ([`MarkBatch::check`]): one entry of one group.
+    Commit {
+        batch: MarkBatch,
         done: Done,
     },
     /// An answered write came while the writer slept with no deadline for answers: it must not
@@ -63,7 +54,7 @@ pub(super) enum Msg {
     Close(Done),
 }
 
-pub(super) struct Writer {
+pub(super) struct FileWriter {
     answers: Answers,
     /// When answered writes waiting in `answers` are written even if no advance comes.
     flush_by: Option<Instant>,
@@ -73,13 +64,13 @@ pub(super) struct Writer {
     options: StoreOptions,
     failed: Option<String>,
     snapshot_bytes: Arc<AtomicU64>,
-    /// Advances and answers of the batch being built, in arrival order.
+    /// Changes and answers of the group being built, in arrival order.
     batch: Vec<Op>,
     /// Advance records in the batch, counted as they join.
     advances_in_batch: usize,
     /// Writes (advances and resets, however many marks each) in the batch.
     writes_in_batch: usize,
-    /// Room the batch's new marks take, for `max_resources` and `max_table_bytes`.
+    /// Room the group's new marks take, for `max_resources` and `max_table_bytes`.
     room: Room,
     /// Whether `run` finished; if not, its thread is unwinding (see `Drop`).
     finished: bool,
@@ -90,69 +81,14 @@ pub(super) struct Writer {
     /// The answers of the batch being committed.
     answering: Vec<Answer>,
     /// Answered writes just taken from `answers`, kept for its capacity.
-    taken: Vec<(MarkKind, String, u64)>,
-}
-
-/// What a message of several marks does to them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Change {
-    /// Raises them and marks the write in flight: a fenced write's advance.
-    Advance,
-    /// Sets them, lowering them if need be: an operator's reset, logged as records that count
-    /// in log order.
-    Reset,
-}
-
-/// The room a batch's new marks (keys and floors) take beside the table, for the bounds
-/// `max_resources` (keys and floors together) and `max_table_bytes` ([`Table::bytes`]).
-#[derive(Debug, Default)]
-pub(super) struct Room {
-    marks: usize,
-    bytes: u64,
-}
-
-impl Room {
-    /// Counts `new` more marks taking `bytes` if they fit beside the table and the batch's
-    /// other new marks; counting every new mark as distinct can only refuse early, never late.
-    pub(super) fn take(
-        &mut self,
-        table: &Table,
-        max_resources: usize,
-        new: usize,
-        bytes: u64,
-    ) -> Result<(), StoreError> {
-        if new == 0 {
-            return Ok(());
-        }
-        if table.len() + table.floors_len() + self.marks + new > max_resources {
-            return Err(StoreError::Full(max_resources));
-        }
-        let bytes = self.bytes.saturating_add(bytes);
-        if !table.fits(bytes) {
-            return Err(StoreError::FullBytes(table.max_bytes()));
-        }
-        self.marks += new;
-        self.bytes = bytes;
-        Ok(())
-    }
-}
-
-/// Raises (or, for a reset, sets) `marks` in `table` to `token`, once that is durable.
-pub(super) fn apply(table: &Table, marks: &[(MarkKind, String)], token: u64, change: Change) {
-    for (mark, name) in marks {
-        match (mark, change) {
-            (MarkKind::Key, Change::Advance) => table.advance(name, token),
-            (MarkKind::Floor, Change::Advance) => table.advance_floor(name, token),
-            (MarkKind::Key, Change::Reset) => table.reset(name, token),
-            (MarkKind::Floor, Change::Reset) => table.reset_floor(name, token),
-        }
-    }
+    taken: Vec<MarkBatch>,
 }
 
 enum Op {
-    Advance { key: String, token: u64, done: Done },
-    AdvanceAll { marks: Vec<(MarkKind, String)>, token: u64, change: Change, done: Done },
-    Answered { mark: MarkKind, key: String, token: u64 },
+    /// An advance or a reset, answered once the group is durable.
+    Commit { batch: MarkBatch, done: Done },
+    /// An answered write: nobody waits for it.
+    Answered(MarkBatch),
 }
 
 /// What woke the writer from its wait for work.
@@ -165,7 +101,7 @@ enum Woke {
     Dropped,
 }
 
-impl Writer {
+impl FileWriter {
     /// A writer for `log`, raising `table`; answered writes come in through `answers`.
     pub(super) fn new(
         log: Log,
@@ -175,8 +111,8 @@ impl Writer {
         answers: Answers,
         lock: std::fs::File,
         relay: Relay,
-    ) -> Writer {
-        Writer {
+    ) -> FileWriter {
+        FileWriter {
             answers,
             flush_by: None,
             log,
@@ -281,16 +217,12 @@ impl Writer {
     /// Adds one message to the batch; returns the reply channel if it asks to close.
     fn take(&mut self, msg: Msg) -> Option<Done> {
         match msg {
-            Msg::Advance { key, token, done } => {
+            Msg::Commit { batch, done } => {
                 // The answer to the previous write of this resource was recorded before this
                 // advance was sent; logged after it, an answer for an equal token (equal_token =
                 // "accept", or an operator's advance) would clear this write's in-flight mark.
                 self.take_answers();
-                self.admit(key, token, done)
-            }
-            Msg::AdvanceAll { marks, token, change, done } => {
-                self.take_answers();
-                self.admit_all(marks, token, change, done)
+                self.admit(batch, done)
             }
             Msg::AnswersWaiting => {
                 self.flush_by.get_or_insert_with(|| Instant::now() + ANSWER_FLUSH);
@@ -327,65 +259,36 @@ impl Writer {
             self.taken.clear();
             return;
         }
-        for (mark, key, token) in self.taken.drain(..) {
-            self.log.append(Kind::answered(mark), &key, token);
-            self.batch.push(Op::Answered { mark, key, token });
+        for answered in self.taken.drain(..) {
+            self.log.append_batch(&answered);
+            self.batch.push(Op::Answered(answered));
         }
     }
 
-    /// Queues one advance for this batch, or refuses it at once.
-    fn admit(&mut self, key: String, token: u64, done: Done) {
+    /// Queues a change of one or several marks for this group, whole, or refuses it whole at
+    /// once.
+    fn admit(&mut self, batch: MarkBatch, done: Done) {
         if let Some(f) = &self.failed {
             let _ = done.send(Err(StoreError::Failed(f.clone())));
             return;
         }
-        if self.table.get(&key).is_none()
-            // Counting every new key in the batch as distinct can only refuse early, never late.
-            && let Err(e) = self.make_room(1, mark_bytes(&key))
-        {
-            tracing::warn!(resource = %key, error = %e, "refusing a write to a new resource");
+        let (new, room) = self.room.take(&self.table, self.options.max_resources, &batch);
+        if let Err(e) = room {
+            match batch.marks() {
+                [Mark { kind: MarkKind::Key, name }] if batch.change() == Change::Advance => {
+                    tracing::warn!(resource = %name, error = %e, "refusing a write to a new resource");
+                }
+                marks => {
+                    tracing::warn!(marks = marks.len(), new, error = %e, "refusing a write to new resources");
+                }
+            }
             let _ = done.send(Err(e));
             return;
         }
-        self.log.append(Kind::Advance, &key, token);
-        self.batch.push(Op::Advance { key, token, done });
-        self.advances_in_batch += 1;
+        self.log.append_batch(&batch);
+        self.advances_in_batch += batch.len();
         self.writes_in_batch += 1;
-    }
-
-    /// [`Room::take`] for this batch, under this store's `max_resources`.
-    fn make_room(&mut self, new: usize, bytes: u64) -> Result<(), StoreError> {
-        self.room.take(&self.table, self.options.max_resources, new, bytes)
-    }
-
-    /// Queues a change of several marks for this batch, whole, or refuses it whole at once.
-    fn admit_all(&mut self, marks: Vec<(MarkKind, String)>, token: u64, change: Change, done: Done) {
-        if let Some(f) = &self.failed {
-            let _ = done.send(Err(StoreError::Failed(f.clone())));
-            return;
-        }
-        let (new, bytes) = marks
-            .iter()
-            .filter(|(mark, name)| match mark {
-                MarkKind::Key => self.table.get(name).is_none(),
-                MarkKind::Floor => self.table.floor(name).is_none(),
-            })
-            .fold((0, 0), |(n, b), (_, name)| (n + 1, b + mark_bytes(name)));
-        if let Err(e) = self.make_room(new, bytes) {
-            tracing::warn!(marks = marks.len(), new, error = %e, "refusing a write to new resources");
-            let _ = done.send(Err(e));
-            return;
-        }
-        for (mark, name) in &marks {
-            let kind = match change {
-                Change::Advance => Kind::advance(*mark),
-                Change::Reset => Kind::reset(*mark),
-            };
-            self.log.append(kind, name, token);
-        }
-        self.advances_in_batch += marks.len();
-        self.writes_in_batch += 1;
-        self.batch.push(Op::AdvanceAll { marks, token, change, done });
+        self.batch.push(Op::Commit { batch, done });
     }
 
     /// Writes the batch; syncs it if it holds an advance (a lost answer only costs a quarantine).
@@ -424,25 +327,17 @@ impl Writer {
         let mut answers_follow = false;
         for op in self.batch.drain(..) {
             match op {
-                Op::Advance { key, token, done } => {
-                    answers_follow = true;
+                Op::Commit { batch, done } => {
+                    answers_follow |= batch.change() == Change::Advance;
                     if outcome.is_ok() {
                         // Durable now: raise the table before anyone hears back.
-                        self.table.advance(&key, token);
-                    }
-                    self.answering.push((done, outcome.clone()));
-                }
-                Op::AdvanceAll { marks, token, change, done } => {
-                    answers_follow |= change == Change::Advance;
-                    if outcome.is_ok() {
-                        apply(&self.table, &marks, token, change);
+                        self.table.apply(&batch);
                     }
                     self.answering.push((done, outcome.clone()));
                 }
                 // An answer the log had no room for is lost, which only costs a quarantine
                 // after a restart; the table need not wait for it.
-                Op::Answered { mark: MarkKind::Key, key, token } => self.table.answered(&key, token),
-                Op::Answered { mark: MarkKind::Floor, key, token } => self.table.answered_floor(&key, token),
+                Op::Answered(answered) => self.table.apply(&answered),
             }
         }
         if answers_follow && outcome.is_ok() {
