@@ -172,7 +172,7 @@ fn check_and_reserve(c: &mut Criterion) {
 /// rule (the lock name made from the key), and the lookup of the lock's holder in a mirror of
 /// 10,000 locks, each with a holder and a waiter.
 fn etcd_verification(c: &mut Criterion) {
-    use fencegate::etcd::{Mirror, Mirrors};
+    use fencegate::etcd_client::{Mirror, Mirrors};
     use fencegate::request::classify::Plan;
     use fencegate::request::protocol::http::classify;
     let base = "[backend]\nurl = \"http://127.0.0.1:9\"\n";

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use fencegate::etcd::{Client, Compare, Op};
+use fencegate::etcd_client::{Client, Compare, Op};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {

@@ -6,7 +6,7 @@
 //! cargo run --example etcd_lock -- http://127.0.0.1:2379 http://127.0.0.1:8080 accounts-42 /accounts/42 'balance=200'
 //! ```
 //!
-//! It speaks etcd's JSON gateway over hyper (`fencegate::etcd::Client`, the client fencegate
+//! It speaks etcd's JSON gateway over hyper (`fencegate::etcd_client::Client`, the client fencegate
 //! and the interop tests use; docs/tokens.md says why not a gRPC crate). The response body goes to stdout,
 //! what happened to stderr; the exit status is 0 for a 2xx answer.
 
@@ -17,7 +17,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-use fencegate::etcd;
+use fencegate::etcd_client;
 
 /// The lease behind the lock: while this process runs it renews it, and if the process dies
 /// the lock is free again this long after the last renewal.
@@ -30,7 +30,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         eprintln!("usage: etcd_lock ETCD_URL FENCEGATE_URL LOCK PATH BODY");
         std::process::exit(2);
     };
-    let gateway = etcd::Client::single(etcd_url);
+    let gateway = etcd_client::Client::single(etcd_url);
     let lease = gateway.grant(LEASE).await?;
     let renew = gateway.keep_alive(lease, LEASE);
     let held = gateway.lock(lock.as_bytes(), lease).await?;

@@ -21,7 +21,7 @@ mod admin;
 pub mod app;
 pub mod config;
 pub mod demo;
-pub mod etcd;
+pub mod etcd_client;
 pub mod fence;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::Error;
 use crate::config::{Config, EtcdStoreConfig, StoreKind};
-use crate::etcd::Client;
+use crate::etcd_client::Client;
 use crate::fence::{Domains, Fence, keys};
 use crate::store::{CommitHook, EtcdOptions, EtcdStore, Migrated, Store, etcd};
 

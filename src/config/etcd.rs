@@ -12,7 +12,7 @@ use serde::Serialize;
 use super::raw::RawEtcd;
 use super::validate::{duration, invalid};
 use super::{ConfigError, ser_duration};
-use crate::etcd::{ClientOptions, Credentials, Password, TlsOptions};
+use crate::etcd_client::{ClientOptions, Credentials, Password, TlsOptions};
 
 /// `[etcd]`
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -159,7 +159,7 @@ mod tests {
     use std::path::Path;
 
     use crate::config::Config;
-    use crate::etcd::{Credentials, Password, TlsOptions};
+    use crate::etcd_client::{Credentials, Password, TlsOptions};
 
     const MINIMAL: &str = "[backend]\nurl = \"http://127.0.0.1:9000\"\n";
 

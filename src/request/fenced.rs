@@ -21,7 +21,7 @@ use hyper::body::Incoming;
 use super::classify::Write;
 use super::proof::Proof;
 use super::{InFlight, Outgoing, ResponseBody, holders, proof, send};
-use crate::etcd::Mirrors;
+use crate::etcd_client::Mirrors;
 use crate::fence::{Outcome, Policy, Prepared, Touch};
 use crate::refusal::Refusal;
 use crate::state::{Settings, State};

@@ -9,7 +9,7 @@
 //! `verify.max_lag` (docs/tokens.md says what window remains).
 
 use crate::config::{Config, FenceConfig, Rule, Verify};
-use crate::etcd::{Client, MirrorOptions, Mirrors};
+use crate::etcd_client::{Client, MirrorOptions, Mirrors};
 use crate::fence::Touch;
 use crate::fence::lock_names::LockError;
 

@@ -9,7 +9,7 @@ pub(crate) mod settings;
 
 use std::sync::Arc;
 
-use crate::etcd::Mirrors;
+use crate::etcd_client::Mirrors;
 use crate::fence::{Fence, Guesses};
 use crate::refusal::throttle::RefusalThrottle;
 use crate::store::Store;

@@ -24,13 +24,13 @@ mod listing;
 mod log;
 mod mark;
 mod mark_batch;
-mod preflight;
 pub(crate) mod recovery;
 mod relay;
 mod replay;
 mod scheduling;
 mod status;
 mod table;
+mod usable;
 mod writer;
 
 use std::future::Future;
@@ -45,12 +45,12 @@ pub use inspect::{Inspection, inspect};
 pub use listing::Listed;
 pub use mark::{Mark, MarkKind, MarkRef};
 pub use mark_batch::{Change, MarkBatch};
-pub use preflight::{Usable, check_usable};
 pub use scheduling::WriterScheduling;
 pub use status::Condition;
 #[cfg(feature = "stall-hook")]
 pub use status::{Stall, hold};
 pub use table::{MARK_BYTES, Table, TableBytes};
+pub use usable::{Usable, check_usable};
 
 /// Whether an advance is made durable with `fdatasync` before it resolves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]

@@ -279,7 +279,7 @@ async fn open_store(c: &Cluster, etcd: &Etcd) -> Result<fencegate::store::EtcdSt
         max_txn_ops: fencegate::store::etcd::DEFAULT_MAX_TXN_OPS,
         on_commit: None,
     };
-    fencegate::store::EtcdStore::open(fencegate::etcd::Client::single(&etcd.url()), options).await
+    fencegate::store::EtcdStore::open(fencegate::etcd_client::Client::single(&etcd.url()), options).await
 }
 
 /// A store dropped without `close` (an open that failed later) resigns and gives its lease up,
@@ -395,7 +395,7 @@ async fn the_census_counts_every_level_created() {
     store.close().await.unwrap();
 
     // The floor `init` writes, and the levels a migration creates.
-    let client = fencegate::etcd::Client::single(&etcd.url());
+    let client = fencegate::etcd_client::Client::single(&etcd.url());
     let keying = fencegate::fence::keys::keying(&Default::default(), &[]);
     fencegate::store::etcd::init(&client, "/fg-floor/", &keying, 500).await.unwrap();
     assert_eq!(census_under(&c, "/fg-floor/").await, Some(1));

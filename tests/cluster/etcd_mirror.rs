@@ -1,4 +1,4 @@
-//! `fencegate::etcd::Mirror` against a real etcd (started by `common::services`): it follows
+//! `fencegate::etcd_client::Mirror` against a real etcd (started by `common::services`): it follows
 //! lock holders as they come and go, answers only while its heartbeat proves it fresh, fails
 //! closed while etcd is stopped (SIGSTOP) and comes back by itself after SIGCONT.
 //!
@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use common::etcd::Gateway;
 use common::poll_until;
 use common::services::start_etcd;
-use fencegate::etcd::{Freshness, Mirror, MirrorOptions};
+use fencegate::etcd_client::{Freshness, Mirror, MirrorOptions};
 use rustix::process::{Pid, Signal, kill_process};
 
 const MAX_LAG: Duration = Duration::from_millis(800);

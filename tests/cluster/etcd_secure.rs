@@ -17,7 +17,7 @@ use common::etcd_server::{Etcd, EtcdSpec, ServerTls, start_etcd_with};
 use common::pki::Pki;
 use common::wait::DEADLINE;
 use common::{eventually, poll_until, raw_request};
-use fencegate::etcd::{
+use fencegate::etcd_client::{
     Client, ClientOptions, Credentials, EtcdError, Mirror, MirrorOptions, Password, TlsOptions, Watch, prefix_end,
 };
 

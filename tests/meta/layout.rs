@@ -23,7 +23,7 @@ const HTTP: &[&str] = &["http", "hyper", "hyper_util", "http_body_util", "h2"];
 const RULES: &[Rule] = &[
     // The etcd store speaks etcd's key-value API through the etcd client, which keeps HTTP
     // to itself.
-    Rule { module: "store", may_use: &["crate::store", "crate::etcd"], no_crates: HTTP },
+    Rule { module: "store", may_use: &["crate::store", "crate::etcd_client"], no_crates: HTTP },
     Rule { module: "fence", may_use: &["crate::fence", "crate::store"], no_crates: HTTP },
     Rule {
         module: "upstream",
@@ -35,7 +35,7 @@ const RULES: &[Rule] = &[
         module: "admin",
         may_use: &[
             "crate::admin",
-            "crate::etcd",
+            "crate::etcd_client",
             "crate::state",
             "crate::fence",
             "crate::listener",
@@ -53,10 +53,10 @@ const RULES: &[Rule] = &[
         may_use: &[
             "crate::config",
             // The etcd client's options, which `EtcdConfig::client_options` fills in: data.
-            "crate::etcd::ClientOptions",
-            "crate::etcd::Credentials",
-            "crate::etcd::Password",
-            "crate::etcd::TlsOptions",
+            "crate::etcd_client::ClientOptions",
+            "crate::etcd_client::Credentials",
+            "crate::etcd_client::Password",
+            "crate::etcd_client::TlsOptions",
             "crate::fence::path",
             "crate::fence::keys",
             "crate::fence::lock_names",
@@ -72,7 +72,7 @@ const RULES: &[Rule] = &[
         no_crates: &["hyper", "tokio"],
     },
     // The etcd client knows etcd, HTTP and TLS, nothing of fences, tokens or config.
-    Rule { module: "etcd", may_use: &["crate::etcd", "crate::tls"], no_crates: &[] },
+    Rule { module: "etcd_client", may_use: &["crate::etcd_client", "crate::tls"], no_crates: &[] },
     Rule { module: "tls", may_use: &["crate::tls"], no_crates: &[] },
     Rule { module: "logging", may_use: &["crate::logging", "crate::config::LogFormat"], no_crates: &[] },
     // Every answer fencegate makes itself, from the errors of the modules below it.
@@ -93,7 +93,7 @@ const RULES: &[Rule] = &[
         may_use: &[
             "crate::state",
             "crate::config",
-            "crate::etcd::Mirrors",
+            "crate::etcd_client::Mirrors",
             "crate::fence",
             "crate::refusal::throttle",
             "crate::store::Store",
@@ -109,7 +109,7 @@ const RULES: &[Rule] = &[
         may_use: &[
             "crate::request",
             "crate::config",
-            "crate::etcd",
+            "crate::etcd_client",
             "crate::fence",
             "crate::logging::access",
             "crate::logging::access_enabled",
@@ -127,7 +127,7 @@ const RULES: &[Rule] = &[
             "crate::app",
             "crate::admin",
             "crate::config",
-            "crate::etcd",
+            "crate::etcd_client",
             "crate::fence",
             "crate::listener",
             "crate::logging",

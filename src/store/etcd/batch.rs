@@ -26,7 +26,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::lease::{Shared, Standing};
 use super::names::{Names, batch_id, parse_batch_id, token_value};
 use super::outcome::refusal;
-use crate::etcd::{Client, Compare, EtcdError, Op};
+use crate::etcd_client::{Client, Compare, EtcdError, Op};
 use crate::store::file::CommitHook;
 use crate::store::mark_batch::Room;
 use crate::store::{Change, Mark, MarkBatch, StoreError, Table};
@@ -329,8 +329,9 @@ impl EtcdWriter {
             let guard = [Compare::CreateRevision(self.names.leader(), epoch), Compare::Value(self.names.batch(), last)];
             let success = [Op::Put { key: self.names.batch(), value: barrier.clone(), lease: 0 }];
             let failure = [Op::Get(self.names.batch())];
-            let read =
-                |r: &crate::etcd::TxnResult| r.ranges.first().and_then(Option::as_ref).map(|kv| kv.value.clone());
+            let read = |r: &crate::etcd_client::TxnResult| {
+                r.ranges.first().and_then(Option::as_ref).map(|kv| kv.value.clone())
+            };
             match self.client.txn(&guard, &success, &failure).await {
                 Ok(r) if r.succeeded => {
                     self.chain(epoch).last = barrier;

@@ -13,7 +13,7 @@ use std::time::Duration;
 use super::lease::{Shared, Standing};
 use super::names::Names;
 use super::takeover::{self, Adopted, Failed};
-use crate::etcd::{Client, Compare, EventKind, Op, Watch};
+use crate::etcd_client::{Client, Compare, EventKind, Op, Watch};
 use crate::store::Table;
 
 /// Told of each takeover before the new leader serves writes: the writes it must quarantine.
@@ -322,7 +322,9 @@ async fn keep_alive(client: Client, shared: Arc<Shared>, lease: i64, ttl: Durati
 }
 
 /// The next events of `watch`; never resolves without one (a watch that could not be opened).
-async fn next_events(watch: &mut Option<Watch>) -> Result<Vec<crate::etcd::Event>, crate::etcd::EtcdError> {
+async fn next_events(
+    watch: &mut Option<Watch>,
+) -> Result<Vec<crate::etcd_client::Event>, crate::etcd_client::EtcdError> {
     match watch {
         Some(w) => w.next().await,
         None => std::future::pending().await,

@@ -23,7 +23,7 @@ use tokio::task::JoinHandle;
 use super::file::CommitHook;
 use super::mark_batch::{noted, refused};
 use super::{Change, Condition, MarkBatch, Permit, Role, Store, StoreError, StoreFuture, Table};
-use crate::etcd::Client;
+use crate::etcd_client::Client;
 pub use batch::DEFAULT_MAX_TXN_OPS;
 use batch::Msg;
 pub use leadership::TakeoverHook;

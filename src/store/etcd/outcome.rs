@@ -1,7 +1,7 @@
 //! What an etcd error means for a batch: certain that it did not apply, or unknown (then a
 //! barrier settles it, `batch`).
 
-use crate::etcd::EtcdError;
+use crate::etcd_client::EtcdError;
 use crate::store::StoreError;
 
 /// What a refusal means for the batch when it is certain the batch did not apply; `None` when

@@ -10,13 +10,13 @@
 use std::path::Path;
 
 use super::names::{Names, batch_id, parse_token, token_value};
-use crate::etcd::{Client, Compare, Op};
+use crate::etcd_client::{Client, Compare, Op};
 use crate::store::{Mark, MarkRef, StoreError};
 
 /// The floor name that covers every key (`fence::tree`'s root).
 const ROOT: &str = "/";
 
-fn etcd_error(e: crate::etcd::EtcdError) -> StoreError {
+fn etcd_error(e: crate::etcd_client::EtcdError) -> StoreError {
     StoreError::Unavailable(e.to_string())
 }
 
@@ -162,7 +162,7 @@ async fn raise(
 }
 
 /// The census `P/census` holds, read as `kv`: `None` if absent.
-fn read_census(names: &Names, kv: Option<crate::etcd::Kv>) -> Result<Option<u64>, StoreError> {
+fn read_census(names: &Names, kv: Option<crate::etcd_client::Kv>) -> Result<Option<u64>, StoreError> {
     kv.map(|kv| {
         parse_token(&kv.value).ok_or_else(|| {
             StoreError::Failed(format!("etcd key {} holds no count", String::from_utf8_lossy(&names.census())))

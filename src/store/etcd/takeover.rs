@@ -9,7 +9,7 @@
 //! what this read found; so does one whose census is lower than what was found.
 
 use super::names::{Named, Names, parse_token, token_value};
-use crate::etcd::{Client, Compare, EtcdError, Op, prefix_end};
+use crate::etcd_client::{Client, Compare, EtcdError, Op, prefix_end};
 use crate::store::{MarkKind, StoreError, Table};
 
 /// Keys read per page.

@@ -199,7 +199,7 @@ pub(crate) fn transport(options: &ClientOptions) -> Result<Transport, EtcdError>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::etcd::Client;
+    use crate::etcd_client::Client;
 
     fn refused(options: &ClientOptions) -> String {
         match Client::from_options(options) {
