@@ -20,8 +20,8 @@ fn key(i: u64) -> String {
 }
 
 fn durable_advance(c: &mut Criterion) {
-    // One thread for the writers and the store's writer task, as `fencegate run` has with
-    // `server.workers = 1`: the store is opened on it, so its writer runs there too.
+    // One thread for the writers, as `fencegate run` has with `server.workers = 1`; the
+    // store's writer has a thread of its own (`fencegate-log`), as it has there.
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let mut g = c.benchmark_group("store_advance_fsync");
     g.sample_size(10).measurement_time(Duration::from_secs(6));
