@@ -5,9 +5,9 @@
 use crate::config::Config;
 use crate::fence::path::{self, EscapedSlashes, MatrixParams, PathPolicy, TrailingSlash};
 use crate::fence::token;
-use crate::store::Table;
 use crate::store::format::{FileKind, HEADER_LEN, Header, VERSION};
 use crate::store::recovery::{self, Mode, segment_name};
+use crate::store::{MarkKind, Table};
 
 /// The token parser accepts exactly the decimal u64s.
 pub fn token(data: &[u8]) {
@@ -66,8 +66,8 @@ pub fn recovery(data: &[u8]) {
     }
     let contents = |t: &Table| {
         let mut all = Vec::new();
-        t.for_each(|k, v, f| all.push((false, k.to_owned(), v, f)));
-        t.for_each_floor(|p, v, f| all.push((true, p.to_owned(), v, f)));
+        t.for_each(MarkKind::Key, |k, v, f| all.push((false, k.to_owned(), v, f)));
+        t.for_each(MarkKind::Floor, |p, v, f| all.push((true, p.to_owned(), v, f)));
         all.sort();
         all
     };

@@ -18,7 +18,7 @@ use arc_swap::ArcSwap;
 use super::FenceError;
 use super::keys::in_scope;
 use super::tree::Touch;
-use crate::store::Table;
+use crate::store::{MarkKind, Table};
 
 /// The token domain of keys no rule names.
 pub const DEFAULT_DOMAIN: &str = "default";
@@ -133,8 +133,8 @@ impl Mapping {
 
     /// Counts every key and floor of `table` in.
     fn count(&self, table: &Table) {
-        table.for_each(|key, token, _| self.marks[self.domains.index(key)].raise(token));
-        table.for_each_floor(|p, token, _| self.marks[self.domains.floor_index(p)].raise(token));
+        table.for_each(MarkKind::Key, |key, token, _| self.marks[self.domains.index(key)].raise(token));
+        table.for_each(MarkKind::Floor, |p, token, _| self.marks[self.domains.floor_index(p)].raise(token));
         self.counted.store(true, Ordering::Release);
     }
 

@@ -24,7 +24,7 @@ use tokio::time::Instant;
 
 use super::tree::{covers, node};
 use super::{FenceError, QuarantineCause};
-use crate::store::Table;
+use crate::store::{MarkRef, Table};
 
 /// What one gate costs in memory beside its key's bytes: its map slot (the boxed key and the
 /// `Arc`: 24 bytes) with the map's spare capacity, and the `Arc`'s allocation (the counts, the
@@ -202,7 +202,9 @@ impl Gates {
                 // Whether the table holds the resource is looked up only once the bytes do not
                 // fit: most fenced writes make a gate, and most find room.
                 if always || !self.table.try_hold(bytes) {
-                    let known = always || self.table.get(key).is_some() || self.table.floor(node(key)).is_some();
+                    let known = always
+                        || self.table.get(key).is_some()
+                        || self.table.level(MarkRef::floor(node(key))).is_some();
                     if !known {
                         return Err(FenceError::Full { resource: key.to_owned(), max_bytes: self.table.max_bytes() });
                     }

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use super::tree::{Coverage, Touch, covers, node};
 use super::{Fence, FenceError};
-use crate::store::{Mark, MarkBatch, StoreError};
+use crate::store::{Mark, MarkBatch, MarkKind, MarkRef, StoreError};
 
 /// What a reset changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,7 +73,7 @@ impl Fence {
             return Err(FenceError::WouldRaise { resource: key.to_owned(), max_seen, to }.into());
         }
         let (mut floors, mut floors_above, mut any_floor) = (Vec::new(), Vec::new(), false);
-        table.for_each_floor(|p, token, _| {
+        table.for_each(MarkKind::Floor, |p, token, _| {
             if covers(here, p) {
                 any_floor = true;
                 if token > to {
@@ -117,11 +117,11 @@ impl Fence {
         // answer recorded for it a restart would quarantine the resource again. Holding the
         // key's turn, no write of the key is in flight now; a subtree that was quarantined had
         // none running at its node either.
-        if let Some((token, true)) = self.max_seen.entry(key) {
+        if let Some((token, true)) = self.max_seen.entry(MarkRef::key(key)) {
             let _ = self.store.commit(term, MarkBatch::answered([Mark::key(key)], token)).await;
         }
         if lifted.subtree
-            && let Some((token, true)) = self.max_seen.floor_entry(node(key))
+            && let Some((token, true)) = self.max_seen.entry(MarkRef::floor(node(key)))
         {
             let _ = self.store.commit(term, MarkBatch::answered([Mark::floor(node(key))], token)).await;
         }

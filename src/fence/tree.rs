@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use dashmap::DashMap;
 
-use crate::store::{MarkRef, Table};
+use crate::store::{MarkKind, MarkRef, Table};
 
 /// How much of the tree at a key a write may change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,8 +110,8 @@ impl Tree {
     }
 
     fn count(&self) {
-        self.table.for_each(|key, token, _| self.raise(key, token));
-        self.table.for_each_floor(|path, token, _| self.raise(path, token));
+        self.table.for_each(MarkKind::Key, |key, token, _| self.raise(key, token));
+        self.table.for_each(MarkKind::Floor, |path, token, _| self.raise(path, token));
     }
 
     /// Notes that `mark`, a key or a floor, now stands at `token` (made durable by the store):
@@ -148,9 +148,9 @@ impl Tree {
         let table = &*self.table;
         let here = node(&touch.key);
         let mut level = table.get(&touch.key);
-        if table.floors_len() > 0 {
+        if table.count(MarkKind::Floor) > 0 {
             for n in ancestors(here).chain(std::iter::once(here)) {
-                level = level.max(table.floor(n));
+                level = level.max(table.level(MarkRef::floor(n)));
             }
         }
         if touch.coverage == Coverage::Subtree {

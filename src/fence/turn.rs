@@ -18,7 +18,7 @@ use super::detach::Detached;
 use super::gates::KeyTurn;
 use super::tree::{Coverage, Touch, node};
 use super::{Fence, FenceError, Policy, QuarantineCause, quarantine_end};
-use crate::store::{Change, Mark, MarkBatch, Permit, StoreError};
+use crate::store::{Change, Mark, MarkBatch, MarkRef, Permit, StoreError};
 
 /// How a forwarded write ended, as far as the fence is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -265,7 +265,7 @@ impl Turn {
         let task = tokio::spawn(async move {
             let (fence, key) = (&self.fence, self.key());
             let term = fence.store.term();
-            let previous = fence.max_seen.entry(key);
+            let previous = fence.max_seen.entry(MarkRef::key(key));
             if let Some((max_seen, _)) = previous.filter(|(m, _)| *m > to) {
                 return Err(FenceError::WouldLower { resource: key.to_string(), max_seen, to }.into());
             }

@@ -124,12 +124,12 @@ async fn finish_advances_before_the_write_and_releases_the_turn_after_it() {
     assert_eq!(t.active_gates(), 0);
     // The store clears the in-flight mark when its writer takes the answer in.
     for _ in 0..5000 {
-        if t.max_seen.entry("/a") == Some((35, false)) {
+        if t.max_seen.entry(MarkRef::key("/a")) == Some((35, false)) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    assert_eq!(t.max_seen.entry("/a"), Some((35, false)), "answered, no longer in flight");
+    assert_eq!(t.max_seen.entry(MarkRef::key("/a")), Some((35, false)), "answered, no longer in flight");
 
     let turn = t.acquire(key("/a"), Duration::from_secs(1)).await.unwrap();
     let refused = turn.finish(35, STRICT, Duration::from_secs(9), async { Ok(0) }, outcome).await;
@@ -143,7 +143,7 @@ async fn a_write_whose_preparation_fails_advances_nothing_and_may_be_sent_again_
     let never = async { Err::<fn(Option<Permit>) -> std::future::Ready<Result<u64, Failed>>, _>(Failed::Backend) };
     let failed = turn.finish_after(35, STRICT, Duration::from_secs(60), never, outcome).await;
     assert_eq!(failed, Err(Failed::Backend));
-    assert_eq!(t.max_seen.entry("/a"), Some((34, false)), "nothing advanced, nothing in flight");
+    assert_eq!(t.max_seen.entry(MarkRef::key("/a")), Some((34, false)), "nothing advanced, nothing in flight");
     assert_eq!(t.active_gates(), 0, "released, and not quarantined");
     let turn = t.acquire(key("/a"), Duration::from_secs(1)).await.unwrap();
     let prepared = async { Ok(|_: Option<Permit>| async { Ok(35) }) };
@@ -172,7 +172,7 @@ async fn a_write_with_an_unknown_outcome_stays_in_flight_and_quarantines_the_res
     let turn = t.acquire(key("/a"), Duration::from_secs(1)).await.unwrap();
     let lost = turn.finish(36, STRICT, Duration::from_secs(60), async { Err(Failed::Backend) }, outcome).await;
     assert_eq!(lost, Err(Failed::Backend));
-    assert_eq!(t.max_seen.entry("/a"), Some((36, true)), "a restart would quarantine it again");
+    assert_eq!(t.max_seen.entry(MarkRef::key("/a")), Some((36, true)), "a restart would quarantine it again");
     let mut next = t.acquire(key("/a"), Duration::from_secs(1)).await.unwrap();
     assert!(matches!(next.check(99, STRICT), Err(FenceError::Quarantined { .. })));
 }
@@ -200,9 +200,9 @@ async fn raise_never_lowers_and_keeps_an_unanswered_write_in_flight() {
     assert!(matches!(lower, Err(Failed::Fence(FenceError::WouldLower { max_seen: 7, to: 6, .. }))));
     assert_eq!(raise(7).await, Ok(Raised { previous: Some(7) }), "the same value changes nothing");
     assert_eq!(raise(9).await, Ok(Raised { previous: Some(7) }));
-    assert_eq!(t.max_seen.entry("/flying"), Some((9, true)), "still in flight: a restart quarantines it");
+    assert_eq!(t.max_seen.entry(MarkRef::key("/flying")), Some((9, true)), "still in flight: a restart quarantines it");
     assert_eq!(raise(10).await, Ok(Raised { previous: Some(9) }));
-    assert_eq!(t.max_seen.entry("/a"), Some((34, false)));
+    assert_eq!(t.max_seen.entry(MarkRef::key("/a")), Some((34, false)));
     t.max_seen.answered(MarkRef::key("/flying"), 10);
-    assert_eq!(t.max_seen.entry("/flying"), Some((10, false)));
+    assert_eq!(t.max_seen.entry(MarkRef::key("/flying")), Some((10, false)));
 }

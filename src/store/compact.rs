@@ -12,10 +12,10 @@ use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use super::Table;
 use super::format::{self, FileKind, Header, Kind};
 use super::log::{create_durably, sync_dir};
 use super::recovery::{file_seq, snapshot_name};
+use super::{MarkKind, Table};
 
 /// Writes the snapshot that replaces every segment below `seq`, from `table` (its keys, then its
 /// floors). Returns its size.
@@ -41,8 +41,10 @@ pub(crate) fn write_snapshot(dir: &Path, seq: u64, table: &Table) -> io::Result<
             }
         };
         // An unanswered write must stay in flight across the compaction.
-        table.for_each(|key, token, in_flight| put(if in_flight { Kind::Advance } else { Kind::State }, key, token));
-        table.for_each_floor(|p, token, in_flight| {
+        table.for_each(MarkKind::Key, |key, token, in_flight| {
+            put(if in_flight { Kind::Advance } else { Kind::State }, key, token)
+        });
+        table.for_each(MarkKind::Floor, |p, token, in_flight| {
             put(if in_flight { Kind::FloorAdvance } else { Kind::FloorState }, p, token)
         });
         result?;

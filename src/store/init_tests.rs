@@ -44,7 +44,7 @@ async fn init_with_floor_zero_makes_a_dir_that_opens_empty() {
     assert!(dir.join("INIT").exists() && !dir.join(segment_name(1)).exists(), "floor 0 writes no log");
     assert_eq!(init::init_floors(&dir).unwrap(), Some(vec![]));
     let store = open(&dir);
-    assert!(store.table().is_empty() && store.table().floors_len() == 0);
+    assert!(store.table().is_empty() && store.table().count(MarkKind::Floor) == 0);
     store.close().await.unwrap();
     let found = inspect(&dir).unwrap();
     assert_eq!(found.init_floors, Some(vec![]));
@@ -57,8 +57,8 @@ async fn init_floors_are_in_the_log_answered_and_survive_compaction() {
     assert_eq!(init::init_floors(dir.path()).unwrap(), Some(vec![("/".to_owned(), 500)]));
     // Read as recovery reads it: one floor, not in flight, so nothing starts quarantined.
     let store = FileStore::open(dir.path(), tests::options(4096)).unwrap();
-    assert_eq!(store.table().floor_entry("/"), Some((500, false)));
-    assert_eq!(store.table().floor("/zero"), None, "a floor of 0 raises nothing");
+    assert_eq!(store.table().entry(MarkRef::floor("/")), Some((500, false)));
+    assert_eq!(store.table().level(MarkRef::floor("/zero")), None, "a floor of 0 raises nothing");
     assert!(store.floors_in_flight_at_start().is_empty());
     // The proxy appends to segment 1; rotations and snapshots keep the floor.
     for i in 0..200u64 {
@@ -69,7 +69,7 @@ async fn init_floors_are_in_the_log_answered_and_survive_compaction() {
     store.close().await.unwrap();
     let found = inspect(dir.path()).unwrap();
     assert!(found.snapshot.is_some(), "compacted: {:?}", found.segments);
-    assert_eq!(found.table.floor("/"), Some(500));
+    assert_eq!(found.table.level(MarkRef::floor("/")), Some(500));
     assert_eq!(found.init_floors, Some(vec![("/".to_owned(), 500)]));
     assert!(found.floors_in_flight.is_empty());
 }

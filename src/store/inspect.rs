@@ -5,7 +5,7 @@ use std::path::Path;
 
 use super::init::{check_initialised, init_floors};
 use super::recovery::{Mode, io_err, recover, size_hint};
-use super::{StoreError, Table};
+use super::{MarkKind, StoreError, Table};
 
 /// What `fencegate inspect` reports about a data directory.
 #[derive(Debug)]
@@ -48,7 +48,7 @@ pub fn inspect(dir: &Path) -> Result<Inspection, StoreError> {
     }
     Ok(Inspection {
         init_floors: init_floors(dir)?,
-        floors: table.floors_len(),
+        floors: table.count(MarkKind::Floor),
         floors_in_flight: found.floors_in_flight,
         table,
         snapshot: found.snapshot,

@@ -5,7 +5,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use super::Table;
+use super::{MarkKind, Table};
 
 /// One key of a page: its name, `max_seen`, and whether a write to it is in flight.
 pub type Listed = (String, u64, bool);
@@ -14,7 +14,7 @@ impl Table {
     /// The `n` keys with the highest tokens, highest first.
     pub fn top(&self, n: usize) -> Vec<(String, u64)> {
         let mut heap = BinaryHeap::new();
-        self.for_each(|k, t, _| {
+        self.for_each(MarkKind::Key, |k, t, _| {
             if heap.len() < n || heap.peek().is_some_and(|Reverse((min, _))| t > *min) {
                 heap.push(Reverse((t, k.to_owned())));
                 if heap.len() > n {
@@ -32,7 +32,7 @@ impl Table {
     pub fn page(&self, prefix: &str, after: Option<&str>, limit: usize) -> Vec<Listed> {
         // A max-heap by name holds the `limit` smallest names seen so far.
         let mut heap: BinaryHeap<(String, u64, bool)> = BinaryHeap::new();
-        self.for_each(|k, t, flying| {
+        self.for_each(MarkKind::Key, |k, t, flying| {
             if !k.starts_with(prefix) || after.is_some_and(|a| k <= a) || limit == 0 {
                 return;
             }

@@ -13,7 +13,7 @@ use std::task::{Context, Poll};
 
 use super::format::MAX_KEY_LEN;
 use super::table::mark_bytes;
-use super::{Mark, StoreError, StoreFuture, Table};
+use super::{Mark, MarkKind, StoreError, StoreFuture, Table};
 
 /// What a [`MarkBatch`] does to its marks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -171,7 +171,7 @@ impl Room {
         if new == 0 {
             return (0, Ok(()));
         }
-        if table.len() + table.floors_len() + self.marks + new > max_resources {
+        if table.len() + table.count(MarkKind::Floor) + self.marks + new > max_resources {
             return (new, Err(StoreError::Full(max_resources)));
         }
         let bytes = self.bytes.saturating_add(bytes);

@@ -22,7 +22,7 @@ fn floor(name: &str) -> Mark {
 
 fn floors(table: &Table) -> HashMap<String, u64> {
     let mut all = HashMap::new();
-    table.for_each_floor(|p, t, _| {
+    table.for_each(MarkKind::Floor, |p, t, _| {
         all.insert(p.to_owned(), t);
     });
     all
@@ -45,9 +45,9 @@ async fn floors_and_keys_spelled_alike_are_separate_marks_and_survive_a_restart(
     store.commit(0, MarkBatch::advance(vec![floor("/a")], 7)).await.unwrap();
     advance(&store, "/a", 3).await.unwrap();
     let table = store.table();
-    assert_eq!((table.floor("/a"), table.get("/a")), (Some(7), Some(3)), "raised before it resolved");
-    assert_eq!(table.floor_entry("/d/"), Some((5, true)));
-    assert_eq!((table.floor("/d/x"), table.get("/d/")), (None, None));
+    assert_eq!((table.level(MarkRef::floor("/a")), table.get("/a")), (Some(7), Some(3)), "raised before it resolved");
+    assert_eq!(table.entry(MarkRef::floor("/d/")), Some((5, true)));
+    assert_eq!((table.level(MarkRef::floor("/d/x")), table.get("/d/")), (None, None));
     note(&store, MarkBatch::answered([floor("/a")], 7));
     store.close().await.unwrap();
     drop(store);
@@ -65,7 +65,10 @@ async fn an_acknowledged_advance_of_several_marks_is_on_disk_when_it_resolves() 
     store.commit(0, MarkBatch::advance(vec![key("/src"), key("/dst"), floor("/dst/")], 11)).await.unwrap();
     // A crash now: the directory as it is, the store still running.
     let (table, found) = as_a_crash_would_leave(dir.path());
-    assert_eq!((table.get("/src"), table.get("/dst"), table.floor("/dst/")), (Some(11), Some(11), Some(11)));
+    assert_eq!(
+        (table.get("/src"), table.get("/dst"), table.level(MarkRef::floor("/dst/"))),
+        (Some(11), Some(11), Some(11))
+    );
     assert_eq!(found.floors_in_flight, pairs(&[("/dst/", 11)]));
     assert_eq!(sorted(found.in_flight), pairs(&[("/dst", 11), ("/src", 11)]));
 }
@@ -91,9 +94,13 @@ async fn an_advance_of_several_marks_is_recovered_whole_or_not_at_all_wherever_a
         let at = tempfile::tempdir().unwrap();
         fs::write(segment(at.path(), 1), bytes).unwrap();
         let (t, _) = as_a_crash_would_leave(at.path());
-        assert_eq!(t.floor("/keep/"), Some(1), "the earlier batch survives");
-        let marks =
-            [t.get("/a") == Some(2), t.floor("/a") == Some(2), t.get("/b") == Some(2), t.floor("/c/") == Some(2)];
+        assert_eq!(t.level(MarkRef::floor("/keep/")), Some(1), "the earlier batch survives");
+        let marks = [
+            t.get("/a") == Some(2),
+            t.level(MarkRef::floor("/a")) == Some(2),
+            t.get("/b") == Some(2),
+            t.level(MarkRef::floor("/c/")) == Some(2),
+        ];
         assert!(marks.iter().all(|&m| m) || !marks.iter().any(|&m| m), "part of the batch survived: {marks:?}");
         marks[0]
     };
@@ -110,7 +117,10 @@ async fn an_advance_of_several_marks_is_recovered_whole_or_not_at_all_wherever_a
     // A proxy starting on a torn tail sets it aside, keeps the floors before it, and goes on.
     fs::write(segment(dir.path(), 1), &data[..end - 5]).unwrap();
     let store = open(dir.path());
-    assert_eq!((store.table().floor("/keep/"), store.table().floor("/a")), (Some(1), None));
+    assert_eq!(
+        (store.table().level(MarkRef::floor("/keep/")), store.table().level(MarkRef::floor("/a"))),
+        (Some(1), None)
+    );
     store.commit(0, MarkBatch::advance(vec![floor("/a"), floor("/c/")], 3)).await.unwrap();
     store.close().await.unwrap();
     drop(store);
@@ -130,11 +140,11 @@ async fn an_advance_of_more_marks_than_a_batch_holds_is_never_split() {
     let marks: Vec<_> = (0..5000).map(|i| floor(&format!("/f/{i}/"))).collect();
     store.commit(0, MarkBatch::advance(marks, 3)).await.unwrap();
     assert_eq!(*batches.lock().unwrap(), [5000], "one batch, one sync");
-    assert_eq!(store.table().floors_len(), 5000);
+    assert_eq!(store.table().count(MarkKind::Floor), 5000);
     store.close().await.unwrap();
     drop(store);
     let (table, found) = as_a_crash_would_leave(dir.path());
-    assert_eq!((table.floors_len(), found.floors_in_flight.len()), (5000, 5000));
+    assert_eq!((table.count(MarkKind::Floor), found.floors_in_flight.len()), (5000, 5000));
 }
 
 #[test]
@@ -149,7 +159,7 @@ fn a_snapshot_keeps_floors_and_the_writes_in_flight_under_them() {
     let (t, found) = as_a_crash_would_leave(dir.path());
     assert_eq!(found.snapshot, Some(3));
     assert_eq!(
-        (t.floor_entry("/p/"), t.floor_entry("/q/"), t.entry("/q/")),
+        (t.entry(MarkRef::floor("/p/")), t.entry(MarkRef::floor("/q/")), t.entry(MarkRef::key("/q/"))),
         (Some((4, false)), Some((6, true)), Some((2, true)))
     );
     assert_eq!((found.floors_in_flight, found.in_flight), (pairs(&[("/q/", 6)]), pairs(&[("/q/", 2)])));
@@ -176,7 +186,7 @@ async fn floors_survive_rotation_snapshots_and_compaction() {
     let newest = *snaps.last().expect("segments rotated and were compacted");
     let in_snapshot = Table::new();
     replay::load_snapshot(&dir.path().join(snapshot_name(newest)), newest, &in_snapshot).unwrap();
-    assert_eq!((in_snapshot.floors_len(), in_snapshot.len()), (7, 7), "the snapshot holds the floors");
+    assert_eq!((in_snapshot.count(MarkKind::Floor), in_snapshot.len()), (7, 7), "the snapshot holds the floors");
     let store = open(dir.path());
     let expect: HashMap<String, u64> = (594..=600u64).map(|t| (format!("/d{}/", t % 7), t)).collect();
     assert_eq!(floors(store.table()), expect);
@@ -195,7 +205,11 @@ async fn max_resources_counts_keys_and_floors_and_refuses_a_batch_whole() {
     store.commit(0, MarkBatch::advance(vec![floor("/a"), key("/b")], 2)).await.unwrap();
     let refused = store.commit(0, MarkBatch::advance(vec![key("/a"), floor("/c")], 3)).await;
     assert!(matches!(refused, Err(StoreError::Full(3))), "{refused:?}");
-    assert_eq!((store.table().get("/a"), store.table().floor("/c")), (Some(1), None), "nothing of it was applied");
+    assert_eq!(
+        (store.table().get("/a"), store.table().level(MarkRef::floor("/c"))),
+        (Some(1), None),
+        "nothing of it was applied"
+    );
     assert!(matches!(advance(&store, "/new", 1).await, Err(StoreError::Full(3))), "floors count against new keys");
     store.commit(0, MarkBatch::advance(vec![key("/a"), floor("/a"), floor("/a")], 4)).await.unwrap();
     assert!(store.condition().healthy());
@@ -203,7 +217,10 @@ async fn max_resources_counts_keys_and_floors_and_refuses_a_batch_whole() {
     drop(store);
     let (table, found) = as_a_crash_would_leave(dir.path());
     assert_eq!(found.records, 5, "the refused batch logged nothing, the repeated floor once");
-    assert_eq!((table.get("/a"), table.floor("/a"), table.floor("/c")), (Some(4), Some(4), None));
+    assert_eq!(
+        (table.get("/a"), table.level(MarkRef::floor("/a")), table.level(MarkRef::floor("/c"))),
+        (Some(4), Some(4), None)
+    );
 }
 
 #[tokio::test]
@@ -215,9 +232,9 @@ async fn an_answer_clears_the_marks_of_its_own_token_only() {
     note(&store, MarkBatch::answered([floor("/e/")], 4)); // an earlier write's answer
     answered(&store, "/f/", 5); // the key /f/, not the floor
     store.close().await.unwrap(); // logs and applies every answer still waiting
-    assert_eq!(store.table().floor_entry("/d/"), Some((5, false)));
-    assert_eq!(store.table().entry("/d/x"), Some((5, false)));
-    assert_eq!(store.table().in_flight_floors().len(), 2);
+    assert_eq!(store.table().entry(MarkRef::floor("/d/")), Some((5, false)));
+    assert_eq!(store.table().entry(MarkRef::key("/d/x")), Some((5, false)));
+    assert_eq!(store.table().in_flight(MarkKind::Floor).len(), 2);
     drop(store);
     let store = open(dir.path());
     assert_eq!(sorted(store.floors_in_flight_at_start().to_vec()), pairs(&[("/e/", 5), ("/f/", 5)]));

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use super::format::{self, FileKind, Header, Kind};
 use super::init::check_log_kept;
 use super::replay::{load_snapshot, read_header, replay_segment};
-use super::{StoreError, Table};
+use super::{MarkKind, StoreError, Table};
 
 const SEGMENT_PREFIX: &str = "segment-";
 const SEGMENT_SUFFIX: &str = ".log";
@@ -181,8 +181,8 @@ pub(crate) fn recover(dir: &Path, table: &Table, mode: Mode) -> Result<Recovered
         }
     }
     found.segments = segments;
-    found.in_flight = table.in_flight();
-    found.floors_in_flight = table.in_flight_floors();
+    found.in_flight = table.in_flight(MarkKind::Key);
+    found.floors_in_flight = table.in_flight(MarkKind::Floor);
     if mode == Mode::Repair {
         for path in &found.obsolete {
             fs::remove_file(path).map_err(|e| io_err(path, e))?;

@@ -16,7 +16,7 @@ fn floor(name: &str) -> Mark {
 
 fn floors(table: &Table) -> HashMap<String, u64> {
     let mut all = HashMap::new();
-    table.for_each_floor(|p, t, _| {
+    table.for_each(MarkKind::Floor, |p, t, _| {
         all.insert(p.to_owned(), t);
     });
     all
@@ -32,8 +32,11 @@ async fn a_reset_lowers_marks_and_a_restart_does_not_take_the_highest_back() {
     note(&store, MarkBatch::answered([floor("/d"), key("/b")], 1 << 60));
     store.commit(0, MarkBatch::reset(vec![key("/a"), floor("/d")], 40)).await.unwrap();
     let table = store.table();
-    assert_eq!((table.get("/a"), table.floor("/d"), table.get("/b")), (Some(40), Some(40), Some(1 << 60)));
-    assert_eq!(table.entry("/a"), Some((40, false)), "an answered write stays answered");
+    assert_eq!(
+        (table.get("/a"), table.level(MarkRef::floor("/d")), table.get("/b")),
+        (Some(40), Some(40), Some(1 << 60))
+    );
+    assert_eq!(table.entry(MarkRef::key("/a")), Some((40, false)), "an answered write stays answered");
     store.close().await.unwrap();
     drop(store);
 
@@ -78,7 +81,7 @@ async fn a_reset_leaves_a_write_in_flight_in_flight() {
     let store = open(dir.path());
     advance(&store, "/a", 1000).await.unwrap();
     store.commit(0, MarkBatch::reset(vec![key("/a")], 10)).await.unwrap();
-    assert_eq!(store.table().entry("/a"), Some((10, true)));
+    assert_eq!(store.table().entry(MarkRef::key("/a")), Some((10, true)));
     store.close().await.unwrap();
     drop(store);
     let store = open(dir.path());

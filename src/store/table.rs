@@ -245,14 +245,20 @@ impl Table {
         self.level(MarkRef::key(key))
     }
 
-    /// The highest durable token of `key`, and whether its write is still in flight.
-    pub fn entry(&self, key: &str) -> Option<(u64, bool)> {
-        self.keys.entry(key)
+    /// The highest durable token of `mark`, and whether the write that raised it is still in
+    /// flight.
+    pub fn entry(&self, mark: MarkRef<'_>) -> Option<(u64, bool)> {
+        self.marks(mark.kind).entry(mark.name)
     }
 
-    /// Number of keys (resources); floors are counted by [`Table::floors_len`].
+    /// Number of marks of `kind`.
+    pub fn count(&self, kind: MarkKind) -> usize {
+        self.marks(kind).len()
+    }
+
+    /// Number of keys (resources): [`Table::count`] of keys.
     pub fn len(&self) -> usize {
-        self.keys.len()
+        self.count(MarkKind::Key)
     }
 
     /// Whether no key has been seen.
@@ -299,40 +305,14 @@ impl Table {
         }
     }
 
-    /// Visits every key as `(key, max_seen, in_flight)`, in no particular order.
-    pub fn for_each(&self, f: impl FnMut(&str, u64, bool)) {
-        self.keys.for_each(f);
+    /// Visits every mark of `kind` as `(name, token, in_flight)`, in no particular order.
+    pub fn for_each(&self, kind: MarkKind, f: impl FnMut(&str, u64, bool)) {
+        self.marks(kind).for_each(f);
     }
 
-    /// Writes still in flight, as `(key, token)`.
-    pub fn in_flight(&self) -> Vec<(String, u64)> {
-        self.keys.in_flight()
-    }
-
-    /// The highest durable token of a write that covered everything under `p`: [`Table::level`]
-    /// of a floor.
-    pub fn floor(&self, p: &str) -> Option<u64> {
-        self.level(MarkRef::floor(p))
-    }
-
-    /// The floor of `p`, and whether the write that raised it is still in flight.
-    pub fn floor_entry(&self, p: &str) -> Option<(u64, bool)> {
-        self.floors.entry(p)
-    }
-
-    /// Visits every floor as `(p, floor, in_flight)`, in no particular order.
-    pub fn for_each_floor(&self, f: impl FnMut(&str, u64, bool)) {
-        self.floors.for_each(f);
-    }
-
-    /// Number of floors.
-    pub fn floors_len(&self) -> usize {
-        self.floors.len()
-    }
-
-    /// Writes that raised a floor and are still in flight, as `(p, token)`.
-    pub fn in_flight_floors(&self) -> Vec<(String, u64)> {
-        self.floors.in_flight()
+    /// The marks of `kind` whose write is still in flight, as `(name, token)`.
+    pub fn in_flight(&self, kind: MarkKind) -> Vec<(String, u64)> {
+        self.marks(kind).in_flight()
     }
 }
 
@@ -358,9 +338,9 @@ mod tests {
         assert_eq!(t.get("/a"), Some(5));
         t.advance(key("/a"), 6);
         t.answered(key("/a"), 5);
-        assert_eq!(t.entry("/a"), Some((6, true)), "an answer for an older token clears nothing");
+        assert_eq!(t.entry(MarkRef::key("/a")), Some((6, true)), "an answer for an older token clears nothing");
         t.answered(key("/a"), 6);
-        assert_eq!(t.entry("/a"), Some((6, false)));
+        assert_eq!(t.entry(MarkRef::key("/a")), Some((6, false)));
         assert_eq!(t.top(2), vec![("/b".to_string(), 9), ("/c".to_string(), 7)]);
         assert_eq!(t.top(0), vec![]);
         assert_eq!(t.len(), 3);
@@ -370,27 +350,27 @@ mod tests {
     fn floors_are_marks_of_their_own_beside_the_keys() {
         let t = Table::new();
         t.advance(key("/a"), 5);
-        assert_eq!((t.floor("/a"), t.floors_len()), (None, 0), "a key is not a floor");
+        assert_eq!((t.level(MarkRef::floor("/a")), t.count(MarkKind::Floor)), (None, 0), "a key is not a floor");
         t.advance(floor("/a"), 9);
         t.raise(floor("/a"), 4);
         t.load(floor("/d/"), 3, false);
         t.load(floor("/d/"), 2, true);
-        assert_eq!((t.get("/a"), t.floor("/a")), (Some(5), Some(9)), "neither touched the other");
+        assert_eq!((t.get("/a"), t.level(MarkRef::floor("/a"))), (Some(5), Some(9)), "neither touched the other");
         assert_eq!((t.level(key("/a")), t.level(floor("/a"))), (Some(5), Some(9)));
-        assert_eq!(t.floor_entry("/d/"), Some((3, true)), "load keeps the maximum, in flight if either was");
+        assert_eq!(t.entry(MarkRef::floor("/d/")), Some((3, true)), "load keeps the maximum, in flight if either was");
         t.answered(floor("/a"), 8);
-        assert_eq!(t.floor_entry("/a"), Some((9, true)), "an answer for an older token clears nothing");
+        assert_eq!(t.entry(MarkRef::floor("/a")), Some((9, true)), "an answer for an older token clears nothing");
         t.answered(key("/a"), 9);
-        assert_eq!(t.floor_entry("/a"), Some((9, true)), "nor does the key's answer");
+        assert_eq!(t.entry(MarkRef::floor("/a")), Some((9, true)), "nor does the key's answer");
         t.answered(floor("/a"), 9);
-        assert_eq!(t.floor_entry("/a"), Some((9, false)));
-        assert_eq!(t.in_flight(), [("/a".to_string(), 5)]);
-        assert_eq!(t.in_flight_floors(), [("/d/".to_string(), 3)]);
+        assert_eq!(t.entry(MarkRef::floor("/a")), Some((9, false)));
+        assert_eq!(t.in_flight(MarkKind::Key), [("/a".to_string(), 5)]);
+        assert_eq!(t.in_flight(MarkKind::Floor), [("/d/".to_string(), 3)]);
         let mut all = Vec::new();
-        t.for_each_floor(|p, token, flying| all.push((p.to_owned(), token, flying)));
+        t.for_each(MarkKind::Floor, |p, token, flying| all.push((p.to_owned(), token, flying)));
         all.sort();
         assert_eq!(all, [("/a".to_string(), 9, false), ("/d/".to_string(), 3, true)]);
-        assert_eq!((t.len(), t.floors_len(), t.top(5).len()), (1, 2, 1), "len and top are the keys'");
+        assert_eq!((t.len(), t.count(MarkKind::Floor), t.top(5).len()), (1, 2, 1), "len and top are the keys'");
     }
 
     #[test]

@@ -48,7 +48,7 @@ pub(super) fn answered(store: &dyn Store, key: &str, token: u64) {
 
 pub(super) fn contents(store: &FileStore) -> HashMap<String, u64> {
     let mut all = HashMap::new();
-    store.table().for_each(|k, t, _| {
+    store.table().for_each(MarkKind::Key, |k, t, _| {
         all.insert(k.to_owned(), t);
     });
     all

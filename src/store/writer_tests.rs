@@ -59,7 +59,7 @@ async fn past_max_table_bytes_new_marks_are_refused_and_known_ones_still_advance
         matches!(store.commit(0, MarkBatch::advance(with_a_floor, 2)).await, Err(StoreError::FullBytes(_))),
         "refused whole"
     );
-    assert_eq!((store.table().get(&long(1)), store.table().floor("/f")), (Some(1), None));
+    assert_eq!((store.table().get(&long(1)), store.table().level(MarkRef::floor("/f"))), (Some(1), None));
     advance(&store, &long(1), 2).await.expect("a known key advances past the limit");
     store.commit(0, MarkBatch::advance(vec![Mark::key(long(2)), Mark::key("/s")], 3)).await.unwrap();
     assert!(store.condition().healthy(), "a full table is not a failed store");
@@ -171,7 +171,7 @@ async fn an_earlier_answer_does_not_clear_a_later_write_with_the_same_token() {
     advance(&store, "/a", 6).await.unwrap(); // write A
     answered(&store, "/a", 6); // A answered; its turn is released after this
     advance(&store, "/a", 6).await.unwrap(); // write B, an equal token accepted, now at the backend
-    assert_eq!(store.table().entry("/a"), Some((6, true)), "B is in flight in memory");
+    assert_eq!(store.table().entry(MarkRef::key("/a")), Some((6, true)), "B is in flight in memory");
     // Closing writes every answer still pending: one logged after B would clear it.
     store.close().await.unwrap();
     drop(store);

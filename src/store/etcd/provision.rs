@@ -11,7 +11,7 @@ use std::path::Path;
 
 use super::names::{Names, batch_id, parse_token, token_value};
 use crate::etcd_client::{Client, Compare, Op};
-use crate::store::{Mark, MarkRef, StoreError};
+use crate::store::{Mark, MarkKind, MarkRef, StoreError};
 
 /// The floor name that covers every key (`fence::tree`'s root).
 const ROOT: &str = "/";
@@ -84,8 +84,8 @@ pub async fn migrate(client: &Client, prefix: &str, keying: &str, dir: &Path) ->
         });
     }
     let mut marks = Vec::new();
-    found.table.for_each(|key, token, _| marks.push((Mark::key(key), token)));
-    found.table.for_each_floor(|p, token, _| marks.push((Mark::floor(p), token)));
+    found.table.for_each(MarkKind::Key, |key, token, _| marks.push((Mark::key(key), token)));
+    found.table.for_each(MarkKind::Floor, |p, token, _| marks.push((Mark::floor(p), token)));
     let mut migrated = Migrated::default();
     // The census as etcd holds it (read again whenever a create finds it changed); none on a
     // prefix an earlier build initialised, whose next takeover writes it.
