@@ -42,7 +42,7 @@ pub(crate) async fn serve(state: Arc<State>, listener: TcpListener, shutdown: im
     let settings = state.settings.get();
     let config = &settings.config;
     if let Ok(addr) = listener.local_addr() {
-        let protocol = request::protocol::for_backend(&config.backend).name();
+        let protocol = request::protocol::Protocol::name(&request::protocol::for_backend(&config.backend));
         tracing::info!(%addr, backend = %config.backend.url, protocol, "fencegate listening");
     }
     let listening = Listening { name: "proxy", max_connections: config.limits.max_connections, tls: true };

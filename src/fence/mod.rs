@@ -18,7 +18,7 @@
 //! overlapping write's turn. It runs to its end even if its caller leaves (`detach.rs`);
 //! [`Turn::finish`] is the same with nothing to get before the advance. An operator's raise is
 //! [`Turn::raise`], a reset or lift `operator.rs`. The fence knows nothing of HTTP: the forward
-//! is a future it is handed ([`Prepared`]).
+//! is a future it is handed, made for the permit of the write's term.
 //!
 //! A token is judged by a [`Policy`]: whether one equal to the level passes, and how far above
 //! it (or above its token domain's highest token, [`domains`]) it may be. Signed tokens are
@@ -60,7 +60,7 @@ use subtree::Subtrees;
 use tree::Tree;
 pub use tree::{Coverage, NODE_BYTES, Touch};
 pub(crate) use tree::{covers, node};
-pub use turn::{Checked, Outcome, Prepared, Raised, Turn};
+pub use turn::{Checked, Outcome, Raised, Turn};
 
 /// What to do with a token equal to `max_seen`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

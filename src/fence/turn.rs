@@ -44,32 +44,6 @@ pub struct Checked {
     term: u64,
 }
 
-/// A write ready to be forwarded, once [`Turn::finish_after`] gives it the store's permit for
-/// the term it was checked in (`None` when every write may be sent): the forward sends nothing
-/// the permit refuses. Every `FnOnce(Option<Permit>) -> impl Future` is one.
-pub trait Prepared: Send + 'static {
-    /// What the forward ends with.
-    type Output;
-    /// The forward.
-    type Write: Future<Output = Self::Output> + Send + 'static;
-    /// The forward, sent only while `permit` allows.
-    fn with_permit(self, permit: Option<Permit>) -> Self::Write;
-}
-
-impl<F, W> Prepared for F
-where
-    F: FnOnce(Option<Permit>) -> W + Send + 'static,
-    W: Future + Send + 'static,
-{
-    type Output = W::Output;
-    type Write = W;
-
-    #[inline]
-    fn with_permit(self, permit: Option<Permit>) -> W {
-        self(permit)
-    }
-}
-
 /// Exclusive right to check, advance and forward one write. Dropping it lets the next waiting
 /// writes proceed.
 #[derive(Debug)]
@@ -201,20 +175,20 @@ impl Turn {
         T: Send + 'static,
         E: From<FenceError> + From<StoreError> + Send + 'static,
     {
-        self.finish_after(token, policy.into(), quarantine, async move { Ok(move |_: Option<Permit>| write) }, outcome)
+        self.finish_after(token, policy.into(), quarantine, move |_: Option<Permit>| async move { Ok(write) }, outcome)
             .await
     }
 
     /// Runs a fenced write to its end, in this order: the authoritative check of `token`, which
-    /// fixes the store's term; `prepare`, which gets what the write needs before its token is
-    /// used up (its backend connection) and returns it [`Prepared`], to be given the store's
-    /// permit for that term; the durable advance of everything it touches, in that term; the
+    /// fixes the store's term; `prepare`, called with the store's permit for that term, which
+    /// gets what the write needs before its token is used up (its backend connection) and
+    /// returns the write, to be sent under that permit; the durable advance of everything it touches, in that term; the
     /// write (the forward); then marking it answered in that term or, when `outcome` says the
     /// backend may still apply it, quarantining what it touches for `quarantine`. Only then
     /// does the next overlapping write get its turn. A `prepare` that fails has sent nothing:
     /// its error is returned with nothing advanced and nothing quarantined, so the holder may
     /// try again with the same token.
-    pub async fn finish_after<T, E, P, F>(
+    pub async fn finish_after<T, E, P, F, W>(
         self,
         token: u64,
         policy: impl Into<Policy>,
@@ -223,8 +197,9 @@ impl Turn {
         outcome: fn(&Result<T, E>) -> Outcome,
     ) -> Result<T, E>
     where
-        P: Future<Output = Result<F, E>> + Send + 'static,
-        F: Prepared<Output = Result<T, E>>,
+        P: FnOnce(Option<Permit>) -> F + Send + 'static,
+        F: Future<Output = Result<W, E>> + Send + 'static,
+        W: Future<Output = Result<T, E>> + Send + 'static,
         T: Send + 'static,
         E: From<FenceError> + From<StoreError> + Send + 'static,
     {
@@ -238,7 +213,7 @@ impl Turn {
             let checked = turn.check(token, policy)?;
             // After the check, so that a stale write takes no backend connection; before the
             // advance, so that one that cannot get any has not used its token up.
-            let write = prepare.await?.with_permit(turn.permit(checked));
+            let write = prepare(turn.permit(checked)).await?;
             // Durable, and the table raised, before the write goes anywhere.
             turn.advance(checked, token).await?;
             turn.unsettled = Some(quarantine);

@@ -140,13 +140,13 @@ async fn finish_advances_before_the_write_and_releases_the_turn_after_it() {
 async fn a_write_whose_preparation_fails_advances_nothing_and_may_be_sent_again_with_its_token() {
     let (t, _dir) = fence();
     let turn = t.acquire(key("/a"), Duration::from_secs(1)).await.unwrap();
-    let never = async { Err::<fn(Option<Permit>) -> std::future::Ready<Result<u64, Failed>>, _>(Failed::Backend) };
+    let never = |_: Option<Permit>| async { Err::<std::future::Ready<Result<u64, Failed>>, _>(Failed::Backend) };
     let failed = turn.finish_after(35, STRICT, Duration::from_secs(60), never, outcome).await;
     assert_eq!(failed, Err(Failed::Backend));
     assert_eq!(t.max_seen.entry(MarkRef::key("/a")), Some((34, false)), "nothing advanced, nothing in flight");
     assert_eq!(t.active_gates(), 0, "released, and not quarantined");
     let turn = t.acquire(key("/a"), Duration::from_secs(1)).await.unwrap();
-    let prepared = async { Ok(|_: Option<Permit>| async { Ok(35) }) };
+    let prepared = |_: Option<Permit>| async { Ok(async { Ok(35) }) };
     assert_eq!(turn.finish_after(35, STRICT, Duration::from_secs(60), prepared, outcome).await, Ok(35));
     assert_eq!(t.max_seen("/a"), Some(35));
 }
@@ -157,9 +157,9 @@ async fn a_stale_write_is_refused_before_it_is_prepared() {
     let turn = t.acquire(key("/a"), Duration::from_secs(1)).await.unwrap();
     let prepared = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let seen = Arc::clone(&prepared);
-    let prepare = async move {
+    let prepare = move |_: Option<Permit>| async move {
         seen.store(true, std::sync::atomic::Ordering::SeqCst);
-        Ok(|_: Option<Permit>| async { Ok(0) })
+        Ok(async { Ok(0) })
     };
     let refused = turn.finish_after(34, STRICT, Duration::from_secs(9), prepare, outcome).await;
     assert!(matches!(refused, Err(Failed::Fence(FenceError::Stale { max_seen: 34, .. }))));

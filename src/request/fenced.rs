@@ -22,7 +22,7 @@ use super::classify::Write;
 use super::proof::Proof;
 use super::{InFlight, Outgoing, ResponseBody, holders, proof, send};
 use crate::etcd_client::Mirrors;
-use crate::fence::{Outcome, Policy, Prepared, Touch};
+use crate::fence::{Outcome, Policy, Touch};
 use crate::refusal::Refusal;
 use crate::state::{Settings, State};
 use crate::store::{Permit, Role, StoreError};
@@ -95,7 +95,17 @@ pub(super) async fn fence(
     // Once the turn is ours, `finish_after` runs the write to its end.
     let quarantine = fence.quarantine;
     let out = Outgoing { req, target, client, body_limit };
-    turn.finish_after(token, policy, quarantine, prepare(state, settings, proven, out), outcome).await
+    // Boxed once, built in place: until the send takes it apart it moves as a pointer.
+    let pending = Box::write(Box::new_uninit(), Pending { state, settings, proven, out });
+    turn.finish_after(token, policy, quarantine, move |permit| prepare(pending, permit), outcome).await
+}
+
+/// What a fenced write's send needs once its turn has come.
+struct Pending {
+    state: Arc<State>,
+    settings: Arc<Settings>,
+    proven: Proven,
+    out: Outgoing,
 }
 
 /// Where the write is fenced: with a shared fence, only its leader fences writes, and a
@@ -146,33 +156,30 @@ fn prove(
     Ok(proven)
 }
 
-/// What the turn runs before the advance, and then the send, given the store's permit for the
-/// term the write was checked in. Boxed: the connection's checkout and the forward's state
-/// (request, timer) would otherwise make up most of the write's future, which is moved into
-/// its box whole.
+/// What the turn runs before the advance, and then the send, under `permit`: the store's
+/// permit for the term the write was checked in. Boxed: the connection's checkout and the
+/// forward's state (request, timer) would otherwise make up most of the write's future, which
+/// is moved into its box whole.
 fn prepare(
-    state: Arc<State>,
-    settings: Arc<Settings>,
-    proven: Proven,
-    out: Outgoing,
-) -> impl Future<Output = Result<impl Prepared<Output = Result<Response<ResponseBody>, Refusal>>, Refusal>> {
+    pending: Box<Pending>,
+    permit: Option<Permit>,
+) -> impl Future<Output = Result<impl Future<Output = Result<Response<ResponseBody>, Refusal>>, Refusal>> {
     boxed_in_place!(async move {
         // Before the advance: without a connection the token is not used up.
-        let conn = settings.upstream.connection().await?;
+        let conn = pending.settings.upstream.connection().await?;
         // The proof's authoritative look, when the turn has come and the connection is there
         // (waiting for one can take pool_timeout), against the keys in force now: a holder that
         // lost its lock meanwhile, a key a reload withdrew (after a leak), or a signature that
         // expired while the write waited no longer passes, and the token is not used up.
+        let Pending { state, settings, proven, out } = *pending;
         proven.check(proven.first.as_slice(), &state.settings.get().hmac, &state.locks.load())?;
-        // A shared fence's leader sends only while it trusts its lease: the permit is checked
-        // before the head and each body chunk (docs/cluster.md: self-fencing).
-        Ok(move |permit: Option<Permit>| {
-            boxed_in_place!(async move {
-                let _flying = InFlight::new(&state.metrics);
-                // Whole: the turn is held until the backend has the whole body, not only until it answers.
-                send(&state, &settings, conn, out, Hold { whole: true, permit }).await
-            })
-        })
+        Ok(boxed_in_place!(async move {
+            let _flying = InFlight::new(&state.metrics);
+            // Whole: the turn is held until the backend has the whole body, not only until it
+            // answers. A shared fence's leader sends only while it trusts its lease: the permit
+            // is checked before the head and each body chunk (docs/cluster.md: self-fencing).
+            send(&state, &settings, conn, out, Hold { whole: true, permit }).await
+        }))
     })
 }
 

@@ -25,6 +25,7 @@ pub use crate::upstream::ResponseBody;
 use crate::upstream::{Connection, Hold, Peer, full_body};
 use classify::{Head, Plan};
 use proof::Guess;
+use protocol::Protocol as _;
 
 /// Handles one request; every refusal becomes fencegate's own answer, in the backend's
 /// protocol.
