@@ -6,6 +6,8 @@
 # two builds compared here differ by their code, not by the load on the machine.
 #
 #   BINS="target/release/fencegate /path/to/old/fencegate" benches/callgrind.sh
+#   KEEP=/tmp/cg benches/callgrind.sh   # and keep the profiles there, N-BINARY-WORKLOAD.out, to
+#                                       # compare with callgrind_annotate
 set -euo pipefail
 # shellcheck source=benches/common.sh
 source "$(dirname "$0")/common.sh" callgrind
@@ -61,11 +63,17 @@ measure() { # BIN WORKLOAD
     kill -TERM "$pid"
     timeout 120 tail --pid="$pid" -f /dev/null || { echo "$1 did not stop" >&2; exit 1; }
     TOTAL=$(awk -F'[: ]+' '/^(summary|totals):/ {print $2; exit}' "$SHM/$name.out")
+    if [ -n "${KEEP:-}" ]; then
+        mkdir -p "$KEEP"
+        cp "$SHM/$name.out" "$KEEP/$BIN_INDEX-$(basename "$1")-$2.out"
+    fi
     [[ $TOTAL =~ ^[0-9]+$ && $REQUESTS =~ ^[0-9]+$ ]] || { echo "$1 $2: no count ($TOTAL, $REQUESTS)" >&2; exit 1; }
 }
 
 printf '%-50s %14s %14s\n' binary "GET instr/req" "PUT instr/req"
+BIN_INDEX=0
 for bin in $BINS; do
+    BIN_INDEX=$((BIN_INDEX + 1))
     measure "$bin" idle
     idle=$TOTAL
     measure "$bin" get

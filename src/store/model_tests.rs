@@ -35,7 +35,7 @@ use std::path::Path;
 
 use proptest::prelude::*;
 
-use super::format::{HEADER_LEN, Kind, Says};
+use super::format::HEADER_LEN;
 use super::log::Log;
 use super::recovery::{self, Mode, Recovered, snapshot_name};
 use super::*;
@@ -54,6 +54,12 @@ type State = BTreeMap<Mark, u64>;
 
 fn mark(i: usize) -> Mark {
     MarkRef::new(if i < NAMES.len() { MarkKind::Key } else { MarkKind::Floor }, NAMES[i % NAMES.len()])
+}
+
+/// The model's mark for one a batch holds.
+fn known(m: MarkRef<'_>) -> Mark {
+    let at = NAMES.iter().position(|n| *n == m.name).expect("a name of the model");
+    mark(if m.kind == MarkKind::Key { at } else { at + NAMES.len() })
 }
 
 #[derive(Debug, Clone)]
@@ -144,12 +150,15 @@ impl Model {
     /// logs them) to one token, `to` the highest of their values: appended together, they share
     /// the next commit marker.
     fn append(&mut self, log: &mut Log, marks: Vec<usize>, to: impl Fn(u64) -> u64, reset: bool) {
-        let mut marks: Vec<Mark> = marks.into_iter().map(mark).collect();
-        marks.sort_unstable();
-        marks.dedup();
+        // Through the store's own batch, as the writer takes it: checked (a mark named twice
+        // counts once), then logged by `append_batch`.
+        let change = if reset { super::Change::Reset } else { super::Change::Advance };
+        let mut named = MarkBatch::new(change, marks.into_iter().map(|i| mark(i).to_mark()), 0);
+        assert!(named.check().unwrap(), "a batch of known names is never refused nor empty");
+        let marks: Vec<Mark> = named.marks().iter().map(|m| known(m.borrowed())).collect();
         let token = to(marks.iter().map(|k| self.latest.get(k).copied().unwrap_or(0)).max().unwrap_or(0));
+        log.append_batch(&MarkBatch::new(change, marks.iter().map(|m| m.to_mark()), token));
         for mark in marks {
-            log.append(Kind::keyed(if reset { Says::Reset } else { Says::Advance }, mark.kind), mark.name, token);
             let change = Change { mark, token, reset, at: self.place() };
             change.apply(&mut self.latest);
             self.buffered.push(change);
@@ -251,10 +260,8 @@ impl<'a> World<'a> {
         let written = std::mem::take(&mut m.written);
         for c in written.into_iter().flatten().chain(std::mem::take(&mut m.buffered)) {
             c.apply(&mut m.synced);
-            match c.reset {
-                false => self.table.advance(c.mark, c.token),
-                true => self.table.reset(c.mark, c.token),
-            }
+            let change = if c.reset { super::Change::Reset } else { super::Change::Advance };
+            self.table.apply(&MarkBatch::new(change, [c.mark.to_mark()], c.token));
             if !c.reset {
                 m.last_acked.insert(c.mark, (c.at, c.token));
             }
@@ -275,11 +282,12 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             Op::Answered { mark: i } => {
                 let k = mark(i);
                 if let Some(&(_, t)) = m.last_acked.get(&k) {
-                    w.log.append(Kind::keyed(Says::Answered, k.kind), k.name, t);
+                    let answered = MarkBatch::answered([k.to_mark()], t);
+                    w.log.append_batch(&answered);
                     let at = m.place();
                     m.last_answer.insert(k, at);
                     m.last_answer_of.insert((k, t), at);
-                    w.table.answered(k, t);
+                    w.table.apply(&answered);
                 }
             }
             Op::Write => {

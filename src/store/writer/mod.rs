@@ -34,8 +34,8 @@ use super::scheduling::Scheduler;
 use super::status::{Status, stall_point};
 use super::{Change, Mark, MarkBatch, MarkKind, StoreError, Table};
 
-/// Most advances committed by one write and one sync (an advance of several marks counts once:
-/// it is never split).
+/// Most changes committed by one write and one sync: a `MarkBatch` of several marks (an advance,
+/// or the answers of one write) counts once, since it is never split.
 const MAX_BATCH: usize = 4096;
 /// Longest answered writes wait to be logged as such when no advance comes to carry them; also
 /// how long after committing advances (not resets, which are never answered) the writer waits,
