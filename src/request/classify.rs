@@ -83,6 +83,7 @@ pub struct Head<'a> {
 
 impl<'a> Head<'a> {
     /// The head of `req`.
+    #[inline]
     pub fn of<B: Body>(req: &'a Request<B>) -> Self {
         Head {
             method: req.method(),
@@ -114,6 +115,7 @@ pub struct Named {
 /// The plan of a fenced write whose resources a protocol named: its token (or, for a tokenless
 /// one under `fence.missing_token = "forward"`, an unchecked pass), the rules its keys are
 /// fenced under, the etcd locks and the proof its token must show.
+#[inline]
 pub fn fenced_write(head: &Head<'_>, config: &Config, named: Named) -> Result<Plan, Refusal> {
     let Named { touches, target, set_headers, body_limit } = named;
     let governed = rules::govern(&touches, &config.fence)?;

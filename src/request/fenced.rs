@@ -36,10 +36,10 @@ macro_rules! boxed_in_place {
     };
 }
 
-/// Where a write goes: fenced here, or already answered by the leader it was sent on to.
+/// Where a write is fenced: here, or by the leader at this URL.
 enum Routed {
-    Here(Request<Incoming>),
-    Sent(Response<ResponseBody>),
+    Here,
+    Leader(String),
 }
 
 /// What a write must prove, and what proving it takes at its first and its second look.
@@ -74,10 +74,11 @@ pub(super) async fn fence(
     write: Write,
     client: Peer,
 ) -> Result<Response<ResponseBody>, Refusal> {
-    let mut req = match route(&state, &settings, req, &client).await? {
-        Routed::Here(req) => req,
-        Routed::Sent(resp) => return Ok(resp),
-    };
+    let mut req = req;
+    // The request stays where it is unless it is sent on: moved, it is a copy of all of it.
+    if let Routed::Leader(url) = route(&state, &mut req)? {
+        return send_to_leader(&state, &settings, &url, req, &client).await;
+    }
     let Write { token, touches, target, set_headers, body_limit, equal, max_jump, proof, locks } = write;
     let proven = prove(&state, &settings, token, proof, locks, &touches)?;
     let policy = Policy { equal, max_jump };
@@ -94,8 +95,8 @@ pub(super) async fn fence(
 
     // Once the turn is ours, `finish_after` runs the write to its end.
     let quarantine = fence.quarantine;
-    let out = Outgoing { req, target, client, body_limit };
     // Boxed once, built in place: until the send takes it apart it moves as a pointer.
+    let out = Outgoing { req, target, client, body_limit };
     let pending = Box::write(Box::new_uninit(), Pending { state, settings, proven, out });
     turn.finish_after(token, policy, quarantine, move |permit| prepare(pending, permit), outcome).await
 }
@@ -110,25 +111,13 @@ struct Pending {
 
 /// Where the write is fenced: with a shared fence, only its leader fences writes, and a
 /// follower sends them to it once (a write sent on once is not sent on again).
-async fn route(
-    state: &State,
-    settings: &Settings,
-    mut req: Request<Incoming>,
-    client: &Peer,
-) -> Result<Routed, Refusal> {
+fn route(state: &State, req: &mut Request<Incoming>) -> Result<Routed, Refusal> {
     match state.store.role() {
         Role::Fences => {
             req.headers_mut().remove(&leader::FORWARDED_BY);
-            Ok(Routed::Here(req))
+            Ok(Routed::Here)
         }
-        Role::Forward(url) if !leader::forwarded(&req) => {
-            let Some(peers) = state.peers.as_ref() else {
-                return Err(StoreError::Unavailable("this instance cannot reach the leader".into()).into());
-            };
-            let backend = &settings.config.backend;
-            let timeout = backend.pool_timeout + backend.request_timeout + settings.config.fence.queue_timeout;
-            Ok(Routed::Sent(peers.forward(&url, req, client, timeout).await?))
-        }
+        Role::Forward(url) if !leader::forwarded(req) => Ok(Routed::Leader(url)),
         Role::Forward(url) => Err(StoreError::Unavailable(format!(
             "the fence is led by {url}, not by this instance, which another instance took for the leader; \
             a write sent on once is not sent on again"
@@ -136,6 +125,22 @@ async fn route(
         .into()),
         Role::Unavailable(why) => Err(StoreError::Unavailable(why).into()),
     }
+}
+
+/// Sends a write on to the leader at `url`, which fences it, and relays its answer.
+async fn send_to_leader(
+    state: &State,
+    settings: &Settings,
+    url: &str,
+    req: Request<Incoming>,
+    client: &Peer,
+) -> Result<Response<ResponseBody>, Refusal> {
+    let Some(peers) = state.peers.as_ref() else {
+        return Err(StoreError::Unavailable("this instance cannot reach the leader".into()).into());
+    };
+    let backend = &settings.config.backend;
+    let timeout = backend.pool_timeout + backend.request_timeout + settings.config.fence.queue_timeout;
+    Ok(peers.forward(url, req, client, timeout).await?)
 }
 
 /// The proof's first look, before anything looks at the token.
@@ -171,9 +176,11 @@ fn prepare(
         // (waiting for one can take pool_timeout), against the keys in force now: a holder that
         // lost its lock meanwhile, a key a reload withdrew (after a leak), or a signature that
         // expired while the write waited no longer passes, and the token is not used up.
-        let Pending { state, settings, proven, out } = *pending;
+        let (proven, state) = (&pending.proven, &pending.state);
         proven.check(proven.first.as_slice(), &state.settings.get().hmac, &state.locks.load())?;
+        // Still boxed: the send takes it apart.
         Ok(boxed_in_place!(async move {
+            let Pending { state, settings, out, .. } = *pending;
             let _flying = InFlight::new(&state.metrics);
             // Whole: the turn is held until the backend has the whole body, not only until it
             // answers. A shared fence's leader sends only while it trusts its lease: the permit
