@@ -39,26 +39,8 @@ fn report(out: &mut String, found: &Inspection, dir: &Path, top: usize) -> std::
     if let Some((seq, at)) = found.torn {
         writeln!(out, "torn tail  segment {seq} at byte {at}: a proxy would set it aside and truncate it on start")?;
     }
-    if !found.in_flight.is_empty() {
-        writeln!(
-            out,
-            "in flight  {} writes unanswered when the proxy stopped (quarantined on start):",
-            found.in_flight.len()
-        )?;
-        for (key, token) in found.in_flight.iter().take(top) {
-            writeln!(out, "  {token:>20}  {key}")?;
-        }
-    }
-    if !found.floors_in_flight.is_empty() {
-        writeln!(
-            out,
-            "in flight  {} writes under floors unanswered when the proxy stopped (quarantined on start):",
-            found.floors_in_flight.len()
-        )?;
-        for (p, token) in found.floors_in_flight.iter().take(top) {
-            writeln!(out, "  {token:>20}  floor {p}")?;
-        }
-    }
+    in_flight(out, "writes", "", &found.in_flight, top)?;
+    in_flight(out, "writes under floors", "floor ", &found.floors_in_flight, top)?;
     writeln!(out, "disk       {} bytes", found.bytes)?;
     if top > 0 && !found.table.is_empty() {
         writeln!(out, "top {top} by max_seen:")?;
@@ -67,4 +49,44 @@ fn report(out: &mut String, found: &Inspection, dir: &Path, top: usize) -> std::
         }
     }
     Ok(())
+}
+
+/// The writes of one kind that were unanswered when the proxy stopped, `top` of them named.
+fn in_flight(out: &mut String, what: &str, kind: &str, flying: &[(String, u64)], top: usize) -> std::fmt::Result {
+    if flying.is_empty() {
+        return Ok(());
+    }
+    writeln!(out, "in flight  {} {what} unanswered when the proxy stopped (quarantined on start):", flying.len())?;
+    for (name, token) in flying.iter().take(top) {
+        writeln!(out, "  {token:>20}  {kind}{name}")?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Table;
+
+    #[test]
+    fn the_report_names_what_was_in_flight_up_to_top() {
+        let found = Inspection {
+            table: Table::new(),
+            snapshot: None,
+            segments: vec![1, 2],
+            records: 3,
+            torn: None,
+            in_flight: vec![("/a".into(), 7), ("/b".into(), 8)],
+            floors: 1,
+            floors_in_flight: vec![("/d".into(), 9)],
+            bytes: 4096,
+            init_floors: Some(Vec::new()),
+        };
+        let report = inspection_report(&found, Path::new("/data"), 1);
+        assert!(report.contains("in flight  2 writes unanswered when the proxy stopped"), "{report}");
+        assert!(report.contains("                   7  /a\n") && !report.contains("/b"), "{report}");
+        assert!(report.contains("in flight  1 writes under floors unanswered"), "{report}");
+        assert!(report.contains("                   9  floor /d\n"), "{report}");
+        assert!(report.contains("segments   1..=2 (3 records replayed)"), "{report}");
+    }
 }
