@@ -180,12 +180,13 @@ fn prepare(
         proven.check(proven.first.as_slice(), &state.settings.get().hmac, &state.locks.load())?;
         // Still boxed: the send takes it apart.
         Ok(boxed_in_place!(async move {
-            let Pending { state, settings, out, .. } = *pending;
-            let _flying = InFlight::new(&state.metrics);
+            let _flying = InFlight::new(&pending.state.metrics);
             // Whole: the turn is held until the backend has the whole body, not only until it
             // answers. A shared fence's leader sends only while it trusts its lease: the permit
             // is checked before the head and each body chunk (docs/cluster.md: self-fencing).
-            send(&state, &settings, conn, out, Hold { whole: true, permit }).await
+            // Only what is sent leaves the box.
+            let hold = Hold { whole: true, permit };
+            send(&pending.state, &pending.settings, conn, pending.out, hold).await
         }))
     })
 }
