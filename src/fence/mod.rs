@@ -198,6 +198,13 @@ impl Fence {
         self.high_water.raise(touches, token);
     }
 
+    /// Counts the tree and the token domains' highest tokens again from the table, after a
+    /// change that may have lowered marks (a reset, a takeover's new table).
+    fn recounted(&self) {
+        self.tree.rebuild();
+        self.high_water.recount();
+    }
+
     /// Maps keys to token domains by `domains` from now on. When that changes the mapping, each
     /// domain's highest token is counted again from the table on a thread of its own (a pass
     /// over every key); until it is done, keys without a level of their own are bounded by the
@@ -249,8 +256,7 @@ impl Fence {
     /// flight is quarantined for `period`. Called before this instance leads: writes of an
     /// earlier term may still hold turns, but none of them can advance any more.
     pub(crate) fn adopt(&self, adopted: &crate::store::Adopted, period: Duration) {
-        self.tree.rebuild();
-        self.high_water.recount();
+        self.recounted();
         for (key, token) in &adopted.in_flight {
             tracing::warn!(resource = %key, token, quarantine = %humantime::format_duration(period),
                 "a write was in flight when fencegate stopped or stepped down: resource quarantined");

@@ -95,8 +95,7 @@ impl Fence {
         if !marks.is_empty() {
             // Nothing changes if the store cannot record it: the operator may try again.
             self.store.commit(term, MarkBatch::reset(marks, to)).await?;
-            self.tree.rebuild();
-            self.high_water.recount();
+            self.recounted();
             let lowered: Vec<String> = floors.iter().map(|(p, t)| format!("{p} (was {t})")).collect();
             tracing::warn!(resource = %key, previous = %previous.map_or_else(|| "none".to_owned(), |m| m.to_string()),
                 max_seen = to, floors = %lowered.join(", "),

@@ -247,8 +247,7 @@ impl Turn {
             }
             if previous.map(|(m, _)| m) != Some(to) {
                 fence.store.commit(term, MarkBatch::advance([Mark::key(key)], to)).await?;
-                fence.tree.raise(key, to);
-                fence.high_water.raise(&self.touches, to);
+                fence.raised(&self.touches, to);
                 // Nothing was forwarded for this advance. But a write that is still in flight
                 // (its answer never came) must stay marked, or a restart would not quarantine it.
                 if !previous.is_some_and(|(_, in_flight)| in_flight) {
