@@ -156,7 +156,6 @@ impl Turn {
     }
 
     /// The batch making `change` to the durable marks this write raises, with `token`.
-    #[inline]
     fn batch(&self, change: Change, token: u64) -> MarkBatch {
         MarkBatch::new(change, self.touches.iter().map(|t| t.mark().to_mark()), token)
     }

@@ -162,7 +162,6 @@ impl Log {
     }
 
     /// Buffers the records of `batch`, one per mark, for the next write.
-    #[inline]
     pub(crate) fn append_batch(&mut self, batch: &MarkBatch) {
         let says = Says::from(batch.change());
         for mark in batch.marks() {

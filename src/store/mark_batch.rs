@@ -48,7 +48,6 @@ pub struct MarkBatch {
 
 impl MarkBatch {
     /// A batch that makes `change` to every mark of `marks`, with `token`.
-    #[inline]
     pub fn new(change: Change, marks: impl IntoIterator<Item = Mark>, token: u64) -> MarkBatch {
         let mut marks = marks.into_iter();
         let marks = match (marks.next(), marks.next()) {
@@ -111,7 +110,6 @@ impl MarkBatch {
     /// hold (empty, or longer than [`MAX_KEY_LEN`]) refuses the batch whole, and a mark named
     /// twice is one mark (logged once, counted once against the table's bounds). Returns
     /// whether anything is left to commit.
-    #[inline]
     pub(crate) fn check(&mut self) -> Result<bool, StoreError> {
         if let Some(mark) = self.marks().iter().find(|mark| mark.name.is_empty() || mark.name.len() > MAX_KEY_LEN) {
             return Err(StoreError::KeyTooLong(mark.name.len()));
@@ -159,7 +157,6 @@ impl Room {
     /// Counts the marks of `batch` the table does not hold if they fit beside the table and
     /// the group's other new marks; counting every new mark as distinct can only refuse early,
     /// never late. Returns how many new marks the batch names, and whether they fit.
-    #[inline]
     pub(crate) fn take(
         &mut self,
         table: &Table,

@@ -228,7 +228,6 @@ impl Table {
     }
 
     /// The map of one kind of mark: the one place the table tells the kinds apart.
-    #[inline]
     fn marks(&self, kind: MarkKind) -> &Marks {
         match kind {
             MarkKind::Key => &self.keys,
@@ -279,13 +278,11 @@ impl Table {
     }
 
     /// Raises `mark` to `token` and marks its write in flight.
-    #[inline]
     pub(crate) fn advance(&self, mark: MarkRef<'_>, token: u64) {
         self.marks(mark.kind).advance(mark.name, token);
     }
 
     /// Notes that the backend answered the write of `token` that raised `mark`.
-    #[inline]
     pub(crate) fn answered(&self, mark: MarkRef<'_>, token: u64) {
         self.marks(mark.kind).answered(mark.name, token);
     }
@@ -297,7 +294,6 @@ impl Table {
 
     /// Makes `batch`'s change to every mark of it, once it is durable (an answer need not be):
     /// the one place a [`Change`] is applied to the table.
-    #[inline]
     pub(crate) fn apply(&self, batch: &MarkBatch) {
         let token = batch.token();
         for mark in batch.marks() {
