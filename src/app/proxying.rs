@@ -11,6 +11,7 @@ use prometheus_client::metrics::counter::Counter;
 use tokio::net::TcpListener;
 
 use crate::listener::{self, Handler, Listening};
+use crate::request::protocol::Protocol as _;
 use crate::request::{self, ResponseBody};
 use crate::state::State;
 use crate::upstream::Peer;
@@ -42,7 +43,7 @@ pub(crate) async fn serve(state: Arc<State>, listener: TcpListener, shutdown: im
     let settings = state.settings.get();
     let config = &settings.config;
     if let Ok(addr) = listener.local_addr() {
-        let protocol = request::protocol::Protocol::name(&request::protocol::for_backend(&config.backend));
+        let protocol = request::protocol::for_backend(&config.backend).name();
         tracing::info!(%addr, backend = %config.backend.url, protocol, "fencegate listening");
     }
     let listening = Listening { name: "proxy", max_connections: config.limits.max_connections, tls: true };

@@ -70,11 +70,10 @@ impl Proven {
 pub(super) async fn fence(
     state: Arc<State>,
     settings: Arc<Settings>,
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
     write: Write,
     client: Peer,
 ) -> Result<Response<ResponseBody>, Refusal> {
-    let mut req = req;
     // The request stays where it is unless it is sent on: moved, it is a copy of all of it.
     if let Routed::Leader(url) = route(&state, &mut req)? {
         return send_to_leader(&state, &settings, &url, req, &client).await;
