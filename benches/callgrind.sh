@@ -33,9 +33,7 @@ bench_backend
 # REQUESTS (what wrk counted, all answered 2xx).
 measure() { # BIN WORKLOAD
     local name="cg-$2-$RANDOM" pid out
-    "$1" init --dir "$DISK/$name" >/dev/null
-    printf '[server]\nlisten = "127.0.0.1:%s"\n[backend]\nurl = "http://127.0.0.1:18081"\n[store]\ndir = "%s"\nsync = "always"\n[log]\nlevel = "warn"\n' \
-        "$PORT" "$DISK/$name" >"$SHM/$name.toml"
+    bench_fencegate_config "$name" "$1" "$PORT"
     valgrind --tool=callgrind --callgrind-out-file="$SHM/$name.out" "$1" run --config "$SHM/$name.toml" \
         2>"$SHM/logs/$name.log" &
     pid=$!

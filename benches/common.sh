@@ -22,6 +22,9 @@
 #                              `wrk ... -s $SHM/put.lua URL -- PART COUNT` PUTs to /put/pPART-i
 #                              over COUNT resources instead, so that concurrent wrks each have
 #                              resources of their own
+#   bench_fencegate_config NAME BIN PORT [STORE_LINES]
+#                              inits $DISK/NAME and writes $SHM/NAME.toml as bench_fencegate
+#                              runs with
 #   bench_fencegate NAME BIN PORT [STORE_LINES]
 #                              inits a data dir, starts `BIN run` on PORT with the backend on
 #                              18081, store.sync = "always", log level warn (stderr to
@@ -144,10 +147,14 @@ request = function()
 end
 EOF
 
-bench_fencegate() { # NAME BIN PORT [STORE_LINES]
+bench_fencegate_config() { # NAME BIN PORT [STORE_LINES]
     "$2" init --dir "$DISK/$1" >/dev/null
     printf '[server]\nlisten = "127.0.0.1:%s"\n[backend]\nurl = "http://127.0.0.1:18081"\n[store]\ndir = "%s"\nsync = "always"\n%s\n[log]\nlevel = "warn"\n' \
         "$3" "$DISK/$1" "${4:-}" >"$SHM/$1.toml"
+}
+
+bench_fencegate() { # NAME BIN PORT [STORE_LINES]
+    bench_fencegate_config "$@"
     "$2" run --config "$SHM/$1.toml" 2>"$SHM/logs/$1.log" &
     FG_PID=$!
     PIDS+=("$FG_PID")
