@@ -109,7 +109,7 @@ impl Guess {
         };
         let client = match shared && leader::forwarded(req) {
             true => leader::sent_on_for(req.headers()),
-            false => Some(client.addr.ip()),
+            false => client.ip(),
         };
         Some(Guess { client, lock: lock.clone(), limits })
     }

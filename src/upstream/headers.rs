@@ -1,7 +1,7 @@
 //! Headers on the way through: hop-by-hop headers stripped both ways (RFC 9110 §7.6.1), and
 //! the client's address appended to `X-Forwarded-For`.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
@@ -52,25 +52,54 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// Where a client's connection comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerAddr {
+    /// A TCP peer.
+    Ip(SocketAddr),
+    /// A peer on a Unix socket, which has no address a header could name.
+    Unix,
+}
+
 /// The client at the other end of a connection, with its `X-Forwarded-For` entry made once.
 #[derive(Debug, Clone)]
 pub struct Peer {
-    /// Its address.
-    pub addr: SocketAddr,
+    addr: PeerAddr,
     ip: HeaderValue,
 }
 
 impl Peer {
-    /// The peer at `addr`.
+    /// The TCP peer at `addr`.
     pub fn new(addr: SocketAddr) -> Self {
         let ip = HeaderValue::from_str(&addr.ip().to_string()).unwrap_or_else(|_| HeaderValue::from_static("unknown"));
-        Peer { addr, ip }
+        Peer { addr: PeerAddr::Ip(addr), ip }
+    }
+
+    /// A peer on a Unix socket.
+    pub fn unix() -> Self {
+        Peer { addr: PeerAddr::Unix, ip: HeaderValue::from_static("unknown") }
+    }
+
+    /// Where the connection comes from.
+    pub fn addr(&self) -> PeerAddr {
+        self.addr
+    }
+
+    /// The peer's IP address, if it came over TCP.
+    pub fn ip(&self) -> Option<IpAddr> {
+        match self.addr {
+            PeerAddr::Ip(addr) => Some(addr.ip()),
+            PeerAddr::Unix => None,
+        }
     }
 }
 
 impl std::fmt::Display for Peer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.addr.fmt(f)
+        match self.addr {
+            PeerAddr::Ip(addr) => addr.fmt(f),
+            PeerAddr::Unix => f.write_str("unix"),
+        }
     }
 }
 

@@ -30,7 +30,7 @@ use crate::config::BackendConfig;
 use crate::store::Permit;
 use checkout::Checkout;
 use gated::Gated;
-pub use headers::{Peer, append_forwarded_for, strip_hop_by_hop};
+pub use headers::{Peer, PeerAddr, append_forwarded_for, strip_hop_by_hop};
 use pool::{Bounds, Pool, SendError};
 use sent::{Ended, Sent};
 
