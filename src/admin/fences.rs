@@ -18,6 +18,7 @@ use hyper::body::Incoming;
 use serde_json::{Value, json};
 use subtle::ConstantTimeEq;
 
+use crate::config::BackendProtocol;
 use crate::fence::{Coverage, Lifted, Raised, Reset, Touch, keys};
 use crate::refusal::{Refusal, json_response};
 use crate::state::State;
@@ -251,10 +252,14 @@ fn decode(value: &str) -> Result<String, Refusal> {
 }
 
 /// The fence key an admin path names, found exactly as for a write to that path, so an
-/// operator acts on the key writes use (canonical form, scopes).
+/// operator acts on the key writes use (canonical form, scopes; an S3 object's path-style
+/// `/bucket/key`).
 fn fence_key(state: &State, path: &str) -> Result<String, Refusal> {
     let config = &state.settings.get().config;
-    Ok(keys::fence_key(path, &config.paths, &config.fence.scopes)?)
+    Ok(match config.backend.protocol {
+        BackendProtocol::Http => keys::fence_key(path, &config.paths, &config.fence.scopes)?,
+        BackendProtocol::S3 => keys::object_key(path)?,
+    })
 }
 
 #[cfg(test)]

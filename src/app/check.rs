@@ -5,7 +5,6 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use super::Error;
 use crate::config::Config;
-use crate::fence::keys;
 use crate::store::{self, Usable};
 use crate::upstream::backend_addr;
 
@@ -54,7 +53,7 @@ pub fn check(config: &Config) -> Result<Vec<String>, Error> {
         return Ok(notes);
     }
     let dir = &config.store.dir;
-    match store::check_usable(dir, &keys::keying(&config.paths, &config.fence.scopes))? {
+    match store::check_usable(dir, &crate::request::protocol::keying(config))? {
         Usable::Free => notes.push(format!("data dir {}: initialised, same key rules, writable", dir.display())),
         Usable::InUse => notes.push(format!(
             "data dir {}: initialised, same key rules, writable, and held by a running fencegate \

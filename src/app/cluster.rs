@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::Error;
 use crate::config::{Config, EtcdStoreConfig, StoreKind};
 use crate::etcd_client::Client;
-use crate::fence::{Domains, Fence, keys};
+use crate::fence::{Domains, Fence};
 use crate::store::{CommitHook, EtcdOptions, EtcdStore, Migrated, Store, etcd};
 
 /// The client of the configuration's etcd cluster, with its TLS and credentials.
@@ -62,7 +62,7 @@ pub(super) async fn open(
 /// `floor` (none for 0). Refuses a prefix that holds a fence, or one an instance leads.
 pub async fn init_etcd(config: &Config, floor: u64) -> Result<(), Error> {
     let settings = settings(config)?;
-    let keying = keys::keying(&config.paths, &config.fence.scopes);
+    let keying = crate::request::protocol::keying(config);
     Ok(etcd::init(&client(config)?, &settings.prefix, &keying, floor).await?)
 }
 
@@ -70,6 +70,6 @@ pub async fn init_etcd(config: &Config, floor: u64) -> Result<(), Error> {
 /// of `config`, never lowering a key, while no instance runs on the prefix.
 pub async fn migrate_to_etcd(config: &Config, from: &Path) -> Result<Migrated, Error> {
     let settings = settings(config)?;
-    let keying = keys::keying(&config.paths, &config.fence.scopes);
+    let keying = crate::request::protocol::keying(config);
     Ok(etcd::migrate(&client(config)?, &settings.prefix, &keying, from).await?)
 }

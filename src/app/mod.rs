@@ -18,7 +18,7 @@ use crate::config::ConfigError;
 use crate::config::StoreKind;
 use crate::config::reload::{self, Reload};
 use crate::config::{Config, MissingToken};
-use crate::fence::{Fence, keys};
+use crate::fence::Fence;
 use crate::refusal::throttle::RefusalThrottle;
 use crate::request::rules;
 use crate::state::{Metrics, Settings, SettingsError, SettingsSlot, State};
@@ -99,7 +99,7 @@ impl Proxy {
             tracing::warn!(id = %key.id, file = %key.secret_file.display(),
                 "verify.hmac_keys: this key is revoked (its secret file does not exist); signatures naming it are refused");
         }
-        let keying = keys::keying(&config.paths, &config.fence.scopes);
+        let keying = crate::request::protocol::keying(&config);
         let quarantine = config.fence.quarantine;
         let domains = rules::domains(&config.fence.rules);
         let fence = match (&config.store.kind, &config.store.etcd) {

@@ -95,6 +95,16 @@ pub struct Config {
     pub admin: AdminConfig,
     /// The etcd cluster that token verification reads locks from.
     pub etcd: EtcdConfig,
+    /// How S3 requests name buckets (`backend.protocol = "s3"`).
+    pub s3: S3Config,
+}
+
+/// `[s3]`
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct S3Config {
+    /// Host name suffixes under which a request's host names its bucket (virtual-host style):
+    /// with `s3.example.com`, `b1.s3.example.com` is bucket `b1`. Lower case, no leading dot.
+    pub virtual_host_suffixes: Vec<String>,
 }
 
 /// `[admin]`
@@ -213,6 +223,8 @@ pub struct BackendConfig {
 pub enum BackendProtocol {
     /// HTTP and WebDAV resources named by path (the default).
     Http,
+    /// S3-compatible object storage: objects named by bucket and key.
+    S3,
 }
 
 /// `[fence]`

@@ -28,6 +28,15 @@ pub(super) struct RawConfig {
     pub(super) admin: RawAdmin,
     #[serde(default)]
     pub(super) etcd: RawEtcd,
+    #[serde(default)]
+    pub(super) s3: RawS3,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawS3 {
+    #[serde(default)]
+    pub(super) virtual_host_suffixes: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

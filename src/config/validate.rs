@@ -42,7 +42,11 @@ pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
         max_connections: bounded("backend.max_connections", raw.backend.max_connections, 1, 1 << 20)?,
         pool_timeout: duration("backend.pool_timeout", &raw.backend.pool_timeout)?,
         tls: backend_tls(&raw.backend.url, raw.backend.tls)?,
-        protocol: choice("backend.protocol", &raw.backend.protocol, [("http", BackendProtocol::Http)])?,
+        protocol: choice(
+            "backend.protocol",
+            &raw.backend.protocol,
+            [("http", BackendProtocol::Http), ("s3", BackendProtocol::S3)],
+        )?,
     };
     let f = raw.fence;
     let header = HeaderName::from_bytes(f.header.as_bytes())
@@ -124,7 +128,8 @@ pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
             store.lease_margin, or one slow keep-alive lapses the lease",
         ));
     }
-    Ok(Config { server, backend, fence, verify, store, log, paths, limits, admin, etcd })
+    let s3 = s3(raw.s3, backend.protocol, &fence)?;
+    Ok(Config { server, backend, fence, verify, store, log, paths, limits, admin, etcd, s3 })
 }
 
 const EQUAL_TOKEN: [(&str, EqualToken); 2] = [("reject", EqualToken::Reject), ("accept", EqualToken::Accept)];
@@ -418,4 +423,32 @@ fn scope(index: usize, raw: &RawScope, policy: &PathPolicy) -> Result<Scope, Con
         }
     }
     Ok(Scope { prefix: canonical, segments: raw.segments })
+}
+
+/// `[s3]`, and what S3 mode does not take.
+fn s3(raw: raw::RawS3, protocol: BackendProtocol, fence: &FenceConfig) -> Result<S3Config, ConfigError> {
+    let key = "s3.virtual_host_suffixes";
+    if protocol != BackendProtocol::S3 {
+        if !raw.virtual_host_suffixes.is_empty() {
+            return Err(invalid(key, "only backend.protocol = \"s3\" names buckets by host"));
+        }
+        return Ok(S3Config::default());
+    }
+    if !fence.scopes.is_empty() {
+        return Err(invalid(
+            "fence.scopes",
+            "backend.protocol = \"s3\" keys every object by bucket and key; scopes map paths and are not taken",
+        ));
+    }
+    let mut suffixes = Vec::with_capacity(raw.virtual_host_suffixes.len());
+    for suffix in raw.virtual_host_suffixes {
+        let lower = suffix.trim_start_matches('.').trim_end_matches('.').to_ascii_lowercase();
+        let ok = !lower.is_empty()
+            && lower.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-');
+        if !ok {
+            return Err(invalid(key, format!("{suffix:?} is not a host name")));
+        }
+        suffixes.push(lower);
+    }
+    Ok(S3Config { virtual_host_suffixes: suffixes })
 }

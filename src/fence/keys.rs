@@ -64,6 +64,55 @@ pub fn in_scope(path: &str, prefix: &str) -> bool {
         && (prefix.ends_with('/') || path.len() == prefix.len() || path.as_bytes()[prefix.len()] == b'/')
 }
 
+/// Version of the S3 object keys: bump it whenever any request's object key changes.
+pub const OBJECT_VERSION: u32 = 1;
+
+/// The keying of an object store: `/bucket/key`, the key percent-decoded once.
+pub fn object_keying() -> String {
+    format!(
+        "s3 object keys v{OBJECT_VERSION}: /bucket/key, the key percent-decoded once, + literal, no segment resolved\n"
+    )
+}
+
+/// The fence key of a path-style S3 path (`/bucket/key`), as an S3 request to it is keyed:
+/// the bucket and key percent-decoded once, nothing else changed. Everything that names an
+/// object by path outside a request (the admin API, `fencegate inspect`) goes through this.
+pub fn object_key(raw: &str) -> Result<String, PathError> {
+    let rest = raw.strip_prefix('/').ok_or(PathError::NotAbsolutePath)?;
+    let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
+    let (bucket, key) = (decode_once(bucket)?, decode_once(key)?);
+    Ok(match key.is_empty() {
+        true => format!("/{bucket}"),
+        false => format!("/{bucket}/{key}"),
+    })
+}
+
+/// `raw` percent-decoded once, as S3 decodes a path: `+` stays `+`, and the result must be
+/// UTF-8.
+pub fn decode_once(raw: &str) -> Result<String, PathError> {
+    if !raw.contains('%') {
+        return Ok(raw.to_owned());
+    }
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes.get(i + 1..i + 3).filter(|h| h.iter().all(u8::is_ascii_hexdigit));
+            let byte = hex
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or(PathError::BadPercentEncoding)?;
+            out.push(byte);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| PathError::Unparseable("percent-encoded bytes that are not UTF-8".into()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -92,5 +141,17 @@ mod tests {
             assert!(k.contains(part), "{k}");
         }
         assert_ne!(k, keying(&PathPolicy { case_sensitive: false, ..PathPolicy::default() }, &[]));
+    }
+
+    #[test]
+    fn an_object_key_is_its_path_decoded_once() {
+        assert_eq!(object_key("/b1/a//b").unwrap(), "/b1/a//b");
+        assert_eq!(object_key("/b1/a%2Fb").unwrap(), "/b1/a/b");
+        assert_eq!(object_key("/b1/%2541+x").unwrap(), "/b1/%41+x");
+        assert_eq!(object_key("/b1").unwrap(), "/b1");
+        assert_eq!(object_key("/b1/").unwrap(), "/b1");
+        assert_eq!(object_key("b1/k"), Err(PathError::NotAbsolutePath));
+        assert_eq!(object_key("/b1/%G1"), Err(PathError::BadPercentEncoding));
+        assert!(object_key("/b1/%FF").is_err());
     }
 }

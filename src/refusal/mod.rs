@@ -387,9 +387,25 @@ impl Refusal {
         self.respond(true)
     }
 
+    /// What the answer says, in words; with `withhold`, without the levels it would name.
+    pub fn message(&self, withhold: bool) -> String {
+        match (withhold, self.withheld_body()) {
+            (true, Some(body)) => body.get("message").and_then(Value::as_str).unwrap_or_default().to_owned(),
+            _ => self.to_string(),
+        }
+    }
+
     fn respond(&self, withhold: bool) -> Response<Full<Bytes>> {
-        let mut resp = json_response(self.status(), &self.body(withhold));
+        self.response_with(Bytes::from(self.body(withhold).to_string()), "application/json")
+    }
+
+    /// The answer with `body`, of `content_type`, written in a protocol's own form: the status,
+    /// `fencegate-error` and the other headers are the refusal's, whatever the form.
+    pub fn response_with(&self, body: Bytes, content_type: &'static str) -> Response<Full<Bytes>> {
+        let mut resp = Response::new(Full::new(body));
+        *resp.status_mut() = self.status();
         let headers = resp.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
         headers.insert(ERROR_HEADER, HeaderValue::from_static(self.code()));
         let retry = match self {
             Refusal::Fence(FenceError::Quarantined { retry_after, .. })

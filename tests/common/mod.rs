@@ -41,6 +41,7 @@ pub mod nginx;
 pub mod pki;
 pub mod process;
 pub mod raw;
+pub mod s3;
 pub mod services;
 pub mod signing;
 pub mod wait;

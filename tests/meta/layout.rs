@@ -35,6 +35,8 @@ const RULES: &[Rule] = &[
         module: "admin",
         may_use: &[
             "crate::admin",
+            // Which protocol names the keys an operator's path names: data.
+            "crate::config::BackendProtocol",
             "crate::etcd_client",
             "crate::state",
             "crate::fence",

@@ -7,19 +7,21 @@
 //! fence follow it).
 //!
 //! [`Http`] implements it for resources named by canonical path and WebDAV's `Destination`,
-//! with JSON refusals. The seam takes a protocol that names resources otherwise: an object
-//! store's would name them by bucket and key and forward the client's bytes unchanged (its
-//! [`Plan`]'s target the one sent, no headers set), and write its refusals in its own error
-//! format from the same [`Refusal`], whose status and code stay the one pinned mapping.
+//! with JSON refusals; [`S3`] for objects named by bucket and key, forwarding the client's
+//! bytes unchanged (its [`Plan`]'s target the one sent, no headers set) and writing refusals
+//! as S3's XML from the same [`Refusal`], whose status and code stay the one pinned mapping.
 
 pub mod http;
+pub mod s3;
 
 use bytes::Bytes;
 use http_body_util::Full;
 
 pub use self::http::Http;
+pub use self::s3::S3;
 use super::classify::{Head, Plan};
 use crate::config::{BackendConfig, BackendProtocol, Config};
+use crate::fence::keys;
 use crate::refusal::Refusal;
 
 /// How requests to one kind of backend name resources, and how refusals are written for its
@@ -44,12 +46,15 @@ pub trait Protocol: Send + Sync + std::fmt::Debug {
 pub enum Chosen {
     /// [`Http`].
     Http(Http),
+    /// [`S3`].
+    S3(S3),
 }
 
 impl Protocol for Chosen {
     fn name(&self) -> &'static str {
         match self {
             Chosen::Http(p) => p.name(),
+            Chosen::S3(p) => p.name(),
         }
     }
 
@@ -57,12 +62,14 @@ impl Protocol for Chosen {
     fn classify(&self, head: &Head<'_>, config: &Config) -> Result<Plan, Refusal> {
         match self {
             Chosen::Http(p) => p.classify(head, config),
+            Chosen::S3(p) => p.classify(head, config),
         }
     }
 
     fn refuse(&self, refusal: &Refusal, withhold: bool) -> ::http::Response<Full<Bytes>> {
         match self {
             Chosen::Http(p) => p.refuse(refusal, withhold),
+            Chosen::S3(p) => p.refuse(refusal, withhold),
         }
     }
 }
@@ -71,5 +78,15 @@ impl Protocol for Chosen {
 pub fn for_backend(backend: &BackendConfig) -> Chosen {
     match backend.protocol {
         BackendProtocol::Http => Chosen::Http(Http),
+        BackendProtocol::S3 => Chosen::S3(S3),
+    }
+}
+
+/// What a data directory records of how requests map to fence keys: if it changes, existing
+/// `max_seen` values would sit under keys no request maps to any more.
+pub fn keying(config: &Config) -> String {
+    match config.backend.protocol {
+        BackendProtocol::Http => keys::keying(&config.paths, &config.fence.scopes),
+        BackendProtocol::S3 => keys::object_keying(),
     }
 }

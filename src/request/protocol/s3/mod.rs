@@ -1,0 +1,89 @@
+//! S3-compatible object stores. A request names an object by bucket and key (path style, or
+//! virtual-host style under `s3.virtual_host_suffixes`), decoded as S3 decodes it
+//! ([`names`]); its operation, named by method, query and headers ([`operation`]), says what it
+//! may change: the object, or (for bucket writes, DeleteObjects and every operation fencegate
+//! does not know) the whole bucket. What is forwarded is the client's request unchanged, so
+//! its signature still holds: the target as sent, no header set. Refusals are S3's `<Error>`
+//! XML ([`error`]).
+
+mod error;
+pub mod names;
+pub mod operation;
+
+use bytes::Bytes;
+use http::Response;
+use http::header::{CONNECTION, HeaderName};
+use http_body_util::Full;
+
+use super::Protocol;
+use crate::config::Config;
+use crate::fence::EqualToken;
+use crate::refusal::Refusal;
+use crate::request::classify::{Coverage, Head, Named, Plan, Touch, check_fenced, check_limits, fenced_write};
+use names::Named as Target;
+use operation::Effect;
+
+/// S3-compatible object storage (module docs).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct S3;
+
+impl Protocol for S3 {
+    fn name(&self) -> &'static str {
+        "s3"
+    }
+
+    fn classify(&self, head: &Head<'_>, config: &Config) -> Result<Plan, Refusal> {
+        check_limits(head, &config.limits)?;
+        let target = names::named(head, &config.s3.virtual_host_suffixes)?;
+        let object = matches!(target, Target::Object { .. });
+        let effect = operation::effect(head.method, object, head.uri.query(), head.headers)?;
+        if effect == Effect::Read {
+            return Ok(Plan::Pass { target: head.target() });
+        }
+        check_connection(head, config)?;
+        let body_limit = check_fenced(head, &config.limits)?;
+        let touch = match (&target, effect) {
+            (Target::Object { bucket, key }, Effect::Object | Effect::Upload) => {
+                Touch { key: names::object_key(bucket, key), coverage: Coverage::Key }
+            }
+            (Target::Service, _) => Touch { key: "/".to_owned(), coverage: Coverage::Subtree },
+            (Target::Bucket(bucket) | Target::Object { bucket, .. }, _) => {
+                Touch { key: names::bucket_key(bucket), coverage: Coverage::Subtree }
+            }
+        };
+        // The client's bytes, unchanged: the signature covers the target and the headers.
+        let named = Named { touches: vec![touch], target: head.target(), set_headers: Vec::new(), body_limit };
+        let mut plan = fenced_write(head, config, named)?;
+        // A part, or the completion or abort of an upload, continues the write that its
+        // CreateMultipartUpload fenced with the same token: that token is not stale for it.
+        if let (Effect::Upload, Plan::Write(write)) = (effect, &mut plan) {
+            write.equal = EqualToken::Accept;
+        }
+        Ok(plan)
+    }
+
+    fn refuse(&self, refusal: &Refusal, withhold: bool) -> Response<Full<Bytes>> {
+        error::response(refusal, withhold)
+    }
+}
+
+/// Refuses a `Connection` header that names a header fencegate reads: hop-by-hop headers are
+/// dropped on the way to the backend, after the check that read them.
+fn check_connection(head: &Head<'_>, config: &Config) -> Result<(), Refusal> {
+    let read: [&HeaderName; 2] = [&config.fence.header, &config.verify.signature_header];
+    for value in head.headers.get_all(CONNECTION) {
+        let Ok(text) = value.to_str() else { continue };
+        for name in text.split(',').map(str::trim) {
+            if read.iter().any(|h| name.eq_ignore_ascii_case(h.as_str())) {
+                return Err(Refusal::InvalidHeader {
+                    name: CONNECTION.to_string(),
+                    reason: format!("names {name}, which fencegate reads: the header would be dropped after the check"),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

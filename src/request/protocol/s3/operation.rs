@@ -1,0 +1,85 @@
+//! Which S3 operation a request is, from its method, whether it names a bucket or an object,
+//! its query (S3 names most operations there: `?uploads`, `?uploadId=`, `?delete`,
+//! `?tagging`, …) and `x-amz-copy-source`; and so what it may change.
+
+use http::HeaderMap;
+use http::Method;
+use http::header::HeaderName;
+
+use crate::fence::keys::decode_once as decode;
+use crate::refusal::Refusal;
+
+/// The header that names a copy's source object.
+pub static COPY_SOURCE: HeaderName = HeaderName::from_static("x-amz-copy-source");
+
+/// What an operation may change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Effect {
+    /// Nothing: a read (GetObject, HeadObject, ListObjects, ListParts, SelectObjectContent…).
+    Read,
+    /// The object it names: PutObject, CopyObject, DeleteObject, object tagging, ACL,
+    /// retention, legal hold, RestoreObject.
+    Object,
+    /// The object it names, as a part of a multipart upload that its CreateMultipartUpload
+    /// fenced with the same token: UploadPart, UploadPartCopy, CompleteMultipartUpload,
+    /// AbortMultipartUpload.
+    Upload,
+    /// Any object in its bucket: bucket writes (CreateBucket, DeleteBucket, lifecycle,
+    /// replication, versioning, policy…), DeleteObjects, a browser form upload (whose key is in
+    /// the body), and every operation fencegate does not know.
+    Bucket,
+    /// Anything: a write that names no bucket.
+    Everything,
+}
+
+/// The query's parameter names, decoded, that S3 reads as naming an operation; the others
+/// (the signature of a presigned URL, `x-id`, `versionId`, a GET's `response-*` overrides,
+/// list parameters) only qualify it.
+fn subresources(query: Option<&str>) -> Result<Vec<String>, Refusal> {
+    let Some(query) = query else { return Ok(Vec::new()) };
+    let mut names = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let name = decode(pair.split('=').next().unwrap_or(pair))?;
+        let lower = name.to_ascii_lowercase();
+        let qualifier = lower.starts_with("x-amz-")
+            || lower.starts_with("response-")
+            || matches!(lower.as_str(), "x-id" | "versionid");
+        if !qualifier {
+            names.push(name);
+        }
+    }
+    Ok(names)
+}
+
+/// What a request with `method` and `query` to an object (`object`) or a bucket may change.
+pub fn effect(method: &Method, object: bool, query: Option<&str>, headers: &HeaderMap) -> Result<Effect, Refusal> {
+    // S3 writes nothing on these, whatever the query says.
+    if *method == Method::GET || *method == Method::HEAD || *method == Method::OPTIONS {
+        return Ok(Effect::Read);
+    }
+    let names = subresources(query)?;
+    let has = |name: &str| names.iter().any(|n| n == name);
+    let only = |allowed: &[&str]| names.iter().all(|n| allowed.contains(&n.as_str()));
+    if headers.get_all(&COPY_SOURCE).iter().count() > 1 {
+        return Err(Refusal::InvalidHeader { name: COPY_SOURCE.to_string(), reason: "sent more than once".into() });
+    }
+    let effect = match (method.as_str(), object) {
+        ("PUT", true) if names.is_empty() => Effect::Object,
+        ("PUT", true) if has("partNumber") && has("uploadId") && only(&["partNumber", "uploadId"]) => Effect::Upload,
+        ("PUT", true)
+            if names.len() == 1 && ["tagging", "acl", "retention", "legal-hold"].contains(&names[0].as_str()) =>
+        {
+            Effect::Object
+        }
+        ("POST", true) if has("uploads") && only(&["uploads"]) => Effect::Object,
+        ("POST", true) if has("uploadId") && only(&["uploadId"]) => Effect::Upload,
+        ("POST", true) if has("restore") && only(&["restore"]) => Effect::Object,
+        // SelectObjectContent reads the object and writes nothing.
+        ("POST", true) if has("select") && only(&["select", "select-type"]) => Effect::Read,
+        ("DELETE", true) if names.is_empty() => Effect::Object,
+        ("DELETE", true) if has("uploadId") && only(&["uploadId"]) => Effect::Upload,
+        ("DELETE", true) if names.len() == 1 && names[0] == "tagging" => Effect::Object,
+        _ => Effect::Bucket,
+    };
+    Ok(effect)
+}

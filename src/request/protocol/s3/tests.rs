@@ -1,0 +1,168 @@
+//! What S3 classification makes of requests: which object or bucket, read or write, the
+//! target forwarded unchanged, and refusals as S3's XML.
+
+use http::StatusCode;
+use http_body_util::BodyExt;
+
+use super::*;
+use crate::config::Config;
+use crate::request::protocol::http::tests::request;
+
+fn config(extra: &str) -> Config {
+    let text = format!(
+        "[backend]\nurl = \"http://127.0.0.1:9\"\nprotocol = \"s3\"\n[store]\ndir = \"/tmp/x\"\n\
+         [s3]\nvirtual_host_suffixes = [\"s3.example.com\"]\n{extra}"
+    );
+    Config::from_toml_str(&text).unwrap()
+}
+
+/// The plan of `method target` with `headers` and the token 7.
+fn plan(method: &str, target: &str, headers: &[(&str, &str)]) -> Result<Plan, Refusal> {
+    let mut all = vec![("fencing-token", "7")];
+    all.extend_from_slice(headers);
+    let req = request(method, target, &all, "");
+    S3.classify(&Head::of(&req), &config(""))
+}
+
+/// The one key a write touches and its coverage.
+fn touched(method: &str, target: &str, headers: &[(&str, &str)]) -> (String, Coverage) {
+    match plan(method, target, headers) {
+        Ok(Plan::Write(w)) => {
+            assert_eq!(w.touches.len(), 1, "{method} {target}");
+            assert_eq!(w.target.as_str(), target, "forwarded as sent");
+            assert!(w.set_headers.is_empty(), "nothing set on a signed request");
+            (w.touches[0].key.clone(), w.touches[0].coverage)
+        }
+        other => panic!("{method} {target}: {other:?}"),
+    }
+}
+
+fn object(key: &str) -> (String, Coverage) {
+    (key.to_owned(), Coverage::Key)
+}
+
+fn bucket(key: &str) -> (String, Coverage) {
+    (key.to_owned(), Coverage::Subtree)
+}
+
+#[test]
+fn keys_are_decoded_once_and_nothing_else() {
+    assert_eq!(touched("PUT", "/bk1/a/b", &[]), object("/bk1/a/b"));
+    assert_eq!(touched("PUT", "/bk1/a%2Fb", &[]), object("/bk1/a/b"), "S3 reads %2F as /");
+    assert_eq!(touched("PUT", "/bk1/a//b", &[]), object("/bk1/a//b"), "no slash merged");
+    assert_eq!(touched("PUT", "/bk1/a/./b", &[]), object("/bk1/a/./b"), "no dot segment resolved");
+    assert_eq!(touched("PUT", "/bk1/a/../b", &[]), object("/bk1/a/../b"));
+    assert_eq!(touched("PUT", "/bk1/a+b", &[]), object("/bk1/a+b"), "+ is literal in a path");
+    assert_eq!(touched("PUT", "/bk1/%2541", &[]), object("/bk1/%41"), "decoded once");
+    assert_eq!(touched("PUT", "/bk1/caf%C3%A9", &[]), object("/bk1/café"));
+    assert!(plan("PUT", "/bk1/%C3", &[]).is_err(), "not UTF-8");
+    assert!(plan("PUT", "/bk1/%zz", &[]).is_err(), "malformed");
+}
+
+#[test]
+fn path_and_virtual_host_style_name_one_key() {
+    let host = |h: &'static str| [("host", h)];
+    assert_eq!(touched("PUT", "/a/b", &host("bk1.s3.example.com")), object("/bk1/a/b"));
+    assert_eq!(touched("PUT", "/a/b", &host("BK1.S3.Example.com:9000")), object("/bk1/a/b"));
+    assert_eq!(touched("PUT", "/bk1/a/b", &host("s3.example.com")), object("/bk1/a/b"), "path style at the suffix");
+    assert_eq!(touched("PUT", "/bk1/a/b", &host("127.0.0.1:9000")), object("/bk1/a/b"));
+    assert_eq!(touched("PUT", "/bk2/k", &host("bk1.s3.example.com")), object("/bk1/bk2/k"), "the host's bucket wins");
+    assert_eq!(touched("PUT", "/", &host("my.bk1.s3.example.com")), bucket("/my.bk1"), "a bucket with dots");
+    let two = request("PUT", "/k", &[("fencing-token", "7"), ("host", "bk1.s3.example.com"), ("host", "x")], "");
+    assert!(S3.classify(&Head::of(&two), &config("")).is_err(), "two hosts");
+}
+
+#[test]
+fn bucket_names_s3_refuses_are_refused() {
+    for target in ["/B1/k", "/b_1/k", "/ab/k", "/b%31x/k"] {
+        let got = plan("PUT", target, &[]);
+        assert!(matches!(got, Err(Refusal::BadRequest(_))) || target == "/b%31x/k", "{target}: {got:?}");
+    }
+    assert_eq!(touched("PUT", "/b%31x/k", &[]), object("/b1x/k"), "the bucket decodes too");
+}
+
+#[test]
+fn operations_fence_their_object_or_their_bucket() {
+    let copy = [("x-amz-copy-source", "/other/src")];
+    assert_eq!(touched("PUT", "/bk1/k", &copy), object("/bk1/k"), "CopyObject fences the destination only");
+    assert_eq!(touched("PUT", "/bk1/k?x-id=PutObject", &[]), object("/bk1/k"));
+    assert_eq!(touched("DELETE", "/bk1/k", &[]), object("/bk1/k"));
+    assert_eq!(touched("DELETE", "/bk1/k?versionId=3", &[]), object("/bk1/k"));
+    assert_eq!(touched("PUT", "/bk1/k?tagging", &[]), object("/bk1/k"));
+    assert_eq!(touched("DELETE", "/bk1/k?tagging", &[]), object("/bk1/k"));
+    assert_eq!(touched("PUT", "/bk1/k?acl", &[]), object("/bk1/k"));
+    assert_eq!(touched("PUT", "/bk1/k?retention", &[]), object("/bk1/k"));
+    assert_eq!(touched("PUT", "/bk1/k?legal-hold", &[]), object("/bk1/k"));
+    assert_eq!(touched("POST", "/bk1/k?restore", &[]), object("/bk1/k"));
+    assert_eq!(touched("POST", "/bk1/k?uploads", &[]), object("/bk1/k"));
+    assert_eq!(touched("PUT", "/bk1/k?partNumber=1&uploadId=u", &[]), object("/bk1/k"));
+    assert_eq!(touched("PUT", "/bk1/k?partNumber=1&uploadId=u", &copy), object("/bk1/k"));
+    assert_eq!(touched("POST", "/bk1/k?uploadId=u", &[]), object("/bk1/k"));
+    assert_eq!(touched("DELETE", "/bk1/k?uploadId=u", &[]), object("/bk1/k"));
+    // Over the bucket: its own writes, DeleteObjects, form uploads, and the unknown.
+    assert_eq!(touched("POST", "/bk1?delete", &[]), bucket("/bk1"));
+    assert_eq!(touched("POST", "/bk1/", &[]), bucket("/bk1"));
+    assert_eq!(touched("PUT", "/bk1", &[]), bucket("/bk1"));
+    assert_eq!(touched("DELETE", "/bk1", &[]), bucket("/bk1"));
+    for q in ["lifecycle", "replication", "versioning", "policy", "acl", "tagging", "object-lock"] {
+        assert_eq!(touched("PUT", &format!("/bk1?{q}"), &[]), bucket("/bk1"), "{q}");
+    }
+    assert_eq!(touched("PUT", "/bk1/k?newthing", &[]), bucket("/bk1"), "unknown: the whole bucket");
+    assert_eq!(touched("PUT", "/bk1/k?tagging&acl", &[]), bucket("/bk1"));
+    assert_eq!(touched("PATCH", "/bk1/k", &[]), bucket("/bk1"));
+    assert_eq!(touched("POST", "/bk1/k?%75ploads&x", &[]), bucket("/bk1"), "names decode before they are known");
+    assert_eq!(touched("POST", "/", &[]), bucket("/"), "no bucket: everything");
+}
+
+#[test]
+fn parts_and_completions_accept_the_token_that_created_the_upload() {
+    let equal = |method, target| match plan(method, target, &[]) {
+        Ok(Plan::Write(w)) => w.equal,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(equal("PUT", "/bk1/k?partNumber=1&uploadId=u"), EqualToken::Accept);
+    assert_eq!(equal("POST", "/bk1/k?uploadId=u"), EqualToken::Accept);
+    assert_eq!(equal("PUT", "/bk1/k"), EqualToken::Reject);
+    assert_eq!(equal("POST", "/bk1/k?uploads"), EqualToken::Reject);
+}
+
+#[test]
+fn reads_pass_as_sent() {
+    for (method, target) in [
+        ("GET", "/bk1/k"),
+        ("HEAD", "/bk1/k"),
+        ("GET", "/bk1?list-type=2&prefix=a%2F"),
+        ("GET", "/"),
+        ("GET", "/bk1/k?uploadId=u"),
+        ("OPTIONS", "/bk1/k"),
+        ("POST", "/bk1/k?select&select-type=2"),
+    ] {
+        let req = request(method, target, &[], "");
+        match S3.classify(&Head::of(&req), &config("")) {
+            Ok(Plan::Pass { target: sent }) => assert_eq!(sent.as_str(), target),
+            other => panic!("{method} {target}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_write_without_a_token_is_refused() {
+    let req = request("PUT", "/bk1/k", &[], "");
+    assert!(matches!(S3.classify(&Head::of(&req), &config("")), Err(Refusal::MissingToken { .. })));
+}
+
+#[tokio::test]
+async fn refusals_are_s3_error_documents() {
+    let req = request("PUT", "/bk1/k", &[], "");
+    let refusal = S3.classify(&Head::of(&req), &config("")).unwrap_err();
+    let resp = S3.refuse(&refusal, false);
+    assert_eq!(resp.status(), StatusCode::PRECONDITION_REQUIRED);
+    assert_eq!(resp.headers()["content-type"], "application/xml");
+    assert_eq!(resp.headers()["fencegate-error"], "missing_token");
+    assert!(resp.headers().contains_key("x-amz-request-id"));
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    let text = std::str::from_utf8(&body).unwrap();
+    assert!(text.starts_with("<?xml"), "{text}");
+    assert!(text.contains("<Code>MissingToken</Code>"), "{text}");
+    assert!(text.contains("<Message>this method is fenced"), "{text}");
+}

@@ -1,0 +1,176 @@
+"""boto3 through fencegate, as an S3 user would drive it: each scenario is one trace of lock
+holders writing, judged by what the S3 server holds afterwards (read from the server
+directly). Run by tests/proxy/s3.rs; exits non-zero with the failed assertion.
+
+    client.py setup MOTO_URL                      -> prints "ACCESS_KEY SECRET"
+    client.py SCENARIO FENCEGATE_URL MOTO_URL ACCESS_KEY SECRET
+"""
+
+import io
+import json
+import sys
+
+import boto3
+import botocore
+from boto3.s3.transfer import TransferConfig
+from botocore.config import Config
+
+TOKEN_HEADER = "Fencing-Token"
+
+
+def setup(moto):
+    """An IAM user allowed everything, made in the server's unauthenticated first actions."""
+    iam = boto3.client("iam", endpoint_url=moto, region_name="us-east-1",
+                       aws_access_key_id="setup", aws_secret_access_key="setup")
+    iam.create_user(UserName="fencegate")
+    policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
+    iam.put_user_policy(UserName="fencegate", PolicyName="all", PolicyDocument=json.dumps(policy))
+    key = iam.create_access_key(UserName="fencegate")["AccessKey"]
+    print(key["AccessKeyId"], key["SecretAccessKey"])
+
+
+class World:
+    def __init__(self, fencegate, moto, access_key, secret):
+        self.fencegate, self.moto = fencegate, moto
+        self.access_key, self.secret = access_key, secret
+        self.sent = []
+
+    def client(self, token=None, endpoint=None, secret=None):
+        """An S3 client that sends `token` on every request, signed with the rest, as a user
+        adds it: a handler on the SDK's before-sign event. No retries: each call is one
+        request, so a refusal is seen as sent."""
+        client = boto3.client(
+            "s3", endpoint_url=endpoint or self.fencegate, region_name="us-east-1",
+            aws_access_key_id=self.access_key, aws_secret_access_key=secret or self.secret,
+            config=Config(retries={"max_attempts": 1, "mode": "standard"}, s3={"addressing_style": "path"}))
+
+        def add_token(request, **_):
+            if token is not None:
+                request.headers[TOKEN_HEADER] = str(token)
+            self.sent.append((request.method, request.url))
+
+        client.meta.events.register("before-sign.s3.*", add_token)
+        return client
+
+    def direct(self):
+        """The S3 server itself, around fencegate: what it holds."""
+        return self.client(endpoint=self.moto)
+
+    def body(self, bucket, key):
+        try:
+            return self.direct().get_object(Bucket=bucket, Key=key)["Body"].read()
+        except botocore.exceptions.ClientError as e:
+            if e.response["Error"]["Code"] == "NoSuchKey":
+                return None
+            raise
+
+    def keys(self, bucket):
+        listed = self.direct().list_objects_v2(Bucket=bucket)
+        return sorted(o["Key"] for o in listed.get("Contents", []))
+
+
+def refused(call):
+    """The S3 error code and status of a call that must fail."""
+    try:
+        call()
+    except botocore.exceptions.ClientError as e:
+        return e.response["Error"]["Code"], e.response["ResponseMetadata"]["HTTPStatusCode"]
+    raise AssertionError("the call succeeded")
+
+
+def check(got, want, what):
+    if got != want:
+        raise AssertionError(f"{what}: got {got!r}, want {want!r}")
+
+
+def zombie(w):
+    """The seed trace: holder 34 writes, the paused holder 33 wakes and writes; the SDK reads
+    fencegate's refusal as an S3 error with its own code, and does not retry a 409."""
+    w.client(1).create_bucket(Bucket="locks")
+    w.client(34).put_object(Bucket="locks", Key="data", Body=b"from 34")
+    sent = len(w.sent)
+    check(refused(lambda: w.client(33).put_object(Bucket="locks", Key="data", Body=b"from 33")),
+          ("StaleToken", 409), "the zombie's write")
+    check(len(w.sent) - sent, 1, "requests the SDK sent for one refused write")
+    check(w.body("locks", "data"), b"from 34", "the object")
+    check(refused(lambda: w.client(None).put_object(Bucket="locks", Key="data", Body=b"none")),
+          ("MissingToken", 428), "a write without a token")
+
+
+def signatures(w):
+    """Keys that a path normaliser would rewrite reach the server as signed, and name
+    distinct objects: fencegate forwards the client's bytes and keys them as S3 does."""
+    w.client(1).create_bucket(Bucket="sig")
+    # Keys moto itself signs and checks right when sent to it directly: it verifies keys with
+    # spaces, %, non-ASCII or sub-delimiters against its own decoded path and refuses them.
+    odd = ["a//b", "a/./b", "a/../b", "a/b", "q?uery#frag", "d/"]
+    for i, key in enumerate(odd):
+        w.client(10 + i).put_object(Bucket="sig", Key=key, Body=key.encode())
+    check(w.keys("sig"), sorted(odd), "the server's keys")
+    for key in odd:
+        check(w.body("sig", key), key.encode(), key)
+    # Distinct keys, distinct fences: token 5 is stale for none of them but a//b's own rewrite.
+    check(refused(lambda: w.client(9).put_object(Bucket="sig", Key="a//b", Body=b"old")),
+          ("StaleToken", 409), "a//b's fence")
+    w.client(30).put_object(Bucket="sig", Key="a/b", Body=b"30")
+    check(refused(lambda: w.client(29).put_object(Bucket="sig", Key="a/b", Body=b"29")),
+          ("StaleToken", 409), "a/b's fence")
+    w.client(29).put_object(Bucket="sig", Key="a//b", Body=b"29 on a//b")
+    # The server checks signatures: a wrong secret is refused by it, through fencegate.
+    check(refused(lambda: w.client(50, secret="wrong").put_object(Bucket="sig", Key="x", Body=b"x")),
+          ("SignatureDoesNotMatch", 403), "a bad signature")
+
+
+def multipart(w):
+    """A multipart upload is one write: a holder overtaken mid-upload cannot complete it."""
+    w.client(1).create_bucket(Bucket="mpu")
+    big = TransferConfig(multipart_threshold=5 << 20, multipart_chunksize=5 << 20)
+    w.client(40).upload_fileobj(io.BytesIO(b"4" * (6 << 20)), "mpu", "whole", Config=big)
+    check(len(w.body("mpu", "whole")), 6 << 20, "a whole upload")
+    old = w.client(41)
+    upload = old.create_multipart_upload(Bucket="mpu", Key="k")["UploadId"]
+    part = old.upload_part(Bucket="mpu", Key="k", UploadId=upload, PartNumber=1, Body=b"old part")
+    w.client(42).put_object(Bucket="mpu", Key="k", Body=b"from 42")
+    parts = {"Parts": [{"ETag": part["ETag"], "PartNumber": 1}]}
+    check(refused(lambda: old.upload_part(Bucket="mpu", Key="k", UploadId=upload, PartNumber=2, Body=b"more")),
+          ("StaleToken", 409), "a part after the key moved on")
+    check(refused(lambda: old.complete_multipart_upload(Bucket="mpu", Key="k", UploadId=upload,
+                                                        MultipartUpload=parts)),
+          ("StaleToken", 409), "the overtaken completion")
+    check(w.body("mpu", "k"), b"from 42", "the object")
+
+
+def copies(w):
+    """A copy fences its destination, never its source: a low token may copy from a fenced
+    object, and a stale one may not copy onto one."""
+    w.client(1).create_bucket(Bucket="cpy")
+    w.client(60).put_object(Bucket="cpy", Key="src", Body=b"source")
+    w.client(5).copy_object(Bucket="cpy", Key="mine", CopySource={"Bucket": "cpy", "Key": "src"})
+    check(w.body("cpy", "mine"), b"source", "a copy from a fenced object")
+    w.client(70).put_object(Bucket="cpy", Key="dst", Body=b"70")
+    check(refused(lambda: w.client(61).copy_object(Bucket="cpy", Key="dst", CopySource={"Bucket": "cpy", "Key": "src"})),
+          ("StaleToken", 409), "a stale copy")
+    check(w.body("cpy", "dst"), b"70", "the destination")
+
+
+def batch_delete(w):
+    """DeleteObjects changes objects it names in its body: a stale one deletes nothing."""
+    w.client(1).create_bucket(Bucket="del")
+    w.client(80).put_object(Bucket="del", Key="a", Body=b"a")
+    w.client(81).put_object(Bucket="del", Key="b", Body=b"b")
+    objects = {"Objects": [{"Key": "a"}, {"Key": "b"}]}
+    check(refused(lambda: w.client(80).delete_objects(Bucket="del", Delete=objects)), ("StaleToken", 409),
+          "a batch with a stale key")
+    check(w.keys("del"), ["a", "b"], "the bucket after a stale batch")
+    w.client(90).delete_objects(Bucket="del", Delete=objects)
+    check(w.keys("del"), [], "the bucket after a fresh batch")
+
+
+SCENARIOS = {f.__name__: f for f in [zombie, signatures, multipart, copies, batch_delete]}
+
+if __name__ == "__main__":
+    if sys.argv[1] == "setup":
+        setup(sys.argv[2])
+    else:
+        SCENARIOS[sys.argv[1]](World(*sys.argv[2:6]))
+        print("ok")
