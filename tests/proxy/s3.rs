@@ -6,7 +6,7 @@ use crate::common::s3::{S3Proxy, scenario, start_moto};
 /// Starts moto and fencegate in front of it, and runs the scenario `name`.
 async fn run(name: &str) {
     let Some(moto) = start_moto().await else { return };
-    let proxy = S3Proxy::start(&moto.url, "").await;
+    let proxy = S3Proxy::start(&moto.url, "[s3]\nvirtual_host_suffixes = [\"s3.test\"]").await;
     scenario(name, &proxy, &moto).await;
 }
 
@@ -33,4 +33,9 @@ async fn a_copy_fences_its_destination_and_reads_its_source() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_delete_with_one_stale_key_deletes_nothing() {
     run("batch_delete").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn path_and_virtual_host_style_share_one_fence() {
+    run("styles").await;
 }

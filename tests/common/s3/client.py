@@ -8,7 +8,9 @@ directly). Run by tests/proxy/s3.rs; exits non-zero with the failed assertion.
 
 import io
 import json
+import socket
 import sys
+from urllib.parse import urlparse
 
 import boto3
 import botocore
@@ -16,6 +18,19 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 
 TOKEN_HEADER = "Fencing-Token"
+# Virtual-host style names the bucket in the host: bk1.s3.test. Names under .test resolve to
+# loopback here, so no DNS is needed; fencegate is configured with the suffix s3.test.
+VIRTUAL_SUFFIX = "s3.test"
+_resolve = socket.getaddrinfo
+
+
+def _loopback_for_test_names(host, *args, **kwargs):
+    if isinstance(host, str) and host.endswith(".test"):
+        host = "127.0.0.1"
+    return _resolve(host, *args, **kwargs)
+
+
+socket.getaddrinfo = _loopback_for_test_names
 
 
 def setup(moto):
@@ -35,14 +50,18 @@ class World:
         self.access_key, self.secret = access_key, secret
         self.sent = []
 
-    def client(self, token=None, endpoint=None, secret=None):
+    def client(self, token=None, endpoint=None, secret=None, style="path"):
         """An S3 client that sends `token` on every request, signed with the rest, as a user
         adds it: a handler on the SDK's before-sign event. No retries: each call is one
-        request, so a refusal is seen as sent."""
+        request, so a refusal is seen as sent. With `style="virtual"`, the bucket is in the
+        host (bk1.s3.test:PORT, resolved to fencegate)."""
+        endpoint = endpoint or self.fencegate
+        if style == "virtual":
+            endpoint = f"http://{VIRTUAL_SUFFIX}:{urlparse(endpoint).port}"
         client = boto3.client(
-            "s3", endpoint_url=endpoint or self.fencegate, region_name="us-east-1",
+            "s3", endpoint_url=endpoint, region_name="us-east-1",
             aws_access_key_id=self.access_key, aws_secret_access_key=secret or self.secret,
-            config=Config(retries={"max_attempts": 1, "mode": "standard"}, s3={"addressing_style": "path"}))
+            config=Config(retries={"max_attempts": 1, "mode": "standard"}, s3={"addressing_style": style}))
 
         def add_token(request, **_):
             if token is not None:
@@ -166,7 +185,21 @@ def batch_delete(w):
     check(w.keys("del"), [], "the bucket after a fresh batch")
 
 
-SCENARIOS = {f.__name__: f for f in [zombie, signatures, multipart, copies, batch_delete]}
+def styles(w):
+    """Path style and virtual-host style name one object, and share its fence."""
+    w.client(1).create_bucket(Bucket="styles")
+    w.client(50).put_object(Bucket="styles", Key="k", Body=b"50 by path")
+    virtual = lambda token: w.client(token, style="virtual")
+    check(refused(lambda: virtual(49).put_object(Bucket="styles", Key="k", Body=b"49")), ("StaleToken", 409),
+          "a stale write by virtual host")
+    virtual(51).put_object(Bucket="styles", Key="k", Body=b"51 by host")
+    check(refused(lambda: w.client(51).put_object(Bucket="styles", Key="k", Body=b"51")), ("StaleToken", 409),
+          "an equal write by path")
+    check(w.body("styles", "k"), b"51 by host", "the object")
+    check(virtual(None).get_object(Bucket="styles", Key="k")["Body"].read(), b"51 by host", "a read by host")
+
+
+SCENARIOS = {f.__name__: f for f in [zombie, signatures, multipart, copies, batch_delete, styles]}
 
 if __name__ == "__main__":
     if sys.argv[1] == "setup":
