@@ -17,6 +17,7 @@ pub use crate::store::{SyncMode, WriterScheduling};
 
 mod environment;
 mod etcd;
+mod headers;
 mod raw;
 pub mod reload;
 mod store;
@@ -25,6 +26,7 @@ mod verify;
 
 pub use environment::Environment;
 pub use etcd::{EtcdConfig, EtcdTls};
+pub use headers::{Forwarding, HeaderRules, HeadersConfig};
 pub use verify::{HmacKey, Verify, VerifyConfig};
 
 use raw::RawConfig;
@@ -97,6 +99,8 @@ pub struct Config {
     pub etcd: EtcdConfig,
     /// How S3 requests name buckets (`backend.protocol = "s3"`).
     pub s3: S3Config,
+    /// What is added to and taken from forwarded headers.
+    pub headers: HeadersConfig,
 }
 
 /// `[s3]`

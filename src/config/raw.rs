@@ -30,6 +30,8 @@ pub(super) struct RawConfig {
     pub(super) etcd: RawEtcd,
     #[serde(default)]
     pub(super) s3: RawS3,
+    #[serde(default)]
+    pub(super) headers: super::headers::RawHeaders,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]

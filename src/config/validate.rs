@@ -129,7 +129,8 @@ pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
         ));
     }
     let s3 = s3(raw.s3, backend.protocol, &fence)?;
-    Ok(Config { server, backend, fence, verify, store, log, paths, limits, admin, etcd, s3 })
+    let headers = super::headers::headers(raw.headers, &[&fence.header, &verify.signature_header])?;
+    Ok(Config { server, backend, fence, verify, store, log, paths, limits, admin, etcd, s3, headers })
 }
 
 const EQUAL_TOKEN: [(&str, EqualToken); 2] = [("reject", EqualToken::Reject), ("accept", EqualToken::Accept)];

@@ -17,7 +17,7 @@ use tokio_rustls::TlsAcceptor;
 use crate::config::{Config, VerifyConfig};
 use crate::fence::signature::HmacKeys;
 use crate::tls;
-use crate::upstream::Upstream;
+use crate::upstream::{HeaderPolicy, Upstream};
 
 /// Why settings could not be built from a config.
 #[derive(Debug, thiserror::Error)]
@@ -44,9 +44,10 @@ impl Settings {
     /// Builds the backend client, TLS acceptor and HTTP settings; reads certificate files anew.
     /// The backend client of `previous` is kept, with its pool, if nothing about it changed.
     pub(crate) fn build(config: Config, bytes_in: Counter, previous: Option<&Settings>) -> Result<Self, SettingsError> {
+        let policy = HeaderPolicy::new(&config.headers, config.server.tls.is_some(), &config.backend.url);
         let upstream = match previous {
-            Some(p) if !reads_files(&config) && p.config.backend == config.backend => p.upstream.clone(),
-            _ => Upstream::new(&config.backend, bytes_in, previous.map(|p| &p.upstream))
+            Some(p) if !reads_files(&config) && p.config.backend == config.backend => p.upstream.with_policy(policy),
+            _ => Upstream::new(&config.backend, policy, bytes_in, previous.map(|p| &p.upstream))
                 .map_err(SettingsError::Backend)?,
         };
         let acceptor = match &config.server.tls {

@@ -85,6 +85,11 @@ impl Peer {
         self.addr
     }
 
+    /// The peer's IP address as a header value (`unknown` for a Unix socket's peer).
+    pub fn ip_value(&self) -> &HeaderValue {
+        &self.ip
+    }
+
     /// The peer's IP address, if it came over TCP.
     pub fn ip(&self) -> Option<IpAddr> {
         match self.addr {

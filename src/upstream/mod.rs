@@ -20,15 +20,18 @@ use rustls_pki_types::ServerName;
 
 mod checkout;
 mod dial;
+mod forwarded;
 mod gated;
 mod headers;
 pub(crate) mod leader;
+mod location;
 mod pool;
 mod sent;
 
 use crate::config::BackendConfig;
 use crate::store::Permit;
 use checkout::Checkout;
+pub(crate) use forwarded::HeaderPolicy;
 use gated::Gated;
 pub use headers::{Peer, PeerAddr, append_forwarded_for, strip_hop_by_hop};
 use pool::{Bounds, Pool, SendError};
@@ -107,6 +110,8 @@ pub struct Upstream {
     host: HeaderValue,
     timeout: Duration,
     bytes_in: prometheus_client::metrics::counter::Counter,
+    /// What is added to and taken from the headers on the way (`[headers]`).
+    policy: Arc<HeaderPolicy>,
 }
 
 impl Upstream {
@@ -114,8 +119,9 @@ impl Upstream {
     /// says which setting cannot be used. With `previous` (a reload), the new connections and
     /// the previous upstream's count against one `backend.max_connections`; once the new one is
     /// in force, [`Upstream::retire_for`] closes the previous one's.
-    pub fn new(
+    pub(crate) fn new(
         backend: &BackendConfig,
+        policy: HeaderPolicy,
         bytes_in: prometheus_client::metrics::counter::Counter,
         previous: Option<&Upstream>,
     ) -> Result<Self, String> {
@@ -137,7 +143,13 @@ impl Upstream {
         };
         let pool = Pool::new(host, port, tls, backend.connect_timeout, bounds, previous.map(|p| &*p.pool));
         let host = HeaderValue::from_str(authority.as_str()).map_err(|e| e.to_string())?;
-        Ok(Upstream { pool, host, timeout: backend.request_timeout, bytes_in })
+        Ok(Upstream { pool, host, timeout: backend.request_timeout, bytes_in, policy: Arc::new(policy) })
+    }
+
+    /// This upstream, with its connections, under another header policy (a reload that
+    /// changed `[headers]` alone).
+    pub(crate) fn with_policy(&self, policy: HeaderPolicy) -> Upstream {
+        Upstream { policy: Arc::new(policy), ..self.clone() }
     }
 
     /// Closes this upstream's connections, idle ones now and the others when their requests
@@ -223,12 +235,18 @@ impl Upstream {
         let headers = req.headers_mut();
         // First: `Connection: host` must not take away the Host set next.
         strip_hop_by_hop(headers);
-        if let Some(host) = original.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()) {
+        let authority = original.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok());
+        // The host the client named, to which the backend's redirects are rewritten.
+        let client_host = match self.policy.rewrites() {
+            true => authority.clone().or_else(|| headers.get(header::HOST).cloned()),
+            false => None,
+        };
+        if let Some(host) = authority {
             headers.insert(header::HOST, host);
         } else if !headers.contains_key(header::HOST) {
             headers.insert(header::HOST, self.host.clone());
         }
-        append_forwarded_for(headers, client);
+        self.policy.on_request(headers, client);
         *req.version_mut() = Version::HTTP_11;
 
         let resp = match tokio::time::timeout_at(deadline, self.pool.send(conn.0, req)).await {
@@ -239,7 +257,7 @@ impl Upstream {
         if let Some(ended) = ended {
             let failed = match tokio::time::timeout_at(deadline, ended).await {
                 Err(_) => UpstreamError::Timeout(self.timeout),
-                Ok(Ok(Ended::Whole)) => return Ok(relay(resp)),
+                Ok(Ok(Ended::Whole)) => return Ok(self.relay(resp, client_host.as_ref())),
                 Ok(Ok(Ended::Failed { too_large: true })) => {
                     UpstreamError::BodyTooLarge { limit: body_limit.unwrap_or_default() }
                 }
@@ -252,7 +270,20 @@ impl Upstream {
             resp.into_body().discard();
             return Err(failed);
         }
-        Ok(relay(resp))
+        Ok(self.relay(resp, client_host.as_ref()))
+    }
+
+    /// The backend's response as the client gets it: hop-by-hop headers dropped, then
+    /// `[headers]` (redirects rewritten for the client that named `client_host`, the rules).
+    fn relay(
+        &self,
+        resp: Response<checkout::Relayed<ClientBody>>,
+        client_host: Option<&HeaderValue>,
+    ) -> Response<ResponseBody> {
+        let (mut parts, body) = resp.into_parts();
+        strip_hop_by_hop(&mut parts.headers);
+        self.policy.on_response(&mut parts.headers, client_host);
+        Response::from_parts(parts, body.boxed())
     }
 }
 
@@ -269,12 +300,6 @@ fn failure(e: SendError, body_limit: Option<u64>) -> UpstreamError {
 }
 
 /// The response as relayed to the client: without hop-by-hop headers.
-fn relay(resp: Response<checkout::Relayed<ClientBody>>) -> Response<ResponseBody> {
-    let (mut parts, body) = resp.into_parts();
-    strip_hop_by_hop(&mut parts.headers);
-    Response::from_parts(parts, body.boxed())
-}
-
 /// Host and port a backend URL connects to: the scheme's port when none is written, and an
 /// IPv6 literal without its brackets (`Uri` keeps them; a socket address and a TLS name do not).
 pub(crate) fn backend_addr(url: &Uri) -> (String, u16) {

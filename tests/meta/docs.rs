@@ -199,7 +199,8 @@ fn toml_header(line: &str) -> Option<&str> {
         .strip_prefix("[[")
         .and_then(|l| l.strip_suffix("]]"))
         .or_else(|| line.strip_prefix('[').and_then(|l| l.strip_suffix(']')).filter(|n| !n.starts_with('[')))?;
-    (!name.is_empty() && name.chars().all(|c| c.is_ascii_lowercase() || c == '_' || c == '.')).then_some(line)
+    (!name.is_empty() && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '.'))
+        .then_some(line)
 }
 
 /// The key of a `key = value` line, if it is one: a bare key at the start, lower-case letters,

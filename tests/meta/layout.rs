@@ -28,7 +28,16 @@ const RULES: &[Rule] = &[
     Rule {
         module: "upstream",
         // The store's permit to send a write: whether the write may still go, not its token.
-        may_use: &["crate::upstream", "crate::config::BackendConfig", "crate::store::Permit", "crate::tls"],
+        may_use: &[
+            "crate::upstream",
+            "crate::config::BackendConfig",
+            // `[headers]`: data, made into the upstream's header policy.
+            "crate::config::Forwarding",
+            "crate::config::HeaderRules",
+            "crate::config::HeadersConfig",
+            "crate::store::Permit",
+            "crate::tls",
+        ],
         no_crates: &[],
     },
     Rule {

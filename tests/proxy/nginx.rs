@@ -117,3 +117,24 @@ async fn every_spelling_nginx_resolves_to_a_file_is_refused_or_fenced_as_that_fi
     eprintln!("{fenced} spellings fenced as the file nginx writes ({} files), {refused} refused", keys_of_file.len());
     assert!(fenced >= 18 && refused >= 5, "{fenced} fenced, {refused} refused");
 }
+
+/// nginx answers a WebDAV PUT that creates a file with an absolute `Location` naming itself;
+/// relayed unchanged, it would send the client to the backend around the fence.
+#[tokio::test]
+async fn the_backends_redirects_name_fencegate_not_the_backend() {
+    let Some(nginx) = start_nginx().await else { return };
+    let backend = format!("http://{}", nginx.addr);
+    let h = Harness::start_with(|c| c.backend.url = backend.parse().unwrap()).await;
+    let created = h.put("/loc/a", 1, "a").await;
+    assert_eq!(created.status, 201, "{created:?}");
+    let location = created.headers.get("location").expect("nginx names what it created");
+    assert_eq!(location, &format!("http://{}/loc/a", h.addr), "rewritten to the address the client used");
+
+    let kept = Harness::start_with(|c| {
+        c.backend.url = backend.parse().unwrap();
+        c.headers.rewrite_location = false;
+    })
+    .await;
+    let created = kept.put("/loc/b", 1, "b").await;
+    assert_eq!(created.headers.get("location").unwrap(), &format!("{backend}/loc/b"), "rewrite_location = false");
+}

@@ -114,3 +114,51 @@ async fn a_connection_header_naming_host_does_not_drop_host() {
     assert_eq!(r.status, 404);
     assert_eq!(h.backend.requests()[0].headers["host"], "example.test");
 }
+
+/// What a client claims in forwarded headers reaches the backend only from a trusted proxy;
+/// anyone else's claims are replaced with what fencegate saw.
+#[tokio::test]
+async fn forwarded_headers_are_believed_from_trusted_proxies_only() {
+    let forged = "PUT /doc HTTP/1.1\r\nHost: app.example\r\nFencing-Token: 3\r\nX-Forwarded-For: 6.6.6.6\r\n\
+                  X-Forwarded-Proto: https\r\nForwarded: for=6.6.6.6";
+    let untrusted = Harness::start_with(|c| c.headers.forwarded = fencegate::config::Forwarding::Append).await;
+    assert_eq!(untrusted.raw(forged, "x").await.status, 200);
+    let got = &untrusted.backend.applied()[0].headers;
+    assert_eq!(got["x-forwarded-for"], "127.0.0.1", "the client's own claim is dropped");
+    assert_eq!(got["x-forwarded-proto"], "http");
+    assert_eq!(got["forwarded"], "for=127.0.0.1;proto=http;host=app.example");
+
+    let trusted = Harness::start_with(|c| {
+        c.headers.forwarded = fencegate::config::Forwarding::Append;
+        c.headers.trusted_proxies = vec!["127.0.0.0/8".parse().unwrap()];
+    })
+    .await;
+    assert_eq!(trusted.raw(forged, "x").await.status, 200);
+    let got = &trusted.backend.applied()[0].headers;
+    assert_eq!(got["x-forwarded-for"], "6.6.6.6, 127.0.0.1", "a trusted proxy's chain is appended to");
+    assert_eq!(got["x-forwarded-proto"], "https", "and its scheme kept");
+    assert_eq!(got["forwarded"], "for=6.6.6.6, for=127.0.0.1;proto=http;host=app.example");
+}
+
+/// `[headers.request]` and `[headers.response]` rules, changed by a reload.
+#[tokio::test]
+async fn header_rules_reach_the_backend_and_the_client_and_follow_a_reload() {
+    let h = Harness::start_with(|c| {
+        c.headers.request.set = vec![("x-env".parse().unwrap(), "prod".parse().unwrap())];
+        c.headers.request.remove = vec!["x-debug".parse().unwrap()];
+        c.headers.response.add = vec![("x-served-by".parse().unwrap(), "fencegate".parse().unwrap())];
+    })
+    .await;
+    let sent = h.send("PUT", "/doc", &[("fencing-token", "1"), ("x-env", "dev"), ("x-debug", "1")], "a").await;
+    assert_eq!(sent.headers["x-served-by"], "fencegate");
+    let got = &h.backend.applied()[0].headers;
+    assert_eq!((got["x-env"].to_str().unwrap(), got.get("x-debug")), ("prod", None));
+
+    let mut config = h.config.clone();
+    config.headers.request.set = vec![("x-env".parse().unwrap(), "staging".parse().unwrap())];
+    config.headers.response.add.clear();
+    h.proxy.reload(config).unwrap();
+    let sent = h.put("/doc", 2, "b").await;
+    assert!(sent.headers.get("x-served-by").is_none(), "the reload dropped the response rule");
+    assert_eq!(h.backend.applied()[1].headers["x-env"], "staging");
+}

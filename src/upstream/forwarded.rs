@@ -1,0 +1,273 @@
+//! What fencegate adds to and takes from the headers it forwards (`[headers]`): the forwarded
+//! headers that tell the backend who the client is and how it came, believed from trusted
+//! proxies only; the operator's rules; and, on the way back, redirects that name the backend
+//! rewritten to the client-facing origin ([`super::location`]).
+
+use std::net::IpAddr;
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+
+use super::headers::Peer;
+use super::location::{self, Origin};
+use crate::config::{Forwarding, HeaderRules, HeadersConfig};
+
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+
+/// `[headers]`, ready for each request: what the listener's scheme and the backend's origin
+/// are, worked out once.
+#[derive(Debug, Clone)]
+pub(crate) struct HeaderPolicy {
+    config: HeadersConfig,
+    /// `http` or `https`: how clients reach fencegate.
+    proto: HeaderValue,
+    /// The backend's origin, whose redirects are rewritten; `None` when that is off.
+    backend: Option<Origin>,
+}
+
+impl HeaderPolicy {
+    /// The policy of `config`, for a listener speaking TLS or not, in front of `backend_url`.
+    pub(crate) fn new(config: &HeadersConfig, tls: bool, backend_url: &http::Uri) -> HeaderPolicy {
+        let proto = HeaderValue::from_static(if tls { "https" } else { "http" });
+        let backend = if config.rewrite_location { Origin::of(backend_url) } else { None };
+        HeaderPolicy { config: config.clone(), proto, backend }
+    }
+
+    /// Whether the client's own forwarded headers are believed: it is a trusted proxy.
+    fn trusts(&self, client: &Peer) -> bool {
+        let nets = &self.config.trusted_proxies;
+        !nets.is_empty() && client.ip().is_some_and(|ip| nets.iter().any(|net| net.contains(&canonical(ip))))
+    }
+
+    /// Sets the forwarded headers of the request to the backend from `client`, whose `Host`
+    /// is in `headers`, then applies the request rules.
+    pub(crate) fn on_request(&self, headers: &mut HeaderMap, client: &Peer) {
+        let c = &self.config;
+        let trusted = || self.trusts(client);
+        if c.x_forwarded_for != Forwarding::Off {
+            let append = c.x_forwarded_for == Forwarding::Append && trusted();
+            match (client.ip(), append) {
+                (Some(_), true) => super::headers::append_forwarded_for(headers, client),
+                (Some(_), false) => {
+                    headers.insert(X_FORWARDED_FOR.clone(), client.ip_value().clone());
+                }
+                // A Unix socket's peer has no address to name.
+                (None, true) => {}
+                (None, false) => {
+                    headers.remove(&X_FORWARDED_FOR);
+                }
+            }
+        }
+        // One value, the first hop's: a trusted proxy's is kept, anyone else's replaced.
+        if c.x_forwarded_proto != Forwarding::Off
+            && !(c.x_forwarded_proto == Forwarding::Append && trusted() && headers.contains_key(&X_FORWARDED_PROTO))
+        {
+            headers.insert(X_FORWARDED_PROTO.clone(), self.proto.clone());
+        }
+        if c.x_forwarded_host != Forwarding::Off
+            && !(c.x_forwarded_host == Forwarding::Append && trusted() && headers.contains_key(&X_FORWARDED_HOST))
+        {
+            match headers.get(header::HOST).cloned() {
+                Some(host) => headers.insert(X_FORWARDED_HOST.clone(), host),
+                None => headers.remove(&X_FORWARDED_HOST),
+            };
+        }
+        if c.forwarded != Forwarding::Off {
+            let element = self.forwarded_element(client, headers.get(header::HOST));
+            let append = c.forwarded == Forwarding::Append && trusted();
+            match (append, headers.get(header::FORWARDED)) {
+                (true, Some(sent)) => {
+                    let mut joined = sent.as_bytes().to_vec();
+                    joined.extend_from_slice(b", ");
+                    joined.extend_from_slice(element.as_bytes());
+                    if let Ok(value) = HeaderValue::from_bytes(&joined) {
+                        headers.insert(header::FORWARDED, value);
+                    }
+                }
+                _ => {
+                    if let Ok(value) = HeaderValue::from_str(&element) {
+                        headers.insert(header::FORWARDED, value);
+                    }
+                }
+            }
+        }
+        apply(&c.request, headers);
+    }
+
+    /// This hop's RFC 7239 element: `for`, `proto` and `host`, quoted where the syntax asks.
+    fn forwarded_element(&self, client: &Peer, host: Option<&HeaderValue>) -> String {
+        let node = match client.ip() {
+            Some(IpAddr::V4(ip)) => ip.to_string(),
+            Some(IpAddr::V6(ip)) => format!("\"[{ip}]\""),
+            None => "unknown".to_owned(),
+        };
+        let proto = self.proto.to_str().unwrap_or("http");
+        let mut element = format!("for={node};proto={proto}");
+        if let Some(host) = host.and_then(|h| h.to_str().ok()) {
+            element.push_str(";host=");
+            element.push_str(&quoted(host));
+        }
+        element
+    }
+
+    /// Rewrites the backend's redirects for the client that named `client_host`, then applies
+    /// the response rules.
+    pub(crate) fn on_response(&self, headers: &mut HeaderMap, client_host: Option<&HeaderValue>) {
+        if let Some(backend) = &self.backend {
+            location::rewrite(headers, backend, self.proto.to_str().unwrap_or("http"), client_host);
+        }
+        apply(&self.config.response, headers);
+    }
+
+    /// Whether responses need the client's host (to rewrite redirects).
+    pub(crate) fn rewrites(&self) -> bool {
+        self.backend.is_some()
+    }
+}
+
+/// An IPv4 address a dual-stack socket reports as IPv4-mapped IPv6, as IPv4.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        IpAddr::V4(_) => ip,
+    }
+}
+
+/// `value` as an RFC 7239 token, or quoted where it is not one (a `host:port`).
+fn quoted(value: &str) -> String {
+    let token =
+        !value.is_empty() && value.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+    match token {
+        true => value.to_owned(),
+        false => format!("\"{}\"", value.replace('\\', "\\\\").replace('"', "\\\"")),
+    }
+}
+
+/// `rules` applied to `headers`: remove, then set, then add.
+fn apply(rules: &HeaderRules, headers: &mut HeaderMap) {
+    if rules.is_empty() {
+        return;
+    }
+    for name in &rules.remove {
+        headers.remove(name);
+    }
+    for (name, value) in &rules.set {
+        headers.insert(name.clone(), value.clone());
+    }
+    for (name, value) in &rules.add {
+        headers.append(name.clone(), value.clone());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(tweak: impl FnOnce(&mut HeadersConfig)) -> HeaderPolicy {
+        let mut config = HeadersConfig::default();
+        tweak(&mut config);
+        HeaderPolicy::new(&config, false, &"http://127.0.0.1:9000".parse().unwrap())
+    }
+
+    fn name(text: &str) -> HeaderName {
+        HeaderName::from_bytes(text.as_bytes()).unwrap()
+    }
+
+    fn pair(k: &str, v: &'static str) -> (HeaderName, HeaderValue) {
+        (name(k), HeaderValue::from_static(v))
+    }
+
+    fn sent(policy: &HeaderPolicy, peer: &str, headers: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        map.insert(header::HOST, HeaderValue::from_static("proxy.example:8080"));
+        for (k, v) in headers {
+            map.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), HeaderValue::from_str(v).unwrap());
+        }
+        policy.on_request(&mut map, &Peer::new(peer.parse().unwrap()));
+        map
+    }
+
+    fn all(map: &HeaderMap, name: &str) -> Vec<String> {
+        map.get_all(name).iter().map(|v| v.to_str().unwrap().to_owned()).collect()
+    }
+
+    #[test]
+    fn an_untrusted_client_cannot_forge_the_hops_before_it() {
+        let p = policy(|c| {
+            c.forwarded = Forwarding::Append;
+            c.x_forwarded_host = Forwarding::Append;
+        });
+        let forged = [
+            ("x-forwarded-for", "1.2.3.4"),
+            ("x-forwarded-proto", "https"),
+            ("x-forwarded-host", "bank.example"),
+            ("forwarded", "for=1.2.3.4"),
+        ];
+        let map = sent(&p, "10.0.0.7:5000", &forged);
+        assert_eq!(all(&map, "x-forwarded-for"), ["10.0.0.7"]);
+        assert_eq!(all(&map, "x-forwarded-proto"), ["http"]);
+        assert_eq!(all(&map, "x-forwarded-host"), ["proxy.example:8080"]);
+        assert_eq!(all(&map, "forwarded"), ["for=10.0.0.7;proto=http;host=\"proxy.example:8080\""]);
+    }
+
+    #[test]
+    fn a_trusted_proxys_hops_are_kept_and_appended_to() {
+        let p = policy(|c| {
+            c.forwarded = Forwarding::Append;
+            c.x_forwarded_host = Forwarding::Append;
+            c.trusted_proxies = vec!["10.0.0.0/8".parse().unwrap()];
+        });
+        let from_lb = [
+            ("x-forwarded-for", "1.2.3.4"),
+            ("x-forwarded-proto", "https"),
+            ("x-forwarded-host", "www.example"),
+            ("forwarded", "for=1.2.3.4;proto=https"),
+        ];
+        let map = sent(&p, "10.0.0.7:5000", &from_lb);
+        assert_eq!(all(&map, "x-forwarded-for"), ["1.2.3.4, 10.0.0.7"]);
+        assert_eq!(all(&map, "x-forwarded-proto"), ["https"]);
+        assert_eq!(all(&map, "x-forwarded-host"), ["www.example"]);
+        assert_eq!(
+            all(&map, "forwarded"),
+            ["for=1.2.3.4;proto=https, for=10.0.0.7;proto=http;host=\"proxy.example:8080\""]
+        );
+        let ipv6 = sent(&p, "[::ffff:10.1.2.3]:5000", &[("x-forwarded-for", "1.2.3.4")]);
+        assert_eq!(all(&ipv6, "x-forwarded-for"), ["1.2.3.4, ::ffff:10.1.2.3"], "a mapped address is its IPv4 one");
+    }
+
+    #[test]
+    fn replace_and_off_do_what_they_say() {
+        let p = policy(|c| {
+            c.x_forwarded_for = Forwarding::Replace;
+            c.x_forwarded_proto = Forwarding::Off;
+            c.trusted_proxies = vec!["10.0.0.7/32".parse().unwrap()];
+        });
+        let map = sent(&p, "10.0.0.7:5000", &[("x-forwarded-for", "1.2.3.4"), ("x-forwarded-proto", "gopher")]);
+        assert_eq!(all(&map, "x-forwarded-for"), ["10.0.0.7"], "replace drops even a trusted peer's");
+        assert_eq!(all(&map, "x-forwarded-proto"), ["gopher"], "off passes the client's");
+        let v6 = policy(|c| c.forwarded = Forwarding::Replace);
+        assert_eq!(
+            all(&sent(&v6, "[2001:db8::1]:5000", &[]), "forwarded"),
+            ["for=\"[2001:db8::1]\";proto=http;host=\"proxy.example:8080\""]
+        );
+    }
+
+    #[test]
+    fn rules_remove_then_set_then_add() {
+        let p = policy(|c| {
+            c.request.remove = vec![name("x-debug")];
+            c.request.set = vec![pair("x-env", "prod")];
+            c.request.add = vec![pair("x-tag", "fg")];
+            c.response.set = vec![pair("server", "fencegate")];
+        });
+        let map = sent(&p, "10.0.0.7:5000", &[("x-debug", "1"), ("x-env", "dev"), ("x-tag", "client")]);
+        assert!(map.get("x-debug").is_none());
+        assert_eq!(all(&map, "x-env"), ["prod"]);
+        assert_eq!(all(&map, "x-tag"), ["client", "fg"]);
+        let mut resp = HeaderMap::new();
+        resp.insert("server", HeaderValue::from_static("nginx"));
+        p.on_response(&mut resp, None);
+        assert_eq!(all(&resp, "server"), ["fencegate"]);
+    }
+}
