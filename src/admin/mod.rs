@@ -189,12 +189,17 @@ async fn readiness(state: &State) -> Response<Full<Bytes>> {
     };
     let backend = &settings.config.backend;
     let connect = tokio::net::TcpStream::connect(crate::upstream::backend_addr(&backend.url));
-    let reachable = matches!(tokio::time::timeout(backend.connect_timeout, connect).await, Ok(Ok(_)));
-    let checks = json!({ "store": store.is_none(), "backend": reachable });
+    let unreachable = match tokio::time::timeout(backend.connect_timeout, connect).await {
+        Ok(Ok(_)) => None,
+        Ok(Err(e)) => Some(format!("backend unreachable: connecting to {} failed: {e}", backend.url)),
+        Err(_) => Some(format!(
+            "backend unreachable: no connection to {} within {:?} (backend.connect_timeout)",
+            backend.url, backend.connect_timeout
+        )),
+    };
+    let checks = json!({ "store": store.is_none(), "backend": unreachable.is_none() });
     let mut problems: Vec<String> = store.into_iter().collect();
-    if !reachable {
-        problems.push(format!("backend unreachable: no connection within {:?}", backend.connect_timeout));
-    }
+    problems.extend(unreachable);
     match problems.is_empty() {
         true => json_response(StatusCode::OK, &json!({ "status": "ready", "checks": checks })),
         false => json_response(

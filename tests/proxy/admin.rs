@@ -37,6 +37,9 @@ async fn health_and_readiness_follow_the_backend() {
     let r = admin(down.start_admin().await, "GET", "/readyz", None, "").await;
     assert_eq!((r.status, r.json()["checks"]["backend"].as_bool()), (503, Some(false)));
     assert_eq!(r.json()["checks"]["store"], true);
+    // A refused connection is said to be refused, not to have taken the connect timeout.
+    let problem = r.json()["problems"][0].as_str().unwrap().to_owned();
+    assert!(problem.contains("refused") && !problem.contains("within"), "{problem}");
 }
 
 #[tokio::test]
