@@ -139,7 +139,7 @@ async fn send_to_leader(
     };
     let backend = &settings.config.backend;
     let timeout = backend.pool_timeout + backend.request_timeout + settings.config.fence.queue_timeout;
-    Ok(peers.forward(url, req, client, timeout).await?)
+    Ok(peers.forward(url, req, client, settings.upstream.policy(), timeout).await?)
 }
 
 /// The proof's first look, before anything looks at the token.

@@ -40,24 +40,13 @@ impl HeaderPolicy {
         !nets.is_empty() && client.ip().is_some_and(|ip| nets.iter().any(|net| net.contains(&canonical(ip))))
     }
 
-    /// Sets the forwarded headers of the request to the backend from `client`, whose `Host`
-    /// is in `headers`, then applies the request rules.
-    pub(crate) fn on_request(&self, headers: &mut HeaderMap, client: &Peer) {
+    /// Sets the forwarded headers of the request to the backend from `client`, which named
+    /// `client_host` (its `Host`, none if it sent none), then applies the request rules.
+    pub(crate) fn on_request(&self, headers: &mut HeaderMap, client: &Peer, client_host: Option<&HeaderValue>) {
         let c = &self.config;
         let trusted = || self.trusts(client);
         if c.x_forwarded_for != Forwarding::Off {
-            let append = c.x_forwarded_for == Forwarding::Append && trusted();
-            match (client.ip(), append) {
-                (Some(_), true) => super::headers::append_forwarded_for(headers, client),
-                (Some(_), false) => {
-                    headers.insert(X_FORWARDED_FOR.clone(), client.ip_value().clone());
-                }
-                // A Unix socket's peer has no address to name.
-                (None, true) => {}
-                (None, false) => {
-                    headers.remove(&X_FORWARDED_FOR);
-                }
-            }
+            self.set_forwarded_for(headers, client, c.x_forwarded_for == Forwarding::Append);
         }
         // One value, the first hop's: a trusted proxy's is kept, anyone else's replaced.
         if c.x_forwarded_proto != Forwarding::Off
@@ -68,13 +57,13 @@ impl HeaderPolicy {
         if c.x_forwarded_host != Forwarding::Off
             && !(c.x_forwarded_host == Forwarding::Append && trusted() && headers.contains_key(&X_FORWARDED_HOST))
         {
-            match headers.get(header::HOST).cloned() {
-                Some(host) => headers.insert(X_FORWARDED_HOST.clone(), host),
+            match client_host {
+                Some(host) => headers.insert(X_FORWARDED_HOST.clone(), host.clone()),
                 None => headers.remove(&X_FORWARDED_HOST),
             };
         }
         if c.forwarded != Forwarding::Off {
-            let element = self.forwarded_element(client, headers.get(header::HOST));
+            let element = self.forwarded_element(client, client_host);
             let append = c.forwarded == Forwarding::Append && trusted();
             match (append, headers.get(header::FORWARDED)) {
                 (true, Some(sent)) => {
@@ -93,6 +82,30 @@ impl HeaderPolicy {
             }
         }
         apply(&c.request, headers);
+    }
+
+    /// `X-Forwarded-For` for a request from `client`: appended to what it sent if `append`
+    /// and it is a trusted proxy, else this hop alone (none for a Unix socket's peer, which has
+    /// no address).
+    fn set_forwarded_for(&self, headers: &mut HeaderMap, client: &Peer, append: bool) {
+        match (client.ip(), append && self.trusts(client)) {
+            (Some(_), true) => super::headers::append_forwarded_for(headers, client),
+            (Some(_), false) => {
+                headers.insert(X_FORWARDED_FOR.clone(), client.ip_value().clone());
+            }
+            (None, true) => {}
+            (None, false) => {
+                headers.remove(&X_FORWARDED_FOR);
+            }
+        }
+    }
+
+    /// `X-Forwarded-For` of a write a follower sends on to the leader of a shared fence,
+    /// whatever `x_forwarded_for` says: the leader reads the client's address from its last
+    /// entry, so that entry is always this client, and what an untrusted client claimed
+    /// before it is dropped.
+    pub(crate) fn forwarded_for_to_leader(&self, headers: &mut HeaderMap, client: &Peer) {
+        self.set_forwarded_for(headers, client, true);
     }
 
     /// This hop's RFC 7239 element: `for`, `proto` and `host`, quoted where the syntax asks.
@@ -120,9 +133,11 @@ impl HeaderPolicy {
         apply(&self.config.response, headers);
     }
 
-    /// Whether responses need the client's host (to rewrite redirects).
-    pub(crate) fn rewrites(&self) -> bool {
+    /// Whether the host the client named is read: to rewrite redirects, or to forward it.
+    pub(crate) fn reads_client_host(&self) -> bool {
         self.backend.is_some()
+            || self.config.x_forwarded_host != Forwarding::Off
+            || self.config.forwarded != Forwarding::Off
     }
 }
 
@@ -184,7 +199,8 @@ mod tests {
         for (k, v) in headers {
             map.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), HeaderValue::from_str(v).unwrap());
         }
-        policy.on_request(&mut map, &Peer::new(peer.parse().unwrap()));
+        let host = map.get(header::HOST).cloned();
+        policy.on_request(&mut map, &Peer::new(peer.parse().unwrap()), host.as_ref());
         map
     }
 

@@ -16,7 +16,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
-use super::{Peer, ResponseBody, UpstreamError, append_forwarded_for, strip_hop_by_hop};
+use super::{HeaderPolicy, Peer, ResponseBody, UpstreamError, strip_hop_by_hop};
 
 /// Names the instance that sent a write on to the leader (its advertised URL).
 pub static FORWARDED_BY: HeaderName = HeaderName::from_static("fencegate-forwarded-by");
@@ -48,6 +48,7 @@ impl Peers {
         leader: &str,
         mut req: Request<Incoming>,
         client: &Peer,
+        policy: &HeaderPolicy,
         timeout: Duration,
     ) -> Result<Response<ResponseBody>, UpstreamError> {
         let unavailable = UpstreamError::NoLeader;
@@ -65,8 +66,9 @@ impl Peers {
             headers.insert(http::header::HOST, host);
         }
         headers.insert(FORWARDED_BY.clone(), self.me.clone());
-        // The backend learns the client's address as it would from the leader itself.
-        append_forwarded_for(headers, client);
+        // The leader learns the client's address from the last entry; the backend learns it
+        // as it would from the leader itself.
+        policy.forwarded_for_to_leader(headers, client);
         *req.version_mut() = http::Version::HTTP_11;
         // Once the write may have reached the leader, which runs it to its end on its own, its
         // outcome is unknown: a gateway error, not "not forwarded".

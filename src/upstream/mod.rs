@@ -146,6 +146,11 @@ impl Upstream {
         Ok(Upstream { pool, host, timeout: backend.request_timeout, bytes_in, policy: Arc::new(policy) })
     }
 
+    /// What is added to and taken from the headers on the way.
+    pub(crate) fn policy(&self) -> &HeaderPolicy {
+        &self.policy
+    }
+
     /// This upstream, with its connections, under another header policy (a reload that
     /// changed `[headers]` alone).
     pub(crate) fn with_policy(&self, policy: HeaderPolicy) -> Upstream {
@@ -236,17 +241,18 @@ impl Upstream {
         // First: `Connection: host` must not take away the Host set next.
         strip_hop_by_hop(headers);
         let authority = original.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok());
-        // The host the client named, to which the backend's redirects are rewritten.
-        let client_host = match self.policy.rewrites() {
+        // The host the client named (none for an HTTP/1.0 request without Host), which the
+        // forwarded headers name and the backend's redirects are rewritten to.
+        let client_host = match self.policy.reads_client_host() {
             true => authority.clone().or_else(|| headers.get(header::HOST).cloned()),
             false => None,
         };
+        self.policy.on_request(headers, client, client_host.as_ref());
         if let Some(host) = authority {
             headers.insert(header::HOST, host);
         } else if !headers.contains_key(header::HOST) {
             headers.insert(header::HOST, self.host.clone());
         }
-        self.policy.on_request(headers, client);
         *req.version_mut() = Version::HTTP_11;
 
         let resp = match tokio::time::timeout_at(deadline, self.pool.send(conn.0, req)).await {
@@ -260,6 +266,12 @@ impl Upstream {
                 Ok(Ok(Ended::Whole)) => return Ok(self.relay(resp, client_host.as_ref())),
                 Ok(Ok(Ended::Failed { too_large: true })) => {
                     UpstreamError::BodyTooLarge { limit: body_limit.unwrap_or_default() }
+                }
+                // A backend that refused the request (4xx) before taking its whole body, then
+                // stopped reading it (an S3 server refusing a signature, nginx a size), applied
+                // nothing: its refusal is the answer, not an unknown outcome.
+                Ok(Ok(Ended::Failed { too_large: false }) | Err(_)) if resp.status().is_client_error() => {
+                    return Ok(self.relay(resp, client_host.as_ref()));
                 }
                 Ok(Ok(Ended::Failed { too_large: false }) | Err(_)) => {
                     UpstreamError::Failed("the request body did not reach the backend whole".into())
@@ -299,7 +311,6 @@ fn failure(e: SendError, body_limit: Option<u64>) -> UpstreamError {
     }
 }
 
-/// The response as relayed to the client: without hop-by-hop headers.
 /// Host and port a backend URL connects to: the scheme's port when none is written, and an
 /// IPv6 literal without its brackets (`Uri` keeps them; a socket address and a TLS name do not).
 pub(crate) fn backend_addr(url: &Uri) -> (String, u16) {

@@ -267,3 +267,53 @@ async fn a_write_abandoned_after_an_early_answer_quarantines_its_resource() {
     next.assert_refused(503, "resource_quarantined");
     assert_eq!(*log.lock().unwrap(), ["head 10"], "nothing more reached the backend");
 }
+
+/// A backend that refuses every request with a 400 as soon as it has read the head, and ends
+/// the exchange there (`Connection: close`) without waiting for the body, as S3 servers do
+/// with a request they refuse.
+async fn early_refusing_backend() -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    let mut chunk = [0u8; 4096];
+                    match tcp.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                let refusal = b"HTTP/1.1 400 Bad Request\r\ncontent-length: 7\r\nconnection: close\r\n\r\nrefused";
+                let _ = tcp.write_all(refusal).await;
+                // Said and done: no more is written, and what still comes is read and dropped,
+                // so the refusal is not lost to a reset.
+                let _ = tcp.shutdown().await;
+                let mut sink = [0u8; 65536];
+                while matches!(tcp.read(&mut sink).await, Ok(n) if n > 0) {}
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn a_refusal_the_backend_sends_before_taking_the_body_is_the_answer() {
+    let backend = early_refusing_backend().await;
+    let h = Harness::start_with(|c| c.backend.url = format!("http://{backend}").parse().unwrap()).await;
+    // Far more than the sockets between fencegate and the backend buffer: the backend has
+    // closed long before the body is through.
+    let body = vec![b'x'; 16 << 20];
+    let answer = h.send("PUT", "/r", &[("fencing-token", "10")], body).await;
+    assert_eq!(
+        (answer.status, &answer.body[..]),
+        (400, &b"refused"[..]),
+        "{:?}",
+        String::from_utf8_lossy(&answer.body)
+    );
+    // It applied nothing, so nothing is quarantined: the next write reaches the backend.
+    let next = common::raw_request(h.addr, "PUT /r HTTP/1.1\r\nHost: x\r\nFencing-Token: 20", "v").await;
+    assert_eq!(next.status, 400, "{next:?}");
+}

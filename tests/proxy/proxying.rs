@@ -162,3 +162,23 @@ async fn header_rules_reach_the_backend_and_the_client_and_follow_a_reload() {
     assert!(sent.headers.get("x-served-by").is_none(), "the reload dropped the response rule");
     assert_eq!(h.backend.applied()[1].headers["x-env"], "staging");
 }
+
+/// `X-Forwarded-Host` and `Forwarded`'s `host=` name what the client named: for a request
+/// without `Host` (HTTP/1.0), nothing, never the backend's host fencegate sends it with.
+#[tokio::test]
+async fn forwarded_hosts_name_the_clients_host_never_the_backends() {
+    use fencegate::config::Forwarding;
+    let h = Harness::start_with(|c| {
+        c.headers.x_forwarded_host = Forwarding::Replace;
+        c.headers.forwarded = Forwarding::Replace;
+    })
+    .await;
+    assert_eq!(h.raw("PUT /a HTTP/1.0\r\nFencing-Token: 1", "x").await.status, 200);
+    assert_eq!(h.raw("PUT /b HTTP/1.1\r\nHost: app.example\r\nFencing-Token: 1", "x").await.status, 200);
+    let applied = h.backend.applied();
+    let (without, with) = (&applied[0].headers, &applied[1].headers);
+    assert!(without.get("x-forwarded-host").is_none(), "{without:?}");
+    assert_eq!(without["forwarded"], "for=127.0.0.1;proto=http");
+    assert_eq!(with["x-forwarded-host"], "app.example");
+    assert_eq!(with["forwarded"], "for=127.0.0.1;proto=http;host=app.example");
+}
