@@ -104,11 +104,15 @@ pub struct Config {
 }
 
 /// `[s3]`
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct S3Config {
     /// Host name suffixes under which a request's host names its bucket (virtual-host style):
     /// with `s3.example.com`, `b1.s3.example.com` is bucket `b1`. Lower case, no leading dot.
     pub virtual_host_suffixes: Vec<String>,
+    /// Whether the server keeps keys as flat strings, as S3 does (`a//b` and `a/b` are two
+    /// objects); `false` for a server that stores objects as files and resolves a key's empty,
+    /// `.` and `..` segments as a path, whose keys with such segments are refused.
+    pub flat_keys: bool,
 }
 
 /// `[admin]`
@@ -219,6 +223,12 @@ pub struct BackendConfig {
     /// How requests name the backend's resources and how refusals are written for its clients;
     /// restart-only, since the fence keys follow it.
     pub protocol: BackendProtocol,
+}
+
+impl Default for S3Config {
+    fn default() -> Self {
+        S3Config { virtual_host_suffixes: Vec::new(), flat_keys: true }
+    }
 }
 
 /// `backend.protocol`: the kind of backend, which decides how a request names its resources.

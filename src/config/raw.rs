@@ -34,11 +34,17 @@ pub(super) struct RawConfig {
     pub(super) headers: super::headers::RawHeaders,
 }
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
 pub(super) struct RawS3 {
-    #[serde(default)]
     pub(super) virtual_host_suffixes: Vec<String>,
+    pub(super) flat_keys: bool,
+}
+
+impl Default for RawS3 {
+    fn default() -> Self {
+        RawS3 { virtual_host_suffixes: Vec::new(), flat_keys: true }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

@@ -433,6 +433,9 @@ fn s3(raw: raw::RawS3, protocol: BackendProtocol, fence: &FenceConfig) -> Result
         if !raw.virtual_host_suffixes.is_empty() {
             return Err(invalid(key, "only backend.protocol = \"s3\" names buckets by host"));
         }
+        if !raw.flat_keys {
+            return Err(invalid("s3.flat_keys", "only backend.protocol = \"s3\" names objects by key"));
+        }
         return Ok(S3Config::default());
     }
     if !fence.scopes.is_empty() {
@@ -451,5 +454,5 @@ fn s3(raw: raw::RawS3, protocol: BackendProtocol, fence: &FenceConfig) -> Result
         }
         suffixes.push(lower);
     }
-    Ok(S3Config { virtual_host_suffixes: suffixes })
+    Ok(S3Config { virtual_host_suffixes: suffixes, flat_keys: raw.flat_keys })
 }

@@ -1,13 +1,23 @@
-//! S3 mode against a real S3 server that checks signatures (moto), driven by boto3 as a user
-//! would, each trace judged by what the server holds afterwards (`tests/common/s3/client.py`).
+//! S3 mode against two real S3 servers that check signatures (moto and s3s-fs), driven by
+//! boto3 as a user would, each trace judged by what the server holds afterwards
+//! (`tests/common/s3/client.py`).
 
-use crate::common::s3::{S3Proxy, scenario, start_moto};
+use crate::common::s3::{S3Proxy, S3Server, scenario, start_moto, start_s3s};
 
-/// Starts moto and fencegate in front of it, and runs the scenario `name`.
+/// Runs the scenario `name` through a fencegate in front of `server`.
+async fn against(name: &str, server: Option<S3Server>) {
+    let Some(server) = server else { return };
+    // s3s-fs stores objects as files, and reads a//b as a/b.
+    let flat = server.kind != "s3s";
+    let config = format!("[s3]\nvirtual_host_suffixes = [\"s3.test\"]\nflat_keys = {flat}");
+    let proxy = S3Proxy::start(&server.url, &config).await;
+    scenario(name, &proxy, &server).await;
+}
+
+/// Runs the scenario `name` against moto, then against s3s-fs.
 async fn run(name: &str) {
-    let Some(moto) = start_moto().await else { return };
-    let proxy = S3Proxy::start(&moto.url, "[s3]\nvirtual_host_suffixes = [\"s3.test\"]").await;
-    scenario(name, &proxy, &moto).await;
+    against(name, start_moto().await).await;
+    against(name, start_s3s().await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -37,5 +47,7 @@ async fn a_batch_delete_with_one_stale_key_deletes_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn path_and_virtual_host_style_share_one_fence() {
-    run("styles").await;
+    // s3s-fs reads a virtual-host bucket from a Host with a port as an invalid bucket name, even
+    // sent to it directly.
+    against("styles", start_moto().await).await;
 }

@@ -1,8 +1,9 @@
-//! A real S3 server that checks SigV4 signatures (moto's server mode, from PyPI), fencegate in
-//! front of it in S3 mode, and boto3 driving both (`client.py` beside this file), each started
+//! Real S3 servers that check SigV4 signatures, two independent ones so that fencegate is not
+//! tuned to one server's quirks: moto's server mode (PyPI) and s3s-fs (crates.io); fencegate in
+//! front of one in S3 mode; and boto3 driving both (`client.py` beside this file), each started
 //! by the test on loopback.
 //!
-//! Where moto or boto3 is not installed the test says so and skips; with
+//! Where a server or boto3 is not installed the test says so and skips; with
 //! `FG_REQUIRE_SERVICES=1` (`.ci/run`, which installs them) it fails instead.
 
 use std::net::SocketAddr;
@@ -18,25 +19,39 @@ use super::services::{ATTEMPTS, Process, REQUIRE, free_ports};
 /// The boto3 scenarios.
 pub const CLIENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/common/s3/client.py");
 
-/// Whether python3 has moto's server and boto3; if not, panics under `FG_REQUIRE_SERVICES=1`,
-/// else says that the test is skipped.
-fn installed() -> bool {
-    let found = Command::new("python3")
-        .args(["-c", "import moto.server, boto3"])
-        .output()
-        .is_ok_and(|out| out.status.success());
+/// Whether `found`; if not, panics under `FG_REQUIRE_SERVICES=1`, else says that the test is
+/// skipped and how to install `what`.
+fn installed(found: bool, what: &str, install: &str) -> bool {
     if found {
         return true;
     }
     let required = std::env::var(REQUIRE).is_ok_and(|v| v == "1");
-    assert!(!required, "{REQUIRE}=1 but moto or boto3 is missing: pip install 'moto[server]' boto3");
-    eprintln!("skipping a test against an S3 server: moto or boto3 not installed (pip install 'moto[server]' boto3)");
+    assert!(!required, "{REQUIRE}=1 but {what} is missing: {install}");
+    eprintln!("skipping a test against an S3 server: {what} is not installed ({install})");
     false
 }
 
-/// moto's S3 server, with SigV4 checked on every request after the first three (the IAM user
-/// and its key are made in those), and the key's credentials.
-pub struct Moto {
+/// Whether python3 has moto's server and boto3.
+fn python_has_moto_and_boto3() -> bool {
+    Command::new("python3").args(["-c", "import moto.server, boto3"]).output().is_ok_and(|out| out.status.success())
+}
+
+/// The s3s-fs binary: on `PATH`, or where `cargo install` puts it.
+fn s3s_fs() -> Option<std::path::PathBuf> {
+    let mut dirs: Vec<std::path::PathBuf> =
+        std::env::var_os("PATH").map(|p| std::env::split_paths(&p).collect()).unwrap_or_default();
+    if let Some(home) = std::env::var_os("CARGO_HOME")
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cargo").into()))
+    {
+        dirs.push(std::path::Path::new(&home).join("bin"));
+    }
+    dirs.into_iter().map(|d| d.join("s3s-fs")).find(|p| p.is_file())
+}
+
+/// A running S3 server that checks signatures, and a key it takes.
+pub struct S3Server {
+    /// `moto` or `s3s`, as `client.py` names it.
+    pub kind: &'static str,
     _process: Process,
     pub url: String,
     pub access_key: String,
@@ -44,9 +59,40 @@ pub struct Moto {
     _dir: tempfile::TempDir,
 }
 
-/// Starts moto, or returns `None` (the test skips) where it is not installed.
-pub async fn start_moto() -> Option<Moto> {
-    if !installed() {
+/// Starts s3s-fs on a temporary directory with one key (and `s3.test` as its virtual-host
+/// domain), or returns `None` (the test skips) where it or boto3 is not installed.
+pub async fn start_s3s() -> Option<S3Server> {
+    let bin = s3s_fs();
+    let install = "cargo install s3s-fs@0.14.1 --locked --features binary; pip install boto3";
+    if !installed(bin.is_some() && python_has_moto_and_boto3(), "s3s-fs or boto3", install) {
+        return None;
+    }
+    let bin = bin?;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let (access_key, secret) = ("AKIDFENCEGATETEST".to_owned(), "fencegate-test-secret-key".to_owned());
+    for attempt in 0..ATTEMPTS {
+        let [port] = free_ports();
+        let mut cmd = Command::new(&bin);
+        cmd.args(["--host", "127.0.0.1", "--port", &port.to_string(), "--access-key", &access_key])
+            .args(["--secret-key", &secret, "--domain", "s3.test"])
+            .arg(&root);
+        let mut process = Process::spawn("s3s-fs", cmd, dir.path().join(format!("s3s-{attempt}.log")));
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        if process.wait_ready(async || tokio::net::TcpStream::connect(addr).await.is_ok()).await {
+            let url = format!("http://{addr}");
+            return Some(S3Server { kind: "s3s", _process: process, url, access_key, secret, _dir: dir });
+        }
+        eprintln!("s3s-fs ended before it answered (attempt {attempt}), trying another port");
+    }
+    panic!("s3s-fs did not start in {ATTEMPTS} attempts");
+}
+
+/// Starts moto, with SigV4 checked on every request after the first three (the IAM user and
+/// its key are made in those), or returns `None` (the test skips) where it is not installed.
+pub async fn start_moto() -> Option<S3Server> {
+    if !installed(python_has_moto_and_boto3(), "moto or boto3", "pip install 'moto[server]' boto3") {
         return None;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -65,7 +111,7 @@ pub async fn start_moto() -> Option<Moto> {
             let text = String::from_utf8(out.stdout).unwrap();
             let (access_key, secret) = text.trim().split_once(' ').unwrap();
             let (access_key, secret) = (access_key.to_owned(), secret.to_owned());
-            return Some(Moto { _process: process, url, access_key, secret, _dir: dir });
+            return Some(S3Server { kind: "moto", _process: process, url, access_key, secret, _dir: dir });
         }
         eprintln!("moto ended before it answered (attempt {attempt}), trying another port");
     }
@@ -106,15 +152,16 @@ impl S3Proxy {
     }
 }
 
-/// Runs the boto3 scenario `name` through `proxy` against `moto`; panics with its output if
+/// Runs the boto3 scenario `name` through `proxy` against `server`; panics with its output if
 /// an assertion in it failed.
-pub async fn scenario(name: &str, proxy: &S3Proxy, moto: &Moto) {
-    let args = [name, &proxy.url(), &moto.url, &moto.access_key, &moto.secret].map(str::to_owned);
+pub async fn scenario(name: &str, proxy: &S3Proxy, server: &S3Server) {
+    let args = [name, server.kind, &proxy.url(), &server.url, &server.access_key, &server.secret].map(str::to_owned);
     let run = move || Command::new("python3").arg(CLIENT).args(args).output();
     let out = tokio::task::spawn_blocking(run).await.unwrap().unwrap();
     assert!(
         out.status.success(),
-        "scenario {name} failed:\n{}{}",
+        "scenario {name} against {} failed:\n{}{}",
+        server.kind,
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );

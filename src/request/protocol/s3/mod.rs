@@ -34,7 +34,7 @@ impl Protocol for S3 {
 
     fn classify(&self, head: &Head<'_>, config: &Config) -> Result<Plan, Refusal> {
         check_limits(head, &config.limits)?;
-        let target = names::named(head, &config.s3.virtual_host_suffixes)?;
+        let target = names::named(head, &config.s3)?;
         let object = matches!(target, Target::Object { .. });
         let effect = operation::effect(head.method, object, head.uri.query(), head.headers)?;
         if effect == Effect::Read {

@@ -8,6 +8,7 @@
 
 use http::header::HOST;
 
+use crate::config::S3Config;
 use crate::fence::keys::decode_once as decode;
 use crate::refusal::Refusal;
 use crate::request::classify::Head;
@@ -53,9 +54,32 @@ pub fn bucket_key(bucket: &str) -> String {
     format!("/{bucket}")
 }
 
-/// What `head` names, with `suffixes` the virtual-host suffixes (`s3.example.com` makes
-/// `b1.s3.example.com` bucket `b1`).
-pub fn named(head: &Head<'_>, suffixes: &[String]) -> Result<Named, Refusal> {
+/// What `head` names, under `s3`: its virtual-host suffixes (`s3.example.com` makes
+/// `b1.s3.example.com` bucket `b1`), and whether keys are flat.
+pub fn named(head: &Head<'_>, s3: &S3Config) -> Result<Named, Refusal> {
+    let named = locate(head, &s3.virtual_host_suffixes)?;
+    if let (false, Named::Object { key, .. }) = (s3.flat_keys, &named) {
+        check_path_key(key)?;
+    }
+    Ok(named)
+}
+
+/// Refuses a key that a server storing objects as files reads as another key's path: one with
+/// an empty, `.` or `..` segment (`a//b`, `a/./b` and `b/../a/b` are all the file `a/b`). A
+/// trailing slash, a directory marker, is kept.
+fn check_path_key(key: &str) -> Result<(), Refusal> {
+    let inner = key.strip_suffix('/').unwrap_or(key);
+    match inner.split('/').any(|segment| matches!(segment, "" | "." | "..")) {
+        true => Err(Refusal::BadRequest(format!(
+            "the key {key:?} has an empty, \".\" or \"..\" segment, which this server resolves as a file path \
+             (s3.flat_keys = false): it would write another key's object"
+        ))),
+        false => Ok(()),
+    }
+}
+
+/// What `head` names, with `suffixes` the virtual-host suffixes.
+fn locate(head: &Head<'_>, suffixes: &[String]) -> Result<Named, Refusal> {
     let path = head.uri.path();
     if !path.starts_with('/') {
         return Err(Refusal::InvalidPath(crate::fence::path::PathError::NotAbsolutePath));

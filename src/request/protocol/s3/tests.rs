@@ -166,3 +166,23 @@ async fn refusals_are_s3_error_documents() {
     assert!(text.contains("<Code>MissingToken</Code>"), "{text}");
     assert!(text.contains("<Message>this method is fenced"), "{text}");
 }
+
+#[test]
+fn keys_a_file_system_would_resolve_are_refused_where_the_server_stores_files() {
+    let paths = config("flat_keys = false");
+    let plan = |target: &str| {
+        let req = request("PUT", target, &[("fencing-token", "7")], "");
+        S3.classify(&Head::of(&req), &paths)
+    };
+    for target in ["/bk1/a//b", "/bk1/a/./b", "/bk1/a/../b", "/bk1//a", "/bk1/a/%2e%2e/b", "/bk1/a%2F%2Fb"] {
+        assert!(matches!(plan(target), Err(Refusal::BadRequest(_))), "{target}");
+    }
+    for target in ["/bk1/a/b", "/bk1/a/b/", "/bk1/a.b/..c", "/bk1/%2e%2ex"] {
+        assert!(matches!(plan(target), Ok(Plan::Write(_))), "{target}");
+    }
+    assert!(matches!(plan_flat("/bk1/a//b"), Ok(Plan::Write(_))), "flat keys take it");
+}
+
+fn plan_flat(target: &str) -> Result<Plan, Refusal> {
+    plan("PUT", target, &[])
+}
