@@ -26,9 +26,10 @@ pub(crate) mod leader;
 mod pool;
 mod sent;
 
-use crate::config::BackendConfig;
+use crate::config::{BackendConfig, BackendUrl};
 use crate::store::Permit;
 use checkout::Checkout;
+use dial::Target;
 use gated::Gated;
 pub use headers::{Peer, PeerAddr, append_forwarded_for, strip_hop_by_hop};
 use pool::{Bounds, Pool, SendError};
@@ -119,24 +120,31 @@ impl Upstream {
         bytes_in: prometheus_client::metrics::counter::Counter,
         previous: Option<&Upstream>,
     ) -> Result<Self, String> {
-        let url = &backend.url;
-        let authority = url.authority().ok_or_else(|| format!("{url}: no host"))?;
-        let (host, port) = backend_addr(url);
-        let tls = if url.scheme_str() == Some("https") {
-            let t = &backend.tls;
-            let config = crate::tls::client_config(t.ca.as_deref(), t.cert.as_deref(), t.key.as_deref())?;
-            let name = ServerName::try_from(host.clone()).map_err(|e| format!("{host}: {e}"))?;
-            Some((Arc::new(config), name))
-        } else {
-            None
-        };
         let bounds = Bounds {
             max_connections: backend.max_connections,
             pool_timeout: backend.pool_timeout,
             idle_timeout: Duration::from_secs(60),
         };
-        let pool = Pool::new(host, port, tls, backend.connect_timeout, bounds, previous.map(|p| &*p.pool));
-        let host = HeaderValue::from_str(authority.as_str()).map_err(|e| e.to_string())?;
+        let (target, host) = match &backend.url {
+            BackendUrl::Http(url) => {
+                let authority = url.authority().ok_or_else(|| format!("{url}: no host"))?;
+                let (host, port) = backend_addr(url);
+                let tls = if url.scheme_str() == Some("https") {
+                    let t = &backend.tls;
+                    let config = crate::tls::client_config(t.ca.as_deref(), t.cert.as_deref(), t.key.as_deref())?;
+                    let name = ServerName::try_from(host.clone()).map_err(|e| format!("{host}: {e}"))?;
+                    Some((Arc::new(config), name))
+                } else {
+                    None
+                };
+                let authority = HeaderValue::from_str(authority.as_str()).map_err(|e| e.to_string())?;
+                (Target::Tcp { host, port, tls }, authority)
+            }
+            // A socket has no host name: requests keep their own Host, and one without any
+            // (HTTP/1.0) gets `localhost`, where the socket is.
+            BackendUrl::Unix(path) => (Target::Unix(path.clone()), HeaderValue::from_static("localhost")),
+        };
+        let pool = Pool::new(target, backend.connect_timeout, bounds, previous.map(|p| &*p.pool));
         Ok(Upstream { pool, host, timeout: backend.request_timeout, bytes_in })
     }
 
@@ -273,6 +281,17 @@ fn relay(resp: Response<checkout::Relayed<ClientBody>>) -> Response<ResponseBody
     let (mut parts, body) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     Response::from_parts(parts, body.boxed())
+}
+
+/// Whether a connection to the backend at `url` opens within `timeout`.
+pub(crate) async fn reachable(url: &BackendUrl, timeout: Duration) -> bool {
+    let connect = async {
+        match url {
+            BackendUrl::Http(url) => tokio::net::TcpStream::connect(backend_addr(url)).await.map(drop),
+            BackendUrl::Unix(path) => tokio::net::UnixStream::connect(path).await.map(drop),
+        }
+    };
+    matches!(tokio::time::timeout(timeout, connect).await, Ok(Ok(())))
 }
 
 /// Host and port a backend URL connects to: the scheme's port when none is written, and an

@@ -28,7 +28,13 @@ const RULES: &[Rule] = &[
     Rule {
         module: "upstream",
         // The store's permit to send a write: whether the write may still go, not its token.
-        may_use: &["crate::upstream", "crate::config::BackendConfig", "crate::store::Permit", "crate::tls"],
+        may_use: &[
+            "crate::upstream",
+            "crate::config::BackendConfig",
+            "crate::config::BackendUrl",
+            "crate::store::Permit",
+            "crate::tls",
+        ],
         no_crates: &[],
     },
     Rule {
@@ -44,7 +50,7 @@ const RULES: &[Rule] = &[
             "crate::store::Condition",
             "crate::store::Role",
             "crate::store::StoreError",
-            "crate::upstream::backend_addr",
+            "crate::upstream::reachable",
         ],
         no_crates: &[],
     },

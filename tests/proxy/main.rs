@@ -18,6 +18,7 @@ mod paths;
 mod proxying;
 mod reload;
 mod tls;
+mod unix_sockets;
 mod verify_hmac;
 mod webdav;
 mod webdav_model;
