@@ -297,12 +297,7 @@ async fn serve(path: PathBuf, config: Config) -> anyhow::Result<()> {
     // Before anything slow (recovery can take seconds): SIGHUP's default action is to kill, and
     // `systemctl reload` may come early. One that arrives during start-up is applied after it.
     let hangups = signal(SignalKind::hangup()).context("cannot listen for SIGHUP")?;
-    let addr = config.server.listen;
-    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| fencegate::Error::Listen {
-        setting: "server.listen",
-        addr,
-        message: e.to_string(),
-    })?;
+    let listener = fencegate::app::bind("server.listen", &config.server.listen, config.server.listen_mode).await?;
     let proxy = fencegate::Proxy::open(config).await?;
     tokio::spawn(reload_on_hangup(proxy.clone(), path, hangups));
     proxy.run(listener, shutdown_signal()).await?;

@@ -8,8 +8,6 @@
 //! turns it needs like a write, is durable before it is answered, and is logged at warn with
 //! the caller's address and counted, as is every failed authentication.
 
-use std::net::SocketAddr;
-
 use bytes::Bytes;
 use http::header::{AUTHORIZATION, HeaderValue};
 use http::{Request, Response, StatusCode};
@@ -20,6 +18,7 @@ use subtle::ConstantTimeEq;
 
 use crate::config::BackendProtocol;
 use crate::fence::{Coverage, Lifted, Raised, Reset, Touch, keys};
+use crate::listener::Remote;
 use crate::refusal::{Refusal, json_response};
 use crate::state::State;
 use crate::store::{Role, StoreError};
@@ -56,7 +55,7 @@ pub(super) fn read(
     state: &State,
     path: &str,
     req: &Request<Incoming>,
-    caller: SocketAddr,
+    caller: Remote,
 ) -> Result<Response<Full<Bytes>>, Refusal> {
     let key = fence_key(state, path)?;
     if !read_as_operator(state, req, caller)? && state.settings.get().config.fence.withholds(&key) {
@@ -70,11 +69,7 @@ pub(super) fn read(
 
 /// A page of fences: `?prefix=…&after=…&limit=…`, values percent-decoded once. Without a
 /// token, withheld levels are left out of it.
-pub(super) fn list(
-    state: &State,
-    req: &Request<Incoming>,
-    caller: SocketAddr,
-) -> Result<Response<Full<Bytes>>, Refusal> {
+pub(super) fn list(state: &State, req: &Request<Incoming>, caller: Remote) -> Result<Response<Full<Bytes>>, Refusal> {
     let trusted = read_as_operator(state, req, caller)?;
     leading(state)?;
     let (mut prefix, mut after, mut limit) = (String::new(), None, PAGE);
@@ -111,7 +106,7 @@ pub(super) async fn change(
     path: &str,
     change: Change,
     req: Request<Incoming>,
-    caller: SocketAddr,
+    caller: Remote,
 ) -> Result<Response<Full<Bytes>>, Refusal> {
     authorize(state, &req, caller, Access::Change)?;
     leading(state)?;
@@ -159,12 +154,7 @@ pub(super) enum Access {
 }
 
 /// Refuses a request whose `Authorization: Bearer` token does not grant `need`.
-pub(super) fn authorize(
-    state: &State,
-    req: &Request<Incoming>,
-    caller: SocketAddr,
-    need: Access,
-) -> Result<(), Refusal> {
+pub(super) fn authorize(state: &State, req: &Request<Incoming>, caller: Remote, need: Access) -> Result<(), Refusal> {
     let settings = state.settings.get();
     let admin = &settings.config.admin;
     let accepted = match need {
@@ -199,7 +189,7 @@ pub(super) fn authorize(
 /// Whether a read comes from an operator: it carries a token, which must then be right (a
 /// wrong one is refused, not quietly served less). Without any token configured, there is no
 /// operator to be, and a header is ignored.
-fn read_as_operator(state: &State, req: &Request<Incoming>, caller: SocketAddr) -> Result<bool, Refusal> {
+fn read_as_operator(state: &State, req: &Request<Incoming>, caller: Remote) -> Result<bool, Refusal> {
     let admin = &state.settings.get().config.admin;
     if !req.headers().contains_key(AUTHORIZATION) || (admin.token.is_none() && admin.read_token.is_none()) {
         return Ok(false);

@@ -4,7 +4,6 @@
 //! connection limit of its own.
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -13,9 +12,8 @@ use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use serde_json::json;
-use tokio::net::TcpListener;
 
-use crate::listener::{self, Handler, Listening};
+use crate::listener::{self, Handler, Listener, Listening, Remote};
 use crate::refusal::{Refusal, json_response};
 use crate::state::State;
 use crate::store::{Condition, Role};
@@ -31,10 +29,9 @@ const MAX_CONNECTIONS: usize = 64;
 
 /// Serves the admin API on `listener` until `shutdown` resolves, then stops accepting and lets
 /// in-flight requests finish within `server.shutdown_grace`.
-pub(crate) async fn serve(state: Arc<State>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
-    if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, writes = state.settings.get().config.admin.token.is_some(), "admin API listening");
-    }
+pub(crate) async fn serve(state: Arc<State>, listener: Listener, shutdown: impl Future<Output = ()>) {
+    let writes = state.settings.get().config.admin.token.is_some();
+    tracing::info!(addr = %listener.describe(), writes, "admin API listening");
     // Plain HTTP: `server.tls` is the proxy's.
     let listening = Listening { name: "admin", max_connections: MAX_CONNECTIONS, tls: false };
     listener::serve(Admin(Arc::clone(&state)), listening, state, listener, shutdown).await;
@@ -45,14 +42,14 @@ pub(crate) async fn serve(state: Arc<State>, listener: TcpListener, shutdown: im
 struct Admin(Arc<State>);
 
 impl Handler for Admin {
-    type Client = SocketAddr;
+    type Client = Remote;
     type Body = Full<Bytes>;
 
-    fn client(&self, addr: SocketAddr) -> SocketAddr {
-        addr
+    fn client(&self, remote: Remote) -> Remote {
+        remote
     }
 
-    async fn handle(self, req: Request<Incoming>, caller: SocketAddr) -> Response<Full<Bytes>> {
+    async fn handle(self, req: Request<Incoming>, caller: Remote) -> Response<Full<Bytes>> {
         route(&self.0, req, caller).await.unwrap_or_else(|e| e.response())
     }
 }
@@ -108,7 +105,7 @@ impl Endpoint {
     }
 }
 
-async fn route(state: &State, req: Request<Incoming>, caller: SocketAddr) -> Result<Response<Full<Bytes>>, Refusal> {
+async fn route(state: &State, req: Request<Incoming>, caller: Remote) -> Result<Response<Full<Bytes>>, Refusal> {
     let path = req.uri().path();
     let endpoint = Endpoint::of(path).ok_or_else(|| Refusal::NotFound(path.to_owned()))?;
     if !endpoint.serves(req.method().as_str()) {
@@ -188,15 +185,7 @@ async fn readiness(state: &State) -> Response<Full<Bytes>> {
         }
     };
     let backend = &settings.config.backend;
-    let connect = tokio::net::TcpStream::connect(crate::upstream::backend_addr(&backend.url));
-    let unreachable = match tokio::time::timeout(backend.connect_timeout, connect).await {
-        Ok(Ok(_)) => None,
-        Ok(Err(e)) => Some(format!("backend unreachable: connecting to {} failed: {e}", backend.url)),
-        Err(_) => Some(format!(
-            "backend unreachable: no connection to {} within {:?} (backend.connect_timeout)",
-            backend.url, backend.connect_timeout
-        )),
-    };
+    let unreachable = crate::upstream::reachable(&backend.url, backend.connect_timeout).await.err();
     let checks = json!({ "store": store.is_none(), "backend": unreachable.is_none() });
     let mut problems: Vec<String> = store.into_iter().collect();
     problems.extend(unreachable);

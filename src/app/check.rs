@@ -4,7 +4,7 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use super::Error;
-use crate::config::Config;
+use crate::config::{BackendUrl, Config, ListenAddr};
 use crate::store::{self, Usable};
 use crate::upstream::backend_addr;
 
@@ -12,24 +12,26 @@ use crate::upstream::backend_addr;
 /// notes worth showing (a data directory a running fencegate holds, say).
 pub fn check(config: &Config) -> Result<Vec<String>, Error> {
     let mut notes = Vec::new();
-    let server = ("server.listen", config.server.listen);
-    if let Some(admin) = config.admin.listen
-        && overlaps(server.1, admin)
+    let server = ("server.listen", &config.server.listen);
+    if let Some(admin) = &config.admin.listen
+        && same_place(server.1, admin)
     {
         return Err(Error::Conflict(format!(
             "server.listen ({}) and admin.listen ({admin}) are the same address: each listener needs its own",
             server.1
         )));
     }
-    let (host, port) = backend_addr(&config.backend.url);
-    let backend_ip = match host.as_str() {
-        "localhost" => Some(IpAddr::V4(Ipv4Addr::LOCALHOST)),
-        host => host.parse().ok(),
+    let backend = match &config.backend.url {
+        BackendUrl::Http(url) => {
+            let (host, port) = backend_addr(url);
+            loopback_named(&host).or_else(|| host.parse().ok()).map(|ip| ListenAddr::Ip(SocketAddr::new(ip, port)))
+        }
+        BackendUrl::Unix(path) => Some(ListenAddr::Unix(path.clone())),
     };
-    if let Some(ip) = backend_ip {
-        let backend = SocketAddr::new(ip, port);
-        for (setting, addr) in std::iter::once(server).chain(config.admin.listen.map(|a| ("admin.listen", a))) {
-            if overlaps(addr, backend) {
+    if let Some(backend) = backend {
+        for (setting, addr) in std::iter::once(server).chain(config.admin.listen.as_ref().map(|a| ("admin.listen", a)))
+        {
+            if same_place(addr, &backend) {
                 return Err(Error::Conflict(format!(
                     "{setting} ({addr}) is backend.url's address ({backend}): fencegate would forward to itself"
                 )));
@@ -64,6 +66,25 @@ pub fn check(config: &Config) -> Result<Vec<String>, Error> {
     Ok(notes)
 }
 
+/// `localhost`'s address, the one name checked without resolving it.
+fn loopback_named(host: &str) -> Option<IpAddr> {
+    (host == "localhost").then_some(IpAddr::V4(Ipv4Addr::LOCALHOST))
+}
+
+/// Whether listening on `a` would take `b`'s place: overlapping TCP addresses, or one socket
+/// file. Host names other than `localhost` are not resolved here.
+fn same_place(a: &ListenAddr, b: &ListenAddr) -> bool {
+    let tcp = |addr: &ListenAddr| match addr {
+        ListenAddr::Ip(ip) => Some(*ip),
+        ListenAddr::Host { host, port } => loopback_named(host).map(|ip| SocketAddr::new(ip, *port)),
+        ListenAddr::Unix(_) => None,
+    };
+    match (a, b) {
+        (ListenAddr::Unix(a), ListenAddr::Unix(b)) => a == b,
+        _ => tcp(a).zip(tcp(b)).is_some_and(|(a, b)| overlaps(a, b)),
+    }
+}
+
 /// Whether listening on `a` would take `b`'s port, or is `b`: the same port on the same
 /// address, or on an unspecified one that covers every address.
 fn overlaps(a: SocketAddr, b: SocketAddr) -> bool {
@@ -83,5 +104,14 @@ mod tests {
         assert!(!overlaps(a("127.0.0.1:8080"), a("127.0.0.2:8080")));
         assert!(!overlaps(a("127.0.0.1:8080"), a("127.0.0.1:8081")));
         assert!(!overlaps(a("127.0.0.1:0"), a("127.0.0.1:0")), "port 0 is a new port each time");
+    }
+
+    #[test]
+    fn a_socket_file_or_localhost_is_one_place() {
+        let l = |s: &str| ListenAddr::parse(s).unwrap();
+        assert!(same_place(&l("unix:/run/a.sock"), &l("unix:/run/a.sock")));
+        assert!(!same_place(&l("unix:/run/a.sock"), &l("unix:/run/b.sock")));
+        assert!(same_place(&l("localhost:8080"), &l("127.0.0.1:8080")));
+        assert!(!same_place(&l("unix:/run/a.sock"), &l("127.0.0.1:8080")));
     }
 }

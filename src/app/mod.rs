@@ -1,6 +1,7 @@
 //! The running application: opens the store, starts the listener and the admin API, applies
 //! reloads, and drains on shutdown.
 
+mod bind;
 mod check;
 mod cluster;
 mod inspection;
@@ -10,7 +11,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::admin;
@@ -19,11 +19,13 @@ use crate::config::StoreKind;
 use crate::config::reload::{self, Reload};
 use crate::config::{Config, MissingToken};
 use crate::fence::Fence;
+pub use crate::listener::{BindError, Listener};
 use crate::refusal::throttle::RefusalThrottle;
 use crate::request::rules;
 use crate::state::{Metrics, Settings, SettingsError, SettingsSlot, State};
 use crate::store::{self, Adopted, FileStore, Store, StoreError, StoreOptions};
 use crate::upstream::leader::Peers;
+pub use bind::bind;
 pub use check::check;
 pub use cluster::{init_etcd, migrate_to_etcd};
 pub use inspection::inspection_report;
@@ -48,8 +50,8 @@ pub enum Error {
     Listen {
         /// The setting that names the address.
         setting: &'static str,
-        /// The address.
-        addr: std::net::SocketAddr,
+        /// The address, as the setting writes it.
+        addr: String,
         /// The OS error.
         message: String,
     },
@@ -202,16 +204,16 @@ impl Proxy {
     /// saturated or blocked. [`AdminThread::stopped`] waits for it to finish.
     pub fn serve_admin(
         &self,
-        listener: std::net::TcpListener,
+        listener: impl Into<Listener>,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<AdminThread, Error> {
-        listener.set_nonblocking(true)?;
+        let listener = listener.into().detach()?;
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let state = Arc::clone(&self.state);
         let (done, stopped) = tokio::sync::oneshot::channel();
         std::thread::Builder::new().name("fencegate-admin".into()).spawn(move || {
             runtime.block_on(async move {
-                match TcpListener::from_std(listener) {
+                match listener.attach() {
                     Ok(listener) => admin::serve(state, listener, shutdown).await,
                     Err(e) => tracing::error!(error = %e, "cannot serve the admin API"),
                 }
@@ -228,9 +230,9 @@ impl Proxy {
 
     /// Serves `listener` until `shutdown` resolves, then stops accepting, lets in-flight
     /// requests finish within `server.shutdown_grace`, and closes the store.
-    pub async fn serve(self, listener: TcpListener, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
+    pub async fn serve(self, listener: impl Into<Listener>, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
         let heartbeat = tokio::spawn(heartbeat(Arc::clone(&self.state)));
-        proxying::serve(Arc::clone(&self.state), listener, shutdown).await;
+        proxying::serve(Arc::clone(&self.state), listener.into(), shutdown).await;
         heartbeat.abort();
         self.state.store.close().await?;
         tracing::info!("fence store closed");
@@ -279,21 +281,22 @@ pub fn init_data_dir(dir: &std::path::Path, floor: u64) -> Result<(), Error> {
 
 /// Opens the proxy for `config` and serves `listener` (and the admin API, if configured)
 /// until `shutdown` resolves.
-pub async fn run(listener: TcpListener, config: Config, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
+pub async fn run(
+    listener: impl Into<Listener>,
+    config: Config,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), Error> {
     Proxy::open(config).await?.run(listener, shutdown).await
 }
 
 impl Proxy {
     /// Serves `listener`, and the admin API if `admin.listen` is set, until `shutdown` resolves.
-    pub async fn run(self, listener: TcpListener, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
+    pub async fn run(self, listener: impl Into<Listener>, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
         let (stop, stopped) = watch::channel(false);
-        let admin = match self.state.settings.get().config.admin.listen {
+        let admin = self.state.settings.get().config.admin.clone();
+        let admin = match &admin.listen {
             Some(addr) => {
-                let admin_listener = std::net::TcpListener::bind(addr).map_err(|e| Error::Listen {
-                    setting: "admin.listen",
-                    addr,
-                    message: e.to_string(),
-                })?;
+                let admin_listener = bind("admin.listen", addr, admin.listen_mode).await?;
                 let mut stopped = stopped.clone();
                 let until = async move {
                     let _ = stopped.wait_for(|s| *s).await;

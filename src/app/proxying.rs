@@ -2,15 +2,13 @@
 //! [`request::handle`].
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
 use prometheus_client::metrics::counter::Counter;
-use tokio::net::TcpListener;
 
-use crate::listener::{self, Handler, Listening};
+use crate::listener::{self, Handler, Listener, Listening, Remote};
 use crate::request::protocol::Protocol as _;
 use crate::request::{self, ResponseBody};
 use crate::state::State;
@@ -24,8 +22,11 @@ impl Handler for Proxying {
     type Client = Peer;
     type Body = ResponseBody;
 
-    fn client(&self, addr: SocketAddr) -> Peer {
-        Peer::new(addr)
+    fn client(&self, remote: Remote) -> Peer {
+        match remote {
+            Remote::Tcp(addr) => Peer::new(addr),
+            Remote::Unix => Peer::unix(),
+        }
     }
 
     fn handle(self, req: Request<Incoming>, client: Peer) -> impl Future<Output = Response<ResponseBody>> + Send {
@@ -39,13 +40,11 @@ impl Handler for Proxying {
 
 /// Serves the proxy on `listener` until `shutdown` resolves, then stops accepting and lets
 /// in-flight requests finish within `server.shutdown_grace`.
-pub(crate) async fn serve(state: Arc<State>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
+pub(crate) async fn serve(state: Arc<State>, listener: Listener, shutdown: impl Future<Output = ()>) {
     let settings = state.settings.get();
     let config = &settings.config;
-    if let Ok(addr) = listener.local_addr() {
-        let protocol = request::protocol::for_backend(&config.backend).name();
-        tracing::info!(%addr, backend = %config.backend.url, protocol, "fencegate listening");
-    }
+    let protocol = request::protocol::for_backend(&config.backend).name();
+    tracing::info!(addr = %listener.describe(), backend = %config.backend.url, protocol, "fencegate listening");
     let listening = Listening { name: "proxy", max_connections: config.limits.max_connections, tls: true };
     listener::serve(Proxying(Arc::clone(&state)), listening, state, listener, shutdown).await;
 }

@@ -2,12 +2,11 @@
 //! [`Config`], whose every field is already the type the proxy uses.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use http::Method;
 use http::header::HeaderName;
-use http::{Method, Uri};
 use serde::{Serialize, Serializer};
 
 pub use crate::fence::lock_names::LockTemplate;
@@ -15,6 +14,7 @@ pub use crate::fence::path::PathPolicy;
 pub use crate::fence::{DEFAULT_DOMAIN, EqualToken, Scope};
 pub use crate::store::{SyncMode, WriterScheduling};
 
+mod address;
 mod environment;
 mod etcd;
 mod headers;
@@ -24,6 +24,7 @@ mod store;
 mod validate;
 mod verify;
 
+pub use address::{BackendUrl, DEFAULT_LISTEN_MODE, ListenAddr};
 pub use environment::Environment;
 pub use etcd::{EtcdConfig, EtcdTls};
 pub use headers::{Forwarding, HeaderRules, HeadersConfig};
@@ -119,8 +120,11 @@ pub struct S3Config {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct AdminConfig {
     /// Where the admin API listens; off when unset.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub listen: Option<SocketAddr>,
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "ser_some_display")]
+    pub listen: Option<ListenAddr>,
+    /// Permissions of its Unix socket file; restart-only.
+    #[serde(serialize_with = "ser_mode")]
+    pub listen_mode: u32,
     /// File the write token was read from.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub token_file: Option<PathBuf>,
@@ -162,7 +166,11 @@ pub struct LimitsConfig {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ServerConfig {
     /// Address the binary binds (tests bind their own listener and ignore it).
-    pub listen: SocketAddr,
+    #[serde(serialize_with = "ser_display")]
+    pub listen: ListenAddr,
+    /// Permissions of its Unix socket file; restart-only.
+    #[serde(serialize_with = "ser_mode")]
+    pub listen_mode: u32,
     /// On SIGTERM, in-flight requests get this long to finish.
     #[serde(serialize_with = "ser_duration")]
     pub shutdown_grace: Duration,
@@ -205,7 +213,7 @@ pub struct BackendTls {
 pub struct BackendConfig {
     /// Scheme and authority of the backend; the path of each request is appended.
     #[serde(serialize_with = "ser_display")]
-    pub url: Uri,
+    pub url: BackendUrl,
     /// Bound on establishing a TCP connection to the backend.
     #[serde(serialize_with = "ser_duration")]
     pub connect_timeout: Duration,
@@ -486,6 +494,17 @@ fn ser_duration<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
 
 fn ser_display<S: Serializer, T: std::fmt::Display>(v: &T, s: S) -> Result<S::Ok, S::Error> {
     s.collect_str(v)
+}
+
+fn ser_some_display<S: Serializer, T: std::fmt::Display>(v: &Option<T>, s: S) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(v) => s.collect_str(v),
+        None => s.serialize_none(),
+    }
+}
+
+fn ser_mode<S: Serializer>(mode: &u32, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(&format_args!("{mode:04o}"))
 }
 
 fn ser_display_header<S: Serializer>(v: &HeaderName, s: S) -> Result<S::Ok, S::Error> {

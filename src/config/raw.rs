@@ -86,6 +86,7 @@ pub(super) struct RawEtcdTls {
 #[serde(deny_unknown_fields, default)]
 pub(super) struct RawAdmin {
     pub(super) listen: Option<String>,
+    pub(super) listen_mode: Option<String>,
     pub(super) token_file: Option<PathBuf>,
     pub(super) token: Option<String>,
     pub(super) read_token_file: Option<PathBuf>,
@@ -96,6 +97,7 @@ pub(super) struct RawAdmin {
 #[serde(deny_unknown_fields, default)]
 pub(super) struct RawServer {
     pub(super) listen: String,
+    pub(super) listen_mode: Option<String>,
     pub(super) shutdown_grace: String,
     pub(super) workers: usize,
     pub(super) tls: Option<RawServerTls>,
@@ -119,7 +121,7 @@ pub(super) struct RawBackendTls {
 
 impl Default for RawServer {
     fn default() -> Self {
-        Self { listen: "127.0.0.1:8080".into(), shutdown_grace: "30s".into(), workers: 1, tls: None }
+        Self { listen: "127.0.0.1:8080".into(), listen_mode: None, shutdown_grace: "30s".into(), workers: 1, tls: None }
     }
 }
 

@@ -10,10 +10,12 @@ type Keep = fn(&mut Config, &Config);
 
 /// Settings a reload cannot apply: they decide keys, storage or sockets already bound. Each
 /// entry is a dotted key or a whole section (`store`), with what puts the running value back.
-pub const RESTART_ONLY: [(&str, Keep); 13] = [
-    ("server.listen", |new, old| new.server.listen = old.server.listen),
+pub const RESTART_ONLY: [(&str, Keep); 15] = [
+    ("server.listen", |new, old| new.server.listen = old.server.listen.clone()),
+    ("server.listen_mode", |new, old| new.server.listen_mode = old.server.listen_mode),
     ("server.workers", |new, old| new.server.workers = old.server.workers),
-    ("admin.listen", |new, old| new.admin.listen = old.admin.listen),
+    ("admin.listen", |new, old| new.admin.listen = old.admin.listen.clone()),
+    ("admin.listen_mode", |new, old| new.admin.listen_mode = old.admin.listen_mode),
     ("store", |new, old| new.store = old.store.clone()),
     ("paths", |new, old| new.paths = old.paths.clone()),
     ("fence.scopes", |new, old| new.fence.scopes = old.fence.scopes.clone()),
@@ -88,7 +90,7 @@ pub(crate) fn merge(old: &Config, new: Config) -> (Config, Reload) {
     if new.server.tls.is_some() && !report.applied.iter().any(|l| l.starts_with("server.tls.")) {
         report.applied.push("server.tls: certificate files read again".to_owned());
     }
-    if new.backend.url.scheme_str() == Some("https") && !report.applied.iter().any(|l| l.starts_with("backend.")) {
+    if new.backend.url.is_https() && !report.applied.iter().any(|l| l.starts_with("backend.")) {
         report.applied.push("backend.tls: certificate files read again (new connection pool)".to_owned());
     }
     report.renew_connections = report
@@ -202,6 +204,7 @@ mod tests {
         new.backend.max_connections = 3;
         new.server.listen = "127.0.0.1:1".parse().unwrap();
         new.server.workers = 3;
+        (new.server.listen_mode, new.admin.listen_mode) = (0o600, 0o600);
         new.store.dir = "/tmp/elsewhere".into();
         new.store.segment_bytes += 4096;
         let (merged, report) = merge(&old, new);
@@ -211,7 +214,7 @@ mod tests {
         for key in kept {
             assert_eq!(before.get(key), after.get(key), "{key} changed under a running proxy");
         }
-        assert_eq!(report.kept.len(), 12, "{:?}", report.kept);
+        assert_eq!(report.kept.len(), 14, "{:?}", report.kept);
     }
 
     #[test]

@@ -4,9 +4,10 @@
 use std::path::Path;
 use std::time::Duration;
 
+use http::Method;
 use http::header::HeaderName;
-use http::{Method, Uri};
 
+use super::address;
 use super::raw::{self, RawAdmin, RawConfig, RawLimits, RawPaths, RawScope};
 use super::*;
 use crate::fence::keys;
@@ -19,7 +20,8 @@ pub(super) fn invalid(key: &str, message: impl Into<String>) -> ConfigError {
 /// Validates what was read into the settings the proxy uses.
 pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
     let server = ServerConfig {
-        listen: raw.server.listen.parse().map_err(|e| invalid("server.listen", format!("{e}: expected IP:PORT")))?,
+        listen: ListenAddr::parse(&raw.server.listen).map_err(|e| invalid("server.listen", e))?,
+        listen_mode: address::listen_mode("server.listen_mode", raw.server.listen_mode.as_deref())?,
         shutdown_grace: duration("server.shutdown_grace", &raw.server.shutdown_grace)?,
         workers: match raw.server.workers {
             n if n > 1024 => return Err(invalid("server.workers", format!("{n}: at most 1024"))),
@@ -36,7 +38,7 @@ pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
         },
     };
     let backend = BackendConfig {
-        url: backend_url(&raw.backend.url)?,
+        url: raw.backend.url.parse()?,
         connect_timeout: duration("backend.connect_timeout", &raw.backend.connect_timeout)?,
         request_timeout: duration("backend.request_timeout", &raw.backend.request_timeout)?,
         max_connections: bounded("backend.max_connections", raw.backend.max_connections, 1, 1 << 20)?,
@@ -190,41 +192,25 @@ fn backend_tls(url: &str, raw: Option<raw::RawBackendTls>) -> Result<BackendTls,
     Ok(tls)
 }
 
-fn backend_url(text: &str) -> Result<Uri, ConfigError> {
-    let key = "backend.url";
-    let uri: Uri = text.parse().map_err(|e| invalid(key, format!("{text:?}: {e}")))?;
-    match uri.scheme_str() {
-        Some("http" | "https") => {}
-        Some(other) => {
-            return Err(invalid(key, format!("scheme {other:?} is not supported; use http:// or https://")));
-        }
-        None => {
-            return Err(invalid(key, format!("{text:?} needs a scheme, e.g. http://127.0.0.1:9000")));
-        }
-    }
-    if uri.authority().is_none() {
-        return Err(invalid(key, format!("{text:?} has no host")));
-    }
-    // The forwarded path must be exactly the fenced path, so no base path can be prepended.
-    if uri.path_and_query().is_some_and(|pq| pq.as_str() != "/" && !pq.as_str().is_empty()) {
-        return Err(invalid(key, format!("{text:?} must not have a path or query")));
-    }
-    Ok(uri)
-}
-
 fn admin(raw: RawAdmin) -> Result<AdminConfig, ConfigError> {
     let listen = match raw.listen.as_deref() {
         None | Some("") => None,
-        Some(text) => {
-            Some(text.parse().map_err(|e| invalid("admin.listen", format!("{text:?}: {e}: expected IP:PORT")))?)
-        }
+        Some(text) => Some(ListenAddr::parse(text).map_err(|e| invalid("admin.listen", e))?),
     };
+    let listen_mode = address::listen_mode("admin.listen_mode", raw.listen_mode.as_deref())?;
     let token = bearer_token("admin.token_file", raw.token, raw.token_file.as_deref())?;
     let read_token = bearer_token("admin.read_token_file", raw.read_token, raw.read_token_file.as_deref())?;
     if read_token.is_some() && read_token == token {
         return Err(invalid("admin.read_token_file", "the read token must differ from admin.token: it grants less"));
     }
-    Ok(AdminConfig { listen, token_file: raw.token_file, token, read_token_file: raw.read_token_file, read_token })
+    Ok(AdminConfig {
+        listen,
+        listen_mode,
+        token_file: raw.token_file,
+        token,
+        read_token_file: raw.read_token_file,
+        read_token,
+    })
 }
 
 /// An admin bearer token: the environment's (`FENCEGATE_ADMIN__TOKEN`, say), which wins, or

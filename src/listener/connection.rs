@@ -10,7 +10,6 @@
 //! the request path.
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -22,12 +21,11 @@ use hyper::body::{Body, Frame, SizeHint};
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use prometheus_client::metrics::counter::Counter;
-use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot, watch};
 // Tokio's clock, so that the deadlines can be tested on a paused one.
 use tokio::time::Instant;
 
-use super::Handler;
+use super::{Handler, Remote};
 use crate::state::{Settings, State};
 
 /// One client connection and what it holds while it lives.
@@ -40,7 +38,7 @@ pub(super) struct Conn<H> {
     pub(super) tls: bool,
     pub(super) state: Arc<State>,
     pub(super) handler: H,
-    pub(super) client: SocketAddr,
+    pub(super) client: Remote,
     pub(super) stop: watch::Receiver<bool>,
     pub(super) _permit: OwnedSemaphorePermit,
     pub(super) _alive: mpsc::Sender<()>,
@@ -64,8 +62,11 @@ impl Drop for Open {
 }
 
 impl<H: Handler> Conn<H> {
-    pub(super) async fn serve(self, stream: TcpStream) {
-        let _ = stream.set_nodelay(true);
+    /// Serves the accepted `stream` (its socket options already set).
+    pub(super) async fn serve<S>(self, stream: S)
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
         // The TLS handshake and the first request's head share one header-read timeout, from
         // the accept on: a connection that stalls in either is slowloris too.
         let first_request = Instant::now() + self.settings.config.limits.header_read_timeout;
@@ -158,7 +159,7 @@ async fn watch_connection(
     (mut stop, mut renewals, state): (watch::Receiver<bool>, watch::Receiver<u64>, Arc<State>),
     activity: Arc<Activity>,
     limits: Limits,
-    client: SocketAddr,
+    client: Remote,
     mut closing: oneshot::Sender<Duration>,
 ) {
     let period = tokio::select! {

@@ -5,9 +5,9 @@
 //! `server.shutdown_grace`.
 
 mod connection;
+mod socket;
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,11 +15,12 @@ use bytes::Bytes;
 use http::{Request, Response};
 use hyper::body::{Body, Incoming};
 use prometheus_client::metrics::counter::Counter;
-use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, mpsc, watch};
 
 use crate::state::State;
 use connection::Conn;
+pub(crate) use socket::Stream;
+pub use socket::{BindError, Listener, Remote};
 
 /// What a listener's connections serve: the proxy, or the admin API.
 pub(crate) trait Handler: Clone + Send + Sync + 'static {
@@ -28,8 +29,8 @@ pub(crate) trait Handler: Clone + Send + Sync + 'static {
     /// The body of its responses.
     type Body: Body<Data = Bytes, Error: Into<Box<dyn std::error::Error + Send + Sync>>> + Send + Unpin + 'static;
 
-    /// Makes it from the client's address.
-    fn client(&self, addr: SocketAddr) -> Self::Client;
+    /// Makes it from where the client's connection comes from.
+    fn client(&self, remote: Remote) -> Self::Client;
 
     /// Answers one request; takes its own clones, so that what it returns borrows nothing.
     fn handle(self, req: Request<Incoming>, client: Self::Client) -> impl Future<Output = Response<Self::Body>> + Send;
@@ -56,7 +57,7 @@ pub(crate) async fn serve<H: Handler>(
     handler: H,
     listening: Listening,
     state: Arc<State>,
-    listener: TcpListener,
+    mut listener: Listener,
     shutdown: impl Future<Output = ()>,
 ) {
     let permits = Arc::new(Semaphore::new(listening.max_connections));
@@ -92,7 +93,10 @@ pub(crate) async fn serve<H: Handler>(
                     _alive: alive.clone(),
                     _open: connection::Open::new(state.metrics.open_connections(listening.name)),
                 };
-                tokio::spawn(conn.serve(stream));
+                match stream {
+                    Stream::Tcp(stream) => tokio::spawn(conn.serve(stream)),
+                    Stream::Unix(stream) => tokio::spawn(conn.serve(stream)),
+                };
             }
             Err(e) => {
                 // Typically EMFILE: back off instead of spinning.
@@ -101,6 +105,7 @@ pub(crate) async fn serve<H: Handler>(
             }
         }
     }
+    // Closes the sockets, and removes a Unix socket's file: new clients are refused at once.
     drop(listener);
     let grace = state.settings.get().config.server.shutdown_grace;
     tracing::info!(listener = listening.name, grace = %humantime::format_duration(grace), "shutting down: draining connections");

@@ -88,7 +88,7 @@ impl std::fmt::Debug for Settings {
 
 /// Whether the backend client reads certificate files, which a reload must read again.
 fn reads_files(config: &Config) -> bool {
-    config.backend.url.scheme_str() == Some("https")
+    config.backend.url.is_https()
 }
 
 /// The settings in force: readers take the current `Arc` without a lock, a reload swaps it.

@@ -1,8 +1,9 @@
-//! Opening one backend connection: TCP, then TLS for an `https://` backend, then the HTTP/1.1
-//! handshake, all within `connect_timeout`. The task that drives the connection owns the
+//! Opening one backend connection: TCP, then TLS for an `https://` backend, or a Unix socket
+//! for a `unix:` one, then the HTTP/1.1 handshake, all within `connect_timeout`. The task that drives the connection owns the
 //! connection's permit of the pool's bound, so the permit comes back when the connection ends,
 //! whoever ends it: the backend, an error, or fencegate dropping its last handle to it.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,30 +11,52 @@ use hyper::body::Body;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
 use rustls_pki_types::ServerName;
-use tokio::net::TcpStream;
+use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_rustls::TlsConnector;
 
 use super::pool::SendError;
 
+/// Where the backend is.
+#[derive(Debug)]
+pub(crate) enum Target {
+    /// `host:port` over TCP, speaking TLS when `tls` is given.
+    Tcp { host: String, port: u16, tls: Option<(Arc<rustls::ClientConfig>, ServerName<'static>)> },
+    /// A Unix socket, plain HTTP.
+    Unix(PathBuf),
+}
+
 /// Where and how connections to the backend are opened.
 pub(super) struct Dialer {
-    pub(super) host: String,
-    pub(super) port: u16,
-    tls: Option<(TlsConnector, ServerName<'static>)>,
+    to: To,
     timeout: Duration,
 }
 
+/// A [`Target`] with its TLS connector made once.
+enum To {
+    Tcp { host: String, port: u16, tls: Option<(TlsConnector, ServerName<'static>)> },
+    Unix(PathBuf),
+}
+
+impl std::fmt::Debug for Dialer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.to {
+            To::Tcp { host, port, tls } => write!(f, "{host}:{port}{}", if tls.is_some() { " (TLS)" } else { "" }),
+            To::Unix(path) => write!(f, "unix:{}", path.display()),
+        }
+    }
+}
+
 impl Dialer {
-    /// Connections to `host:port`, speaking TLS when `tls` is given.
-    pub(super) fn new(
-        host: String,
-        port: u16,
-        tls: Option<(Arc<rustls::ClientConfig>, ServerName<'static>)>,
-        timeout: Duration,
-    ) -> Self {
-        let tls = tls.map(|(config, name)| (TlsConnector::from(config), name));
-        Dialer { host, port, tls, timeout }
+    /// Connections to `target`, each opened within `timeout`.
+    pub(super) fn new(target: Target, timeout: Duration) -> Self {
+        let to = match target {
+            Target::Tcp { host, port, tls } => {
+                To::Tcp { host, port, tls: tls.map(|(config, name)| (TlsConnector::from(config), name)) }
+            }
+            Target::Unix(path) => To::Unix(path),
+        };
+        Dialer { to, timeout }
     }
 
     /// Opens a connection that holds `permit` for as long as it is open. On failure the permit
@@ -57,9 +80,17 @@ impl Dialer {
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let failed = |what: &str, e: &dyn std::fmt::Display| SendError::Connect(format!("{what}: {e}"));
-        let tcp = TcpStream::connect((self.host.as_str(), self.port)).await.map_err(|e| failed("connect", &e))?;
+        let (host, port, tls) = match &self.to {
+            To::Tcp { host, port, tls } => (host, *port, tls),
+            To::Unix(path) => {
+                let what = format!("connect to unix:{}", path.display());
+                let unix = UnixStream::connect(path).await.map_err(|e| failed(&what, &e))?;
+                return handshake(unix, permit).await;
+            }
+        };
+        let tcp = TcpStream::connect((host.as_str(), port)).await.map_err(|e| failed("connect", &e))?;
         let _ = tcp.set_nodelay(true);
-        match &self.tls {
+        match tls {
             None => handshake(tcp, permit).await,
             Some((connector, name)) => {
                 let stream = connector.connect(name.clone(), tcp).await.map_err(|e| failed("TLS handshake", &e))?;

@@ -9,7 +9,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 use super::headers::Peer;
 use super::location::{self, Origin};
-use crate::config::{Forwarding, HeaderRules, HeadersConfig};
+use crate::config::{BackendUrl, Forwarding, HeaderRules, HeadersConfig};
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -28,9 +28,13 @@ pub(crate) struct HeaderPolicy {
 
 impl HeaderPolicy {
     /// The policy of `config`, for a listener speaking TLS or not, in front of `backend_url`.
-    pub(crate) fn new(config: &HeadersConfig, tls: bool, backend_url: &http::Uri) -> HeaderPolicy {
+    pub(crate) fn new(config: &HeadersConfig, tls: bool, backend_url: &BackendUrl) -> HeaderPolicy {
         let proto = HeaderValue::from_static(if tls { "https" } else { "http" });
-        let backend = if config.rewrite_location { Origin::of(backend_url) } else { None };
+        // A backend on a Unix socket has no origin of its own for its redirects to name.
+        let backend = match backend_url {
+            BackendUrl::Http(url) if config.rewrite_location => Origin::of(url),
+            _ => None,
+        };
         HeaderPolicy { config: config.clone(), proto, backend }
     }
 
@@ -182,7 +186,7 @@ mod tests {
     fn policy(tweak: impl FnOnce(&mut HeadersConfig)) -> HeaderPolicy {
         let mut config = HeadersConfig::default();
         tweak(&mut config);
-        HeaderPolicy::new(&config, false, &"http://127.0.0.1:9000".parse().unwrap())
+        HeaderPolicy::new(&config, false, &BackendUrl::Http("http://127.0.0.1:9000".parse().unwrap()))
     }
 
     fn name(text: &str) -> HeaderName {

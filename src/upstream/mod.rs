@@ -28,9 +28,10 @@ mod location;
 mod pool;
 mod sent;
 
-use crate::config::BackendConfig;
+use crate::config::{BackendConfig, BackendUrl};
 use crate::store::Permit;
 use checkout::Checkout;
+use dial::Target;
 pub(crate) use forwarded::HeaderPolicy;
 use gated::Gated;
 pub use headers::{Peer, PeerAddr, append_forwarded_for, strip_hop_by_hop};
@@ -125,24 +126,31 @@ impl Upstream {
         bytes_in: prometheus_client::metrics::counter::Counter,
         previous: Option<&Upstream>,
     ) -> Result<Self, String> {
-        let url = &backend.url;
-        let authority = url.authority().ok_or_else(|| format!("{url}: no host"))?;
-        let (host, port) = backend_addr(url);
-        let tls = if url.scheme_str() == Some("https") {
-            let t = &backend.tls;
-            let config = crate::tls::client_config(t.ca.as_deref(), t.cert.as_deref(), t.key.as_deref())?;
-            let name = ServerName::try_from(host.clone()).map_err(|e| format!("{host}: {e}"))?;
-            Some((Arc::new(config), name))
-        } else {
-            None
-        };
         let bounds = Bounds {
             max_connections: backend.max_connections,
             pool_timeout: backend.pool_timeout,
             idle_timeout: Duration::from_secs(60),
         };
-        let pool = Pool::new(host, port, tls, backend.connect_timeout, bounds, previous.map(|p| &*p.pool));
-        let host = HeaderValue::from_str(authority.as_str()).map_err(|e| e.to_string())?;
+        let (target, host) = match &backend.url {
+            BackendUrl::Http(url) => {
+                let authority = url.authority().ok_or_else(|| format!("{url}: no host"))?;
+                let (host, port) = backend_addr(url);
+                let tls = if url.scheme_str() == Some("https") {
+                    let t = &backend.tls;
+                    let config = crate::tls::client_config(t.ca.as_deref(), t.cert.as_deref(), t.key.as_deref())?;
+                    let name = ServerName::try_from(host.clone()).map_err(|e| format!("{host}: {e}"))?;
+                    Some((Arc::new(config), name))
+                } else {
+                    None
+                };
+                let authority = HeaderValue::from_str(authority.as_str()).map_err(|e| e.to_string())?;
+                (Target::Tcp { host, port, tls }, authority)
+            }
+            // A socket has no host name: requests keep their own Host, and one without any
+            // (HTTP/1.0) gets `localhost`, where the socket is.
+            BackendUrl::Unix(path) => (Target::Unix(path.clone()), HeaderValue::from_static("localhost")),
+        };
+        let pool = Pool::new(target, backend.connect_timeout, bounds, previous.map(|p| &*p.pool));
         Ok(Upstream { pool, host, timeout: backend.request_timeout, bytes_in, policy: Arc::new(policy) })
     }
 
@@ -308,6 +316,24 @@ fn failure(e: SendError, body_limit: Option<u64>) -> UpstreamError {
             UpstreamError::BodyTooLarge { limit: body_limit.unwrap_or_default() }
         }
         SendError::Http(e) => UpstreamError::Failed(error_chain(&e)),
+    }
+}
+
+/// Whether a connection to the backend at `url` opens within `timeout`; if not, what happened,
+/// for people.
+pub(crate) async fn reachable(url: &BackendUrl, timeout: Duration) -> Result<(), String> {
+    let connect = async {
+        match url {
+            BackendUrl::Http(url) => tokio::net::TcpStream::connect(backend_addr(url)).await.map(drop),
+            BackendUrl::Unix(path) => tokio::net::UnixStream::connect(path).await.map(drop),
+        }
+    };
+    match tokio::time::timeout(timeout, connect).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(format!("backend unreachable: connecting to {url} failed: {e}")),
+        Err(_) => {
+            Err(format!("backend unreachable: no connection to {url} within {timeout:?} (backend.connect_timeout)"))
+        }
     }
 }
 

@@ -22,11 +22,10 @@ use std::time::{Duration, Instant};
 use http::{Request, Response};
 use hyper::body::Body;
 use hyper::client::conn::http1::SendRequest;
-use rustls_pki_types::ServerName;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use super::checkout::{Checkout, Relayed};
-use super::dial::Dialer;
+use super::dial::{Dialer, Target};
 
 /// Why a request did not get a response head.
 #[derive(Debug, thiserror::Error)]
@@ -83,8 +82,7 @@ enum Free<B> {
 
 impl<B> std::fmt::Debug for Pool<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let (host, port) = (&self.dialer.host, self.dialer.port);
-        f.debug_struct("Pool").field("host", host).field("port", &port).field("bounds", &self.bounds).finish()
+        f.debug_struct("Pool").field("backend", &self.dialer).field("bounds", &self.bounds).finish()
     }
 }
 
@@ -138,12 +136,10 @@ where
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    /// A pool for `host:port`, speaking TLS when `tls` is given. With `successor_of`, it shares
-    /// that pool's bound: connections of both count against one `max_connections`.
+    /// A pool for `target`. With `successor_of`, it shares that pool's bound: connections of
+    /// both count against one `max_connections`.
     pub(crate) fn new(
-        host: String,
-        port: u16,
-        tls: Option<(Arc<rustls::ClientConfig>, ServerName<'static>)>,
+        target: Target,
         connect_timeout: Duration,
         bounds: Bounds,
         successor_of: Option<&Pool<B>>,
@@ -153,7 +149,7 @@ where
             None => Arc::new(Semaphore::new(bounds.max_connections)),
         };
         Arc::new(Pool {
-            dialer: Dialer::new(host, port, tls, connect_timeout),
+            dialer: Dialer::new(target, connect_timeout),
             retired: AtomicBool::new(false),
             limit,
             bounds,

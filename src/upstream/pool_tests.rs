@@ -67,7 +67,7 @@ async fn open_backend(close: bool) -> (u16, Arc<Seen>) {
 fn pool(port: u16, max_connections: usize) -> Arc<Pool<Empty<Bytes>>> {
     let bounds =
         Bounds { max_connections, pool_timeout: Duration::from_secs(20), idle_timeout: Duration::from_secs(60) };
-    Pool::new("127.0.0.1".into(), port, None, Duration::from_secs(5), bounds, None)
+    Pool::new(tcp(port), Duration::from_secs(5), bounds, None)
 }
 
 /// Sends a GET and reads the whole response.
@@ -162,7 +162,7 @@ async fn a_request_that_finds_every_connection_in_use_for_the_pool_timeout_is_bu
     let (port, seen) = backend(false, opened).await;
     let bounds =
         Bounds { max_connections: 1, pool_timeout: Duration::from_millis(50), idle_timeout: Duration::from_secs(60) };
-    let pool: Arc<Pool<Empty<Bytes>>> = Pool::new("127.0.0.1".into(), port, None, Duration::from_secs(5), bounds, None);
+    let pool: Arc<Pool<Empty<Bytes>>> = Pool::new(tcp(port), Duration::from_secs(5), bounds, None);
     let held = tokio::spawn({
         let pool = Arc::clone(&pool);
         async move { get(&pool).await }
@@ -176,4 +176,8 @@ async fn a_request_that_finds_every_connection_in_use_for_the_pool_timeout_is_bu
     settle(&pool).await;
     get(&pool).await.unwrap();
     assert_eq!(seen.accepted.load(SeqCst), 1, "the connection, free again, was reused");
+}
+
+fn tcp(port: u16) -> Target {
+    Target::Tcp { host: "127.0.0.1".into(), port, tls: None }
 }

@@ -163,7 +163,7 @@ impl Harness {
     /// Starts the admin API on a loopback port of its own, on its own thread and runtime as
     /// `fencegate run` does; it runs until the test ends.
     pub async fn start_admin(&self) -> SocketAddr {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         self.proxy.serve_admin(listener, std::future::pending()).unwrap();
         addr

@@ -9,7 +9,10 @@ use std::time::Duration;
 
 pub struct Nginx {
     child: Child,
+    /// Its TCP address; for one on a Unix socket, a port nothing listens on.
     pub addr: std::net::SocketAddr,
+    /// Its Unix socket, for one started by [`start_nginx_unix`].
+    pub socket: Option<PathBuf>,
     pub root: PathBuf,
     _dir: tempfile::TempDir,
 }
@@ -26,6 +29,15 @@ fn nginx_binary() -> Option<PathBuf> {
 }
 
 pub async fn start_nginx() -> Option<Nginx> {
+    start(false).await
+}
+
+/// nginx listening on a Unix socket (`listen unix:/path`) in its temporary directory.
+pub async fn start_nginx_unix() -> Option<Nginx> {
+    start(true).await
+}
+
+async fn start(unix: bool) -> Option<Nginx> {
     let Some(bin) = nginx_binary() else {
         assert!(std::env::var_os("CI").is_none(), "nginx is required in CI (.ci/run installs nginx-light)");
         eprintln!("skipping a test against nginx: nginx is not installed (apt-get install nginx-light)");
@@ -39,12 +51,17 @@ pub async fn start_nginx() -> Option<Nginx> {
         l.local_addr().unwrap().port()
     };
     let p = |name: &str| dir.path().join(name).display().to_string();
+    let socket = unix.then(|| dir.path().join("nginx.sock"));
+    let listen = match &socket {
+        Some(path) => format!("unix:{}", path.display()),
+        None => format!("127.0.0.1:{port}"),
+    };
     let conf = format!(
         "daemon off; master_process off; worker_processes 1; pid {pid}; error_log {err} warn;\n\
          events {{ worker_connections 64; }}\n\
          http {{\n  access_log off;\n  client_body_temp_path {body}; proxy_temp_path {proxy};\n  \
          fastcgi_temp_path {fcgi}; uwsgi_temp_path {uwsgi}; scgi_temp_path {scgi};\n  \
-         server {{\n    listen 127.0.0.1:{port};\n    root {root};\n    \
+         server {{\n    listen {listen};\n    root {root};\n    \
          location / {{ dav_methods PUT DELETE MKCOL COPY MOVE; create_full_put_path on; dav_access user:rw; }}\n  }}\n}}\n",
         pid = p("nginx.pid"),
         err = p("error.log"),
@@ -68,9 +85,13 @@ pub async fn start_nginx() -> Option<Nginx> {
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let error_log = p("error.log");
     // From here on, dropping the guard (also when panicking) kills and reaps nginx.
-    let nginx = Nginx { child, addr, root, _dir: dir };
+    let nginx = Nginx { child, addr, socket: socket.clone(), root, _dir: dir };
     for _ in 0..200 {
-        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+        let up = match &socket {
+            Some(path) => tokio::net::UnixStream::connect(path).await.is_ok(),
+            None => tokio::net::TcpStream::connect(addr).await.is_ok(),
+        };
+        if up {
             return Some(nginx);
         }
         tokio::time::sleep(Duration::from_millis(25)).await;

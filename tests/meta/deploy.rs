@@ -79,3 +79,11 @@ pub fn load_config(text: &str, env: &[(&str, &str)]) -> fencegate::Config {
     let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
     fencegate::Config::load(&path, Some(env)).unwrap_or_else(|e| panic!("the config does not load: {e}"))
 }
+
+/// A shipped config's listen address, which must be an `IP:PORT`.
+fn tcp(addr: &fencegate::config::ListenAddr) -> std::net::SocketAddr {
+    match addr {
+        fencegate::config::ListenAddr::Ip(addr) => *addr,
+        other => panic!("{other}: the shipped configs listen on IP:PORT"),
+    }
+}

@@ -31,6 +31,7 @@ const RULES: &[Rule] = &[
         may_use: &[
             "crate::upstream",
             "crate::config::BackendConfig",
+            "crate::config::BackendUrl",
             // `[headers]`: data, made into the upstream's header policy.
             "crate::config::Forwarding",
             "crate::config::HeaderRules",
@@ -55,7 +56,7 @@ const RULES: &[Rule] = &[
             "crate::store::Condition",
             "crate::store::Role",
             "crate::store::StoreError",
-            "crate::upstream::backend_addr",
+            "crate::upstream::reachable",
         ],
         no_crates: &[],
     },

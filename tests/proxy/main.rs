@@ -19,6 +19,7 @@ mod proxying;
 mod reload;
 mod s3;
 mod tls;
+mod unix_sockets;
 mod verify_hmac;
 mod webdav;
 mod webdav_model;

@@ -122,7 +122,7 @@ async fn an_https_backend_is_reached_with_mtls() {
         let url = url.clone();
         let pki = &pki;
         move |c: &mut fencegate::Config| {
-            c.backend.url = url;
+            c.backend.url = fencegate::config::BackendUrl::Http(url);
             c.backend.tls = BackendTls {
                 ca: Some(pki.path("ca.pem")),
                 cert: cert.then(|| pki.path("client.pem")),

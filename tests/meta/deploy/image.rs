@@ -63,7 +63,7 @@ fn the_image_builds_locked_and_runs_unprivileged_with_the_container_config() {
     assert!(volumes.iter().any(|v| Path::new(v) == config.store.dir), "VOLUME is not store.dir: {volumes:?}");
     let exposed: Vec<u16> =
         get("EXPOSE").iter().flat_map(|e| e.split_whitespace().map(|p| p.parse().unwrap())).collect();
-    for addr in [config.server.listen, config.admin.listen.expect("admin.listen")] {
+    for addr in [super::tcp(&config.server.listen), super::tcp(config.admin.listen.as_ref().expect("admin.listen"))] {
         assert!(exposed.contains(&addr.port()), "port {} is not EXPOSEd: {exposed:?}", addr.port());
     }
 

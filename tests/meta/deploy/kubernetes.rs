@@ -125,8 +125,8 @@ fn the_manifest_mounts_the_container_config_and_agrees_with_it() {
     assert!(list(&pod["volumes"]).iter().all(|v| v["name"] != data["name"]), "the data volume is also a pod volume");
 
     // Ports: every interface (clients and the kubelet come from outside the Pod), the config's.
-    let admin = config.admin.listen.expect("admin.listen is not set: no probes");
-    for (name, addr) in [("http", config.server.listen), ("admin", admin)] {
+    let admin = super::tcp(config.admin.listen.as_ref().expect("admin.listen is not set: no probes"));
+    for (name, addr) in [("http", super::tcp(&config.server.listen)), ("admin", admin)] {
         assert_eq!(port(fencegate, &Yaml::String(name.into())), addr.port(), "port {name}");
         assert!(addr.ip().is_unspecified(), "{name} listens on {addr}: the kubelet and other Pods cannot reach it");
     }
@@ -174,8 +174,8 @@ fn services_and_the_network_policy_keep_the_backend_and_the_admin_port_private()
         let selector = selector.as_hash().expect("a selector");
         !selector.is_empty() && selector.iter().all(|(k, v)| &labels[text(k, "label")] == v)
     };
-    let http = config.server.listen.port();
-    let admin = config.admin.listen.unwrap().port();
+    let http = super::tcp(&config.server.listen).port();
+    let admin = super::tcp(config.admin.listen.as_ref().unwrap()).port();
 
     let service = m.named("Service", text(&m.statefulset()["spec"]["serviceName"], "serviceName"));
     let service = service.expect("no Service named by the StatefulSet's serviceName");
