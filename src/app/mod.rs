@@ -4,7 +4,9 @@
 mod check;
 mod cluster;
 mod inspection;
+pub mod notify;
 mod proxying;
+pub mod supervised;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -27,6 +29,7 @@ use crate::upstream::leader::Peers;
 pub use check::check;
 pub use cluster::{init_etcd, migrate_to_etcd};
 pub use inspection::inspection_report;
+pub use supervised::{Reloading, Supervisor};
 
 /// Why the proxy could not start, apply a reload, or close its store.
 #[derive(Debug, thiserror::Error)]
@@ -74,6 +77,7 @@ impl From<SettingsError> for Error {
 #[derive(Debug, Clone)]
 pub struct Proxy {
     state: Arc<State>,
+    supervisor: Supervisor,
 }
 
 impl Proxy {
@@ -128,8 +132,23 @@ impl Proxy {
             arc_swap::ArcSwap::from_pointee(crate::request::holders::mirrors(&config, None).map_err(Error::Conflict)?);
         let settings = SettingsSlot::new(Settings::build(config, metrics.bytes_in.clone(), None)?);
         let guesses = crate::fence::Guesses::default();
-        let state = State { settings, fence, store, refusals, guesses, metrics, locks, peers };
-        Ok(Proxy { state: Arc::new(state) })
+        // The runtime that opens the proxy serves it: /livez hands it a task.
+        let serving = tokio::runtime::Handle::try_current().ok();
+        let state = State { settings, fence, store, refusals, guesses, metrics, locks, peers, serving };
+        Ok(Proxy { state: Arc::new(state), supervisor: Supervisor::default() })
+    }
+
+    /// Tells `supervisor`, the service manager, when the proxy is ready, reloads and stops
+    /// ([`supervised`]).
+    pub fn supervised(mut self, supervisor: Supervisor) -> Self {
+        self.supervisor = supervisor;
+        self
+    }
+
+    /// Tells the service manager that a reload starts; dropping what it returns says that it
+    /// is over. Without a service manager it does nothing.
+    pub fn reloading(&self) -> Reloading {
+        self.supervisor.reloading()
     }
 
     /// Applies `config` as far as a running proxy can: fence policy, timeouts, limits, log
@@ -230,8 +249,13 @@ impl Proxy {
     /// requests finish within `server.shutdown_grace`, and closes the store.
     pub async fn serve(self, listener: TcpListener, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
         let heartbeat = tokio::spawn(heartbeat(Arc::clone(&self.state)));
+        // On this runtime, so that a wedged serving loop stops the pings.
+        let watchdog = self.supervisor.watchdog().map(tokio::spawn);
         proxying::serve(Arc::clone(&self.state), listener, shutdown).await;
         heartbeat.abort();
+        if let Some(watchdog) = watchdog {
+            watchdog.abort();
+        }
         self.state.store.close().await?;
         tracing::info!("fence store closed");
         Ok(())
@@ -287,6 +311,7 @@ impl Proxy {
     /// Serves `listener`, and the admin API if `admin.listen` is set, until `shutdown` resolves.
     pub async fn run(self, listener: TcpListener, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
         let (stop, stopped) = watch::channel(false);
+        let mut serving = listener.local_addr().map_or_else(|_| "serving".to_owned(), |a| format!("serving on {a}"));
         let admin = match self.state.settings.get().config.admin.listen {
             Some(addr) => {
                 let admin_listener = std::net::TcpListener::bind(addr).map_err(|e| Error::Listen {
@@ -294,6 +319,9 @@ impl Proxy {
                     addr,
                     message: e.to_string(),
                 })?;
+                if let Ok(addr) = admin_listener.local_addr() {
+                    serving.push_str(&format!(", admin API on {addr}"));
+                }
                 let mut stopped = stopped.clone();
                 let until = async move {
                     let _ = stopped.wait_for(|s| *s).await;
@@ -302,9 +330,12 @@ impl Proxy {
             }
             None => None,
         };
+        self.supervisor.ready(serving);
+        let (supervisor, state) = (self.supervisor.clone(), Arc::clone(&self.state));
         let result = self
             .serve(listener, async move {
                 shutdown.await;
+                supervisor.stopping(state.settings.get().config.server.shutdown_grace);
                 let _ = stop.send(true);
             })
             .await;

@@ -17,6 +17,7 @@ mod ordering;
 mod paths;
 mod proxying;
 mod reload;
+mod supervision;
 mod tls;
 mod verify_hmac;
 mod webdav;
