@@ -43,6 +43,7 @@ pub mod process;
 pub mod raw;
 pub mod services;
 pub mod signing;
+pub mod skips;
 pub mod wait;
 pub mod webdav;
 

@@ -85,7 +85,7 @@ fn every_documentation_link_is_a_file_the_recipe_installs_or_a_web_page() {
 
 #[test]
 fn the_recipe_installs_a_service_that_runs_as_its_dynamic_user() {
-    if !need_root("the_recipe_installs_a_service_that_runs_as_its_dynamic_user") {
+    if !need_root() {
         return;
     }
     let mut host = Host::new();
