@@ -1,8 +1,10 @@
+# syntax=docker/dockerfile:1
 # fencegate's container image: built with the dependency versions in Cargo.lock, run as an
 # unprivileged user on Debian bookworm-slim (which has /bin/sh, for the Kubernetes
-# init-data-dir step). From the repository root:
+# init-data-dir step). The build's cache mounts (RUN --mount=type=cache) need BuildKit, which
+# the legacy `docker build` is not; podman (buildah) has them too. From the repository root:
 #
-#   podman build -t fencegate:0.1.0 .        (or: docker build -t fencegate:0.1.0 .)
+#   DOCKER_BUILDKIT=1 docker build -t fencegate:0.1.0 .    (or: docker buildx build, podman build)
 #
 # docs/deployment.md has the commands to initialise the volume and run it.
 
@@ -34,7 +36,8 @@ COPY deploy/container/fencegate.toml /etc/fencegate/fencegate.toml
 USER 65532:65532
 # store.dir. A new volume is empty, and `run` refuses it until `fencegate init` has run once.
 VOLUME ["/var/lib/fencegate"]
-# server.listen and admin.listen.
+# server.listen, and admin.listen's port: on loopback in this config, on every interface where
+# FENCEGATE_ADMIN__LISTEN=0.0.0.0:8081 asks for it (the Kubernetes manifest does).
 EXPOSE 8080 8081
 ENTRYPOINT ["/usr/local/bin/fencegate"]
 CMD ["run", "--config", "/etc/fencegate/fencegate.toml"]

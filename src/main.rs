@@ -62,6 +62,15 @@ enum Command {
         /// TOML config file.
         #[arg(long, short)]
         config: PathBuf,
+        /// Print nothing when the file is valid (for ExecStartPre=); errors still go to stderr.
+        #[arg(long, short)]
+        quiet: bool,
+    },
+    /// Wait for a while, then exit: a Kubernetes preStop hook in an image without `sleep`.
+    Sleep {
+        /// How long ("5s", "500ms").
+        #[arg(value_parser = humantime::parse_duration)]
+        duration: std::time::Duration,
     },
     /// Replay the zombie-lock-holder race against an in-memory backend and show it defeated.
     Demo,
@@ -110,7 +119,11 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Check { config } => check(&config),
+        Command::Check { config, quiet } => check(&config, quiet),
+        Command::Sleep { duration } => {
+            std::thread::sleep(duration);
+            Ok(())
+        }
         Command::Run { config } => {
             Config::load(&config, None).with_context(|| format!("invalid config {}", config.display())).and_then(|c| {
                 let _flush = fencegate::logging::init(&c.log.level, c.log.format, c.log.buffer_lines);
@@ -157,12 +170,16 @@ fn runtime(workers: usize) -> anyhow::Result<tokio::runtime::Runtime> {
     builder.enable_all().build().context("cannot start the runtime")
 }
 
-fn check(path: &std::path::Path) -> anyhow::Result<()> {
+/// `check`; with `quiet`, only errors are printed (`run` logs the warnings again).
+fn check(path: &std::path::Path, quiet: bool) -> anyhow::Result<()> {
     let config = Config::load(path, None).with_context(|| format!("invalid config {}", path.display()))?;
+    let notes = fencegate::app::check(&config).with_context(|| format!("{} would not run", path.display()))?;
+    if quiet {
+        return Ok(());
+    }
     for name in Environment::read(None).ignored {
         println!("# warning: {name} is ignored: {NOT_A_SETTING}");
     }
-    let notes = fencegate::app::check(&config).with_context(|| format!("{} would not run", path.display()))?;
     for note in notes {
         println!("# {note}");
     }
@@ -297,10 +314,15 @@ async fn serve(path: PathBuf, config: Config) -> anyhow::Result<()> {
     // Before anything slow (recovery can take seconds): SIGHUP's default action is to kill, and
     // `systemctl reload` may come early. One that arrives during start-up is applied after it.
     let hangups = signal(SignalKind::hangup()).context("cannot listen for SIGHUP")?;
+    // Likewise SIGTERM and SIGINT, before binding: a stop that comes during start-up drains
+    // the proxy once it is up rather than killing it half-open.
+    let shutdown = shutdown_signal()?;
+    let supervisor =
+        fencegate::app::Supervisor::from_environment().context("cannot use the service manager's settings")?;
     let listener = fencegate::app::bind("server.listen", &config.server.listen, config.server.listen_mode).await?;
-    let proxy = fencegate::Proxy::open(config).await?;
+    let proxy = fencegate::Proxy::open(config).await?.supervised(supervisor);
     tokio::spawn(reload_on_hangup(proxy.clone(), path, hangups));
-    proxy.run(listener, shutdown_signal()).await?;
+    proxy.run(listener, shutdown).await?;
     Ok(())
 }
 
@@ -309,6 +331,7 @@ async fn serve(path: PathBuf, config: Config) -> anyhow::Result<()> {
 async fn reload_on_hangup(proxy: fencegate::Proxy, path: PathBuf, mut hangups: Signal) {
     while hangups.recv().await.is_some() {
         tracing::info!(config = %path.display(), "SIGHUP: reloading the configuration");
+        let reloading = proxy.reloading();
         let result = match Config::load(&path, None) {
             Ok(config) => proxy.reload(config).map(drop).map_err(anyhow::Error::from),
             Err(e) => {
@@ -316,25 +339,25 @@ async fn reload_on_hangup(proxy: fencegate::Proxy, path: PathBuf, mut hangups: S
                 Err(e.into())
             }
         };
+        reloading.finished(result.is_ok());
         if let Err(e) = result {
             tracing::error!(error = format!("{e:#}"), "reload refused: the running configuration is unchanged");
         }
     }
 }
 
-async fn shutdown_signal() {
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
+/// Resolves at the first SIGTERM or SIGINT from now on (the handlers are installed here, not
+/// when it is first polled).
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    let mut term = signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot listen for SIGINT")?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
         }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
-    tracing::info!("shutdown signal received");
+        tracing::info!("shutdown signal received");
+    })
 }
 
 async fn demo() -> anyhow::Result<()> {

@@ -19,6 +19,7 @@ use crate::state::State;
 use crate::store::{Condition, Role};
 
 mod fences;
+mod livez;
 use fences::{Access, Change};
 
 /// Admin connections served at once; more wait in the kernel's accept queue. Fixed rather
@@ -57,6 +58,8 @@ impl Handler for Admin {
 /// What an admin path names.
 enum Endpoint {
     Health,
+    /// `/livez`: whether the serving runtime still runs tasks.
+    Live,
     Ready,
     Metrics,
     List,
@@ -73,6 +76,7 @@ impl Endpoint {
     fn of(path: &str) -> Option<Endpoint> {
         Some(match path {
             "/healthz" => Endpoint::Health,
+            "/livez" => Endpoint::Live,
             "/readyz" => Endpoint::Ready,
             "/metrics" => Endpoint::Metrics,
             "/fences" | "/fences/" => Endpoint::List,
@@ -114,6 +118,7 @@ async fn route(state: &State, req: Request<Incoming>, caller: Remote) -> Result<
     }
     match endpoint {
         Endpoint::Health => Ok(json_response(StatusCode::OK, &json!({ "status": "ok" }))),
+        Endpoint::Live => Ok(livez::liveness(state.serving.as_ref(), livez::BOUND).await),
         Endpoint::Ready => Ok(readiness(state).await),
         Endpoint::Metrics => {
             state.metrics.resources.set(i64::try_from(state.fence.len()).unwrap_or(i64::MAX));

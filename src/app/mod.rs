@@ -5,7 +5,9 @@ mod bind;
 mod check;
 mod cluster;
 mod inspection;
+pub mod notify;
 mod proxying;
+pub mod supervised;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -29,6 +31,7 @@ pub use bind::bind;
 pub use check::check;
 pub use cluster::{init_etcd, migrate_to_etcd};
 pub use inspection::inspection_report;
+pub use supervised::{Reloading, Supervisor};
 
 /// Why the proxy could not start, apply a reload, or close its store.
 #[derive(Debug, thiserror::Error)]
@@ -76,6 +79,7 @@ impl From<SettingsError> for Error {
 #[derive(Debug, Clone)]
 pub struct Proxy {
     state: Arc<State>,
+    supervisor: Supervisor,
 }
 
 impl Proxy {
@@ -130,8 +134,23 @@ impl Proxy {
             arc_swap::ArcSwap::from_pointee(crate::request::holders::mirrors(&config, None).map_err(Error::Conflict)?);
         let settings = SettingsSlot::new(Settings::build(config, metrics.bytes_in.clone(), None)?);
         let guesses = crate::fence::Guesses::default();
-        let state = State { settings, fence, store, refusals, guesses, metrics, locks, peers };
-        Ok(Proxy { state: Arc::new(state) })
+        // The runtime that opens the proxy serves it: /livez hands it a task.
+        let serving = tokio::runtime::Handle::try_current().ok();
+        let state = State { settings, fence, store, refusals, guesses, metrics, locks, peers, serving };
+        Ok(Proxy { state: Arc::new(state), supervisor: Supervisor::default() })
+    }
+
+    /// Tells `supervisor`, the service manager, when the proxy is ready, reloads and stops
+    /// ([`supervised`]).
+    pub fn supervised(mut self, supervisor: Supervisor) -> Self {
+        self.supervisor = supervisor;
+        self
+    }
+
+    /// Tells the service manager that a reload starts; dropping what it returns says that it
+    /// is over. Without a service manager it does nothing.
+    pub fn reloading(&self) -> Reloading {
+        self.supervisor.reloading()
     }
 
     /// Applies `config` as far as a running proxy can: fence policy, timeouts, limits, log
@@ -232,8 +251,13 @@ impl Proxy {
     /// requests finish within `server.shutdown_grace`, and closes the store.
     pub async fn serve(self, listener: impl Into<Listener>, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
         let heartbeat = tokio::spawn(heartbeat(Arc::clone(&self.state)));
+        // On this runtime, so that a wedged serving loop stops the pings.
+        let watchdog = self.supervisor.watchdog().map(tokio::spawn);
         proxying::serve(Arc::clone(&self.state), listener.into(), shutdown).await;
         heartbeat.abort();
+        if let Some(watchdog) = watchdog {
+            watchdog.abort();
+        }
         self.state.store.close().await?;
         tracing::info!("fence store closed");
         Ok(())
@@ -293,10 +317,13 @@ impl Proxy {
     /// Serves `listener`, and the admin API if `admin.listen` is set, until `shutdown` resolves.
     pub async fn run(self, listener: impl Into<Listener>, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
         let (stop, stopped) = watch::channel(false);
+        let listener = listener.into();
+        let mut serving = format!("serving on {}", listener.describe());
         let admin = self.state.settings.get().config.admin.clone();
         let admin = match &admin.listen {
             Some(addr) => {
                 let admin_listener = bind("admin.listen", addr, admin.listen_mode).await?;
+                serving.push_str(&format!(", admin API on {}", admin_listener.describe()));
                 let mut stopped = stopped.clone();
                 let until = async move {
                     let _ = stopped.wait_for(|s| *s).await;
@@ -305,9 +332,12 @@ impl Proxy {
             }
             None => None,
         };
+        self.supervisor.ready(serving);
+        let (supervisor, state) = (self.supervisor.clone(), Arc::clone(&self.state));
         let result = self
             .serve(listener, async move {
                 shutdown.await;
+                supervisor.stopping(state.settings.get().config.server.shutdown_grace);
                 let _ = stop.send(true);
             })
             .await;

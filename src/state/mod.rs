@@ -34,4 +34,7 @@ pub(crate) struct State {
     pub(crate) locks: arc_swap::ArcSwap<Mirrors>,
     /// With the etcd store: the client a follower sends fenced writes to the leader with.
     pub(crate) peers: Option<Peers>,
+    /// The runtime that serves requests, which `/livez` hands a task to; `None` when the
+    /// proxy was opened outside a tokio runtime.
+    pub(crate) serving: Option<tokio::runtime::Handle>,
 }

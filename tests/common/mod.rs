@@ -44,6 +44,7 @@ pub mod raw;
 pub mod s3;
 pub mod services;
 pub mod signing;
+pub mod skips;
 pub mod wait;
 pub mod webdav;
 

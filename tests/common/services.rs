@@ -22,7 +22,7 @@ use super::wait::DEADLINE;
 pub use super::etcd_server::{Etcd, start_etcd};
 
 /// Set to `1` where the services must be there (CI): a missing one fails the test.
-pub const REQUIRE: &str = "FG_REQUIRE_SERVICES";
+pub use super::skips::REQUIRE;
 
 const JAVA: &str = "/usr/bin/java";
 /// Debian's zookeeper package: the server jar, whose manifest names the jars it needs.
@@ -44,9 +44,12 @@ pub fn installed(service: &str, package: &str, paths: &[&str]) -> bool {
     if missing.is_empty() {
         return true;
     }
-    let required = std::env::var(REQUIRE).is_ok_and(|v| v == "1");
-    assert!(!required, "{REQUIRE}=1 but {service} is missing ({}): apt-get install {package}", missing.join(", "));
-    eprintln!("skipping a test against {service}: {} not installed (apt-get install {package})", missing.join(", "));
+    assert!(
+        !super::skips::required(),
+        "{REQUIRE}=1 but {service} is missing ({}): apt-get install {package}",
+        missing.join(", ")
+    );
+    super::skips::skip(&format!("{service}: {} not installed (apt-get install {package})", missing.join(", ")));
     false
 }
 

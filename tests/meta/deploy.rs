@@ -44,23 +44,19 @@ pub fn block_after(text: &str, marker: &str, file: &str) -> Vec<String> {
     lines.take_while(|l| !l.starts_with("```")).map(str::to_owned).collect()
 }
 
-/// Whether the tests that need root should run: as root, yes; otherwise they fail, so that a
-/// run that cannot check the recipe never looks like one that did, unless `FG_SKIP_ROOT=1` says
-/// to skip them (with a message). CI runs as root.
-pub fn need_root(test: &str) -> bool {
+/// Whether the tests that need root should run: as root, yes; otherwise they skip, and the
+/// skip is listed when the test binary exits ([`crate::skips`]), so that a run that could not
+/// check the recipe says so. CI runs as root, with `FG_REQUIRE_SERVICES=1`, under which a
+/// missing root fails the test instead.
+pub fn need_root() -> bool {
     if rustix::process::geteuid().is_root() {
         return true;
     }
-    if std::env::var("FG_SKIP_ROOT").as_deref() == Ok("1") {
-        eprintln!(
-            "{test}: SKIPPED (FG_SKIP_ROOT=1): it installs files as other owners and runs commands as another uid"
-        );
-        return false;
-    }
-    panic!(
-        "{test} needs root: it installs files with the recipe's owners and runs the units' commands as an \
-        unprivileged uid (setpriv). Run as root, or set FG_SKIP_ROOT=1 to skip it knowingly."
-    );
+    let why = "needs root: it installs files with the recipe's owners and runs the units' commands as an \
+        unprivileged uid (setpriv)";
+    assert!(!crate::skips::required(), "{}=1, and this test {why}", crate::skips::REQUIRE);
+    crate::skips::skip(why);
+    false
 }
 
 /// A temporary directory whose path others may traverse (tempfile makes it 0700).

@@ -18,6 +18,7 @@ mod paths;
 mod proxying;
 mod reload;
 mod s3;
+mod supervision;
 mod tls;
 mod unix_sockets;
 mod verify_hmac;

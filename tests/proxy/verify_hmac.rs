@@ -361,7 +361,7 @@ fn the_documented_test_vector_agrees_with_sign_and_with_python() {
     {
         Ok(out) => out,
         Err(e) if std::env::var_os("FG_SKIP_PYTHON").is_some() => {
-            eprintln!("skipping the check against Python (FG_SKIP_PYTHON is set): cannot run python3: {e}");
+            common::skips::skip(&format!("FG_SKIP_PYTHON is set and python3 cannot run: {e}"));
             return;
         }
         Err(e) => panic!("cannot run python3 ({e}): install it, or set FG_SKIP_PYTHON=1 to skip this check"),

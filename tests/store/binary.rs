@@ -241,6 +241,43 @@ fn check_names_the_bad_key_and_exits_non_zero() {
     assert!(!out.status.success());
 }
 
+/// `check --quiet`, as the systemd unit's `ExecStartPre=` runs it: nothing in the journal on
+/// every start, only the error when the start is refused.
+#[test]
+fn check_quiet_prints_nothing_on_success_and_the_error_on_failure() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "http://127.0.0.1:9000", "");
+    init_data_dir(dir.path());
+    // A variable that is not a setting: `check` warns about it, `check --quiet` leaves it to `run`.
+    let env = [("FENCEGATE_BACKEND_URL", "http://127.0.0.1:1")];
+    let out = run(&["check", "--quiet", "--config", config.to_str().unwrap()], &env);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!((out.stdout.as_slice(), out.stderr.as_slice()), (&b""[..], &b""[..]), "check --quiet said something");
+
+    // Valid TOML, but a run would refuse it: a listener on the backend's address.
+    let out =
+        run(&["check", "-q", "--config", config.to_str().unwrap()], &[("FENCEGATE_SERVER__LISTEN", "127.0.0.1:9000")]);
+    assert!(!out.status.success());
+    assert!(out.stdout.is_empty(), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("server.listen"), "{}", String::from_utf8_lossy(&out.stderr));
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[backend]\nurl = \"http://127.0.0.1:9000\"\n[fence]\nequal_tokens = \"accept\"\n").unwrap();
+    let out = run(&["check", "--quiet", "--config", bad.to_str().unwrap()], &[]);
+    assert!(!out.status.success() && out.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("equal_tokens"), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// `fencegate sleep`, the Kubernetes `preStop` hook: waits, then exits 0; a duration it cannot
+/// read is an error that says so.
+#[test]
+fn sleep_waits_and_refuses_a_duration_it_cannot_read() {
+    let out = run(&["sleep", "10ms"], &[]);
+    assert!(out.status.success() && out.stdout.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = run(&["sleep", "soon"], &[]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("soon"), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
 #[test]
 fn the_shipped_sample_config_is_valid() {
     let sample = concat!(env!("CARGO_MANIFEST_DIR"), "/config/fencegate.toml");

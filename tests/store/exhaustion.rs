@@ -38,7 +38,7 @@ fn can_mount_tmpfs() -> bool {
                 "cannot mount a tmpfs in a namespace of its own (`unshare -rm` as root, or with user \
                  namespaces enabled): {why}; set FG_SKIP_MOUNT=1 to skip this test"
             );
-            eprintln!("skipped (FG_SKIP_MOUNT=1): cannot mount a tmpfs: {why}");
+            common::skips::skip(&format!("FG_SKIP_MOUNT=1 and it cannot mount a tmpfs: {}", why.trim()));
             false
         }
     }

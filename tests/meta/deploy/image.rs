@@ -53,6 +53,11 @@ fn the_image_builds_locked_and_runs_unprivileged_with_the_container_config() {
     let get = |op: &str| stage.iter().filter(|(o, _)| o == op).map(|(_, r)| r.clone()).collect::<Vec<_>>();
 
     let config = load_config(&read("deploy/container/fencegate.toml"), &[]);
+    // With the host's network (`--network host`), an admin API on every interface would be on
+    // every interface of the host: the image binds it to loopback unless asked otherwise.
+    let admin = config.admin.listen.clone().expect("admin.listen");
+    let loopback = matches!(admin, fencegate::config::ListenAddr::Ip(a) if a.ip().is_loopback());
+    assert!(loopback, "the image's admin.listen is {admin}, not loopback");
     let user = get("USER").pop().expect("no USER: the image would run as root");
     let uid: u32 = user.split(':').next().unwrap().parse().expect("USER: a numeric uid, so runAsNonRoot can check it");
     assert_ne!(uid, 0, "USER is root");
@@ -88,5 +93,32 @@ fn the_image_builds_locked_and_runs_unprivileged_with_the_container_config() {
     }
     for needed in ["src", "Cargo.toml", "Cargo.lock", "benches", "deploy"] {
         assert!(!ignored.iter().any(|i| i.trim_matches('/') == needed), ".dockerignore leaves out {needed}");
+    }
+}
+
+/// The image is built with `RUN --mount=type=cache`, which needs BuildKit: the Dockerfile asks
+/// for the frontend that has it, and the docs say so rather than offer the legacy builder.
+/// README, docs/deployment.md and the Dockerfile tag it alike, with the crate's version.
+#[test]
+fn the_image_asks_for_buildkit_and_is_tagged_alike_everywhere() {
+    let dockerfile = read("Dockerfile");
+    assert_eq!(dockerfile.lines().next(), Some("# syntax=docker/dockerfile:1"), "the Dockerfile's first line");
+    let deployment = read("docs/deployment.md");
+    if dockerfile.contains("--mount=type=cache") {
+        assert!(deployment.contains("BuildKit") && deployment.contains("DOCKER_BUILDKIT=1"), "docs/deployment.md");
+    }
+    let tag = format!("fencegate:{}", env!("CARGO_PKG_VERSION"));
+    for file in ["README.md", "docs/deployment.md", "Dockerfile"] {
+        let text = read(file);
+        let builds: Vec<&str> = text.lines().filter(|l| l.contains(" build ") && l.contains(" -t ")).collect();
+        assert!(!builds.is_empty(), "{file} shows no image build");
+        for line in builds {
+            let tags: Vec<&str> =
+                line.split(" -t ").skip(1).filter_map(|rest| rest.split_whitespace().next()).collect();
+            assert!(tags.iter().all(|t| *t == tag), "{file}: {line:?} does not tag the image {tag}");
+            for (at, _) in line.match_indices("docker build ") {
+                assert!(line[..at].ends_with("DOCKER_BUILDKIT=1 "), "{file}: the legacy builder: {line:?}");
+            }
+        }
     }
 }

@@ -130,11 +130,36 @@ fn the_manifest_mounts_the_container_config_and_agrees_with_it() {
         assert_eq!(port(fencegate, &Yaml::String(name.into())), addr.port(), "port {name}");
         assert!(addr.ip().is_unspecified(), "{name} listens on {addr}: the kubelet and other Pods cannot reach it");
     }
-    for (probe, path) in [("startupProbe", "/healthz"), ("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+    for (probe, path) in [("startupProbe", "/healthz"), ("livenessProbe", "/livez"), ("readinessProbe", "/readyz")] {
         let get = &fencegate[probe]["httpGet"];
         assert_eq!(get["path"].as_str(), Some(path), "{probe}");
         assert_eq!(port(fencegate, &get["port"]), admin.port(), "{probe} is not on the admin port");
     }
+    // /livez answers 503 only once the serving runtime has had 2 s to run its task: a probe
+    // that gives up sooner (the default is 1 s) would restart a healthy, busy Pod.
+    let timeout = fencegate["livenessProbe"]["timeoutSeconds"].as_i64().unwrap_or(1);
+    assert!(timeout > 2, "livenessProbe.timeoutSeconds {timeout} is not above /livez's 2 s");
+
+    // The image's config keeps the admin API on loopback; the Pod asks for every interface.
+    let image = load_config(&read(CONTAINER_CONFIG), &[]);
+    let loopback = matches!(image.admin.listen, Some(fencegate::config::ListenAddr::Ip(a)) if a.ip().is_loopback());
+    assert!(loopback, "the image's admin.listen is not loopback");
+    assert!(
+        environment(fencegate).contains(&("FENCEGATE_ADMIN__LISTEN", "0.0.0.0:8081")),
+        "no FENCEGATE_ADMIN__LISTEN"
+    );
+
+    // preStop: the Pod leaves the endpoints before SIGTERM starts the drain, with the binary's
+    // own `sleep` (the image's entrypoint), and the grace period covers both.
+    let pre_stop = strings(&fencegate["lifecycle"]["preStop"]["exec"]["command"]);
+    assert!(
+        pre_stop.len() == 3 && pre_stop[1] == "sleep",
+        "preStop: `fencegate sleep DURATION` expected: {pre_stop:?}"
+    );
+    assert_eq!(pre_stop[0], "/usr/local/bin/fencegate", "preStop does not run the image's binary");
+    let out = Command::new(BIN).args(["sleep", "0s"]).output().unwrap();
+    assert!(out.status.success(), "fencegate sleep: {}", said(&out));
+    let pause = humantime::parse_duration(pre_stop[2]).unwrap_or_else(|e| panic!("preStop: {}: {e}", pre_stop[2]));
 
     // The backend: on loopback in the Pod, where backend.url points.
     let url = config.backend.url.authority().unwrap().as_str().parse::<SocketAddr>().expect("backend.url: IP:PORT");
@@ -146,7 +171,8 @@ fn the_manifest_mounts_the_container_config_and_agrees_with_it() {
 
     // The Pod around them.
     let grace = pod["terminationGracePeriodSeconds"].as_i64().expect("terminationGracePeriodSeconds");
-    assert!(grace as u64 > config.server.shutdown_grace.as_secs(), "killed before server.shutdown_grace is over");
+    let needed = pause + config.server.shutdown_grace;
+    assert!(grace as u64 > needed.as_secs(), "killed before preStop and server.shutdown_grace ({needed:?}) are over");
     assert_eq!(pod["enableServiceLinks"].as_bool(), Some(false), "enableServiceLinks");
     assert_eq!(pod["automountServiceAccountToken"].as_bool(), Some(false), "automountServiceAccountToken");
     assert_eq!(pod["securityContext"]["runAsNonRoot"].as_bool(), Some(true));
