@@ -291,6 +291,7 @@ pub(super) struct RawLog {
     pub(super) refusal_interval: String,
     pub(super) buffer_lines: usize,
     pub(super) access: bool,
+    pub(super) access_format: String,
 }
 
 impl Default for RawLog {
@@ -301,6 +302,7 @@ impl Default for RawLog {
             refusal_interval: "1s".into(),
             buffer_lines: 16_384,
             access: false,
+            access_format: "log".into(),
         }
     }
 }
