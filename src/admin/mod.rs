@@ -188,13 +188,20 @@ async fn readiness(state: &State) -> Response<Full<Bytes>> {
         }
     };
     let backend = &settings.config.backend;
-    let connect = tokio::net::TcpStream::connect(crate::upstream::backend_addr(&backend.url));
-    let reachable = matches!(tokio::time::timeout(backend.connect_timeout, connect).await, Ok(Ok(_)));
-    let checks = json!({ "store": store.is_none(), "backend": reachable });
-    let mut problems: Vec<String> = store.into_iter().collect();
-    if !reachable {
-        problems.push(format!("backend unreachable: no connection within {:?}", backend.connect_timeout));
-    }
+    let (host, port) = crate::upstream::backend_addr(&backend.url);
+    let connect = tokio::net::TcpStream::connect((host.as_str(), port));
+    let shown = if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") };
+    // Said apart: a refusal means nothing listens, a timeout a backend or network too slow.
+    let unreachable = match tokio::time::timeout(backend.connect_timeout, connect).await {
+        Ok(Ok(_)) => None,
+        Ok(Err(e)) => Some(format!("backend unreachable: connecting to {shown} failed: {e}")),
+        Err(_) => Some(format!(
+            "backend unreachable: no connection to {shown} within {:?} (backend.connect_timeout)",
+            backend.connect_timeout
+        )),
+    };
+    let checks = json!({ "store": store.is_none(), "backend": unreachable.is_none() });
+    let mut problems: Vec<String> = store.into_iter().chain(unreachable).collect();
     match problems.is_empty() {
         true => json_response(StatusCode::OK, &json!({ "status": "ready", "checks": checks })),
         false => json_response(

@@ -37,6 +37,9 @@ async fn health_and_readiness_follow_the_backend() {
     let r = admin(down.start_admin().await, "GET", "/readyz", None, "").await;
     assert_eq!((r.status, r.json()["checks"]["backend"].as_bool()), (503, Some(false)));
     assert_eq!(r.json()["checks"]["store"], true);
+    // A refusal is told from a timeout: the backend is down, not slow.
+    let problem = r.json()["problems"][0].as_str().unwrap().to_owned();
+    assert!(problem.contains("refused") && !problem.contains("within"), "{problem}");
 }
 
 #[tokio::test]
