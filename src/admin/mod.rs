@@ -201,7 +201,7 @@ async fn readiness(state: &State) -> Response<Full<Bytes>> {
         )),
     };
     let checks = json!({ "store": store.is_none(), "backend": unreachable.is_none() });
-    let mut problems: Vec<String> = store.into_iter().chain(unreachable).collect();
+    let problems: Vec<String> = store.into_iter().chain(unreachable).collect();
     match problems.is_empty() {
         true => json_response(StatusCode::OK, &json!({ "status": "ready", "checks": checks })),
         false => json_response(
