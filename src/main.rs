@@ -34,9 +34,11 @@ enum Command {
     /// Make a data directory (or, with an etcd store, its prefix in etcd), once, before the
     /// first `run`. `run` refuses a missing or empty one, which may be a lost one. Refuses one
     /// that already holds state.
+    // One of the two names the data dir: a missing one is reported naming both.
+    #[command(group = clap::ArgGroup::new("data").required(true).args(["dir", "config"]))]
     Init {
         /// The data directory (`store.dir`).
-        #[arg(long, short, required_unless_present = "config", conflicts_with = "config")]
+        #[arg(long, short)]
         dir: Option<PathBuf>,
         /// A config file: its data dir, or its etcd store's prefix with store.kind = "etcd".
         #[arg(long, short)]
@@ -99,9 +101,10 @@ enum Command {
     },
     /// Read a data directory without starting a proxy: max_seen of one resource, or a summary.
     /// Refuses while a running fencegate holds the directory (then ask its admin API).
+    #[command(group = clap::ArgGroup::new("data").required(true).multiple(true).args(["dir", "config"]))]
     Inspect {
-        /// The data directory (`store.dir`); with --config, the config's.
-        #[arg(long, short, required_unless_present = "config")]
+        /// The data directory (`store.dir`); without it, the config's.
+        #[arg(long, short)]
         dir: Option<PathBuf>,
         /// A config file: its data dir, and its [paths] and [[fence.scopes]] rules for PATH.
         #[arg(long, short)]

@@ -112,6 +112,8 @@ pub(super) async fn change(
     leading(state)?;
     let key = fence_key(state, path)?;
     let wait = state.settings.get().config.fence.queue_timeout;
+    // Whether anything changed: a lift that found no quarantine did not.
+    let mut changed = true;
     let done = match change {
         Change::Advance => {
             let to = requested(req).await?.0;
@@ -135,11 +137,16 @@ pub(super) async fn change(
         }
         Change::Lift => {
             let Lifted { key: lifted, subtree } = state.fence.lift(&key, wait).await?;
-            json!({ "resource": key, "lifted": lifted, "subtree_lifted": subtree })
+            changed = lifted || subtree;
+            json!({ "resource": key, "lifted": lifted, "subtree_lifted": subtree, "changed": changed })
         }
     };
-    state.metrics.admin_change(change.name());
-    tracing::warn!(%caller, action = %change.name(), resource = %key, result = %done, "admin change");
+    if changed {
+        state.metrics.admin_change(change.name());
+        tracing::warn!(%caller, action = %change.name(), resource = %key, result = %done, "admin change");
+    } else {
+        tracing::info!(%caller, action = %change.name(), resource = %key, "admin request changed nothing");
+    }
     Ok(json_response(StatusCode::OK, &done))
 }
 

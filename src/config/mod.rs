@@ -414,6 +414,20 @@ pub struct LogConfig {
     pub buffer_lines: usize,
     /// One line per proxied request, at info under the target `fencegate::access`.
     pub access: bool,
+    /// The layout of access lines.
+    pub access_format: AccessFormat,
+}
+
+/// How access lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AccessFormat {
+    /// As the log's other lines (`log.format`): `name=value` fields, or one JSON object.
+    Log,
+    /// nginx's and Apache's `combined` format, which log tools read as it is.
+    Combined,
+    /// `combined`, then the fence's outcome, the token and the duration as `name=value`.
+    CombinedFencegate,
 }
 
 /// How log lines are written.

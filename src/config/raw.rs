@@ -310,6 +310,7 @@ pub(super) struct RawLog {
     pub(super) refusal_interval: String,
     pub(super) buffer_lines: usize,
     pub(super) access: bool,
+    pub(super) access_format: String,
 }
 
 impl Default for RawLog {
@@ -320,6 +321,7 @@ impl Default for RawLog {
             refusal_interval: "1s".into(),
             buffer_lines: 16_384,
             access: false,
+            access_format: "log".into(),
         }
     }
 }

@@ -112,6 +112,15 @@ pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
             n => n,
         },
         access: raw.log.access,
+        access_format: choice(
+            "log.access_format",
+            &raw.log.access_format,
+            [
+                ("log", AccessFormat::Log),
+                ("combined", AccessFormat::Combined),
+                ("combined_fencegate", AccessFormat::CombinedFencegate),
+            ],
+        )?,
     };
     let admin = admin(raw.admin)?;
     let etcd = super::etcd::etcd(raw.etcd)?;

@@ -14,6 +14,17 @@ fn equal_hint(token: u64, max_seen: u64) -> &'static str {
     }
 }
 
+/// What a stale token is below: the resource's own `max_seen`, or a floor over it.
+fn stale_level(resource: &str, level: u64, floor: Option<&str>) -> String {
+    match floor {
+        None => format!("{resource} has already accepted {level}"),
+        Some(floor) => format!(
+            "{resource} lies under the floor {floor} at {level}, left by a write that covered that subtree (or by \
+            `init --floor`), which every key in it must be above"
+        ),
+    }
+}
+
 /// What a jump refusal measured from.
 fn jump_base(resource: &str, base: u64, domain: Option<&str>) -> String {
     match domain {
@@ -25,15 +36,17 @@ fn jump_base(resource: &str, base: u64, domain: Option<&str>) -> String {
 /// Why the fence refused or stopped a write.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FenceError {
-    /// The token is not above the highest one this resource has accepted.
-    #[error("token {token} is stale: {resource} has already accepted {max_seen}{}", equal_hint(*token, *max_seen))]
+    /// The token is not above the highest one this resource has accepted, or a floor over it.
+    #[error("token {token} is stale: {}{}", stale_level(resource, *max_seen, floor.as_deref()), equal_hint(*token, *max_seen))]
     Stale {
         /// The fence key.
         resource: String,
         /// The token the write carried.
         token: u64,
-        /// The resource's `max_seen`.
+        /// The level the token must be above: the resource's `max_seen`, or the floor's.
         max_seen: u64,
+        /// The subtree (`/dav/`, or `/`) whose floor sets the level, when a floor does.
+        floor: Option<String>,
     },
     /// The token is further above the key's level (or its domain's highest token) than
     /// `max_jump` allows.

@@ -180,8 +180,8 @@ impl Fence {
     /// Refuses `token` for `touch` unless it is above the level (or equal to it, if the policy
     /// accepts that) and no further above it than `max_jump`.
     fn judge(&self, touch: &Touch, token: u64, policy: Policy) -> Result<(), FenceError> {
-        let level = self.tree.level(touch);
-        admit(&touch.key, token, level, policy.equal)?;
+        let (level, floor) = self.tree.level_and_floor(touch);
+        admit(&touch.key, token, level, floor, policy.equal)?;
         match policy.max_jump {
             Some(max_jump) => self.high_water.jump(touch, token, level, max_jump),
             None => Ok(()),
@@ -276,17 +276,20 @@ fn quarantine_end(period: Duration) -> Instant {
     now.checked_add(period).unwrap_or(now + Duration::from_secs(86_400))
 }
 
-/// Refuses `token` unless it is above `max_seen` (or equal to it, if `equal` accepts that).
-fn admit(key: &str, token: u64, max_seen: Option<u64>, equal: EqualToken) -> Result<(), FenceError> {
-    match (max_seen, equal) {
-        (Some(m), EqualToken::Reject) if token <= m => Err(stale(key, token, m)),
-        (Some(m), EqualToken::Accept) if token < m => Err(stale(key, token, m)),
+/// Refuses `token` unless it is above `level` (or equal to it, if `equal` accepts that);
+/// `floor` is the node of the floor that sets the level, if one does.
+fn admit(key: &str, token: u64, level: Option<u64>, floor: Option<&str>, equal: EqualToken) -> Result<(), FenceError> {
+    match (level, equal) {
+        (Some(m), EqualToken::Reject) if token <= m => Err(stale(key, token, m, floor)),
+        (Some(m), EqualToken::Accept) if token < m => Err(stale(key, token, m, floor)),
         _ => Ok(()),
     }
 }
 
-fn stale(key: &str, token: u64, max_seen: u64) -> FenceError {
-    FenceError::Stale { resource: key.to_owned(), token, max_seen }
+fn stale(key: &str, token: u64, max_seen: u64, floor: Option<&str>) -> FenceError {
+    // A floor covers its node's subtree: named as the collection, `/dav/` for node `/dav`.
+    let floor = floor.map(|n| if n == "/" { n.to_owned() } else { format!("{n}/") });
+    FenceError::Stale { resource: key.to_owned(), token, max_seen, floor }
 }
 
 #[cfg(test)]

@@ -144,22 +144,36 @@ impl Tree {
     /// The highest token `touch` must be above (or, by the equal-token policy, not below): the
     /// key's own `max_seen`, every floor at or above its node, and for a subtree everything in
     /// it.
+    #[cfg(test)]
     pub(crate) fn level(&self, touch: &Touch) -> Option<u64> {
+        self.level_and_floor(touch).0
+    }
+
+    /// [`Tree::level`], and the node of the floor it is, when a floor is all that sets it (a
+    /// key or subtree at the same token is named instead), for a refusal to name.
+    pub(crate) fn level_and_floor<'t>(&self, touch: &'t Touch) -> (Option<u64>, Option<&'t str>) {
         let table = &*self.table;
         let here = node(&touch.key);
         let mut level = table.get(&touch.key);
+        let mut floor = None;
         if table.count(MarkKind::Floor) > 0 {
             for n in ancestors(here).chain(std::iter::once(here)) {
-                level = level.max(table.level(MarkRef::floor(n)));
+                let at = table.level(MarkRef::floor(n));
+                if at > level {
+                    (level, floor) = (at, Some(n));
+                }
             }
         }
         if touch.coverage == Coverage::Subtree {
-            level = level.max(table.get(here)).max(self.below(here));
+            let mut inside = table.get(here).max(self.below(here));
             if here != "/" {
-                level = level.max(table.get(&format!("{here}/")));
+                inside = inside.max(table.get(&format!("{here}/")));
+            }
+            if inside > level {
+                (level, floor) = (inside, None);
             }
         }
-        level
+        (level, floor)
     }
 }
 
@@ -204,6 +218,12 @@ mod tests {
         assert_eq!(level(touch("/d/", Coverage::Key)), Some(2000));
         assert_eq!(level(touch("/dx", Coverage::Key)), None);
         assert_eq!(level(touch("/", Coverage::Subtree)), Some(2000), "and the subtrees above it");
+        let new = touch("/d/g/h", Coverage::Key);
+        assert_eq!(tree.level_and_floor(&new), (Some(2000), Some("/d")), "the floor is named");
+        let own = touch("/e/", Coverage::Key);
+        assert_eq!(tree.level_and_floor(&own), (Some(9), None), "a key's own level is no floor");
+        let above = touch("/", Coverage::Subtree);
+        assert_eq!(tree.level_and_floor(&above), (Some(2000), None), "what lies inside a subtree is no floor over it");
     }
 
     #[test]

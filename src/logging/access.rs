@@ -1,8 +1,8 @@
 //! Access lines (`log.access`), formatted off the threads that serve requests.
 //!
 //! A request hands its line's fields to a queue under a lock and goes on: it formats nothing.
-//! The `fencegate-access` thread formats what the queue holds in the layout of the log's other
-//! lines (text, never coloured, or JSON) and writes it to stderr in writes of whole lines, at
+//! The `fencegate-access` thread formats what the queue holds in the layout each line asks for
+//! ([`super::layout`]) and writes it to stderr in writes of whole lines, at
 //! most [`CHUNK`] bytes each unless one line is longer. Each write holds stderr's lock until
 //! it is done, so no line of the log's own thread lands inside it, and a pipe takes a write of
 //! that size whole, so no other process's bytes do either (a longer line, or stderr a file or
@@ -19,13 +19,16 @@
 //! early.
 
 use std::io::Write;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
-use http::Method;
+use http::{HeaderValue, Method, Version};
 
-use crate::config::LogFormat;
+#[cfg(test)]
+use super::layout::{LATEST, json, text, timestamp};
+use crate::config::{AccessFormat, LogFormat};
 
 /// How long the thread gathers lines between two writes while lines come.
 const FLUSH: Duration = Duration::from_millis(50);
@@ -34,15 +37,14 @@ const FLUSH: Duration = Duration::from_millis(50);
 /// a pipe takes a write of up to `PIPE_BUF` (4,096 bytes on Linux) whole.
 const CHUNK: usize = 4096;
 
-/// The latest timestamp a line can show: 9999-12-31T23:59:59.999999Z.
-const LATEST: Duration = Duration::from_micros(253_402_300_799_999_999);
-
 /// One request's access line.
 #[derive(Debug)]
 pub(crate) struct Line {
     /// When the response's head was ready (its body, if any, still to be relayed): the
     /// line's timestamp.
     pub(crate) at: SystemTime,
+    /// Its layout (`log.access_format` when the request started).
+    pub(crate) layout: AccessFormat,
     pub(crate) method: Method,
     pub(crate) path: String,
     /// The fence keys it touches, joined by ",".
@@ -52,7 +54,24 @@ pub(crate) struct Line {
     pub(crate) outcome: &'static str,
     pub(crate) status: u16,
     pub(crate) backend_status: Option<u16>,
-    pub(crate) duration_ms: f64,
+    /// From the request's start to its response head, in whole microseconds.
+    pub(crate) duration_us: u64,
+    /// What only the combined layouts show: `None` in the others.
+    pub(crate) combined: Option<Box<Combined>>,
+}
+
+/// The fields of nginx's `combined` format that the others lack.
+#[derive(Debug)]
+pub(crate) struct Combined {
+    /// The client's address; `None` for a peer on a Unix socket.
+    pub(crate) client: Option<IpAddr>,
+    /// The query, after the path in the request line.
+    pub(crate) query: Option<String>,
+    pub(crate) version: Version,
+    /// The response body's length as its head declares it, if it does.
+    pub(crate) body_bytes: Option<u64>,
+    pub(crate) referer: Option<HeaderValue>,
+    pub(crate) user_agent: Option<HeaderValue>,
 }
 
 /// The queue between requests and the access thread.
@@ -190,10 +209,7 @@ pub(super) fn run(queue: Arc<Queue>, format: LogFormat, out: impl Sink) {
         due = Instant::now() + FLUSH;
         for l in lines.drain(..) {
             line.clear();
-            match format {
-                LogFormat::Text => text(&l, &mut line),
-                LogFormat::Json => json(&l, &mut line),
-            }
+            super::layout::write(&l, format, &mut line);
             out.push(&line);
         }
         out.write();
@@ -269,66 +285,14 @@ impl<S: Sink> Chunks<'_, S> {
     }
 }
 
-/// `at` as the log stamps its lines (RFC 3339, microseconds, UTC), within the years it can
-/// show: a clock set before 1970 shows 1970.
-fn timestamp(at: SystemTime) -> humantime::Rfc3339Timestamp {
-    let since = at.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().min(LATEST);
-    humantime::format_rfc3339_micros(SystemTime::UNIX_EPOCH + since)
-}
-
 /// Logs `line` through `tracing`, for a subscriber other than the one `init` installs.
 pub(super) fn through_tracing(line: Line) {
-    let Line { method, path, keys, token, outcome, status, backend_status, duration_ms, .. } = line;
+    let Line { method, path, keys, token, outcome, status, backend_status, duration_us, .. } = line;
+    // Whole microseconds over 1000: the nearest double to a three-decimal number, which a
+    // subscriber prints with no more decimals than that.
+    let duration_ms = duration_us as f64 / 1000.0;
     tracing::info!(target: "fencegate::access", method = %method, path = %path, keys = %keys, token,
         outcome = %outcome, status, backend_status, duration_ms, "request");
-}
-
-/// The line as the log's text format writes an event, uncoloured: timestamp, level, target,
-/// message, then `name=value` fields, an absent value leaving its field out.
-fn text(line: &Line, buf: &mut Vec<u8>) {
-    let _ = write!(
-        buf,
-        "{}  INFO fencegate::access: request method={} path={} keys={}",
-        timestamp(line.at),
-        line.method,
-        line.path,
-        line.keys
-    );
-    if let Some(token) = line.token {
-        let _ = write!(buf, " token={token}");
-    }
-    let _ = write!(buf, " outcome={} status={}", line.outcome, line.status);
-    if let Some(status) = line.backend_status {
-        let _ = write!(buf, " backend_status={status}");
-    }
-    let _ = writeln!(buf, " duration_ms={:?}", line.duration_ms);
-}
-
-/// The line as the log's JSON format writes an event: one object, the fields at its top level.
-fn json(line: &Line, buf: &mut Vec<u8>) {
-    let _ = write!(buf, r#"{{"timestamp":"{}","level":"INFO","message":"request","method":"#, timestamp(line.at));
-    string(buf, line.method.as_str());
-    buf.extend_from_slice(br#","path":"#);
-    string(buf, &line.path);
-    buf.extend_from_slice(br#","keys":"#);
-    string(buf, &line.keys);
-    if let Some(token) = line.token {
-        let _ = write!(buf, r#","token":{token}"#);
-    }
-    buf.extend_from_slice(br#","outcome":"#);
-    string(buf, line.outcome);
-    let _ = write!(buf, r#","status":{}"#, line.status);
-    if let Some(status) = line.backend_status {
-        let _ = write!(buf, r#","backend_status":{status}"#);
-    }
-    buf.extend_from_slice(br#","duration_ms":"#);
-    let _ = serde_json::to_writer(&mut *buf, &line.duration_ms);
-    buf.extend_from_slice(b",\"target\":\"fencegate::access\"}\n");
-}
-
-/// `s` as a JSON string, quoted and escaped.
-fn string(buf: &mut Vec<u8>, s: &str) {
-    let _ = serde_json::to_writer(&mut *buf, s);
 }
 
 #[cfg(test)]

@@ -4,9 +4,11 @@
 //! writing to stderr blocks when whatever reads it falls behind (a full pipe, a stalled
 //! journal), and a thread that serves requests must never wait for that. When the queue is
 //! full a line is dropped and counted ([`dropped_lines`], `/metrics`). Access lines are
-//! formatted on a thread of their own too ([`access`]).
+//! formatted on a thread of their own too ([`access`]), in the layout each asks for
+//! ([`layout`]).
 
 pub(crate) mod access;
+mod layout;
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;

@@ -305,8 +305,12 @@ impl Refusal {
         }
         let mut body = json!({ "error": self.code(), "message": self.to_string() });
         let extra = match self {
-            Refusal::Fence(FenceError::Stale { resource, token, max_seen }) => {
+            Refusal::Fence(FenceError::Stale { resource, token, max_seen, floor: None }) => {
                 json!({ "resource": resource, "token": token, "max_seen": max_seen })
+            }
+            // `max_seen` stays the level to be above, for clients that read it.
+            Refusal::Fence(FenceError::Stale { resource, token, max_seen, floor: Some(floor) }) => {
+                json!({ "resource": resource, "token": token, "max_seen": max_seen, "floor": floor, "level": max_seen })
             }
             Refusal::Fence(FenceError::Jump { resource, token, base, max_jump, domain: None }) => {
                 json!({ "resource": resource, "token": token, "max_seen": base, "max_jump": max_jump })
@@ -352,8 +356,16 @@ impl Refusal {
     fn withheld_body(&self) -> Option<Value> {
         const WHY: &str = "the level is withheld: its token domain is verified against etcd";
         let (resource, token, message) = match self {
-            Refusal::Fence(FenceError::Stale { resource, token, .. }) => {
+            Refusal::Fence(FenceError::Stale { resource, token, floor: None, .. }) => {
                 (resource, token, format!("token {token} is stale: {resource} has accepted it or a higher one ({WHY})"))
+            }
+            Refusal::Fence(FenceError::Stale { resource, token, floor: Some(floor), .. }) => {
+                let message = format!(
+                    "token {token} is stale: {resource} lies under the floor {floor}, which is at it or higher ({WHY})"
+                );
+                let body = json!({ "error": self.code(), "message": message, "resource": resource, "token": token,
+                    "floor": floor, "withheld": true });
+                return Some(body);
             }
             Refusal::Fence(FenceError::Jump { resource, token, max_jump, .. }) => (
                 resource,

@@ -50,7 +50,7 @@ fn examples() -> Vec<(Refusal, u16, &'static str)> {
         (Refusal::Upstream(UpstreamError::BodyTooLarge { limit: 8 }), 413, "body_too_large"),
         (Refusal::InvalidToken(TokenError::NotDecimal), 400, "invalid_token"),
         (Refusal::InvalidPath(PathError::EscapedSlash), 400, "invalid_path"),
-        (fence(FenceError::Stale { resource: "/a".into(), token: 33, max_seen: 34 }), 409, "stale_token"),
+        (fence(FenceError::Stale { resource: "/a".into(), token: 33, max_seen: 34, floor: None }), 409, "stale_token"),
         (fence(FenceError::QueueTimeout { resource: "/a".into(), waited: d }), 503, "queue_timeout"),
         (
             fence(FenceError::Quarantined { resource: "/a".into(), retry_after: d, cause: Default::default() }),
@@ -133,7 +133,8 @@ fn answers_that_a_retry_may_cure_say_when_to_retry() {
 
 #[tokio::test]
 async fn stale_body_names_resource_token_and_max_seen() {
-    let err = Refusal::Fence(FenceError::Stale { resource: "/accounts/42".into(), token: 33, max_seen: 34 });
+    let err =
+        Refusal::Fence(FenceError::Stale { resource: "/accounts/42".into(), token: 33, max_seen: 34, floor: None });
     let body = err.response().into_body().collect().await.unwrap().to_bytes();
     let v: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(v["resource"], "/accounts/42");
@@ -147,7 +148,9 @@ async fn a_withheld_level_is_neither_in_the_body_nor_in_the_message() {
         String::from_utf8(r.response_withholding_levels().into_body().collect().await.unwrap().to_bytes().to_vec())
             .unwrap()
     };
-    let stale = Refusal::Fence(FenceError::Stale { resource: "/a".into(), token: 33, max_seen: 4242 });
+    let stale = Refusal::Fence(FenceError::Stale { resource: "/a".into(), token: 33, max_seen: 4242, floor: None });
+    let floor = || Some("/".to_owned());
+    let under = Refusal::Fence(FenceError::Stale { resource: "/a".into(), token: 33, max_seen: 4242, floor: floor() });
     let jump = Refusal::Fence(FenceError::Jump {
         resource: "/a".into(),
         token: 9,
@@ -155,7 +158,7 @@ async fn a_withheld_level_is_neither_in_the_body_nor_in_the_message() {
         max_jump: 2,
         domain: Some("d".into()),
     });
-    for (refusal, code) in [(stale, "stale_token"), (jump, "token_jump")] {
+    for (refusal, code) in [(stale, "stale_token"), (under, "stale_token"), (jump, "token_jump")] {
         assert!(refusal.names_a_level());
         let text = body(refusal).await;
         let v: Value = serde_json::from_str(&text).unwrap();

@@ -70,8 +70,9 @@ pub(crate) fn log(
     let key = refusal.resource().unwrap_or_else(|| refusal.code());
     let Some(suppressed) = throttle.admit(key, interval) else { return };
     match refusal {
-        Refusal::Fence(FenceError::Stale { resource, token, max_seen }) => {
-            tracing::warn!(%resource, token, max_seen, %client, %method, %path, suppressed, "refused stale token");
+        Refusal::Fence(FenceError::Stale { resource, token, max_seen, floor }) => {
+            let floor = floor.as_deref();
+            tracing::warn!(%resource, token, max_seen, floor, %client, %method, %path, suppressed, "refused stale token");
         }
         Refusal::Fence(FenceError::Jump { resource, token, base, max_jump, .. }) => {
             tracing::warn!(%resource, token, from = base, max_jump, %client, %method, %path, suppressed, "refused a token that jumps too far");

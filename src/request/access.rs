@@ -6,10 +6,13 @@
 
 use std::time::{Instant, SystemTime};
 
-use http::{Method, StatusCode};
+use http::header::{REFERER, USER_AGENT};
+use http::{Method, Request, StatusCode};
 
 use super::classify::Plan;
-use crate::logging::access::Line;
+use crate::config::AccessFormat;
+use crate::logging::access::{Combined, Line};
+use crate::upstream::Peer;
 
 /// What the access line says about one request, gathered as it goes.
 #[derive(Debug)]
@@ -20,17 +23,43 @@ pub(crate) struct Entry {
     keys: String,
     token: Option<u64>,
     started: Instant,
+    layout: AccessFormat,
+    /// What the combined layouts add, gathered only for them.
+    combined: Option<Box<Combined>>,
 }
 
 impl Entry {
-    /// Starts the line of a request to `path`, received at `started`, if access lines are
-    /// written at all.
-    pub(crate) fn start(method: &Method, path: &str, started: Instant) -> Option<Entry> {
-        crate::logging::access_enabled().then(|| Entry::new(method, path, started))
+    /// Starts the line of `req`, from `client`, received at `started`, in `layout`, if access
+    /// lines are written at all.
+    pub(crate) fn start<B>(req: &Request<B>, client: &Peer, layout: AccessFormat, started: Instant) -> Option<Entry> {
+        crate::logging::access_enabled().then(|| {
+            let mut entry = Entry::new(req.method(), req.uri().path(), started);
+            entry.layout = layout;
+            if layout != AccessFormat::Log {
+                let header = |name| req.headers().get(name).cloned();
+                entry.combined = Some(Box::new(Combined {
+                    client: client.ip(),
+                    query: req.uri().query().map(str::to_owned),
+                    version: req.version(),
+                    body_bytes: None,
+                    referer: header(REFERER),
+                    user_agent: header(USER_AGENT),
+                }));
+            }
+            entry
+        })
     }
 
     fn new(method: &Method, path: &str, started: Instant) -> Entry {
-        Entry { method: method.clone(), path: path.to_owned(), keys: String::new(), token: None, started }
+        Entry {
+            method: method.clone(),
+            path: path.to_owned(),
+            keys: String::new(),
+            token: None,
+            started,
+            layout: AccessFormat::Log,
+            combined: None,
+        }
     }
 
     /// Notes what the classification made of it.
@@ -42,11 +71,23 @@ impl Entry {
     }
 
     /// Writes the line: `outcome` is `forwarded` or the refusal's code, `status` what the
-    /// client got, `backend` the backend's status when it answered.
-    pub(crate) fn log(self, outcome: &'static str, status: StatusCode, backend: Option<StatusCode>) {
+    /// client got, `backend` the backend's status when it answered, `body_bytes` the length of
+    /// the response's body when its head says it (none for a HEAD).
+    pub(crate) fn log(
+        mut self,
+        outcome: &'static str,
+        status: StatusCode,
+        backend: Option<StatusCode>,
+        body_bytes: Option<u64>,
+    ) {
+        if let Some(combined) = self.combined.as_mut() {
+            combined.body_bytes = if self.method == Method::HEAD { Some(0) } else { body_bytes };
+        }
         crate::logging::access(Line {
             at: SystemTime::now(),
-            duration_ms: self.started.elapsed().as_secs_f64() * 1000.0,
+            duration_us: u64::try_from(self.started.elapsed().as_micros()).unwrap_or(u64::MAX),
+            layout: self.layout,
+            combined: self.combined,
             method: self.method,
             path: self.path,
             keys: self.keys,

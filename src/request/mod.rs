@@ -17,6 +17,7 @@ use std::time::Instant;
 
 use http::uri::PathAndQuery;
 use http::{Request, Response};
+use hyper::body::Body as _;
 use hyper::body::Incoming;
 
 use crate::refusal::{ERROR_HEADER, Refusal, throttle};
@@ -36,8 +37,8 @@ pub(crate) async fn handle(state: Arc<State>, req: Request<Incoming>, client: Pe
     let uri = req.uri().clone();
     // One snapshot of the settings for the whole request, however long it takes.
     let settings = state.settings.get();
-    let mut access =
-        if settings.config.log.access { access::Entry::start(&method, req.uri().path(), started) } else { None };
+    let log = &settings.config.log;
+    let mut access = if log.access { access::Entry::start(&req, &client, log.access_format, started) } else { None };
     let protocol = protocol::for_backend(&settings.config.backend);
     let result = match protocol.classify(&Head::of(&req), &settings.config) {
         Ok(plan) => {
@@ -62,7 +63,7 @@ pub(crate) async fn handle(state: Arc<State>, req: Request<Incoming>, client: Pe
         Ok(resp) => {
             state.metrics.request(&method, "forwarded");
             if let Some(entry) = access {
-                entry.log("forwarded", resp.status(), Some(resp.status()));
+                entry.log("forwarded", resp.status(), Some(resp.status()), resp.body().size_hint().exact());
             }
             resp
         }
@@ -70,12 +71,13 @@ pub(crate) async fn handle(state: Arc<State>, req: Request<Incoming>, client: Pe
             state.metrics.request(&method, refusal.code());
             let interval = settings.config.log.refusal_interval;
             throttle::log(&state.refusals, interval, &refusal, &method, uri.path(), &client);
-            if let Some(entry) = access {
-                entry.log(refusal.code(), refusal.status(), None);
-            }
             let withhold =
                 refusal.names_a_level() && refusal.resource().is_some_and(|key| settings.config.fence.withholds(key));
-            protocol.refuse(&refusal, withhold).map(full_body)
+            let resp = protocol.refuse(&refusal, withhold);
+            if let Some(entry) = access {
+                entry.log(refusal.code(), refusal.status(), None, resp.body().size_hint().exact());
+            }
+            resp.map(full_body)
         }
     };
     state.metrics.request_latency.observe(started.elapsed().as_secs_f64());

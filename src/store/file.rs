@@ -102,6 +102,9 @@ pub(super) fn create_dir_durably(dir: &Path) -> Result<(), StoreError> {
     if dir.is_dir() {
         return Ok(());
     }
+    if dir.exists() {
+        return Err(StoreError::NotADirectory(dir.to_owned()));
+    }
     std::fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
     let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     File::open(parent).and_then(|p| p.sync_all()).map_err(|e| io_err(parent, e))

@@ -208,6 +208,9 @@ pub enum StoreError {
         /// The first file found that holds state.
         found: String,
     },
+    /// The data directory's path names something that is not a directory (a regular file).
+    #[error("{} is a file, not a directory: the data dir must be a directory, or a path where one can be made", .0.display())]
+    NotADirectory(PathBuf),
     /// The key is longer than a record can hold.
     #[error("resource key of {0} bytes is too long")]
     KeyTooLong(usize),

@@ -329,6 +329,16 @@ fn every_key_of_the_sample_config_is_in_docs_configuration() {
 }
 
 #[test]
+fn the_readmes_step_asking_for_the_token_on_every_write_says_an_equal_one_is_refused() {
+    let readme = read(&root().join("README.md"));
+    let step = readme.split("4. **Clients**").nth(1).and_then(|s| s.split("5. **").next()).expect("step 4");
+    let words = step.split_whitespace().collect::<Vec<_>>().join(" ");
+    for needed in ["refused", "fresh token", "[[fence.rules]]", "equal_token = \"accept\""] {
+        assert!(words.contains(needed), "README step 4 lacks {needed:?}: {words}");
+    }
+}
+
+#[test]
 fn the_readme_fits_on_a_screen_and_starts_with_the_two_commands() {
     let readme = read(&root().join("README.md"));
     let lines = readme.lines().count();

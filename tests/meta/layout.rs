@@ -86,7 +86,11 @@ const RULES: &[Rule] = &[
     // The etcd client knows etcd, HTTP and TLS, nothing of fences, tokens or config.
     Rule { module: "etcd_client", may_use: &["crate::etcd_client", "crate::tls"], no_crates: &[] },
     Rule { module: "tls", may_use: &["crate::tls"], no_crates: &[] },
-    Rule { module: "logging", may_use: &["crate::logging", "crate::config::LogFormat"], no_crates: &[] },
+    Rule {
+        module: "logging",
+        may_use: &["crate::logging", "crate::config::AccessFormat", "crate::config::LogFormat"],
+        no_crates: &[],
+    },
     // Every answer fencegate makes itself, from the errors of the modules below it.
     Rule {
         module: "refusal",

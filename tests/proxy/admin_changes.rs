@@ -122,6 +122,7 @@ async fn a_quarantine_can_be_lifted_early_by_an_authenticated_operator() {
     assert_eq!(quarantined().await, "1");
     let r = admin(a, "POST", "/fences/doc:lift", Some(TOKEN), "").await;
     assert_eq!((r.status, r.json()["lifted"].as_bool()), (200, Some(true)), "{r:?}");
+    assert_eq!(r.json()["changed"], true);
     assert_eq!(quarantined().await, "0");
     // The lift is recorded: a restart does not quarantine the resource again for the write
     // whose outcome was unknown.
@@ -131,6 +132,7 @@ async fn a_quarantine_can_be_lifted_early_by_an_authenticated_operator() {
     let a = h.start_admin().await;
     let r = admin(a, "POST", "/fences/doc:lift", Some(TOKEN), "").await;
     assert_eq!((r.status, r.json()["lifted"].as_bool()), (200, Some(false)), "nothing left to lift");
+    assert_eq!(r.json()["changed"], false);
 }
 
 #[tokio::test]
@@ -235,10 +237,12 @@ async fn metrics_count_admin_changes_and_failed_authentications_and_show_the_bui
         .await
         .assert_refused(401, "unauthorized");
     assert_eq!(admin(a, "POST", "/fences/doc:reset", Some(TOKEN), &reset_body(5, "/doc")).await.status, 200);
-    assert_eq!(admin(a, "POST", "/fences/doc:lift", Some(TOKEN), "").await.status, 200);
+    // A lift with no quarantine to end changes nothing, and is not counted as a change.
+    let r = admin(a, "POST", "/fences/doc:lift", Some(TOKEN), "").await;
+    assert_eq!((r.status, r.json()["changed"].as_bool()), (200, Some(false)), "{r:?}");
     let text = scrape().await;
     assert_eq!(value(&text, "fencegate_admin_auth_failures_total "), 1.0);
     assert_eq!(value(&text, r#"fencegate_admin_changes_total{action="reset"}"#), 1.0);
-    assert_eq!(value(&text, r#"fencegate_admin_changes_total{action="lift"}"#), 1.0);
+    assert_eq!(value(&text, r#"fencegate_admin_changes_total{action="lift"}"#), 0.0);
     assert_eq!(value(&text, r#"fencegate_admin_changes_total{action="advance"}"#), 0.0);
 }

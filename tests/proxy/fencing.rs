@@ -94,6 +94,27 @@ async fn the_largest_u64_is_a_valid_token() {
 }
 
 #[tokio::test]
+async fn a_write_refused_by_a_floor_names_the_floor_and_its_level() {
+    let h = Harness::start_with_floor(10, |_| {}).await;
+    let del = h.send("DELETE", "/dav/", &[("fencing-token", "20")], "").await;
+    assert_eq!(del.fencegate_error(), None, "forwarded: {del:?}");
+    let r = h.put("/dav/new.txt", 15, "v").await;
+    r.assert_refused(409, "stale_token");
+    let body = r.json();
+    assert_eq!((body["floor"].as_str(), body["level"].as_u64()), (Some("/dav/"), Some(20)), "{body}");
+    let message = body["message"].as_str().unwrap();
+    assert!(message.contains("floor /dav/ at 20") && !message.contains("has already accepted"), "{message}");
+    // The root's floor, from `init --floor`, is named too.
+    let r = h.put("/elsewhere", 10, "v").await;
+    assert_eq!((r.json()["floor"].as_str(), r.json()["level"].as_u64()), (Some("/"), Some(10)), "{:?}", r.body);
+    // A key's own level is no floor.
+    assert_eq!(h.put("/dav/new.txt", 21, "v").await.status, 200);
+    let r = h.put("/dav/new.txt", 21, "v").await;
+    assert!(r.json().get("floor").is_none(), "{:?}", r.body);
+    assert!(r.json()["message"].as_str().unwrap().contains("/dav/new.txt has already accepted 21"), "{:?}", r.body);
+}
+
+#[tokio::test]
 async fn equal_token_is_refused_by_default() {
     let h = Harness::start().await;
     assert_eq!(h.put("/doc", 7, "first").await.status, 200);

@@ -148,6 +148,25 @@ fn init_data_dir(dir: &std::path::Path) {
 }
 
 #[test]
+fn init_and_inspect_name_both_ways_to_a_data_dir_and_init_refuses_a_file() {
+    for command in ["init", "inspect"] {
+        let out = run(&[command], &[]);
+        let msg = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && msg.contains("--dir") && msg.contains("--config"), "{command}: {msg}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("data");
+    std::fs::write(&file, "not a directory").unwrap();
+    let out = run(&["init", "--dir", file.to_str().unwrap()], &[]);
+    let msg = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && msg.contains("is a file, not a directory") && !msg.contains("File exists"),
+        "{msg}"
+    );
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "not a directory");
+}
+
+#[test]
 fn check_refuses_what_run_would_refuse() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), "http://127.0.0.1:9000", "");
