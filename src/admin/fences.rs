@@ -255,7 +255,7 @@ fn fence_key(state: &State, path: &str) -> Result<String, Refusal> {
     let config = &state.settings.get().config;
     Ok(match config.backend.protocol {
         BackendProtocol::Http => keys::fence_key(path, &config.paths, &config.fence.scopes)?,
-        BackendProtocol::S3 => keys::object_key(path)?,
+        BackendProtocol::S3 => keys::object_key(path, &config.fence.scopes)?,
     })
 }
 

@@ -139,7 +139,7 @@ pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
             store.lease_margin, or one slow keep-alive lapses the lease",
         ));
     }
-    let s3 = s3(raw.s3, backend.protocol, &fence)?;
+    let s3 = s3(raw.s3, backend.protocol)?;
     let headers = super::headers::headers(raw.headers, &[&fence.header, &verify.signature_header])?;
     Ok(Config { server, backend, fence, verify, store, log, paths, limits, admin, etcd, s3, headers })
 }
@@ -422,7 +422,7 @@ fn scope(index: usize, raw: &RawScope, policy: &PathPolicy) -> Result<Scope, Con
 }
 
 /// `[s3]`, and what S3 mode does not take.
-fn s3(raw: raw::RawS3, protocol: BackendProtocol, fence: &FenceConfig) -> Result<S3Config, ConfigError> {
+fn s3(raw: raw::RawS3, protocol: BackendProtocol) -> Result<S3Config, ConfigError> {
     let key = "s3.virtual_host_suffixes";
     if protocol != BackendProtocol::S3 {
         if !raw.virtual_host_suffixes.is_empty() {
@@ -432,12 +432,6 @@ fn s3(raw: raw::RawS3, protocol: BackendProtocol, fence: &FenceConfig) -> Result
             return Err(invalid("s3.flat_keys", "only backend.protocol = \"s3\" names objects by key"));
         }
         return Ok(S3Config::default());
-    }
-    if !fence.scopes.is_empty() {
-        return Err(invalid(
-            "fence.scopes",
-            "backend.protocol = \"s3\" keys every object by bucket and key; scopes map paths and are not taken",
-        ));
     }
     let mut suffixes = Vec::with_capacity(raw.virtual_host_suffixes.len());
     for suffix in raw.virtual_host_suffixes {

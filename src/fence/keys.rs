@@ -67,24 +67,34 @@ pub fn in_scope(path: &str, prefix: &str) -> bool {
 /// Version of the S3 object keys: bump it whenever any request's object key changes.
 pub const OBJECT_VERSION: u32 = 1;
 
-/// The keying of an object store: `/bucket/key`, the key percent-decoded once.
-pub fn object_keying() -> String {
-    format!(
+/// The keying of an object store: `/bucket/key`, the key percent-decoded once, shortened by
+/// the first matching scope.
+pub fn object_keying(scopes: &[Scope]) -> String {
+    let mut text = format!(
         "s3 object keys v{OBJECT_VERSION}: /bucket/key, the key percent-decoded once, + literal, no segment resolved\n"
-    )
+    );
+    for s in scopes {
+        match s.segments {
+            Some(n) => text.push_str(&format!("scope {} segments {n}\n", s.prefix)),
+            None => text.push_str(&format!("scope {}\n", s.prefix)),
+        }
+    }
+    text
 }
 
 /// The fence key of a path-style S3 path (`/bucket/key`), as an S3 request to it is keyed:
-/// the bucket and key percent-decoded once, nothing else changed. Everything that names an
-/// object by path outside a request (the admin API, `fencegate inspect`) goes through this.
-pub fn object_key(raw: &str) -> Result<String, PathError> {
+/// the bucket and key percent-decoded once, nothing else changed, shortened by the first
+/// matching scope. Everything that names an object by path outside a request (the admin API)
+/// goes through this.
+pub fn object_key(raw: &str, scopes: &[Scope]) -> Result<String, PathError> {
     let rest = raw.strip_prefix('/').ok_or(PathError::NotAbsolutePath)?;
     let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
     let (bucket, key) = (decode_once(bucket)?, decode_once(key)?);
-    Ok(match key.is_empty() {
+    let object = match key.is_empty() {
         true => format!("/{bucket}"),
         false => format!("/{bucket}/{key}"),
-    })
+    };
+    Ok(resource_key(&object, scopes).to_owned())
 }
 
 /// `raw` percent-decoded once, as S3 decodes a path: `+` stays `+`, and the result must be
@@ -145,13 +155,13 @@ mod tests {
 
     #[test]
     fn an_object_key_is_its_path_decoded_once() {
-        assert_eq!(object_key("/b1/a//b").unwrap(), "/b1/a//b");
-        assert_eq!(object_key("/b1/a%2Fb").unwrap(), "/b1/a/b");
-        assert_eq!(object_key("/b1/%2541+x").unwrap(), "/b1/%41+x");
-        assert_eq!(object_key("/b1").unwrap(), "/b1");
-        assert_eq!(object_key("/b1/").unwrap(), "/b1");
-        assert_eq!(object_key("b1/k"), Err(PathError::NotAbsolutePath));
-        assert_eq!(object_key("/b1/%G1"), Err(PathError::BadPercentEncoding));
-        assert!(object_key("/b1/%FF").is_err());
+        assert_eq!(object_key("/b1/a//b", &[]).unwrap(), "/b1/a//b");
+        assert_eq!(object_key("/b1/a%2Fb", &[]).unwrap(), "/b1/a/b");
+        assert_eq!(object_key("/b1/%2541+x", &[]).unwrap(), "/b1/%41+x");
+        assert_eq!(object_key("/b1", &[]).unwrap(), "/b1");
+        assert_eq!(object_key("/b1/", &[]).unwrap(), "/b1");
+        assert_eq!(object_key("b1/k", &[]), Err(PathError::NotAbsolutePath));
+        assert_eq!(object_key("/b1/%G1", &[]), Err(PathError::BadPercentEncoding));
+        assert!(object_key("/b1/%FF", &[]).is_err());
     }
 }

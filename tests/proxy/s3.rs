@@ -9,7 +9,14 @@ async fn against(name: &str, server: Option<S3Server>) {
     let Some(server) = server else { return };
     // s3s-fs stores objects as files, and reads a//b as a/b.
     let flat = server.kind != "s3s";
-    let config = format!("[s3]\nvirtual_host_suffixes = [\"s3.test\"]\nflat_keys = {flat}");
+    // The databases of the zombie traces keep one fence for their prefix, whose writers each
+    // write many objects under one token.
+    let mut config = format!("[s3]\nvirtual_host_suffixes = [\"s3.test\"]\nflat_keys = {flat}\n");
+    for db in ["/slatedb/db", "/lance/db"] {
+        config.push_str(&format!(
+            "[[fence.scopes]]\nprefix = \"{db}\"\n[[fence.rules]]\nprefix = \"{db}\"\nequal_token = \"accept\"\n"
+        ));
+    }
     let proxy = S3Proxy::start(&server.url, &config).await;
     scenario(name, &proxy, &server).await;
 }
@@ -50,4 +57,14 @@ async fn path_and_virtual_host_style_share_one_fence() {
     // s3s-fs reads a virtual-host bucket from a Host with a port as an invalid bucket name, even
     // sent to it directly.
     against("styles", start_moto().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slatedb_352_a_fenced_writers_next_wal_object_is_refused() {
+    run("slatedb_352").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lance_6432_a_fenced_writer_cannot_go_on_with_plain_puts() {
+    run("lance_6432").await;
 }

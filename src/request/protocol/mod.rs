@@ -87,6 +87,6 @@ pub fn for_backend(backend: &BackendConfig) -> Chosen {
 pub fn keying(config: &Config) -> String {
     match config.backend.protocol {
         BackendProtocol::Http => keys::keying(&config.paths, &config.fence.scopes),
-        BackendProtocol::S3 => keys::object_keying(),
+        BackendProtocol::S3 => keys::object_keying(&config.fence.scopes),
     }
 }

@@ -215,7 +215,51 @@ def styles(w):
     check(virtual(None).get_object(Bucket="styles", Key="k")["Body"].read(), b"51 by host", "a read by host")
 
 
-SCENARIOS = {f.__name__: f for f in [zombie, signatures, multipart, copies, batch_delete, styles]}
+def replay(w, trace, bucket, stale_key):
+    """Runs `trace` (writer, token, key) twice: on the bare server, where the stale writer's
+    last write lands, and through fencegate under one scope for the database's prefix, where it
+    is refused and never reaches the server."""
+    direct = w.direct()
+    direct.create_bucket(Bucket="bare-" + bucket)
+    for _, _, key in trace:
+        direct.put_object(Bucket="bare-" + bucket, Key=key, Body=key.encode())
+    check(w.body("bare-" + bucket, stale_key), stale_key.encode(), "the bare server took the stale write")
+    w.client(1).create_bucket(Bucket=bucket)
+    for writer, token, key in trace[:-1]:
+        w.client(token).put_object(Bucket=bucket, Key=key, Body=writer.encode())
+    writer, token, key = trace[-1]
+    check(refused(lambda: w.client(token).put_object(Bucket=bucket, Key=key, Body=writer.encode())),
+          ("StaleToken", 409), f"{writer}'s write after it was fenced")
+    check(w.body(bucket, key), None, "the stale write through fencegate")
+
+
+def slatedb_352(w):
+    """SlateDB #352: writer 1 writes its WAL and manifest; writer 2 opens the database, which
+    fences writer 1 by writing a new manifest; writer 1, a zombie, writes one more WAL object
+    and acknowledges it. With the database's prefix one fence (a scope), the newer manifest
+    write raises it, and the zombie's new object, a key never written, is refused."""
+    replay(w, [
+        ("writer 1", 11, "db/wal/00000000000000000001.sst"),
+        ("writer 1", 11, "db/manifest/00000000000000000001.manifest"),
+        ("writer 2", 12, "db/manifest/00000000000000000002.manifest"),
+        ("writer 1", 11, "db/wal/00000000000000000002.sst"),
+    ], "slatedb", "db/wal/00000000000000000002.sst")
+
+
+def lance_6432(w):
+    """Lance #6432: a writer fenced by a newer one kept writing WAL entries with plain puts.
+    Each writer writes several entries under one token (equal tokens accepted under the
+    prefix); the fenced one's next entry is refused."""
+    replay(w, [
+        ("writer A", 21, "db/_wal/0001.json"),
+        ("writer A", 21, "db/_wal/0002.json"),
+        ("writer B", 22, "db/_wal/0003.json"),
+        ("writer A", 21, "db/_wal/0004.json"),
+    ], "lance", "db/_wal/0004.json")
+
+
+SCENARIOS = {f.__name__: f for f in [zombie, signatures, multipart, copies, batch_delete, styles, slatedb_352,
+                                     lance_6432]}
 
 if __name__ == "__main__":
     if sys.argv[1] == "setup":

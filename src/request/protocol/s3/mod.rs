@@ -17,7 +17,7 @@ use http_body_util::Full;
 
 use super::Protocol;
 use crate::config::Config;
-use crate::fence::EqualToken;
+use crate::fence::{EqualToken, keys};
 use crate::refusal::Refusal;
 use crate::request::classify::{Coverage, Head, Named, Plan, Touch, check_fenced, check_limits, fenced_write};
 use names::Named as Target;
@@ -43,8 +43,11 @@ impl Protocol for S3 {
         check_connection(head, config)?;
         let body_limit = check_fenced(head, &config.limits)?;
         let touch = match (&target, effect) {
+            // A scope makes every object under its prefix one fence key.
             (Target::Object { bucket, key }, Effect::Object | Effect::Upload) => {
-                Touch { key: names::object_key(bucket, key), coverage: Coverage::Key }
+                let object = names::object_key(bucket, key);
+                let key = keys::resource_key(&object, &config.fence.scopes).to_owned();
+                Touch { key, coverage: Coverage::Key }
             }
             (Target::Service, _) => Touch { key: "/".to_owned(), coverage: Coverage::Subtree },
             (Target::Bucket(bucket) | Target::Object { bucket, .. }, _) => {

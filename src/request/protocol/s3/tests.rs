@@ -186,3 +186,19 @@ fn keys_a_file_system_would_resolve_are_refused_where_the_server_stores_files() 
 fn plan_flat(target: &str) -> Result<Plan, Refusal> {
     plan("PUT", target, &[])
 }
+
+#[test]
+fn a_scope_makes_a_prefix_of_objects_one_fence() {
+    let scoped = config("[[fence.scopes]]\nprefix = \"/bk1/db\"");
+    let key = |target: &str| {
+        let req = request("PUT", target, &[("fencing-token", "7")], "");
+        match S3.classify(&Head::of(&req), &scoped) {
+            Ok(Plan::Write(w)) => w.touches[0].key.clone(),
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(key("/bk1/db/wal/0001.sst"), "/bk1/db");
+    assert_eq!(key("/bk1/db/manifest/2"), "/bk1/db");
+    assert_eq!(key("/bk1/dbx/k"), "/bk1/dbx/k", "on a segment boundary only");
+    assert_eq!(key("/bk1/other"), "/bk1/other");
+}
