@@ -157,7 +157,10 @@ impl Turn {
 
     /// The batch making `change` to the durable marks this write raises, with `token`.
     fn batch(&self, change: Change, token: u64) -> MarkBatch {
-        MarkBatch::new(change, self.touches.iter().map(|t| t.mark().to_mark()), token)
+        match self.touches.as_slice() {
+            [touch] => MarkBatch::one(change, touch.mark().to_mark(), token),
+            touches => MarkBatch::new(change, touches.iter().map(|t| t.mark().to_mark()), token),
+        }
     }
 
     /// [`Turn::finish_after`] for a write that needs nothing before its advance and is sent

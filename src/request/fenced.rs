@@ -66,18 +66,49 @@ impl Proven {
     }
 }
 
-/// Takes a fenced write through its phases.
-pub(super) async fn fence(
+/// Takes a fenced write through its phases. Those before its turn (where it is fenced, its
+/// proof, the precheck) run here, before the future is built: the future, which lives across
+/// the wait for the turn, holds only what the turn needs, with the rest of the write boxed.
+pub(super) fn fence(
     state: Arc<State>,
     settings: Arc<Settings>,
     mut req: Request<Incoming>,
     write: Write,
     client: Peer,
-) -> Result<Response<ResponseBody>, Refusal> {
-    // The request stays where it is unless it is sent on: moved, it is a copy of all of it.
-    if let Routed::Leader(url) = route(&state, &mut req)? {
-        return send_to_leader(&state, &settings, &url, req, &client).await;
+) -> impl Future<Output = Result<Response<ResponseBody>, Refusal>> {
+    let next = match route(&state, &mut req) {
+        Ok(Routed::Here) => check(state, settings, req, write, client).map(Next::Turn),
+        Ok(Routed::Leader(url)) => Ok(Next::Leader { url, req: Box::new(req), state, settings, client }),
+        Err(refusal) => Err(refusal),
+    };
+    async move {
+        match next? {
+            Next::Leader { url, req, state, settings, client } => {
+                send_to_leader(&state, &settings, &url, *req, &client).await
+            }
+            Next::Turn(waiting) => waiting.finish().await,
+        }
     }
+}
+
+/// Where a fenced write goes once its checks before the turn passed.
+enum Next {
+    /// To the leader at `url`, which fences it. The request is boxed, as the write fenced here
+    /// boxes it, so that neither makes the future that holds them large.
+    Leader { url: String, req: Box<Request<Incoming>>, state: Arc<State>, settings: Arc<Settings>, client: Peer },
+    /// To its turn here.
+    Turn(Waiting),
+}
+
+/// The checks of a write fenced here before its turn: its proof, then the precheck of its
+/// token against `max_seen` and the floors.
+fn check(
+    state: Arc<State>,
+    settings: Arc<Settings>,
+    mut req: Request<Incoming>,
+    write: Write,
+    client: Peer,
+) -> Result<Waiting, Refusal> {
     let Write { token, touches, target, set_headers, body_limit, equal, max_jump, proof, locks } = write;
     let proven = prove(&state, &settings, token, proof, locks, &touches)?;
     let policy = Policy { equal, max_jump };
@@ -85,19 +116,33 @@ pub(super) async fn fence(
     for (name, value) in set_headers {
         req.headers_mut().insert(name, value);
     }
-    let fence = &settings.config.fence;
     state.fence.precheck(&touches, token, policy)?;
-    let waiting = Instant::now();
-    let turn = state.fence.acquire(touches, fence.queue_timeout).await;
-    state.metrics.queue_wait.observe(waiting.elapsed().as_secs_f64());
-    let turn = turn?;
-
-    // Once the turn is ours, `finish_after` runs the write to its end.
-    let quarantine = fence.quarantine;
     // Boxed once, built in place: until the send takes it apart it moves as a pointer.
     let out = Outgoing { req, target, client, body_limit };
     let pending = Box::write(Box::new_uninit(), Pending { state, settings, proven, out });
-    turn.finish_after(token, policy, quarantine, move |permit| prepare(pending, permit), outcome).await
+    Ok(Waiting { token, policy, touches, pending })
+}
+
+/// A write that passed its checks before the turn, and waits for it.
+struct Waiting {
+    token: u64,
+    policy: Policy,
+    touches: Vec<Touch>,
+    pending: Box<Pending>,
+}
+
+impl Waiting {
+    /// Waits for the turn; once it is ours, `finish_after` runs the write to its end.
+    async fn finish(self) -> Result<Response<ResponseBody>, Refusal> {
+        let Waiting { token, policy, touches, pending } = self;
+        let fence = &pending.settings.config.fence;
+        let (queue_timeout, quarantine) = (fence.queue_timeout, fence.quarantine);
+        let waiting = Instant::now();
+        let turn = pending.state.fence.acquire(touches, queue_timeout).await;
+        pending.state.metrics.queue_wait.observe(waiting.elapsed().as_secs_f64());
+        let turn = turn?;
+        turn.finish_after(token, policy, quarantine, move |permit| prepare(pending, permit), outcome).await
+    }
 }
 
 /// What a fenced write's send needs once its turn has come.

@@ -49,7 +49,21 @@ pub(crate) async fn handle(state: Arc<State>, req: Request<Incoming>, client: Pe
             match guess.as_ref().map_or(Ok(()), |g| g.admit(&state)) {
                 Err(refusal) => Err(refusal),
                 Ok(()) => {
-                    let result = execute(Arc::clone(&state), Arc::clone(&settings), req, plan, client.clone()).await;
+                    // The plan carried out: forwarded at once, or fenced first ([`fenced`]).
+                    let result = match plan {
+                        Plan::Pass { target } => {
+                            let out = Outgoing { req, target, client: client.clone(), body_limit: None };
+                            forward(&state, &settings, out).await
+                        }
+                        Plan::Unchecked { target, body_limit } => {
+                            forward(&state, &settings, Outgoing { req, target, client: client.clone(), body_limit })
+                                .await
+                        }
+                        Plan::Write(write) => {
+                            let (state, settings) = (Arc::clone(&state), Arc::clone(&settings));
+                            fenced::fence(state, settings, req, write, client.clone()).await
+                        }
+                    };
                     if let Some(guess) = guess {
                         guess.count(&state, &result);
                     }
@@ -82,23 +96,6 @@ pub(crate) async fn handle(state: Arc<State>, req: Request<Incoming>, client: Pe
     };
     state.metrics.request_latency.observe(started.elapsed().as_secs_f64());
     resp
-}
-
-/// Carries out a plan: forwards at once, or fences the write first ([`fenced`]).
-async fn execute(
-    state: Arc<State>,
-    settings: Arc<Settings>,
-    req: Request<Incoming>,
-    plan: Plan,
-    client: Peer,
-) -> Result<Response<ResponseBody>, Refusal> {
-    match plan {
-        Plan::Pass { target } => forward(&state, &settings, Outgoing { req, target, client, body_limit: None }).await,
-        Plan::Unchecked { target, body_limit } => {
-            forward(&state, &settings, Outgoing { req, target, client, body_limit }).await
-        }
-        Plan::Write(write) => fenced::fence(state, settings, req, write, client).await,
-    }
 }
 
 /// A request on its way to the backend: what is sent, where, for whom, and how much of its body

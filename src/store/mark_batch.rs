@@ -52,7 +52,7 @@ impl MarkBatch {
         let mut marks = marks.into_iter();
         let marks = match (marks.next(), marks.next()) {
             (None, _) => Marks::Many(Vec::new()),
-            (Some(one), None) => Marks::One(one),
+            (Some(one), None) => return MarkBatch::one(change, one, token),
             (Some(first), Some(second)) => {
                 let mut many = Vec::with_capacity(2 + marks.size_hint().0);
                 many.extend([first, second]);
@@ -61,6 +61,12 @@ impl MarkBatch {
             }
         };
         MarkBatch { change, token, marks }
+    }
+
+    /// A batch that makes `change` to `mark` alone, with `token`: the common batch, a write of
+    /// one key.
+    pub fn one(change: Change, mark: Mark, token: u64) -> MarkBatch {
+        MarkBatch { change, token, marks: Marks::One(mark) }
     }
 
     /// [`Change::Advance`] of `marks` to `token`.
@@ -111,15 +117,24 @@ impl MarkBatch {
     /// twice is one mark (logged once, counted once against the table's bounds). Returns
     /// whether anything is left to commit.
     pub(crate) fn check(&mut self) -> Result<bool, StoreError> {
-        if let Some(mark) = self.marks().iter().find(|mark| mark.name.is_empty() || mark.name.len() > MAX_KEY_LEN) {
-            return Err(StoreError::KeyTooLong(mark.name.len()));
+        match &mut self.marks {
+            Marks::One(mark) => check_name(&mark.name).map(|()| true),
+            Marks::Many(marks) => {
+                marks.iter().try_for_each(|mark| check_name(&mark.name))?;
+                marks.sort_unstable();
+                marks.dedup();
+                Ok(!marks.is_empty())
+            }
         }
-        if let Marks::Many(marks) = &mut self.marks {
-            marks.sort_unstable();
-            marks.dedup();
-        }
-        Ok(!self.is_empty())
     }
+}
+
+/// Refuses a name a record cannot hold: empty, or longer than [`MAX_KEY_LEN`].
+fn check_name(name: &str) -> Result<(), StoreError> {
+    if name.is_empty() || name.len() > MAX_KEY_LEN {
+        return Err(StoreError::KeyTooLong(name.len()));
+    }
+    Ok(())
 }
 
 /// The future of a change that has nothing to wait for (an answer, an empty batch): resolved,
@@ -192,6 +207,10 @@ mod tests {
     fn one_mark_is_held_inline_and_several_are_checked_once() {
         let one = MarkBatch::advance([Mark::key("/a")], 5);
         assert!(matches!(one.marks, Marks::One(_)));
+        let mut single = MarkBatch::one(Change::Answered, Mark::floor("/f/"), 2);
+        assert!(single.check().unwrap());
+        assert_eq!((single.change(), single.token(), single.marks()), (Change::Answered, 2, &[Mark::floor("/f/")][..]));
+        assert!(matches!(MarkBatch::one(Change::Reset, Mark::key(""), 1).check(), Err(StoreError::KeyTooLong(0))));
         assert_eq!((one.change(), one.token(), one.marks()), (Change::Advance, 5, &[Mark::key("/a")][..]));
         let mut many = MarkBatch::reset([Mark::key("/b"), Mark::floor("/b"), Mark::key("/b")], 3);
         assert!(many.check().unwrap());

@@ -295,13 +295,11 @@ impl Table {
     /// Makes `batch`'s change to every mark of it, once it is durable (an answer need not be):
     /// the one place a [`Change`] is applied to the table.
     pub(crate) fn apply(&self, batch: &MarkBatch) {
-        let token = batch.token();
-        for mark in batch.marks() {
-            match batch.change() {
-                Change::Advance => self.advance(mark.borrowed(), token),
-                Change::Reset => self.reset(mark.borrowed(), token),
-                Change::Answered => self.answered(mark.borrowed(), token),
-            }
+        let (token, marks) = (batch.token(), batch.marks().iter());
+        match batch.change() {
+            Change::Advance => marks.for_each(|mark| self.advance(mark.borrowed(), token)),
+            Change::Reset => marks.for_each(|mark| self.reset(mark.borrowed(), token)),
+            Change::Answered => marks.for_each(|mark| self.answered(mark.borrowed(), token)),
         }
     }
 

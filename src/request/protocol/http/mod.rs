@@ -39,8 +39,10 @@ impl Protocol for Http {
         check_limits(head, &config.limits)?;
         check_connection(head, config)?;
         let overridden = method_override(head)?;
-        let unfenced = |m: &[u8]| listed(&config.fence.unfenced_methods, m);
-        if unfenced(head.method.as_str().as_bytes()) && overridden.is_none_or(unfenced) {
+        // The request's own method compared as a `Method`: a GET or a PUT is told from the list
+        // without comparing spellings byte by byte.
+        let unfenced = &config.fence.unfenced_methods;
+        if unfenced.contains(head.method) && overridden.is_none_or(|m| listed(unfenced, m)) {
             return Ok(Plan::Pass { target: head.target() });
         }
         let body_limit = check_fenced(head, &config.limits)?;
@@ -53,15 +55,15 @@ impl Protocol for Http {
         // overrides): fence what either may change, in any spelling.
         let real = upper(head.method.as_str().as_bytes());
         let claimed = overridden.map(upper);
-        let methods = || std::iter::once(real.as_ref()).chain(claimed.as_deref());
-        let subtree = methods().any(|m| listed(&config.fence.subtree_methods, m));
+        let claimed = claimed.as_deref();
+        let subtree = either(&real, claimed, |m| listed(&config.fence.subtree_methods, m));
         let touch = |key: String, path: &str| {
             // A key a scope shortened already holds the whole subtree of the path.
             let coverage = if subtree && key == path { Coverage::Subtree } else { Coverage::Key };
             Touch { key, coverage }
         };
         let source = touch(key, &canonical);
-        let destination = match methods().any(|m| m == b"MOVE" || m == b"COPY") {
+        let destination = match either(&real, claimed, |m| m == b"MOVE" || m == b"COPY") {
             true => Some(destination(head, config)?.ok_or_else(|| Refusal::InvalidHeader {
                 name: DESTINATION.to_string(),
                 reason: "MOVE and COPY need one".into(),
@@ -72,8 +74,7 @@ impl Protocol for Http {
         // COPY only reads its source: fencing it would refuse other locks' holders copying from
         // it. Only as spelled exactly: a backend may read another spelling as a write to the
         // path, and spellings only ever add keys here.
-        let spelled = || std::iter::once(head.method.as_str().as_bytes()).chain(claimed.as_deref());
-        if !spelled().all(|m| m == b"COPY") {
+        if !(head.method.as_str() == "COPY" && claimed.is_none_or(|m| m == b"COPY")) {
             touches.push(source);
         }
         let mut set_headers = Vec::with_capacity(usize::from(destination.is_some()));
@@ -132,6 +133,11 @@ fn forwarded_target(head: &Head<'_>, canonical: String) -> Result<PathAndQuery, 
 /// Whether `method` is one of `methods`, compared exactly: method names are case-sensitive.
 fn listed(methods: &[Method], method: &[u8]) -> bool {
     methods.iter().any(|m| m.as_str().as_bytes() == method)
+}
+
+/// Whether `test` holds for the request's own method or for the one its override claims.
+fn either(real: &[u8], claimed: Option<&[u8]>, test: impl Fn(&[u8]) -> bool) -> bool {
+    test(real) || claimed.is_some_and(test)
 }
 
 /// `method` in upper case; borrowed when it is already, as nearly every method is.
