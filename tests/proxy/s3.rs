@@ -68,3 +68,8 @@ async fn slatedb_352_a_fenced_writers_next_wal_object_is_refused() {
 async fn lance_6432_a_fenced_writer_cannot_go_on_with_plain_puts() {
     run("lance_6432").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_bodies_and_presigned_urls_pass_signed_and_fenced() {
+    run("transfers").await;
+}
