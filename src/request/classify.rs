@@ -40,6 +40,13 @@ pub enum Plan {
     },
     /// A fenced write: checked against, and advancing, every key it touches.
     Write(Write),
+    /// A request that names its resources in its body (S3's DeleteObjects): read the body
+    /// whole, at most `limit` bytes, then classify it with the body
+    /// ([`super::protocol::Protocol::classify_read`]).
+    ReadBody {
+        /// Most bytes read.
+        limit: usize,
+    },
 }
 
 /// A fenced write, as the fence sees it.

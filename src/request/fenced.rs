@@ -16,7 +16,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use http::{Request, Response};
-use hyper::body::Incoming;
 
 use super::classify::Write;
 use super::proof::Proof;
@@ -26,7 +25,7 @@ use crate::fence::{Outcome, Policy, Touch};
 use crate::refusal::Refusal;
 use crate::state::{Settings, State};
 use crate::store::{Permit, Role, StoreError};
-use crate::upstream::{Hold, Peer, UpstreamError, leader};
+use crate::upstream::{Hold, Peer, RequestBody, UpstreamError, leader};
 
 /// `fut` in a new pinned box, built in place (`Box::write`) rather than built and then moved
 /// there: a fenced write's futures are large, and a move is a copy of all of it.
@@ -72,7 +71,7 @@ impl Proven {
 pub(super) fn fence(
     state: Arc<State>,
     settings: Arc<Settings>,
-    mut req: Request<Incoming>,
+    mut req: Request<RequestBody>,
     write: Write,
     client: Peer,
 ) -> impl Future<Output = Result<Response<ResponseBody>, Refusal>> {
@@ -95,7 +94,7 @@ pub(super) fn fence(
 enum Next {
     /// To the leader at `url`, which fences it. The request is boxed, as the write fenced here
     /// boxes it, so that neither makes the future that holds them large.
-    Leader { url: String, req: Box<Request<Incoming>>, state: Arc<State>, settings: Arc<Settings>, client: Peer },
+    Leader { url: String, req: Box<Request<RequestBody>>, state: Arc<State>, settings: Arc<Settings>, client: Peer },
     /// To its turn here.
     Turn(Waiting),
 }
@@ -105,7 +104,7 @@ enum Next {
 fn check(
     state: Arc<State>,
     settings: Arc<Settings>,
-    mut req: Request<Incoming>,
+    mut req: Request<RequestBody>,
     write: Write,
     client: Peer,
 ) -> Result<Waiting, Refusal> {
@@ -155,7 +154,7 @@ struct Pending {
 
 /// Where the write is fenced: with a shared fence, only its leader fences writes, and a
 /// follower sends them to it once (a write sent on once is not sent on again).
-fn route(state: &State, req: &mut Request<Incoming>) -> Result<Routed, Refusal> {
+fn route(state: &State, req: &mut Request<RequestBody>) -> Result<Routed, Refusal> {
     match state.store.role() {
         Role::Fences => {
             req.headers_mut().remove(&leader::FORWARDED_BY);
@@ -176,7 +175,7 @@ async fn send_to_leader(
     state: &State,
     settings: &Settings,
     url: &str,
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
     client: &Peer,
 ) -> Result<Response<ResponseBody>, Refusal> {
     let Some(peers) = state.peers.as_ref() else {

@@ -17,13 +17,14 @@ use std::time::Instant;
 
 use http::uri::PathAndQuery;
 use http::{Request, Response};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Body as _;
 use hyper::body::Incoming;
 
 use crate::refusal::{ERROR_HEADER, Refusal, throttle};
 use crate::state::{Metrics, Settings, State};
 pub use crate::upstream::ResponseBody;
-use crate::upstream::{Connection, Hold, Peer, full_body};
+use crate::upstream::{Connection, Hold, Peer, RequestBody, full_body};
 use classify::{Head, Plan};
 use proof::Guess;
 use protocol::Protocol as _;
@@ -40,8 +41,14 @@ pub(crate) async fn handle(state: Arc<State>, req: Request<Incoming>, client: Pe
     let log = &settings.config.log;
     let mut access = if log.access { access::Entry::start(&req, &client, log.access_format, started) } else { None };
     let protocol = protocol::for_backend(&settings.config.backend);
-    let result = match protocol.classify(&Head::of(&req), &settings.config) {
-        Ok(plan) => {
+    let req = req.map(RequestBody::Streamed);
+    let classified = match protocol.classify(&Head::of(&req), &settings.config) {
+        Ok(Plan::ReadBody { limit }) => read_whole(req, limit, protocol, &settings).await,
+        Ok(plan) => Ok((req, plan)),
+        Err(refusal) => Err(refusal),
+    };
+    let result = match classified {
+        Ok((req, plan)) => {
             if let Some(entry) = access.as_mut() {
                 entry.plan(&plan);
             }
@@ -63,6 +70,8 @@ pub(crate) async fn handle(state: Arc<State>, req: Request<Incoming>, client: Pe
                             let (state, settings) = (Arc::clone(&state), Arc::clone(&settings));
                             fenced::fence(state, settings, req, write, client.clone()).await
                         }
+                        // Read and classified again above.
+                        Plan::ReadBody { .. } => Err(Refusal::BadRequest("the body was read already".into())),
                     };
                     if let Some(guess) = guess {
                         guess.count(&state, &result);
@@ -98,10 +107,32 @@ pub(crate) async fn handle(state: Arc<State>, req: Request<Incoming>, client: Pe
     resp
 }
 
+/// Reads the body of a request that names its resources there, at most `limit` bytes within
+/// the backend's request timeout, and classifies the request with it; what is forwarded is
+/// the body as read. Nothing waits for a turn or touches the store meanwhile.
+async fn read_whole(
+    req: Request<RequestBody>,
+    limit: usize,
+    protocol: protocol::Chosen,
+    settings: &Settings,
+) -> Result<(Request<RequestBody>, Plan), Refusal> {
+    let (parts, body) = req.into_parts();
+    let timeout = settings.config.backend.request_timeout;
+    let bytes = match tokio::time::timeout(timeout, Limited::new(body, limit).collect()).await {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Err(e)) if e.is::<LengthLimitError>() => return Err(Refusal::BodyTooLarge { limit: limit as u64 }),
+        Ok(Err(e)) => return Err(Refusal::BadRequest(format!("the request body could not be read: {e}"))),
+        Err(_) => return Err(Refusal::BadRequest(format!("the request body did not arrive within {timeout:?}"))),
+    };
+    let req = Request::from_parts(parts, RequestBody::Read(Full::new(bytes.clone())));
+    let plan = protocol.classify_read(&Head::of(&req), &bytes, &settings.config)?;
+    Ok((req, plan))
+}
+
 /// A request on its way to the backend: what is sent, where, for whom, and how much of its body
 /// may go.
 struct Outgoing {
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
     /// The target that was classified (and fenced), in the form the protocol forwards.
     target: PathAndQuery,
     client: Peer,

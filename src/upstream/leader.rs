@@ -11,12 +11,11 @@ use bytes::Bytes;
 use http::header::HeaderName;
 use http::{HeaderValue, Request, Response, Uri};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
-use super::{HeaderPolicy, Peer, ResponseBody, UpstreamError, strip_hop_by_hop};
+use super::{HeaderPolicy, Peer, RequestBody, ResponseBody, UpstreamError, strip_hop_by_hop};
 
 /// Names the instance that sent a write on to the leader (its advertised URL).
 pub static FORWARDED_BY: HeaderName = HeaderName::from_static("fencegate-forwarded-by");
@@ -24,7 +23,7 @@ pub static FORWARDED_BY: HeaderName = HeaderName::from_static("fencegate-forward
 /// The client a follower sends writes to the leader with.
 #[derive(Debug, Clone)]
 pub(crate) struct Peers {
-    http: Client<HttpConnector, Incoming>,
+    http: Client<HttpConnector, RequestBody>,
     /// This instance's advertised URL, for [`FORWARDED_BY`].
     me: HeaderValue,
 }
@@ -46,7 +45,7 @@ impl Peers {
     pub(crate) async fn forward(
         &self,
         leader: &str,
-        mut req: Request<Incoming>,
+        mut req: Request<RequestBody>,
         client: &Peer,
         policy: &HeaderPolicy,
         timeout: Duration,

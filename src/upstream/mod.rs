@@ -15,9 +15,9 @@ use http::uri::PathAndQuery;
 use http::{Request, Response, Uri, Version};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use hyper::body::Incoming;
 use rustls_pki_types::ServerName;
 
+mod body;
 mod checkout;
 mod dial;
 mod forwarded;
@@ -30,6 +30,7 @@ mod sent;
 
 use crate::config::{BackendConfig, BackendUrl};
 use crate::store::Permit;
+pub use body::RequestBody;
 use checkout::Checkout;
 use dial::Target;
 pub(crate) use forwarded::HeaderPolicy;
@@ -200,7 +201,7 @@ impl Upstream {
     pub async fn forward(
         &self,
         conn: Connection,
-        req: Request<Incoming>,
+        req: Request<RequestBody>,
         path: PathAndQuery,
         client: &Peer,
         body_limit: Option<u64>,

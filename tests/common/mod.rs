@@ -80,6 +80,22 @@ impl Resp {
     }
 }
 
+/// Opens the proxy for `config` once its data directory's lock is free. Another test thread
+/// that spawns a process (nginx, moto, boto3) between `fork` and `exec` holds a copy of every
+/// descriptor open at that moment, a just-released lock file's too, for that instant: a real
+/// proxy spawns nothing, so only tests wait for it.
+pub async fn open_proxy(config: Config) -> Proxy {
+    for _ in 0..1_000 {
+        match Proxy::open(config.clone()).await {
+            Err(fencegate::Error::Store(fencegate::store::StoreError::Locked { .. })) => {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            other => return other.unwrap(),
+        }
+    }
+    panic!("{} stayed locked", config.store.dir.display());
+}
+
 /// The minimal config for a proxy in front of `backend_url` with data in `dir`.
 pub fn config_for(backend_url: &str, dir: &std::path::Path) -> Config {
     Config::from_toml_str(&format!(
@@ -123,7 +139,7 @@ impl Harness {
         let mut h = Harness {
             backend,
             addr: "127.0.0.1:0".parse().unwrap(),
-            proxy: Proxy::open(config.clone()).await.unwrap(),
+            proxy: open_proxy(config.clone()).await,
             dir,
             config,
             client: Client::builder(TokioExecutor::new()).build_http(),
@@ -147,7 +163,7 @@ impl Harness {
     /// Stops the proxy (graceful), then opens a new one on the same data dir and backend.
     pub async fn restart(&mut self) {
         self.shutdown().await;
-        self.proxy = Proxy::open(self.config.clone()).await.unwrap();
+        self.proxy = open_proxy(self.config.clone()).await;
         self.serve().await;
     }
 

@@ -35,6 +35,13 @@ pub trait Protocol: Send + Sync + std::fmt::Debug {
     /// Everything a request can be refused for before it waits is refused here.
     fn classify(&self, head: &Head<'_>, config: &Config) -> Result<Plan, Refusal>;
 
+    /// What `head` asks of the fence, now that its `body` has been read whole: for a request
+    /// [`Protocol::classify`] answered with [`Plan::ReadBody`].
+    fn classify_read(&self, head: &Head<'_>, body: &[u8], config: &Config) -> Result<Plan, Refusal> {
+        let _ = (head, body, config);
+        Err(Refusal::BadRequest(format!("{} names no resources in a body", self.name())))
+    }
+
     /// The answer to a refused request, in the client's protocol; with `withhold`, without the
     /// levels the refusal would name (`FenceConfig::withholds`).
     fn refuse(&self, refusal: &Refusal, withhold: bool) -> ::http::Response<Full<Bytes>>;
@@ -63,6 +70,13 @@ impl Protocol for Chosen {
         match self {
             Chosen::Http(p) => p.classify(head, config),
             Chosen::S3(p) => p.classify(head, config),
+        }
+    }
+
+    fn classify_read(&self, head: &Head<'_>, body: &[u8], config: &Config) -> Result<Plan, Refusal> {
+        match self {
+            Chosen::Http(p) => p.classify_read(head, body, config),
+            Chosen::S3(p) => p.classify_read(head, body, config),
         }
     }
 

@@ -189,7 +189,8 @@ def copies(w):
 
 
 def batch_delete(w):
-    """DeleteObjects changes objects it names in its body: a stale one deletes nothing."""
+    """DeleteObjects changes the objects its body names, each fenced: a batch with one stale key
+    deletes nothing, and a fresh one fences only the keys it names."""
     w.client(1).create_bucket(Bucket="del")
     w.client(80).put_object(Bucket="del", Key="a", Body=b"a")
     w.client(81).put_object(Bucket="del", Key="b", Body=b"b")
@@ -199,6 +200,11 @@ def batch_delete(w):
     check(w.keys("del"), ["a", "b"], "the bucket after a stale batch")
     w.client(90).delete_objects(Bucket="del", Delete=objects)
     check(w.keys("del"), [], "the bucket after a fresh batch")
+    # The batch fenced the keys it named, not the bucket: another key's holder writes on.
+    w.client(50).put_object(Bucket="del", Key="c", Body=b"c")
+    check(refused(lambda: w.client(89).put_object(Bucket="del", Key="a", Body=b"a")), ("StaleToken", 409),
+          "a key the batch deleted")
+    check(w.keys("del"), ["c"], "the bucket at the end")
 
 
 def styles(w):

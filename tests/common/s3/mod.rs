@@ -137,7 +137,7 @@ impl S3Proxy {
         );
         let config = Config::from_toml_str(&text).unwrap();
         fencegate::app::init_data_dir(&config.store.dir, 0).unwrap();
-        let proxy = Proxy::open(config).await.unwrap();
+        let proxy = super::open_proxy(config).await;
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();

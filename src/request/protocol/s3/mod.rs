@@ -6,6 +6,7 @@
 //! its signature still holds: the target as sent, no header set. Refusals are S3's `<Error>`
 //! XML ([`error`]).
 
+mod deleted;
 mod error;
 pub mod names;
 pub mod operation;
@@ -42,6 +43,9 @@ impl Protocol for S3 {
         }
         check_connection(head, config)?;
         let body_limit = check_fenced(head, &config.limits)?;
+        if let (Effect::Listed, Target::Bucket(_)) = (effect, &target) {
+            return Ok(Plan::ReadBody { limit: deleted::MAX_BODY });
+        }
         let touch = match (&target, effect) {
             // A scope makes every object under its prefix one fence key.
             (Target::Object { bucket, key }, Effect::Object | Effect::Upload) => {
@@ -63,6 +67,28 @@ impl Protocol for S3 {
             write.equal = EqualToken::Accept;
         }
         Ok(plan)
+    }
+
+    /// DeleteObjects, its body read: every key it names is fenced, so one stale key refuses the
+    /// whole request and nothing is deleted.
+    fn classify_read(&self, head: &Head<'_>, body: &[u8], config: &Config) -> Result<Plan, Refusal> {
+        let Target::Bucket(bucket) = names::named(head, &config.s3)? else {
+            return Err(Refusal::BadRequest("DeleteObjects names a bucket, not an object".into()));
+        };
+        let body_limit = check_fenced(head, &config.limits)?;
+        let mut touches: Vec<Touch> = Vec::new();
+        for key in deleted::keys(body)? {
+            if !config.s3.flat_keys {
+                names::check_path_key(&key)?;
+            }
+            let object = names::object_key(&bucket, &key);
+            let key = keys::resource_key(&object, &config.fence.scopes).to_owned();
+            if !touches.iter().any(|t| t.key == key) {
+                touches.push(Touch { key, coverage: Coverage::Key });
+            }
+        }
+        let named = Named { touches, target: head.target(), set_headers: Vec::new(), body_limit };
+        fenced_write(head, config, named)
     }
 
     fn refuse(&self, refusal: &Refusal, withhold: bool) -> Response<Full<Bytes>> {

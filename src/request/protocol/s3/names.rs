@@ -67,7 +67,7 @@ pub fn named(head: &Head<'_>, s3: &S3Config) -> Result<Named, Refusal> {
 /// Refuses a key that a server storing objects as files reads as another key's path: one with
 /// an empty, `.` or `..` segment (`a//b`, `a/./b` and `b/../a/b` are all the file `a/b`). A
 /// trailing slash, a directory marker, is kept.
-fn check_path_key(key: &str) -> Result<(), Refusal> {
+pub(super) fn check_path_key(key: &str) -> Result<(), Refusal> {
     let inner = key.strip_suffix('/').unwrap_or(key);
     match inner.split('/').any(|segment| matches!(segment, "" | "." | "..")) {
         true => Err(Refusal::BadRequest(format!(

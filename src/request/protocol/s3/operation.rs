@@ -24,9 +24,11 @@ pub enum Effect {
     /// fenced with the same token: UploadPart, UploadPartCopy, CompleteMultipartUpload,
     /// AbortMultipartUpload.
     Upload,
+    /// The objects its body names: DeleteObjects.
+    Listed,
     /// Any object in its bucket: bucket writes (CreateBucket, DeleteBucket, lifecycle,
-    /// replication, versioning, policy…), DeleteObjects, a browser form upload (whose key is in
-    /// the body), and every operation fencegate does not know.
+    /// replication, versioning, policy…), a browser form upload (whose key is in the body), and
+    /// every operation fencegate does not know.
     Bucket,
     /// Anything: a write that names no bucket.
     Everything,
@@ -79,6 +81,7 @@ pub fn effect(method: &Method, object: bool, query: Option<&str>, headers: &Head
         ("DELETE", true) if names.is_empty() => Effect::Object,
         ("DELETE", true) if has("uploadId") && only(&["uploadId"]) => Effect::Upload,
         ("DELETE", true) if names.len() == 1 && names[0] == "tagging" => Effect::Object,
+        ("POST", false) if names.len() == 1 && names[0] == "delete" => Effect::Listed,
         _ => Effect::Bucket,
     };
     Ok(effect)

@@ -100,7 +100,7 @@ fn operations_fence_their_object_or_their_bucket() {
     assert_eq!(touched("POST", "/bk1/k?uploadId=u", &[]), object("/bk1/k"));
     assert_eq!(touched("DELETE", "/bk1/k?uploadId=u", &[]), object("/bk1/k"));
     // Over the bucket: its own writes, DeleteObjects, form uploads, and the unknown.
-    assert_eq!(touched("POST", "/bk1?delete", &[]), bucket("/bk1"));
+    assert!(matches!(plan("POST", "/bk1?delete", &[]), Ok(Plan::ReadBody { .. })), "DeleteObjects reads its body");
     assert_eq!(touched("POST", "/bk1/", &[]), bucket("/bk1"));
     assert_eq!(touched("PUT", "/bk1", &[]), bucket("/bk1"));
     assert_eq!(touched("DELETE", "/bk1", &[]), bucket("/bk1"));
@@ -201,4 +201,22 @@ fn a_scope_makes_a_prefix_of_objects_one_fence() {
     assert_eq!(key("/bk1/db/manifest/2"), "/bk1/db");
     assert_eq!(key("/bk1/dbx/k"), "/bk1/dbx/k", "on a segment boundary only");
     assert_eq!(key("/bk1/other"), "/bk1/other");
+}
+
+#[test]
+fn delete_objects_fences_every_key_its_body_names() {
+    let req = request("POST", "/bk1?delete", &[("fencing-token", "7")], "");
+    let body =
+        b"<Delete><Object><Key>a//b</Key></Object><Object><Key>c</Key></Object><Object><Key>c</Key></Object></Delete>";
+    match S3.classify_read(&Head::of(&req), body, &config("")) {
+        Ok(Plan::Write(w)) => {
+            let keys: Vec<_> = w.touches.iter().map(|t| (t.key.as_str(), t.coverage)).collect();
+            assert_eq!(keys, [("/bk1/a//b", Coverage::Key), ("/bk1/c", Coverage::Key)]);
+            assert_eq!(w.target.as_str(), "/bk1?delete");
+        }
+        other => panic!("{other:?}"),
+    }
+    let paths = config("flat_keys = false");
+    assert!(S3.classify_read(&Head::of(&req), body, &paths).is_err(), "a//b on a file-system server");
+    assert!(S3.classify_read(&Head::of(&req), b"<Delete/>", &config("")).is_err());
 }
