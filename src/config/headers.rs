@@ -124,7 +124,11 @@ pub(super) struct RawRules {
 /// message's framing and hop-by-hop headers, and those with settings of their own.
 fn protected(name: &HeaderName, fenced: &[&HeaderName]) -> Option<&'static str> {
     let n = name.as_str();
-    if fenced.contains(&name) || n == "destination" {
+    // The method overrides too: a rule that set one would turn a read fencegate let through
+    // unchecked into a write at a backend that honours it.
+    if fenced.contains(&name)
+        || matches!(n, "destination" | "x-http-method-override" | "x-http-method" | "x-method-override")
+    {
         return Some("fencegate reads it to fence a write");
     }
     if n.starts_with("fencegate-") {
@@ -221,6 +225,7 @@ mod tests {
         for (section, name) in [
             ("request", "fencing-token"),
             ("request", "Destination"),
+            ("request", "X-HTTP-Method-Override"),
             ("request", "host"),
             ("request", "content-length"),
             ("request", "connection"),

@@ -8,7 +8,7 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::task::{Context, Poll};
 
@@ -141,11 +141,34 @@ impl Listener {
                 Err(e) => return Err(io(e)),
             },
         }
-        let listener = UnixListener::bind(path).map_err(io)?;
+        // Bound first in a directory only this user can enter, given its mode there, then
+        // moved into place: bound at `path` directly, it would accept connections with the
+        // umask's mode until the mode is set, and a connection made then stays open.
+        let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let private = parent.join(format!(
+            ".fg{}.{}",
+            std::process::id(),
+            std::time::UNIX_EPOCH.elapsed().map_or(0, |d| d.subsec_nanos())
+        ));
+        std::fs::DirBuilder::new().mode(0o700).create(&private).map_err(io)?;
+        let staged = private.join("s");
+        let bound = UnixListener::bind(&staged).and_then(|listener| {
+            std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(mode))?;
+            rustix::fs::renameat_with(
+                rustix::fs::CWD,
+                &staged,
+                rustix::fs::CWD,
+                path,
+                rustix::fs::RenameFlags::NOREPLACE,
+            )?;
+            Ok(listener)
+        });
+        let _ = std::fs::remove_file(&staged);
+        let _ = std::fs::remove_dir(&private);
+        let listener = bound.map_err(io)?;
         // A file made from here on is ours to remove, whatever fails next.
         let meta = std::fs::symlink_metadata(path).map_err(io)?;
         let file = SocketFile { path: path.to_owned(), dev: meta.dev(), ino: meta.ino() };
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(io)?;
         Ok(Listener { sockets: Sockets::Unix(listener), file: Some(file), next: 0 })
     }
 

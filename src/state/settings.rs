@@ -14,7 +14,7 @@ use hyper_util::server::conn::auto;
 use prometheus_client::metrics::counter::Counter;
 use tokio_rustls::TlsAcceptor;
 
-use crate::config::{Config, VerifyConfig};
+use crate::config::{BackendProtocol, Config, VerifyConfig};
 use crate::fence::signature::HmacKeys;
 use crate::tls;
 use crate::upstream::{HeaderPolicy, Upstream};
@@ -44,7 +44,10 @@ impl Settings {
     /// Builds the backend client, TLS acceptor and HTTP settings; reads certificate files anew.
     /// The backend client of `previous` is kept, with its pool, if nothing about it changed.
     pub(crate) fn build(config: Config, bytes_in: Counter, previous: Option<&Settings>) -> Result<Self, SettingsError> {
-        let policy = HeaderPolicy::new(&config.headers, config.server.tls.is_some(), &config.backend.url);
+        let (tls, backend) = (config.server.tls.is_some(), &config.backend);
+        // An S3 server checks the signatures that may cover forwarded headers.
+        let signed = backend.protocol == BackendProtocol::S3;
+        let policy = HeaderPolicy::new(&config.headers, tls, &backend.url, signed);
         let upstream = match previous {
             Some(p) if !reads_files(&config) && p.config.backend == config.backend => p.upstream.with_policy(policy),
             _ => Upstream::new(&config.backend, policy, bytes_in, previous.map(|p| &p.upstream))

@@ -24,18 +24,21 @@ pub(crate) struct HeaderPolicy {
     proto: HeaderValue,
     /// The backend's origin, whose redirects are rewritten; `None` when that is off.
     backend: Option<Origin>,
+    /// Whether a forwarded header the client named in a SigV4 signature is left as sent (for
+    /// a backend that checks such signatures: S3).
+    keeps_signed: bool,
 }
 
 impl HeaderPolicy {
     /// The policy of `config`, for a listener speaking TLS or not, in front of `backend_url`.
-    pub(crate) fn new(config: &HeadersConfig, tls: bool, backend_url: &BackendUrl) -> HeaderPolicy {
+    pub(crate) fn new(config: &HeadersConfig, tls: bool, backend_url: &BackendUrl, keeps_signed: bool) -> HeaderPolicy {
         let proto = HeaderValue::from_static(if tls { "https" } else { "http" });
         // A backend on a Unix socket has no origin of its own for its redirects to name.
         let backend = match backend_url {
             BackendUrl::Http(url) if config.rewrite_location => Origin::of(url),
             _ => None,
         };
-        HeaderPolicy { config: config.clone(), proto, backend }
+        HeaderPolicy { config: config.clone(), proto, backend, keeps_signed }
     }
 
     /// Whether the client's own forwarded headers are believed: it is a trusted proxy.
@@ -47,45 +50,84 @@ impl HeaderPolicy {
     /// Sets the forwarded headers of the request to the backend from `client`, which named
     /// `client_host` (its `Host`, none if it sent none), then applies the request rules.
     pub(crate) fn on_request(&self, headers: &mut HeaderMap, client: &Peer, client_host: Option<&HeaderValue>) {
+        self.set_forwarded(headers, client, client_host, self.config.x_forwarded_for);
+        apply(&self.config.request, headers);
+    }
+
+    /// The forwarded headers of a write a follower sends on to the leader of a shared fence:
+    /// this hop added as for the backend, so that a leader that trusts its followers believes
+    /// only what this instance vouches for, never what an untrusted client claimed; and
+    /// `X-Forwarded-For` appended whatever `x_forwarded_for` says, since the leader reads the
+    /// client's address from its last entry.
+    pub(crate) fn to_leader(&self, headers: &mut HeaderMap, client: &Peer, client_host: Option<&HeaderValue>) {
+        self.set_forwarded(headers, client, client_host, Forwarding::Append);
+    }
+
+    fn set_forwarded(
+        &self,
+        headers: &mut HeaderMap,
+        client: &Peer,
+        client_host: Option<&HeaderValue>,
+        x_forwarded_for: Forwarding,
+    ) {
         let c = &self.config;
-        let trusted = || self.trusts(client);
-        if c.x_forwarded_for != Forwarding::Off {
-            self.set_forwarded_for(headers, client, c.x_forwarded_for == Forwarding::Append);
+        let trusted = self.trusts(client);
+        // Where the backend checks SigV4 signatures (S3), a header the client signed reaches it
+        // as sent: any change would break the signature. Nowhere else: a client could then
+        // forge any of them by naming it in an Authorization header.
+        let signed = match self.keeps_signed {
+            true => signed_headers(headers),
+            false => Vec::new(),
+        };
+        let signed = |name: &HeaderName| signed.iter().any(|s| s == name.as_str());
+        // Off adds nothing, and passes only a trusted proxy's claim: anyone else's is dropped,
+        // so that a client cannot forge one through fencegate.
+        let off = |headers: &mut HeaderMap, name: &HeaderName| {
+            if !trusted && !signed(name) {
+                headers.remove(name);
+            }
+        };
+        match x_forwarded_for {
+            _ if signed(&X_FORWARDED_FOR) => {}
+            Forwarding::Off => off(headers, &X_FORWARDED_FOR),
+            mode => self.set_forwarded_for(headers, client, mode == Forwarding::Append),
         }
         // One value, the first hop's: a trusted proxy's is kept, anyone else's replaced.
-        if c.x_forwarded_proto != Forwarding::Off
-            && !(c.x_forwarded_proto == Forwarding::Append && trusted() && headers.contains_key(&X_FORWARDED_PROTO))
-        {
-            headers.insert(X_FORWARDED_PROTO.clone(), self.proto.clone());
+        match c.x_forwarded_proto {
+            _ if signed(&X_FORWARDED_PROTO) => {}
+            Forwarding::Off => off(headers, &X_FORWARDED_PROTO),
+            Forwarding::Append if trusted && headers.contains_key(&X_FORWARDED_PROTO) => {}
+            _ => {
+                headers.insert(X_FORWARDED_PROTO.clone(), self.proto.clone());
+            }
         }
-        if c.x_forwarded_host != Forwarding::Off
-            && !(c.x_forwarded_host == Forwarding::Append && trusted() && headers.contains_key(&X_FORWARDED_HOST))
-        {
-            match client_host {
-                Some(host) => headers.insert(X_FORWARDED_HOST.clone(), host.clone()),
-                None => headers.remove(&X_FORWARDED_HOST),
-            };
-        }
-        if c.forwarded != Forwarding::Off {
-            let element = self.forwarded_element(client, client_host);
-            let append = c.forwarded == Forwarding::Append && trusted();
-            match (append, headers.get(header::FORWARDED)) {
-                (true, Some(sent)) => {
-                    let mut joined = sent.as_bytes().to_vec();
-                    joined.extend_from_slice(b", ");
-                    joined.extend_from_slice(element.as_bytes());
-                    if let Ok(value) = HeaderValue::from_bytes(&joined) {
-                        headers.insert(header::FORWARDED, value);
-                    }
+        match c.x_forwarded_host {
+            _ if signed(&X_FORWARDED_HOST) => {}
+            Forwarding::Off => off(headers, &X_FORWARDED_HOST),
+            Forwarding::Append if trusted && headers.contains_key(&X_FORWARDED_HOST) => {}
+            _ => match client_host {
+                Some(host) => {
+                    headers.insert(X_FORWARDED_HOST.clone(), host.clone());
                 }
-                _ => {
-                    if let Ok(value) = HeaderValue::from_str(&element) {
-                        headers.insert(header::FORWARDED, value);
-                    }
+                None => {
+                    headers.remove(&X_FORWARDED_HOST);
+                }
+            },
+        }
+        match c.forwarded {
+            _ if signed(&header::FORWARDED) => {}
+            Forwarding::Off => off(headers, &header::FORWARDED),
+            mode => {
+                let element = self.forwarded_element(client, client_host);
+                let joined = match (mode == Forwarding::Append && trusted, headers.get(header::FORWARDED)) {
+                    (true, Some(sent)) => [sent.as_bytes(), b", ", element.as_bytes()].concat(),
+                    _ => element.into_bytes(),
+                };
+                if let Ok(value) = HeaderValue::from_bytes(&joined) {
+                    headers.insert(header::FORWARDED, value);
                 }
             }
         }
-        apply(&c.request, headers);
     }
 
     /// `X-Forwarded-For` for a request from `client`: appended to what it sent if `append`
@@ -102,14 +144,6 @@ impl HeaderPolicy {
                 headers.remove(&X_FORWARDED_FOR);
             }
         }
-    }
-
-    /// `X-Forwarded-For` of a write a follower sends on to the leader of a shared fence,
-    /// whatever `x_forwarded_for` says: the leader reads the client's address from its last
-    /// entry, so that entry is always this client, and what an untrusted client claimed
-    /// before it is dropped.
-    pub(crate) fn forwarded_for_to_leader(&self, headers: &mut HeaderMap, client: &Peer) {
-        self.set_forwarded_for(headers, client, true);
     }
 
     /// This hop's RFC 7239 element: `for`, `proto` and `host`, quoted where the syntax asks.
@@ -179,6 +213,20 @@ fn apply(rules: &HeaderRules, headers: &mut HeaderMap) {
     }
 }
 
+/// The header names an AWS SigV4 `Authorization` header says it signed (`SignedHeaders=a;b`),
+/// lowercase; none for any other request.
+fn signed_headers(headers: &HeaderMap) -> Vec<String> {
+    let Some(auth) = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) else { return Vec::new() };
+    if !auth.starts_with("AWS4-") {
+        return Vec::new();
+    }
+    auth.split(',')
+        .filter_map(|part| part.trim().strip_prefix("SignedHeaders="))
+        .flat_map(|list| list.split(';'))
+        .map(|name| name.trim().to_ascii_lowercase())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -186,11 +234,51 @@ mod tests {
     fn policy(tweak: impl FnOnce(&mut HeadersConfig)) -> HeaderPolicy {
         let mut config = HeadersConfig::default();
         tweak(&mut config);
-        HeaderPolicy::new(&config, false, &BackendUrl::Http("http://127.0.0.1:9000".parse().unwrap()))
+        let url = BackendUrl::Http("http://127.0.0.1:9000".parse().unwrap());
+        HeaderPolicy::new(&config, false, &url, false)
     }
 
     fn name(text: &str) -> HeaderName {
         HeaderName::from_bytes(text.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn a_header_the_client_signed_is_left_as_sent_in_s3_mode_only() {
+        let url = BackendUrl::Http("http://127.0.0.1:9000".parse().unwrap());
+        let s3 = HeaderPolicy::new(&HeadersConfig::default(), false, &url, true);
+        let signed = |map: &mut HeaderMap| {
+            map.insert(
+                header::AUTHORIZATION,
+                HeaderValue::from_static(
+                    "AWS4-HMAC-SHA256 Credential=AK/20260101/us-east-1/s3/aws4_request, \
+                     SignedHeaders=host;x-amz-date;x-forwarded-for, Signature=00",
+                ),
+            );
+            map.insert(X_FORWARDED_FOR.clone(), HeaderValue::from_static("10.0.0.1"));
+        };
+        let peer = Peer::new("192.0.2.7:1".parse().unwrap());
+        let mut map = HeaderMap::new();
+        signed(&mut map);
+        s3.on_request(&mut map, &peer, None);
+        assert_eq!(map.get(&X_FORWARDED_FOR).unwrap(), "10.0.0.1", "signed: untouched");
+        map.remove(header::AUTHORIZATION);
+        s3.on_request(&mut map, &peer, None);
+        assert_eq!(map.get(&X_FORWARDED_FOR).unwrap(), "192.0.2.7", "unsigned: this hop");
+        let mut map = HeaderMap::new();
+        signed(&mut map);
+        policy(|_| {}).on_request(&mut map, &peer, None);
+        assert_eq!(map.get(&X_FORWARDED_FOR).unwrap(), "192.0.2.7", "in HTTP mode a signature is no licence");
+    }
+
+    #[test]
+    fn off_drops_an_untrusted_peers_claim_and_passes_a_trusted_ones() {
+        let off = policy(|c| c.trusted_proxies = vec!["10.0.0.0/8".parse().unwrap()]);
+        let claims = [("x-forwarded-host", "bank.example"), ("forwarded", "for=6.6.6.6")];
+        let from_client = sent(&off, "192.0.2.7:5000", &claims);
+        assert!(from_client.get("x-forwarded-host").is_none() && from_client.get("forwarded").is_none());
+        let from_proxy = sent(&off, "10.0.0.7:5000", &claims);
+        assert_eq!(all(&from_proxy, "x-forwarded-host"), ["bank.example"]);
+        assert_eq!(all(&from_proxy, "forwarded"), ["for=6.6.6.6"]);
     }
 
     fn pair(k: &str, v: &'static str) -> (HeaderName, HeaderValue) {

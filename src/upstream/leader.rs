@@ -64,10 +64,11 @@ impl Peers {
         if let Some(host) = host {
             headers.insert(http::header::HOST, host);
         }
+        let client_host = headers.get(http::header::HOST).cloned();
         headers.insert(FORWARDED_BY.clone(), self.me.clone());
         // The leader learns the client's address from the last entry; the backend learns it
         // as it would from the leader itself.
-        policy.forwarded_for_to_leader(headers, client);
+        policy.to_leader(headers, client, client_host.as_ref());
         *req.version_mut() = http::Version::HTTP_11;
         // Once the write may have reached the leader, which runs it to its end on its own, its
         // outcome is unknown: a gateway error, not "not forwarded".

@@ -57,11 +57,26 @@ fn default_port(scheme: &str) -> Option<u16> {
 /// client named no host.
 pub(super) fn rewrite(headers: &mut HeaderMap, backend: &Origin, proto: &str, client_host: Option<&HeaderValue>) {
     for name in [LOCATION, CONTENT_LOCATION] {
-        let Some(value) = headers.get(&name) else { continue };
-        let Ok(text) = value.to_str() else { continue };
-        let Some(rewritten) = rewritten(text, backend, proto, client_host) else { continue };
-        if let Ok(value) = HeaderValue::from_str(&rewritten) {
-            headers.insert(name, value);
+        // Every line: a second `Location` naming the backend would leak as well as the first.
+        let values: Vec<HeaderValue> = headers.get_all(&name).iter().cloned().collect();
+        let mut changed = false;
+        let values: Vec<HeaderValue> = values
+            .into_iter()
+            .map(|value| {
+                let rewritten = value
+                    .to_str()
+                    .ok()
+                    .and_then(|text| rewritten(text, backend, proto, client_host))
+                    .and_then(|text| HeaderValue::from_str(&text).ok());
+                changed |= rewritten.is_some();
+                rewritten.unwrap_or(value)
+            })
+            .collect();
+        if changed {
+            headers.remove(&name);
+            for value in values {
+                headers.append(name.clone(), value);
+            }
         }
     }
 }
@@ -69,6 +84,9 @@ pub(super) fn rewrite(headers: &mut HeaderMap, backend: &Origin, proto: &str, cl
 /// `location` with the backend's origin replaced, or `None` if it names another origin or
 /// none.
 fn rewritten(location: &str, backend: &Origin, proto: &str, client_host: Option<&HeaderValue>) -> Option<String> {
+    // Read as browsers read it (WHATWG URL): tabs dropped, `\` a `/` in http(s) URLs.
+    let location = location.replace('\t', "").replace('\\', "/");
+    let location = location.as_str();
     let (scheme, rest) = match location.split_once("://") {
         Some((scheme, rest))
             if !scheme.is_empty() && scheme.bytes().all(|b| b.is_ascii_alphanumeric() || b"+-.".contains(&b)) =>
@@ -80,10 +98,16 @@ fn rewritten(location: &str, backend: &Origin, proto: &str, client_host: Option<
     };
     let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(end);
-    if !backend.is(scheme.unwrap_or(&backend.scheme), authority) {
+    // Userinfo names no other origin: `http://u@backend/` is the backend.
+    let authority = authority.rsplit_once('@').map_or(authority, |(_, hostport)| hostport);
+    let host = client_host.and_then(|h| h.to_str().ok());
+    let scheme_of = scheme.unwrap_or(&backend.scheme);
+    // fencegate forwards the client's Host, and a backend that makes its redirects absolute
+    // (nginx) names that host with its own port: that is the backend too.
+    let at_backend_port = host.map(|h| Origin { host: host_part(h).to_ascii_lowercase(), ..backend.clone() });
+    if !backend.is(scheme_of, authority) && !at_backend_port.is_some_and(|o| o.is(scheme_of, authority)) {
         return None;
     }
-    let host = client_host.and_then(|h| h.to_str().ok());
     Some(match (host, scheme) {
         (Some(host), Some(_)) => format!("{proto}://{host}{tail}"),
         (Some(host), None) => format!("//{host}{tail}"),
@@ -92,6 +116,14 @@ fn rewritten(location: &str, backend: &Origin, proto: &str, client_host: Option<
         (None, _) if tail.starts_with('/') => tail.to_owned(),
         (None, _) => format!("/{tail}"),
     })
+}
+
+/// The host of `host[:port]`, an IPv6 literal with its brackets.
+fn host_part(authority: &str) -> &str {
+    match authority.rsplit_once(':') {
+        Some((host, port)) if !port.contains(']') => host,
+        _ => authority,
+    }
 }
 
 #[cfg(test)]
@@ -126,7 +158,6 @@ mod tests {
             "http://127.0.0.1:9001/a",
             "https://127.0.0.1:9000/a",
             "http://127.0.0.2:9000/a",
-            "http://user@127.0.0.1:9000/a",
             "http://example.com/a",
             "mailto:x@127.0.0.1",
         ] {

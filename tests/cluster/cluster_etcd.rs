@@ -471,3 +471,51 @@ async fn a_followers_admin_api_says_it_does_not_lead_and_names_the_leader() {
     }
     assert_eq!(c.max_seen_in_etcd("/r").await, Some(7), "nothing changed");
 }
+
+/// A client that reaches a follower from an untrusted address cannot
+/// forge `X-Forwarded-Proto`, `X-Forwarded-Host` or `Forwarded` for the backend, though the
+/// operator lists the instances in `trusted_proxies` as docs/configuration.md asks.
+#[tokio::test]
+async fn a_client_cannot_forge_forwarded_headers_through_a_follower() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Some(etcd) = start_etcd().await else { return };
+    let extra = "[headers]\ntrusted_proxies = [\"127.0.0.1\"]\nx_forwarded_host = \"append\"\nforwarded = \"append\"\n";
+    let c = Cluster::start(&[etcd.url()], 2, extra).await;
+    let leader = c.wait_leader().await;
+    let follower = 1 - leader;
+    eventually("the follower knows the leader", async || {
+        c.instances[follower].proxy().log_contains("following the fence's leader")
+    })
+    .await;
+    // The client comes from 127.0.0.2: not a trusted proxy.
+    let send = async |addr: SocketAddr, path: &str, token: u64| {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        let mut s = socket.connect(addr).await.unwrap();
+        let req = format!(
+            "PUT {path} HTTP/1.1\r\nHost: app.example\r\nFencing-Token: {token}\r\nX-Forwarded-Proto: https\r\n\
+             X-Forwarded-Host: bank.example\r\nForwarded: for=6.6.6.6;proto=https\r\nContent-Length: 1\r\nConnection: close\r\n\r\nv"
+        );
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).await.unwrap();
+        assert!(out.starts_with(b"HTTP/1.1 2"), "{}", String::from_utf8_lossy(&out));
+    };
+    send(c.instances[leader].addr, "/direct", 1).await;
+    send(c.instances[follower].addr, "/via-follower", 1).await;
+    let applied = c.backend.applied();
+    let seen = |path: &str| {
+        let r = applied.iter().find(|r| r.path == path).unwrap();
+        let h = |n: &str| r.headers.get_all(n).iter().map(|v| v.to_str().unwrap().to_owned()).collect::<Vec<_>>();
+        (h("x-forwarded-for"), h("x-forwarded-proto"), h("x-forwarded-host"), h("forwarded"))
+    };
+    let direct = seen("/direct");
+    eprintln!("direct:       {direct:?}");
+    let via = seen("/via-follower");
+    eprintln!("via follower: {via:?}");
+    assert_eq!(direct.1, ["http"], "direct: the forged proto is replaced");
+    assert_eq!(via.0, ["127.0.0.2, 127.0.0.1"]);
+    assert_eq!(via.1, ["http"], "via a follower: the client's forged X-Forwarded-Proto reached the backend");
+    assert_eq!(via.2, ["app.example"], "via a follower: the client's forged X-Forwarded-Host reached the backend");
+    assert!(!via.3[0].contains("6.6.6.6"), "via a follower: the client's forged Forwarded reached the backend");
+}

@@ -16,6 +16,7 @@ mod nginx;
 mod ordering;
 mod paths;
 mod proxying;
+mod redirects;
 mod reload;
 mod s3;
 mod supervision;

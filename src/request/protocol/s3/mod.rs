@@ -41,6 +41,7 @@ impl Protocol for S3 {
         if effect == Effect::Read {
             return Ok(Plan::Pass { target: head.target() });
         }
+        names::check_path_style_host(head, &config.s3.virtual_host_suffixes)?;
         check_connection(head, config)?;
         let body_limit = check_fenced(head, &config.limits)?;
         if let (Effect::Listed, Target::Bucket(_)) = (effect, &target) {

@@ -132,10 +132,60 @@ fn virtual_host_bucket(head: &Head<'_>, suffixes: &[String]) -> Result<Option<St
         if let Some(bucket) = host.strip_suffix(suffix.as_str()).and_then(|b| b.strip_suffix('.'))
             && !bucket.is_empty()
         {
+            // Servers disagree where a dotted bucket ends in a host (moto reads the first
+            // label), so its objects are named by path only.
+            if bucket.contains('.') {
+                return Err(bad_host(&format!(
+                    "names the bucket {bucket:?}, whose dots S3 servers read differently in a host; name it by path"
+                )));
+            }
             return Ok(Some(bucket.to_owned()));
         }
     }
     Ok(None)
+}
+
+/// Refuses a write whose host names no bucket fencegate can read, yet may name one to the
+/// server: a host that is neither an IP literal, nor one of `suffixes` itself (a path-style
+/// endpoint), nor a bucket under one. S3 servers read such a host as a bucket: AWS and s3s
+/// take the whole host as a bucket (a CNAME), moto its first label; fencegate would key the
+/// write as path style, under another bucket's fence. A request without a host is path style.
+///
+/// A host in capitals is refused too: fencegate reads `BK1.S3.TEST` as bucket `bk1`, s3s matches
+/// its domains case-sensitively and reads the whole host as the bucket `bk1.s3.test`.
+pub fn check_path_style_host(head: &Head<'_>, suffixes: &[String]) -> Result<(), Refusal> {
+    let named = match head.uri.authority() {
+        Some(authority) => Some(authority.host().as_bytes()),
+        None => head.headers.get(HOST).map(http::HeaderValue::as_bytes),
+    };
+    if named.is_some_and(|host| host.iter().any(u8::is_ascii_uppercase)) {
+        return Err(bad_host("has capitals, which S3 servers do not all read as the lowercase name"));
+    }
+    if virtual_host_bucket(head, suffixes)?.is_some() {
+        return Ok(());
+    }
+    let host = match head.uri.authority() {
+        Some(authority) => authority.host().to_owned(),
+        None => {
+            let mut hosts = head.headers.get_all(HOST).iter();
+            let Some(value) = hosts.next() else { return Ok(()) };
+            if hosts.next().is_some() {
+                return Err(bad_host("sent more than once"));
+            }
+            strip_port(value.to_str().map_err(|_| bad_host("not text"))?).to_owned()
+        }
+    };
+    let host = host.to_ascii_lowercase();
+    let host = host.strip_suffix('.').unwrap_or(&host);
+    let literal = host.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>().is_ok();
+    if literal || suffixes.iter().any(|s| s == host) {
+        return Ok(());
+    }
+    Err(bad_host(&format!(
+        "{host:?} is not an IP address, nor one of s3.virtual_host_suffixes or a bucket under one: the \
+         server may read a bucket from it (virtual-host or CNAME style) where fencegate would key the \
+         write path style; list the host in s3.virtual_host_suffixes"
+    )))
 }
 
 /// `host[:port]` without the port (an IPv6 literal keeps its brackets).

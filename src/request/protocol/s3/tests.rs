@@ -63,11 +63,14 @@ fn keys_are_decoded_once_and_nothing_else() {
 fn path_and_virtual_host_style_name_one_key() {
     let host = |h: &'static str| [("host", h)];
     assert_eq!(touched("PUT", "/a/b", &host("bk1.s3.example.com")), object("/bk1/a/b"));
-    assert_eq!(touched("PUT", "/a/b", &host("BK1.S3.Example.com:9000")), object("/bk1/a/b"));
+    // s3s matches its domains case-sensitively: there BK1.S3.Example.com is the bucket
+    // bk1.s3.example.com, so a write naming a host in capitals is refused.
+    assert!(plan("PUT", "/a/b", &host("BK1.S3.Example.com:9000")).is_err());
     assert_eq!(touched("PUT", "/bk1/a/b", &host("s3.example.com")), object("/bk1/a/b"), "path style at the suffix");
     assert_eq!(touched("PUT", "/bk1/a/b", &host("127.0.0.1:9000")), object("/bk1/a/b"));
     assert_eq!(touched("PUT", "/bk2/k", &host("bk1.s3.example.com")), object("/bk1/bk2/k"), "the host's bucket wins");
-    assert_eq!(touched("PUT", "/", &host("my.bk1.s3.example.com")), bucket("/my.bk1"), "a bucket with dots");
+    assert!(plan("PUT", "/", &host("my.bk1.s3.example.com")).is_err(), "a bucket with dots, by host");
+    assert_eq!(touched("PUT", "/my.bk1/k", &[]), object("/my.bk1/k"), "a bucket with dots, by path");
     let two = request("PUT", "/k", &[("fencing-token", "7"), ("host", "bk1.s3.example.com"), ("host", "x")], "");
     assert!(S3.classify(&Head::of(&two), &config("")).is_err(), "two hosts");
 }
@@ -219,4 +222,28 @@ fn delete_objects_fences_every_key_its_body_names() {
     let paths = config("flat_keys = false");
     assert!(S3.classify_read(&Head::of(&req), body, &paths).is_err(), "a//b on a file-system server");
     assert!(S3.classify_read(&Head::of(&req), b"<Delete/>", &config("")).is_err());
+}
+
+#[test]
+fn a_write_to_a_host_the_server_may_read_a_bucket_from_is_refused() {
+    // Path style through an IP literal or a suffix itself; virtual-host style under a suffix.
+    assert_eq!(touched("PUT", "/bk1/k", &[("host", "127.0.0.1:8080")]), object("/bk1/k"));
+    assert_eq!(touched("PUT", "/bk1/k", &[("host", "[::1]:8080")]), object("/bk1/k"));
+    assert_eq!(touched("PUT", "/bk1/k", &[("host", "s3.example.com")]), object("/bk1/k"));
+    assert_eq!(touched("PUT", "/k", &[("host", "bk1.s3.example.com")]), object("/bk1/k"));
+    // moto reads bucket bk1 from bk1.other.test, s3s and AWS bucket bk1.other.test: either
+    // way not the path's bucket.
+    for host in ["bk1.other.test", "bk1.other.test:9000", "fencegate", "BK1.S3.EXAMPLE.COM"] {
+        assert!(plan("PUT", "/bk2/k", &[("host", host)]).is_err(), "{host}");
+    }
+    let two =
+        request("PUT", "/bk2/k", &[("fencing-token", "7"), ("host", "127.0.0.1"), ("host", "bk1.other.test")], "");
+    let no_suffixes = Config::from_toml_str(
+        "[backend]\nurl = \"http://127.0.0.1:9\"\nprotocol = \"s3\"\n[store]\ndir = \"/tmp/x\"\n",
+    )
+    .unwrap();
+    assert!(S3.classify(&Head::of(&two), &no_suffixes).is_err(), "two hosts, no suffixes");
+    assert!(plan("PUT", "/bk2/k", &[("host", "bk1.other.test")]).is_err());
+    // Reads pass whatever the host.
+    assert!(matches!(plan("GET", "/bk2/k", &[("host", "bk1.other.test")]), Ok(Plan::Pass { .. })));
 }
