@@ -23,11 +23,16 @@ pub const CANONICAL_VERSION: u32 = 1;
 /// request maps to any more, and stale writes would pass.
 pub fn keying(policy: &PathPolicy, scopes: &[Scope]) -> String {
     let p = policy;
-    let mut text = format!(
+    let text = format!(
         "canonical paths v{CANONICAL_VERSION}\nescaped_slashes {:?}, merge_slashes {}, case_sensitive {}, \
          trailing_slash {:?}, matrix_params {:?}\n",
         p.escaped_slashes, p.merge_slashes, p.case_sensitive, p.trailing_slash, p.matrix_params
     );
+    with_scopes(text, scopes)
+}
+
+/// `text` with a line for each scope, which the keying it describes applies after the rest.
+fn with_scopes(mut text: String, scopes: &[Scope]) -> String {
     for s in scopes {
         match s.segments {
             Some(n) => text.push_str(&format!("scope {} segments {n}\n", s.prefix)),
@@ -70,16 +75,10 @@ pub const OBJECT_VERSION: u32 = 1;
 /// The keying of an object store: `/bucket/key`, the key percent-decoded once, shortened by
 /// the first matching scope.
 pub fn object_keying(scopes: &[Scope]) -> String {
-    let mut text = format!(
+    let text = format!(
         "s3 object keys v{OBJECT_VERSION}: /bucket/key, the key percent-decoded once, + literal, no segment resolved\n"
     );
-    for s in scopes {
-        match s.segments {
-            Some(n) => text.push_str(&format!("scope {} segments {n}\n", s.prefix)),
-            None => text.push_str(&format!("scope {}\n", s.prefix)),
-        }
-    }
-    text
+    with_scopes(text, scopes)
 }
 
 /// The fence key of a path-style S3 path (`/bucket/key`), as an S3 request to it is keyed:
