@@ -48,12 +48,7 @@ impl Protocol for S3 {
             return Ok(Plan::ReadBody { limit: deleted::MAX_BODY });
         }
         let touch = match (&target, effect) {
-            // A scope makes every object under its prefix one fence key.
-            (Target::Object { bucket, key }, Effect::Object | Effect::Upload) => {
-                let object = names::object_key(bucket, key);
-                let key = keys::resource_key(&object, &config.fence.scopes).to_owned();
-                Touch { key, coverage: Coverage::Key }
-            }
+            (Target::Object { bucket, key }, Effect::Object | Effect::Upload) => object_touch(bucket, key, config),
             (Target::Service, _) => Touch { key: "/".to_owned(), coverage: Coverage::Subtree },
             (Target::Bucket(bucket) | Target::Object { bucket, .. }, _) => {
                 Touch { key: names::bucket_key(bucket), coverage: Coverage::Subtree }
@@ -82,10 +77,9 @@ impl Protocol for S3 {
             if !config.s3.flat_keys {
                 names::check_path_key(&key)?;
             }
-            let object = names::object_key(&bucket, &key);
-            let key = keys::resource_key(&object, &config.fence.scopes).to_owned();
-            if !touches.iter().any(|t| t.key == key) {
-                touches.push(Touch { key, coverage: Coverage::Key });
+            let touch = object_touch(&bucket, &key, config);
+            if !touches.contains(&touch) {
+                touches.push(touch);
             }
         }
         let named = Named { touches, target: head.target(), set_headers: Vec::new(), body_limit };
@@ -95,6 +89,13 @@ impl Protocol for S3 {
     fn refuse(&self, refusal: &Refusal, withhold: bool) -> Response<Full<Bytes>> {
         error::response(refusal, withhold)
     }
+}
+
+/// What a write to the object `key` in `bucket` touches: its fence key, which a scope over its
+/// prefix makes the scope's.
+fn object_touch(bucket: &str, key: &str, config: &Config) -> Touch {
+    let object = names::object_key(bucket, key);
+    Touch { key: keys::resource_key(&object, &config.fence.scopes).to_owned(), coverage: Coverage::Key }
 }
 
 /// Refuses a `Connection` header that names a header fencegate reads: hop-by-hop headers are

@@ -107,27 +107,44 @@ fn locate(head: &Head<'_>, suffixes: &[String]) -> Result<Named, Refusal> {
     })
 }
 
+/// The host a request names, as sent and without its port: its target's authority, or its one
+/// `Host` header; `None` for a request without either (path style).
+fn sent_host(head: &Head<'_>) -> Result<Option<String>, Refusal> {
+    if let Some(authority) = head.uri.authority() {
+        return Ok(Some(authority.host().to_owned()));
+    }
+    let mut hosts = head.headers.get_all(HOST).iter();
+    let Some(value) = hosts.next() else { return Ok(None) };
+    if hosts.next().is_some() {
+        return Err(bad_host("sent more than once"));
+    }
+    let text = value.to_str().map_err(|_| bad_host("not text"))?;
+    Ok(Some(strip_port(text).to_owned()))
+}
+
+/// `host` as DNS reads it: case-insensitive, and a trailing dot names the same host.
+fn dns_name(host: &str) -> String {
+    let host = host.to_ascii_lowercase();
+    match host.strip_suffix('.') {
+        Some(name) => name.to_owned(),
+        None => host,
+    }
+}
+
 /// The bucket a virtual-host style request names in its authority, if its host is a bucket
 /// under one of `suffixes`.
 fn virtual_host_bucket(head: &Head<'_>, suffixes: &[String]) -> Result<Option<String>, Refusal> {
     if suffixes.is_empty() {
         return Ok(None);
     }
-    let host = match head.uri.authority() {
-        Some(authority) => authority.host().to_owned(),
-        None => {
-            let mut hosts = head.headers.get_all(HOST).iter();
-            let Some(value) = hosts.next() else { return Ok(None) };
-            if hosts.next().is_some() {
-                return Err(bad_host("sent more than once"));
-            }
-            let text = value.to_str().map_err(|_| bad_host("not text"))?;
-            strip_port(text).to_owned()
-        }
-    };
-    // DNS names are case-insensitive; a trailing dot names the same host.
-    let host = host.to_ascii_lowercase();
-    let host = host.strip_suffix('.').unwrap_or(&host);
+    match sent_host(head)? {
+        Some(host) => bucket_under(&dns_name(&host), suffixes),
+        None => Ok(None),
+    }
+}
+
+/// The bucket `host` (a DNS name) names under one of `suffixes`, if any.
+fn bucket_under(host: &str, suffixes: &[String]) -> Result<Option<String>, Refusal> {
     for suffix in suffixes {
         if let Some(bucket) = host.strip_suffix(suffix.as_str()).and_then(|b| b.strip_suffix('.'))
             && !bucket.is_empty()
@@ -154,31 +171,16 @@ fn virtual_host_bucket(head: &Head<'_>, suffixes: &[String]) -> Result<Option<St
 /// A host in capitals is refused too: fencegate reads `BK1.S3.TEST` as bucket `bk1`, s3s matches
 /// its domains case-sensitively and reads the whole host as the bucket `bk1.s3.test`.
 pub fn check_path_style_host(head: &Head<'_>, suffixes: &[String]) -> Result<(), Refusal> {
-    let named = match head.uri.authority() {
-        Some(authority) => Some(authority.host().as_bytes()),
-        None => head.headers.get(HOST).map(http::HeaderValue::as_bytes),
-    };
-    if named.is_some_and(|host| host.iter().any(u8::is_ascii_uppercase)) {
+    let Some(sent) = sent_host(head)? else { return Ok(()) };
+    if sent.bytes().any(|b| b.is_ascii_uppercase()) {
         return Err(bad_host("has capitals, which S3 servers do not all read as the lowercase name"));
     }
-    if virtual_host_bucket(head, suffixes)?.is_some() {
+    let host = dns_name(&sent);
+    if bucket_under(&host, suffixes)?.is_some() {
         return Ok(());
     }
-    let host = match head.uri.authority() {
-        Some(authority) => authority.host().to_owned(),
-        None => {
-            let mut hosts = head.headers.get_all(HOST).iter();
-            let Some(value) = hosts.next() else { return Ok(()) };
-            if hosts.next().is_some() {
-                return Err(bad_host("sent more than once"));
-            }
-            strip_port(value.to_str().map_err(|_| bad_host("not text"))?).to_owned()
-        }
-    };
-    let host = host.to_ascii_lowercase();
-    let host = host.strip_suffix('.').unwrap_or(&host);
     let literal = host.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>().is_ok();
-    if literal || suffixes.iter().any(|s| s == host) {
+    if literal || suffixes.contains(&host) {
         return Ok(());
     }
     Err(bad_host(&format!(
