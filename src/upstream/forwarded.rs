@@ -90,29 +90,28 @@ impl HeaderPolicy {
         match x_forwarded_for {
             _ if signed(&X_FORWARDED_FOR) => {}
             Forwarding::Off => off(headers, &X_FORWARDED_FOR),
-            mode => self.set_forwarded_for(headers, client, mode == Forwarding::Append),
+            mode => set_forwarded_for(headers, client, mode == Forwarding::Append && trusted),
         }
-        // One value, the first hop's: a trusted proxy's is kept, anyone else's replaced.
-        match c.x_forwarded_proto {
-            _ if signed(&X_FORWARDED_PROTO) => {}
-            Forwarding::Off => off(headers, &X_FORWARDED_PROTO),
-            Forwarding::Append if trusted && headers.contains_key(&X_FORWARDED_PROTO) => {}
-            _ => {
-                headers.insert(X_FORWARDED_PROTO.clone(), self.proto.clone());
+        // One value, the first hop's: a trusted proxy's is kept, anyone else's replaced (or
+        // dropped, where there is no value of this hop to give).
+        let first_hops = [
+            (&X_FORWARDED_PROTO, c.x_forwarded_proto, Some(&self.proto)),
+            (&X_FORWARDED_HOST, c.x_forwarded_host, client_host),
+        ];
+        for (name, mode, ours) in first_hops {
+            match mode {
+                _ if signed(name) => {}
+                Forwarding::Off => off(headers, name),
+                Forwarding::Append if trusted && headers.contains_key(name) => {}
+                _ => match ours {
+                    Some(value) => {
+                        headers.insert(name.clone(), value.clone());
+                    }
+                    None => {
+                        headers.remove(name);
+                    }
+                },
             }
-        }
-        match c.x_forwarded_host {
-            _ if signed(&X_FORWARDED_HOST) => {}
-            Forwarding::Off => off(headers, &X_FORWARDED_HOST),
-            Forwarding::Append if trusted && headers.contains_key(&X_FORWARDED_HOST) => {}
-            _ => match client_host {
-                Some(host) => {
-                    headers.insert(X_FORWARDED_HOST.clone(), host.clone());
-                }
-                None => {
-                    headers.remove(&X_FORWARDED_HOST);
-                }
-            },
         }
         match c.forwarded {
             _ if signed(&header::FORWARDED) => {}
@@ -126,22 +125,6 @@ impl HeaderPolicy {
                 if let Ok(value) = HeaderValue::from_bytes(&joined) {
                     headers.insert(header::FORWARDED, value);
                 }
-            }
-        }
-    }
-
-    /// `X-Forwarded-For` for a request from `client`: appended to what it sent if `append`
-    /// and it is a trusted proxy, else this hop alone (none for a Unix socket's peer, which has
-    /// no address).
-    fn set_forwarded_for(&self, headers: &mut HeaderMap, client: &Peer, append: bool) {
-        match (client.ip(), append && self.trusts(client)) {
-            (Some(_), true) => super::headers::append_forwarded_for(headers, client),
-            (Some(_), false) => {
-                headers.insert(X_FORWARDED_FOR.clone(), client.ip_value().clone());
-            }
-            (None, true) => {}
-            (None, false) => {
-                headers.remove(&X_FORWARDED_FOR);
             }
         }
     }
@@ -176,6 +159,22 @@ impl HeaderPolicy {
         self.backend.is_some()
             || self.config.x_forwarded_host != Forwarding::Off
             || self.config.forwarded != Forwarding::Off
+    }
+}
+
+/// `X-Forwarded-For` for a request from `client`: appended to what it sent if `append` (a
+/// trusted proxy's), else this hop alone (none for a Unix socket's peer, which has no
+/// address).
+fn set_forwarded_for(headers: &mut HeaderMap, client: &Peer, append: bool) {
+    match (client.ip(), append) {
+        (Some(_), true) => super::headers::append_forwarded_for(headers, client),
+        (Some(_), false) => {
+            headers.insert(X_FORWARDED_FOR.clone(), client.ip_value().clone());
+        }
+        (None, true) => {}
+        (None, false) => {
+            headers.remove(&X_FORWARDED_FOR);
+        }
     }
 }
 
