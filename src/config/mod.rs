@@ -114,7 +114,12 @@ pub struct S3Config {
     /// objects); `false` for a server that stores objects as files and resolves a key's empty,
     /// `.` and `..` segments as a path, whose keys with such segments are refused.
     pub flat_keys: bool,
+    /// Most multipart uploads whose binding fencegate keeps at once (docs/s3.md).
+    pub max_uploads: usize,
 }
+
+/// `s3.max_uploads` by default.
+pub const DEFAULT_MAX_UPLOADS: usize = 10_000;
 
 /// `[admin]`
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -235,7 +240,7 @@ pub struct BackendConfig {
 
 impl Default for S3Config {
     fn default() -> Self {
-        S3Config { virtual_host_suffixes: Vec::new(), flat_keys: true }
+        S3Config { virtual_host_suffixes: Vec::new(), flat_keys: true, max_uploads: DEFAULT_MAX_UPLOADS }
     }
 }
 

@@ -39,11 +39,12 @@ pub(super) struct RawConfig {
 pub(super) struct RawS3 {
     pub(super) virtual_host_suffixes: Vec<String>,
     pub(super) flat_keys: bool,
+    pub(super) max_uploads: usize,
 }
 
 impl Default for RawS3 {
     fn default() -> Self {
-        RawS3 { virtual_host_suffixes: Vec::new(), flat_keys: true }
+        RawS3 { virtual_host_suffixes: Vec::new(), flat_keys: true, max_uploads: super::DEFAULT_MAX_UPLOADS }
     }
 }
 

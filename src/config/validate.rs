@@ -431,7 +431,13 @@ fn s3(raw: raw::RawS3, protocol: BackendProtocol) -> Result<S3Config, ConfigErro
         if !raw.flat_keys {
             return Err(invalid("s3.flat_keys", "only backend.protocol = \"s3\" names objects by key"));
         }
+        if raw.max_uploads != S3Config::default().max_uploads {
+            return Err(invalid("s3.max_uploads", "only backend.protocol = \"s3\" has multipart uploads"));
+        }
         return Ok(S3Config::default());
+    }
+    if raw.max_uploads == 0 {
+        return Err(invalid("s3.max_uploads", "must be at least 1: with 0 no multipart upload could start"));
     }
     let mut suffixes = Vec::with_capacity(raw.virtual_host_suffixes.len());
     for suffix in raw.virtual_host_suffixes {
@@ -443,5 +449,5 @@ fn s3(raw: raw::RawS3, protocol: BackendProtocol) -> Result<S3Config, ConfigErro
         }
         suffixes.push(lower);
     }
-    Ok(S3Config { virtual_host_suffixes: suffixes, flat_keys: raw.flat_keys })
+    Ok(S3Config { virtual_host_suffixes: suffixes, flat_keys: raw.flat_keys, max_uploads: raw.max_uploads })
 }

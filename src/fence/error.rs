@@ -119,6 +119,37 @@ pub enum FenceError {
         /// The table's limit in bytes.
         max_bytes: u64,
     },
+    /// A part, completion or abort names an upload that was not created for its object through
+    /// fencegate (or whose binding was dropped: it ended, or could never complete).
+    #[error("{} is not an open multipart upload of {object} that fencegate bound", if .upload.is_empty() { "the upload id" } else { .upload.as_str() })]
+    UnknownUpload {
+        /// The object the request names.
+        object: String,
+        /// The upload id it carries.
+        upload: String,
+    },
+    /// A part, completion or abort carries another token than the one its upload was created
+    /// with.
+    #[error(
+        "upload {upload} of {object} was created with token {bound}; its parts, completion and abort carry that token, not {token}"
+    )]
+    UploadToken {
+        /// The object.
+        object: String,
+        /// The upload id.
+        upload: String,
+        /// The token the request carried.
+        token: u64,
+        /// The token the upload was created with.
+        bound: u64,
+    },
+    /// `max_uploads` uploads are open, each of which may still complete: a new one waits until
+    /// one ends.
+    #[error("{max} multipart uploads are open (s3.max_uploads); complete or abort one, or raise the bound")]
+    Uploads {
+        /// The bound.
+        max: usize,
+    },
     /// A write or an operator's raise ended without an answer: the write's future panicked,
     /// or the raise's task panicked or was cancelled by its runtime's shutdown.
     #[error("the write failed inside fencegate: {0}")]

@@ -39,6 +39,7 @@ mod subtree;
 pub mod token;
 mod tree;
 mod turn;
+pub mod uploads;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -61,6 +62,7 @@ use tree::Tree;
 pub use tree::{Coverage, NODE_BYTES, Touch};
 pub(crate) use tree::{covers, node};
 pub use turn::{Checked, Outcome, Raised, Turn};
+pub use uploads::BindError;
 
 /// What to do with a token equal to `max_seen`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -250,6 +250,9 @@ impl Refusal {
             Refusal::Fence(FenceError::QueueTimeout { .. }) => (S::SERVICE_UNAVAILABLE, "queue_timeout"),
             Refusal::Fence(FenceError::Quarantined { .. }) => (S::SERVICE_UNAVAILABLE, "resource_quarantined"),
             Refusal::Fence(FenceError::TaskFailed(_)) => (S::INTERNAL_SERVER_ERROR, "internal"),
+            Refusal::Fence(FenceError::UnknownUpload { .. }) => (S::NOT_FOUND, "no_such_upload"),
+            Refusal::Fence(FenceError::UploadToken { .. }) => (S::CONFLICT, "upload_token"),
+            Refusal::Fence(FenceError::Uploads { .. }) => (S::SERVICE_UNAVAILABLE, "too_many_uploads"),
             Refusal::Store(StoreError::Full(_) | StoreError::FullBytes(_))
             | Refusal::Fence(FenceError::Full { .. }) => (S::SERVICE_UNAVAILABLE, "resource_limit"),
             Refusal::Store(StoreError::NoSpace(_)) => (S::SERVICE_UNAVAILABLE, "store_full"),
@@ -287,7 +290,9 @@ impl Refusal {
                 | FenceError::Quarantined { resource, .. }
                 | FenceError::WouldLower { resource, .. }
                 | FenceError::WouldRaise { resource, .. }
-                | FenceError::NoFence { resource },
+                | FenceError::NoFence { resource }
+                | FenceError::UnknownUpload { object: resource, .. }
+                | FenceError::UploadToken { object: resource, .. },
             ) => Some(resource),
             Refusal::SignatureRejected { resource, .. } | Refusal::TooManyRefusals { lock: resource, .. } => {
                 Some(resource)

@@ -120,6 +120,7 @@ mod tests {
             locks: Vec::new(),
             max_jump: None,
             proof: super::super::proof::Proof::None,
+            upload: None,
         };
         e.plan(&Plan::Write(write));
         assert_eq!((e.keys.as_str(), e.token), ("/a,/b/", Some(7)));

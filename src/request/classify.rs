@@ -73,6 +73,36 @@ pub struct Write {
     pub max_jump: Option<u64>,
     /// What the token must prove, checked before the write waits for its turn.
     pub proof: Proof,
+    /// Its part in a multipart upload (S3), if it has one: boxed, as most writes have none.
+    pub upload: Option<Box<UploadStep>>,
+}
+
+/// A write's part in a multipart upload, which the fence binds or checks beside its keys
+/// (`fence::uploads`): an S3-like server finds an upload by its id alone, so what the id was
+/// created for is checked, not only the object the request names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UploadStep {
+    /// Creates an upload of `object`: the id the backend answers with is bound to the token
+    /// before the client hears it ([`super::protocol::Protocol::upload_id`]).
+    Create {
+        /// The object, as fenced (`/bucket/key`).
+        object: String,
+    },
+    /// Adds a part to upload `id`, which must be bound to `object` and the token.
+    Part {
+        /// The object the request names.
+        object: String,
+        /// The upload id it carries.
+        id: String,
+    },
+    /// Completes or aborts upload `id`: checked as a part, and its binding dropped once the
+    /// backend accepts.
+    End {
+        /// The object the request names.
+        object: String,
+        /// The upload id it carries.
+        id: String,
+    },
 }
 
 /// What classification reads of a request: its head, and the body size it declares.
@@ -140,7 +170,8 @@ pub fn fenced_write(head: &Head<'_>, config: &Config, named: Named) -> Result<Pl
     // Only the verified holder of a lock can present its own revision: equal passes there.
     let equal = if locks.is_empty() { governed.equal } else { EqualToken::Accept };
     let max_jump = governed.max_jump;
-    Ok(Plan::Write(Write { token, touches, target, set_headers, body_limit, equal, max_jump, proof, locks }))
+    let upload = None;
+    Ok(Plan::Write(Write { token, touches, target, set_headers, body_limit, equal, max_jump, proof, locks, upload }))
 }
 
 /// Refuses what no request may carry: tunnels, and heads beyond the configured limits.

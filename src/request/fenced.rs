@@ -15,17 +15,19 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use http::{Request, Response};
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
 
-use super::classify::Write;
+use super::classify::{UploadStep, Write};
 use super::proof::Proof;
+use super::protocol::{Chosen, Protocol as _};
 use super::{InFlight, Outgoing, ResponseBody, holders, proof, send};
 use crate::etcd_client::Mirrors;
-use crate::fence::{Outcome, Policy, Touch};
+use crate::fence::{BindError, Outcome, Policy, Touch};
 use crate::refusal::Refusal;
 use crate::state::{Settings, State};
 use crate::store::{Permit, Role, StoreError};
-use crate::upstream::{Hold, Peer, RequestBody, UpstreamError, leader};
+use crate::upstream::{Hold, Peer, RequestBody, UpstreamError, full_body, leader};
 
 /// `fut` in a new pinned box, built in place (`Box::write`) rather than built and then moved
 /// there: a fenced write's futures are large, and a move is a copy of all of it.
@@ -74,9 +76,12 @@ pub(super) fn fence(
     mut req: Request<RequestBody>,
     write: Write,
     client: Peer,
+    protocol: Chosen,
 ) -> impl Future<Output = Result<Response<ResponseBody>, Refusal>> {
     let next = match route(&state, &mut req) {
-        Ok(Routed::Here) => check(state, settings, req, write, client).map(Next::Turn),
+        Ok(Routed::Here) => {
+            check(state, settings, req, write, client).map(|(waiting, upload)| Next::Turn(waiting, upload))
+        }
         Ok(Routed::Leader(url)) => Ok(Next::Leader { url, req: Box::new(req), state, settings, client }),
         Err(refusal) => Err(refusal),
     };
@@ -85,7 +90,12 @@ pub(super) fn fence(
             Next::Leader { url, req, state, settings, client } => {
                 send_to_leader(&state, &settings, &url, *req, &client).await
             }
-            Next::Turn(waiting) => waiting.finish().await,
+            Next::Turn(waiting, None) => waiting.finish().await,
+            Next::Turn(waiting, Some(upload)) => {
+                let token = waiting.token;
+                let resp = waiting.finish().await?;
+                upload.answered(protocol, token, resp).await
+            }
         }
     }
 }
@@ -95,8 +105,77 @@ enum Next {
     /// To the leader at `url`, which fences it. The request is boxed, as the write fenced here
     /// boxes it, so that neither makes the future that holds them large.
     Leader { url: String, req: Box<Request<RequestBody>>, state: Arc<State>, settings: Arc<Settings>, client: Peer },
-    /// To its turn here.
-    Turn(Waiting),
+    /// To its turn here, and then, for a step of a multipart upload, to its binding.
+    Turn(Waiting, Option<Box<Upload>>),
+}
+
+/// A write's step of a multipart upload, for what follows the backend's answer.
+struct Upload {
+    step: UploadStep,
+    state: Arc<State>,
+    settings: Arc<Settings>,
+}
+
+/// Most bytes of an answer to CreateMultipartUpload read for its upload id.
+const MAX_CREATED: usize = 64 * 1024;
+
+impl Upload {
+    /// Refuses a part, completion or abort whose upload was not created for the object it
+    /// names with its token; before the precheck, since the upload's token is what is checked.
+    fn check(&self, token: u64) -> Result<(), Refusal> {
+        match &self.step {
+            UploadStep::Part { object, id } | UploadStep::End { object, id } => {
+                Ok(self.state.fence.check_upload(object, id, token)?)
+            }
+            UploadStep::Create { .. } => {
+                let config = &self.settings.config;
+                Ok(self.state.fence.check_upload_room(config.s3.max_uploads, &config.fence.scopes)?)
+            }
+        }
+    }
+
+    /// After the backend's answer `resp` to the write of `token`: binds the upload its answer
+    /// to a creation names, before the client hears of it, or drops the binding of an upload
+    /// the backend completed or aborted.
+    async fn answered(
+        self,
+        protocol: Chosen,
+        token: u64,
+        resp: Response<ResponseBody>,
+    ) -> Result<Response<ResponseBody>, Refusal> {
+        let Upload { step, state, settings } = self;
+        match step {
+            UploadStep::Create { object } if resp.status() == StatusCode::OK => {
+                let (parts, body) = resp.into_parts();
+                let timeout = settings.config.backend.request_timeout;
+                let failed = |why: String| {
+                    Refusal::Upstream(UpstreamError::Failed(format!(
+                        "the backend created a multipart upload of {object}, but {why}; the upload cannot be used"
+                    )))
+                };
+                let bytes = match tokio::time::timeout(timeout, Limited::new(body, MAX_CREATED).collect()).await {
+                    Ok(Ok(collected)) => collected.to_bytes(),
+                    Ok(Err(e)) => return Err(failed(format!("its answer could not be read: {e}"))),
+                    Err(_) => return Err(Refusal::Upstream(UpstreamError::Timeout(timeout))),
+                };
+                let id = protocol.upload_id(&bytes).ok_or_else(|| failed("its answer names no upload id".into()))?;
+                let (s3, scopes) = (&settings.config.s3, &settings.config.fence.scopes);
+                state.fence.bind_upload(&object, &id, token, s3.max_uploads, scopes).await.map_err(|e| match e {
+                    BindError::Fence(e) => Refusal::Fence(e),
+                    BindError::Store(e) => Refusal::Store(e),
+                })?;
+                Ok(Response::from_parts(parts, full_body(Full::new(bytes))))
+            }
+            UploadStep::End { object, id } if resp.status().is_success() => {
+                if let Err(e) = state.fence.drop_upload(&object, &id).await {
+                    // Left behind, the binding names an upload the server no longer has.
+                    tracing::warn!(object, upload = id, error = %e, "could not drop an ended upload's binding");
+                }
+                Ok(resp)
+            }
+            _ => Ok(resp),
+        }
+    }
 }
 
 /// The checks of a write fenced here before its turn: its proof, then the precheck of its
@@ -107,9 +186,14 @@ fn check(
     mut req: Request<RequestBody>,
     write: Write,
     client: Peer,
-) -> Result<Waiting, Refusal> {
-    let Write { token, touches, target, set_headers, body_limit, equal, max_jump, proof, locks } = write;
+) -> Result<(Waiting, Option<Box<Upload>>), Refusal> {
+    let Write { token, touches, target, set_headers, body_limit, equal, max_jump, proof, locks, upload } = write;
     let proven = prove(&state, &settings, token, proof, locks, &touches)?;
+    let upload =
+        upload.map(|step| Box::new(Upload { step: *step, state: Arc::clone(&state), settings: Arc::clone(&settings) }));
+    if let Some(upload) = &upload {
+        upload.check(token)?;
+    }
     let policy = Policy { equal, max_jump };
     // What the backend is told to change is what was fenced.
     for (name, value) in set_headers {
@@ -119,7 +203,7 @@ fn check(
     // Boxed once, built in place: until the send takes it apart it moves as a pointer.
     let out = Outgoing { req, target, client, body_limit };
     let pending = Box::write(Box::new_uninit(), Pending { state, settings, proven, out });
-    Ok(Waiting { token, policy, touches, pending })
+    Ok((Waiting { token, policy, touches, pending }, upload))
 }
 
 /// A write that passed its checks before the turn, and waits for it.

@@ -68,7 +68,7 @@ pub(crate) async fn handle(state: Arc<State>, req: Request<Incoming>, client: Pe
                         }
                         Plan::Write(write) => {
                             let (state, settings) = (Arc::clone(&state), Arc::clone(&settings));
-                            fenced::fence(state, settings, req, write, client.clone()).await
+                            fenced::fence(state, settings, req, write, client.clone(), protocol).await
                         }
                         // Read and classified again above.
                         Plan::ReadBody { .. } => Err(Refusal::BadRequest("the body was read already".into())),

@@ -44,6 +44,7 @@ pub(crate) fn write_snapshot(dir: &Path, seq: u64, table: &Table) -> io::Result<
         table.for_each(MarkKind::Key, |key, token, in_flight| {
             put(if in_flight { Kind::Advance } else { Kind::State }, key, token)
         });
+        table.for_each(MarkKind::Upload, |name, token, _| put(Kind::BindingState, name, token));
         table.for_each(MarkKind::Floor, |p, token, in_flight| {
             put(if in_flight { Kind::FloorAdvance } else { Kind::FloorState }, p, token)
         });

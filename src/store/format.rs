@@ -6,8 +6,9 @@
 //! checksums are seeded with the file's identity and salt: bytes from another file, or a record
 //! a client forged inside its own key, never validate.
 //!
-//! Version 2 added the floor records (kinds 6 to 8), version 3 the reset records (9 and 10);
-//! files of versions 1 and 2, which cannot hold them, are still read.
+//! Version 2 added the floor records (kinds 6 to 8), version 3 the reset records (9 and 10),
+//! version 4 the binding records (11 to 13); files of earlier versions, which cannot hold
+//! them, are still read.
 
 use std::hash::BuildHasher;
 use std::io::{self, Write};
@@ -19,13 +20,15 @@ pub const HEADER_LEN: usize = 40;
 /// Longest key a record may hold.
 pub const MAX_KEY_LEN: usize = 64 * 1024;
 /// Format version of the files this build writes.
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 /// Oldest format version this build reads.
 pub const MIN_VERSION: u32 = 1;
 /// The first version whose files may hold floor records.
 pub const FLOORS_SINCE: u32 = 2;
 /// The first version whose files may hold reset records.
 pub const RESETS_SINCE: u32 = 3;
+/// The first version whose files may hold binding records.
+pub const BINDINGS_SINCE: u32 = 4;
 
 /// The two kinds of file in a data directory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,6 +76,14 @@ pub enum Kind {
     /// `floor[key] = token`, lowered by an operator's reset, in log order as [`Kind::Reset`].
     /// Version 3 on.
     FloorReset = 10,
+    /// `binding[key] = token` (snapshots): the upload `key` names was created with `token`.
+    /// Version 4 on.
+    BindingState = 11,
+    /// `binding[key] = token`, bound when the upload was created. Version 4 on.
+    Bound = 12,
+    /// The binding `key` is dropped: its upload ended, or can never complete. Counts in log
+    /// order. Version 4 on.
+    Dropped = 13,
 }
 
 impl Kind {
@@ -88,6 +99,9 @@ impl Kind {
             8 => Kind::FloorState,
             9 => Kind::Reset,
             10 => Kind::FloorReset,
+            11 => Kind::BindingState,
+            12 => Kind::Bound,
+            13 => Kind::Dropped,
             _ => return None,
         })
     }
@@ -100,10 +114,12 @@ impl Kind {
         }
     }
 
-    /// The record that says `says` of a mark of `kind`. With [`Kind::says`], the one place a
-    /// record kind is tied to a kind of mark.
-    pub fn keyed(says: Says, kind: MarkKind) -> Kind {
-        match (says, kind) {
+    /// The record that says `says` of a mark of `kind`; `None` for what no record says (an
+    /// answer or a reset of a binding, a drop of a key or floor: `MarkBatch::check` refuses
+    /// such batches). With [`Kind::says`], the one place a record kind is tied to a kind of
+    /// mark.
+    pub fn keyed(says: Says, kind: MarkKind) -> Option<Kind> {
+        Some(match (says, kind) {
             (Says::State, MarkKind::Key) => Kind::State,
             (Says::Advance, MarkKind::Key) => Kind::Advance,
             (Says::Answered, MarkKind::Key) => Kind::Answered,
@@ -112,7 +128,13 @@ impl Kind {
             (Says::Advance, MarkKind::Floor) => Kind::FloorAdvance,
             (Says::Answered, MarkKind::Floor) => Kind::FloorAnswered,
             (Says::Reset, MarkKind::Floor) => Kind::FloorReset,
-        }
+            (Says::State, MarkKind::Upload) => Kind::BindingState,
+            (Says::Advance, MarkKind::Upload) => Kind::Bound,
+            (Says::Drop, MarkKind::Upload) => Kind::Dropped,
+            (Says::Answered | Says::Reset, MarkKind::Upload) | (Says::Drop, MarkKind::Key | MarkKind::Floor) => {
+                return None;
+            }
+        })
     }
 
     /// What a keyed record says, and of which kind of mark; `None` for commit markers and
@@ -127,6 +149,9 @@ impl Kind {
             Kind::FloorAdvance => (Says::Advance, MarkKind::Floor),
             Kind::FloorAnswered => (Says::Answered, MarkKind::Floor),
             Kind::FloorReset => (Says::Reset, MarkKind::Floor),
+            Kind::BindingState => (Says::State, MarkKind::Upload),
+            Kind::Bound => (Says::Advance, MarkKind::Upload),
+            Kind::Dropped => (Says::Drop, MarkKind::Upload),
             Kind::Commit | Kind::Trailer => return None,
         })
     }
@@ -136,6 +161,7 @@ impl Kind {
         match self {
             Kind::FloorAdvance | Kind::FloorAnswered | Kind::FloorState => FLOORS_SINCE,
             Kind::Reset | Kind::FloorReset => RESETS_SINCE,
+            Kind::BindingState | Kind::Bound | Kind::Dropped => BINDINGS_SINCE,
             _ => MIN_VERSION,
         }
     }
@@ -152,6 +178,8 @@ pub enum Says {
     Answered,
     /// The mark is set to the token by an operator's reset, in log order.
     Reset,
+    /// The mark is removed (a binding's drop), in log order.
+    Drop,
 }
 
 impl From<Change> for Says {
@@ -161,6 +189,7 @@ impl From<Change> for Says {
             Change::Advance => Says::Advance,
             Change::Reset => Says::Reset,
             Change::Answered => Says::Answered,
+            Change::Drop => Says::Drop,
         }
     }
 }
@@ -395,13 +424,13 @@ mod tests {
     #[test]
     fn headers_name_their_kind_version_and_salt() {
         let h = Header::new(9);
-        assert_eq!(h.version, 3);
+        assert_eq!(h.version, 4);
         let bytes = h.encode(FileKind::Snapshot);
-        assert_eq!(bytes[8..12], [3, 0, 0, 0]);
+        assert_eq!(bytes[8..12], [4, 0, 0, 0]);
         assert_eq!(Header::parse(FileKind::Snapshot, &bytes), Ok(h));
         assert!(Header::parse(FileKind::Segment, &bytes).is_err());
         let mut bad = bytes;
-        bad[8] = 4;
+        bad[8] = 5;
         assert!(Header::parse(FileKind::Snapshot, &bad).unwrap_err().contains("checksum"));
     }
 
@@ -409,10 +438,10 @@ mod tests {
     fn version_one_is_read_and_an_unknown_version_is_refused_by_name() {
         let old = Header { version: 1, ..Header::new(4) };
         assert_eq!(Header::parse(FileKind::Segment, &old.encode(FileKind::Segment)), Ok(old));
-        for (version, named) in [(4, "format version 4"), (0, "format version 0"), (u32::MAX, "4294967295")] {
+        for (version, named) in [(5, "format version 5"), (0, "format version 0"), (u32::MAX, "4294967295")] {
             let newer = Header { version, ..Header::new(4) };
             let err = Header::parse(FileKind::Segment, &newer.encode(FileKind::Segment)).unwrap_err();
-            assert!(err.contains(named) && err.contains("not supported (this build reads 1 to 3)"), "{err}");
+            assert!(err.contains(named) && err.contains("not supported (this build reads 1 to 4)"), "{err}");
         }
     }
 
@@ -429,26 +458,42 @@ mod tests {
             assert_eq!((kind as u8, kind.since()), (6 + i as u8, 2));
             at += r.used;
         }
-        assert_eq!(Kind::keyed(Says::Advance, MarkKind::Floor), Kind::FloorAdvance);
-        assert_eq!(Kind::keyed(Says::Answered, MarkKind::Key), Kind::Answered);
-        for kind in (1..=10u8).filter_map(Kind::from_u8) {
+        assert_eq!(Kind::keyed(Says::Advance, MarkKind::Floor), Some(Kind::FloorAdvance));
+        assert_eq!(Kind::keyed(Says::Answered, MarkKind::Key), Some(Kind::Answered));
+        for kind in (1..=13u8).filter_map(Kind::from_u8) {
             let keyed = kind.says().map(|(says, mark)| Kind::keyed(says, mark));
-            assert!(keyed.is_none_or(|k| k == kind), "{kind:?} maps back to itself");
+            assert!(keyed.is_none_or(|k| k == Some(kind)), "{kind:?} maps back to itself");
         }
         assert_eq!(Kind::Advance.since(), 1);
         let mut unknown = Vec::new();
         encode(&mut unknown, 7, Kind::Advance, "/a", 1);
-        unknown[16] = 11;
+        unknown[16] = 14;
         let crc = checksum(7, &unknown[..19]);
         unknown[4..8].copy_from_slice(&crc.to_le_bytes());
-        assert_eq!(decode(&unknown, 7), Err(Bad::Malformed), "kind 11 is not a record");
+        assert_eq!(decode(&unknown, 7), Err(Bad::Malformed), "kind 14 is not a record");
+    }
+
+    #[test]
+    fn binding_records_round_trip_and_only_version_four_may_hold_them() {
+        let mut buf = Vec::new();
+        for says in [Says::State, Says::Advance, Says::Drop] {
+            encode(&mut buf, 7, Kind::keyed(says, MarkKind::Upload).unwrap(), "/b/k\nid", 5);
+        }
+        let mut at = 0;
+        for (i, kind) in [Kind::BindingState, Kind::Bound, Kind::Dropped].into_iter().enumerate() {
+            let r = decode(&buf[at..], 7).unwrap();
+            assert_eq!((r.kind, r.key, r.kind as u8, r.kind.since()), (kind, "/b/k\nid", 11 + i as u8, 4));
+            at += r.used;
+        }
+        assert_eq!(Kind::keyed(Says::Drop, MarkKind::Key), None, "a key is never dropped");
+        assert_eq!(Kind::keyed(Says::Reset, MarkKind::Upload), None, "nor a binding reset");
     }
 
     #[test]
     fn reset_records_round_trip_and_only_version_three_may_hold_them() {
         let mut buf = Vec::new();
-        encode(&mut buf, 7, Kind::keyed(Says::Reset, MarkKind::Key), "/a", 5);
-        encode(&mut buf, 7, Kind::keyed(Says::Reset, MarkKind::Floor), "/d", 6);
+        encode(&mut buf, 7, Kind::keyed(Says::Reset, MarkKind::Key).unwrap(), "/a", 5);
+        encode(&mut buf, 7, Kind::keyed(Says::Reset, MarkKind::Floor).unwrap(), "/d", 6);
         let r = decode(&buf, 7).unwrap();
         assert_eq!((r.kind, r.key, r.token, r.kind as u8, r.kind.since()), (Kind::Reset, "/a", 5, 9, 3));
         let r = decode(&buf[r.used..], 7).unwrap();

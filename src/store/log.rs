@@ -165,7 +165,10 @@ impl Log {
     pub(crate) fn append_batch(&mut self, batch: &MarkBatch) {
         let says = Says::from(batch.change());
         for mark in batch.marks() {
-            self.append(Kind::keyed(says, mark.kind), &mark.name, batch.token());
+            // `MarkBatch::check` refused a batch with a change no record says.
+            if let Some(kind) = Kind::keyed(says, mark.kind) {
+                self.append(kind, &mark.name, batch.token());
+            }
         }
     }
 

@@ -1,6 +1,6 @@
 //! [`Mark`]: what the store keeps a level for. A mark is a kind ([`MarkKind`]: a key's
-//! `max_seen`, or a floor) and a name, an opaque string to the store; a floor and a key spelled
-//! alike are different marks. [`MarkRef`] is the same mark borrowed, which is how the table,
+//! `max_seen`, a floor, or an upload's binding) and a name, an opaque string to the store; a
+//! floor and a key spelled alike are different marks. [`MarkRef`] is the same mark borrowed, which is how the table,
 //! the record encoding and the etcd key names read it.
 
 /// The kinds of mark.
@@ -10,11 +10,22 @@ pub enum MarkKind {
     Key,
     /// A floor: the highest token of a write that covered everything under the string.
     Floor,
+    /// An upload's binding: the token a multipart upload was created with, named by the
+    /// object and the upload's id. Unlike the levels of keys and floors, a binding is never in
+    /// flight and may be dropped ([`super::Change::Drop`]): losing one only refuses the rest
+    /// of its upload.
+    Upload,
 }
 
 impl MarkKind {
     /// Every kind, in order.
-    pub const ALL: [MarkKind; 2] = [MarkKind::Key, MarkKind::Floor];
+    pub const ALL: [MarkKind; 3] = [MarkKind::Key, MarkKind::Floor, MarkKind::Upload];
+
+    /// Whether marks of this kind are levels that only climb (keys and floors), which a
+    /// store must never lose, rather than bindings it may drop.
+    pub fn is_level(self) -> bool {
+        self != MarkKind::Upload
+    }
 }
 
 /// One mark, owning its name: what a change sent to the store names.
@@ -40,6 +51,11 @@ impl Mark {
     /// The floor at `name`.
     pub fn floor(name: impl Into<Box<str>>) -> Mark {
         Mark::new(MarkKind::Floor, name)
+    }
+
+    /// The binding `name`.
+    pub fn upload(name: impl Into<Box<str>>) -> Mark {
+        Mark::new(MarkKind::Upload, name)
     }
 
     /// The same mark, borrowed.
@@ -71,6 +87,11 @@ impl<'a> MarkRef<'a> {
     /// The floor at `name`.
     pub fn floor(name: &'a str) -> MarkRef<'a> {
         MarkRef::new(MarkKind::Floor, name)
+    }
+
+    /// The binding `name`.
+    pub fn upload(name: &'a str) -> MarkRef<'a> {
+        MarkRef::new(MarkKind::Upload, name)
     }
 
     /// The same mark, owning a copy of its name.

@@ -29,6 +29,21 @@ pub enum Change {
     /// backend, so it is no longer in flight. Need not be durable: if lost, a restart
     /// quarantines the resource once more than needed.
     Answered,
+    /// Removes each mark: only bindings ([`MarkKind::Upload`]) of uploads that ended or can
+    /// never complete. Keys and floors are never dropped.
+    Drop,
+}
+
+impl Change {
+    /// Whether a batch may make this change to a mark of `kind`: every change to keys and
+    /// floors but a drop; to a binding, its advance (which binds it) and its drop.
+    pub fn applies_to(self, kind: MarkKind) -> bool {
+        match self {
+            Change::Advance => true,
+            Change::Reset | Change::Answered => kind.is_level(),
+            Change::Drop => !kind.is_level(),
+        }
+    }
 }
 
 /// The marks of a batch: one inline, or several.
@@ -84,6 +99,11 @@ impl MarkBatch {
         MarkBatch::new(Change::Answered, marks, token)
     }
 
+    /// [`Change::Drop`] of the bindings `marks`.
+    pub fn drop_bindings(marks: impl IntoIterator<Item = Mark>) -> MarkBatch {
+        MarkBatch::new(Change::Drop, marks, 0)
+    }
+
     /// What the batch does.
     pub fn change(&self) -> Change {
         self.change
@@ -112,15 +132,23 @@ impl MarkBatch {
         self.marks().is_empty()
     }
 
-    /// What every store checks before it takes an advance or a reset: a name a record cannot
-    /// hold (empty, or longer than [`MAX_KEY_LEN`]) refuses the batch whole, and a mark named
-    /// twice is one mark (logged once, counted once against the table's bounds). Returns
-    /// whether anything is left to commit.
+    /// What every store checks before it takes an advance, a reset or a drop: a name a record
+    /// cannot hold (empty, or longer than [`MAX_KEY_LEN`]) or a change its kind of mark does
+    /// not take ([`Change::applies_to`]: a key or floor is never dropped) refuses the batch
+    /// whole, and a mark named twice is one mark (logged once, counted once against the
+    /// table's bounds). Returns whether anything is left to commit.
     pub(crate) fn check(&mut self) -> Result<bool, StoreError> {
+        let change = self.change;
+        let check = |mark: &Mark| {
+            if !change.applies_to(mark.kind) {
+                return Err(StoreError::Unsupported(format!("a {change:?} of a {:?} mark", mark.kind)));
+            }
+            check_name(&mark.name)
+        };
         match &mut self.marks {
-            Marks::One(mark) => check_name(&mark.name).map(|()| true),
+            Marks::One(mark) => check(mark).map(|()| true),
             Marks::Many(marks) => {
-                marks.iter().try_for_each(|mark| check_name(&mark.name))?;
+                marks.iter().try_for_each(check)?;
                 marks.sort_unstable();
                 marks.dedup();
                 Ok(!marks.is_empty())
@@ -178,10 +206,11 @@ impl Room {
         max_resources: usize,
         batch: &MarkBatch,
     ) -> (usize, Result<(), StoreError>) {
+        // Bindings have a bound of their own, which the fence keeps (`s3.max_uploads`).
         let (new, bytes) = batch
             .marks()
             .iter()
-            .filter(|mark| table.level(mark.borrowed()).is_none())
+            .filter(|mark| mark.kind.is_level() && table.level(mark.borrowed()).is_none())
             .fold((0, 0), |(n, b), mark| (n + 1, b + mark_bytes(&mark.name)));
         if new == 0 {
             return (0, Ok(()));

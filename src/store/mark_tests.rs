@@ -338,16 +338,16 @@ async fn a_file_of_an_unknown_version_refuses_to_start_and_names_the_version() {
     let path = segment(dir.path(), 1);
     let mut data = fs::read(&path).unwrap();
     let mut header = Header::parse(FileKind::Segment, &data).unwrap();
-    header.version = 4;
+    header.version = 5;
     data[..HEADER_LEN].copy_from_slice(&header.encode(FileKind::Segment));
     fs::write(&path, &data).unwrap();
     let err = FileStore::open(dir.path(), options(4096)).unwrap_err();
     assert!(matches!(err, StoreError::Corrupt { offset: 0, .. }), "{err}");
     let message = err.to_string();
     assert!(message.contains(&segment_name(1)), "{message}");
-    assert!(message.contains("format version 4 is not supported (this build reads 1 to 3)"), "{message}");
+    assert!(message.contains("format version 5 is not supported (this build reads 1 to 4)"), "{message}");
     assert_eq!(fs::read(&path).unwrap(), data, "nothing was truncated or set aside");
-    assert!(inspect(dir.path()).unwrap_err().to_string().contains("format version 4"));
+    assert!(inspect(dir.path()).unwrap_err().to_string().contains("format version 5"));
     // A snapshot of an unknown version is refused the same way.
     let snap = tempfile::tempdir().unwrap();
     let table = Table::new();
@@ -355,8 +355,32 @@ async fn a_file_of_an_unknown_version_refuses_to_start_and_names_the_version() {
     compact::write_snapshot(snap.path(), 2, &table).unwrap();
     let path = snap.path().join(snapshot_name(2));
     let mut data = fs::read(&path).unwrap();
-    data[..HEADER_LEN].copy_from_slice(&Header { version: 4, ..Header::new(2) }.encode(FileKind::Snapshot));
+    data[..HEADER_LEN].copy_from_slice(&Header { version: 5, ..Header::new(2) }.encode(FileKind::Snapshot));
     fs::write(&path, &data).unwrap();
     let err = FileStore::open(snap.path(), options(4096)).unwrap_err();
-    assert!(err.to_string().contains("format version 4 is not supported"), "{err}");
+    assert!(err.to_string().contains("format version 5 is not supported"), "{err}");
+}
+
+#[tokio::test]
+async fn bindings_and_their_drops_survive_a_restart_and_a_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    store.commit(0, MarkBatch::advance([Mark::upload("/b/k\nid1")], 41)).await.unwrap();
+    store.commit(0, MarkBatch::advance([Mark::upload("/b/j\nid2")], 43)).await.unwrap();
+    store.commit(0, MarkBatch::drop_bindings([Mark::upload("/b/k\nid1")])).await.unwrap();
+    let refused = store.commit(0, MarkBatch::drop_bindings([key("/b/k")])).await;
+    assert!(matches!(refused, Err(StoreError::Unsupported(_))), "a key is never dropped: {refused:?}");
+    let refused = store.commit(0, MarkBatch::reset([Mark::upload("/b/j\nid2")], 1)).await;
+    assert!(matches!(refused, Err(StoreError::Unsupported(_))), "nor a binding reset: {refused:?}");
+    store.close().await.unwrap();
+    drop(store);
+    let store = open(dir.path());
+    let bound = |t: &Table| (t.level(MarkRef::upload("/b/k\nid1")), t.entry(MarkRef::upload("/b/j\nid2")));
+    assert_eq!(bound(store.table()), (None, Some((43, false))), "replayed from the log");
+    assert!(store.table().is_empty(), "a binding is not a key");
+    let snap = tempfile::tempdir().unwrap();
+    compact::write_snapshot(snap.path(), 2, store.table()).unwrap();
+    let loaded = Table::new();
+    replay::load_snapshot(&snap.path().join(snapshot_name(2)), 2, &loaded).unwrap();
+    assert_eq!(bound(&loaded), (None, Some((43, false))), "loaded from a snapshot");
 }

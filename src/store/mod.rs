@@ -1,10 +1,11 @@
 //! Durable `max_seen`: the [`Store`] trait, the in-memory [`Table`] it keeps current, and
 //! [`FileStore`], a log-structured store in the tradition of etcd's WAL.
 //!
-//! The store keeps a level for each [`Mark`], of two kinds ([`MarkKind`]): a key's `max_seen`,
-//! and floors, each the highest token a write covering everything under a string was accepted
-//! with. Names are opaque strings to the store, in a map per kind: a floor and a key spelled
-//! alike are different marks.
+//! The store keeps a level for each [`Mark`], of three kinds ([`MarkKind`]): a key's
+//! `max_seen`; floors, each the highest token a write covering everything under a string was
+//! accepted with; and bindings, the token each open multipart upload was created with. Names
+//! are opaque strings to the store, in a map per kind: a floor and a key spelled alike are
+//! different marks.
 //!
 //! Every change reaches a store as a [`MarkBatch`]: the proxy hands its advance (one key, or
 //! several marks in one atomic batch) to [`Store::commit`] and waits for it before forwarding.
@@ -214,6 +215,9 @@ pub enum StoreError {
     /// The key is longer than a record can hold.
     #[error("resource key of {0} bytes is too long")]
     KeyTooLong(usize),
+    /// A batch makes a change its kind of mark does not take (a drop of a key, say).
+    #[error("the store does not take {0}")]
+    Unsupported(String),
     /// The store was closed.
     #[error("store is closed")]
     Closed,

@@ -234,6 +234,7 @@ impl<'a> World<'a> {
             let reported = match k.kind {
                 MarkKind::Key => &self.found.in_flight,
                 MarkKind::Floor => &self.found.floors_in_flight,
+                MarkKind::Upload => unreachable!("the model writes no bindings"),
             };
             let flying = reported.iter().find(|(n, _)| n == k.name).map(|(_, t)| *t);
             if let Some(token) = m.must_fly(k) {

@@ -79,6 +79,7 @@ fn apply(table: &Table, kind: Kind, key: &str, token: u64) {
         Says::Advance => table.advance(mark, token),
         Says::Answered => table.answered(mark, token),
         Says::Reset => table.reset(mark, token),
+        Says::Drop => table.drop_mark(mark),
     }
 }
 
@@ -152,8 +153,11 @@ pub(super) fn replay_segment(
             | Kind::FloorAdvance
             | Kind::FloorAnswered
             | Kind::Reset
-            | Kind::FloorReset => {
-                // In log order: a reset overrules what came before it and nothing after.
+            | Kind::FloorReset
+            | Kind::Bound
+            | Kind::Dropped => {
+                // In log order: a reset or a drop overrules what came before it and nothing
+                // after.
                 pending.push((r.kind, r.token, keys.len(), r.key.len()));
                 keys.extend_from_slice(r.key.as_bytes());
             }
@@ -168,7 +172,7 @@ pub(super) fn replay_segment(
                 batch_start = at + r.used as u64;
             }
             Kind::Commit => return Err(corrupt(path, at, format!("commit marker for a batch at {}", r.token))),
-            Kind::State | Kind::FloorState | Kind::Trailer => {
+            Kind::State | Kind::FloorState | Kind::BindingState | Kind::Trailer => {
                 return Err(corrupt(path, at, "a snapshot record inside a log segment"));
             }
         }

@@ -29,18 +29,26 @@ pub(crate) fn mark_bytes(name: &str) -> u64 {
 }
 
 /// One kind of mark: a map from the string to its entry, how many there are, and their bytes
-/// ([`mark_bytes`]). Entries are never removed, so both only grow; keeping them saves visiting
-/// every shard to count.
+/// ([`mark_bytes`]). Keys and floors are never removed, bindings are ([`Marks::remove`]);
+/// keeping the counts saves visiting every shard to count.
 #[derive(Debug, Default)]
 struct Marks {
     map: DashMap<Box<str>, Entry, foldhash::quality::RandomState>,
     len: AtomicUsize,
     bytes: AtomicU64,
+    /// Whether a mark of this kind is in flight after an advance: a key's or a floor's, not a
+    /// binding's, which no write waits on.
+    flies: bool,
 }
 
 impl Marks {
     fn with_capacity(capacity: usize) -> Marks {
-        Marks { map: DashMap::with_capacity_and_hasher(capacity, Default::default()), ..Marks::default() }
+        Marks { map: DashMap::with_capacity_and_hasher(capacity, Default::default()), ..Marks::levels() }
+    }
+
+    /// An empty map of levels (keys or floors), whose advances are in flight.
+    fn levels() -> Marks {
+        Marks { flies: true, ..Marks::default() }
     }
 
     fn entry(&self, name: &str) -> Option<(u64, bool)> {
@@ -74,6 +82,7 @@ impl Marks {
     }
 
     fn load(&self, name: &str, token: u64, in_flight: bool) {
+        let in_flight = in_flight && self.flies;
         self.load_with(name, Entry { token, in_flight }, |e| {
             e.token = e.token.max(token);
             e.in_flight |= in_flight;
@@ -85,10 +94,19 @@ impl Marks {
     }
 
     fn advance(&self, name: &str, token: u64) {
+        let flies = self.flies;
         self.update(name, token, |e| {
             e.token = e.token.max(token);
-            e.in_flight = true;
+            e.in_flight |= flies;
         });
+    }
+
+    /// Removes `name` (a binding's drop).
+    fn remove(&self, name: &str) {
+        if self.map.remove(name).is_some() {
+            self.len.fetch_sub(1, Ordering::Relaxed);
+            self.bytes.fetch_sub(mark_bytes(name), Ordering::Relaxed);
+        }
     }
 
     /// Sets `name` to `token`, lowering it if need be (an operator's reset). Whether a write
@@ -156,13 +174,22 @@ impl TableBytes {
 pub struct Table {
     keys: Marks,
     floors: Marks,
+    /// The bindings of open multipart uploads, bounded by count at the fence
+    /// (`s3.max_uploads`), not in [`TableBytes`].
+    uploads: Marks,
     held: AtomicU64,
     max_bytes: u64,
 }
 
 impl Default for Table {
     fn default() -> Self {
-        Table { keys: Marks::default(), floors: Marks::default(), held: AtomicU64::new(0), max_bytes: u64::MAX }
+        Table {
+            keys: Marks::levels(),
+            floors: Marks::levels(),
+            uploads: Marks::default(),
+            held: AtomicU64::new(0),
+            max_bytes: u64::MAX,
+        }
     }
 }
 
@@ -232,6 +259,7 @@ impl Table {
         match kind {
             MarkKind::Key => &self.keys,
             MarkKind::Floor => &self.floors,
+            MarkKind::Upload => &self.uploads,
         }
     }
 
@@ -292,6 +320,11 @@ impl Table {
         self.marks(mark.kind).reset(mark.name, token);
     }
 
+    /// Removes `mark`: a binding's drop, once durable.
+    pub(crate) fn drop_mark(&self, mark: MarkRef<'_>) {
+        self.marks(mark.kind).remove(mark.name);
+    }
+
     /// Makes `batch`'s change to every mark of it, once it is durable (an answer need not be):
     /// the one place a [`Change`] is applied to the table.
     pub(crate) fn apply(&self, batch: &MarkBatch) {
@@ -300,6 +333,7 @@ impl Table {
             Change::Advance => marks.for_each(|mark| self.advance(mark.borrowed(), token)),
             Change::Reset => marks.for_each(|mark| self.reset(mark.borrowed(), token)),
             Change::Answered => marks.for_each(|mark| self.answered(mark.borrowed(), token)),
+            Change::Drop => marks.for_each(|mark| self.drop_mark(mark.borrowed())),
         }
     }
 
@@ -369,6 +403,20 @@ mod tests {
         all.sort();
         assert_eq!(all, [("/a".to_string(), 9, false), ("/d/".to_string(), 3, true)]);
         assert_eq!((t.len(), t.count(MarkKind::Floor), t.top(5).len()), (1, 2, 1), "len and top are the keys'");
+    }
+
+    #[test]
+    fn bindings_are_never_in_flight_and_may_be_dropped() {
+        let t = Table::new();
+        t.advance(MarkRef::upload("/b/k\nid"), 7);
+        t.load(MarkRef::upload("/b/j\nid2"), 3, true);
+        assert_eq!(t.entry(MarkRef::upload("/b/k\nid")), Some((7, false)));
+        assert_eq!(t.entry(MarkRef::upload("/b/j\nid2")), Some((3, false)));
+        assert_eq!((t.count(MarkKind::Upload), t.len(), t.bytes().total()), (2, 0, 0), "bound by count alone");
+        t.drop_mark(MarkRef::upload("/b/k\nid"));
+        t.drop_mark(MarkRef::upload("/b/k\nid"));
+        assert_eq!((t.level(MarkRef::upload("/b/k\nid")), t.count(MarkKind::Upload)), (None, 1));
+        assert!(t.in_flight(MarkKind::Upload).is_empty());
     }
 
     #[test]

@@ -519,3 +519,41 @@ async fn a_client_cannot_forge_forwarded_headers_through_a_follower() {
     assert_eq!(via.2, ["app.example"], "via a follower: the client's forged X-Forwarded-Host reached the backend");
     assert!(!via.3[0].contains("6.6.6.6"), "via a follower: the client's forged Forwarded reached the backend");
 }
+
+/// Two instances in S3 mode in front of `server`, sharing the fence through `etcd`: a
+/// multipart upload created through a follower is bound by the leader in etcd, so after the
+/// leader dies the next one still refuses the overtaken upload (under its key and a decoy) and
+/// completes the other.
+async fn uploads_outlive_their_leader(etcd: &Etcd, server: Option<common::s3::S3Server>) {
+    let Some(server) = server else { return };
+    let flat = server.kind != "s3s";
+    let mut c = Cluster::build(&[etcd.url()], 2, &format!("[s3]\nflat_keys = {flat}")).await;
+    let mem = c.backend.url();
+    for i in &c.instances {
+        let text = std::fs::read_to_string(&i.config).unwrap();
+        let text = text.replace(&format!("url = \"{mem}\""), &format!("url = \"{}\"\nprotocol = \"s3\"", server.url));
+        std::fs::write(&i.config, text).unwrap();
+    }
+    c.init().await;
+    for i in &mut c.instances {
+        i.start();
+    }
+    let leader = c.wait_leader().await;
+    let follower = 1 - leader;
+    let state = c.dir.path().join(format!("uploads-{}.json", server.kind));
+    let env = [("FG_S3_STATE", state.to_str().unwrap())];
+    let url = c.instances[follower].url();
+    common::s3::scenario_at("uploads_before_kill", &url, &server, &env).await;
+    c.instances[leader].kill9();
+    assert_eq!(c.wait_leader().await, follower);
+    common::s3::scenario_at("uploads_after_kill", &url, &server, &env).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multipart_uploads_keep_their_bindings_in_etcd_across_a_new_leader() {
+    let Some(etcd) = start_etcd().await else { return };
+    uploads_outlive_their_leader(&etcd, common::s3::start_moto().await).await;
+    // A new prefix for each server: each run starts its fence afresh.
+    let etcd = start_etcd().await.expect("etcd ran a moment ago");
+    uploads_outlive_their_leader(&etcd, common::s3::start_s3s().await).await;
+}

@@ -43,6 +43,11 @@ async fn a_holder_overtaken_mid_upload_cannot_complete_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_id_leads_only_where_and_for_whom_it_was_created() {
+    run("decoys").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copy_fences_its_destination_and_reads_its_source() {
     run("copies").await;
 }

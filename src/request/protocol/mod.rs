@@ -45,6 +45,13 @@ pub trait Protocol: Send + Sync + std::fmt::Debug {
     /// The answer to a refused request, in the client's protocol; with `withhold`, without the
     /// levels the refusal would name (`FenceConfig::withholds`).
     fn refuse(&self, refusal: &Refusal, withhold: bool) -> ::http::Response<Full<Bytes>>;
+
+    /// The upload id in the backend's answer `body` to a write that creates a multipart upload
+    /// ([`super::classify::UploadStep::Create`]); `None` if it names none.
+    fn upload_id(&self, body: &[u8]) -> Option<String> {
+        let _ = body;
+        None
+    }
 }
 
 /// The protocol `backend.protocol` names: each request's one call through the seam is a
@@ -84,6 +91,13 @@ impl Protocol for Chosen {
         match self {
             Chosen::Http(p) => p.refuse(refusal, withhold),
             Chosen::S3(p) => p.refuse(refusal, withhold),
+        }
+    }
+
+    fn upload_id(&self, body: &[u8]) -> Option<String> {
+        match self {
+            Chosen::Http(p) => p.upload_id(body),
+            Chosen::S3(p) => p.upload_id(body),
         }
     }
 }

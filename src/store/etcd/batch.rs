@@ -50,12 +50,13 @@ pub(crate) enum Msg {
     Close(Done),
 }
 
-/// The operations a transaction holds for each mark of a batch making `change`: an advance
-/// puts the level and the in-flight marker, a reset the level, an answer deletes the marker.
+/// The operations a transaction holds for each mark of a batch making `change`, at most: an
+/// advance puts the level and the in-flight marker (a binding's only the level), a reset the
+/// level, an answer deletes the marker, a drop the level.
 pub(crate) fn ops_per_mark(change: Change) -> usize {
     match change {
         Change::Advance => 2,
-        Change::Reset | Change::Answered => 1,
+        Change::Reset | Change::Answered | Change::Drop => 1,
     }
 }
 
@@ -66,7 +67,7 @@ impl Msg {
             Msg::Commit { batch, .. } | Msg::Answered { batch, .. } => {
                 let per = ops_per_mark(batch.change());
                 // A put carries a token value besides its key; a delete only its key.
-                let each = if batch.change() == Change::Answered { 24 } else { 48 };
+                let each = if matches!(batch.change(), Change::Answered | Change::Drop) { 24 } else { 48 };
                 (batch.len() * per, batch.marks().iter().map(|m| (m.name.len() + each) * per).sum())
             }
             Msg::Close(_) => (0, 0),
@@ -243,10 +244,15 @@ impl EtcdWriter {
                         let _ = done.send(Err(e));
                         continue;
                     }
-                    created.extend(marks.iter().filter(|m| level(m).is_none()).cloned());
+                    // The census counts levels, which are never lost; a binding is not one.
+                    created.extend(marks.iter().filter(|m| m.kind.is_level() && level(m).is_none()).cloned());
                     for mark in marks {
+                        if change == Change::Drop {
+                            writes.insert(self.names.level(mark.borrowed()), None);
+                            continue;
+                        }
                         writes.insert(self.names.level(mark.borrowed()), Some(token_value(token)));
-                        if change == Change::Advance {
+                        if change == Change::Advance && mark.kind.is_level() {
                             writes.insert(self.names.in_flight(mark.borrowed()), Some(token_value(token)));
                         }
                     }

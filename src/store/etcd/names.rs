@@ -112,6 +112,8 @@ fn tails(kind: MarkKind) -> Tails {
     match kind {
         MarkKind::Key => Tails { level: "k/", in_flight: "i/" },
         MarkKind::Floor => Tails { level: "f/", in_flight: "if/" },
+        // A binding is never in flight: its marker is never written.
+        MarkKind::Upload => Tails { level: "u/", in_flight: "iu/" },
     }
 }
 

@@ -102,7 +102,8 @@ pub(crate) async fn read(client: &Client, names: &Names, table: &Table, keying: 
                 Named::Level(mark) => {
                     table.load(mark.borrowed(), token, false);
                     table.reset(mark.borrowed(), token);
-                    adopted.marks += 1;
+                    // The census counts levels; a binding is not one.
+                    adopted.marks += usize::from(mark.kind.is_level());
                 }
                 Named::InFlight(mark) => flying.push((mark, token)),
                 Named::Census => census = Some(token),
@@ -126,11 +127,13 @@ pub(crate) async fn read(client: &Client, names: &Names, table: &Table, keying: 
     // (a reset may have lowered the level below the marker's token; the marker never raises it).
     for (mark, token) in flying {
         let at = mark.borrowed();
-        table.load(at, table.level(at).unwrap_or(token), true);
         let reported = match mark.kind {
             MarkKind::Key => &mut adopted.in_flight,
             MarkKind::Floor => &mut adopted.floors_in_flight,
+            // No build writes one: a binding is never in flight.
+            MarkKind::Upload => continue,
         };
+        table.load(at, table.level(at).unwrap_or(token), true);
         reported.push((mark.name.into(), token));
     }
     Ok(Read { adopted, batch, census })

@@ -11,6 +11,7 @@ they meet them.
 
 import io
 import json
+import os
 import socket
 import sys
 from urllib.parse import urlparse
@@ -75,8 +76,11 @@ class World:
         return client
 
     def direct(self):
-        """The S3 server itself, around fencegate: what it holds."""
-        return self.client(endpoint=self.url)
+        """The S3 server itself, around fencegate: what it holds. Its answers' checksums are
+        not checked: s3s-fs answers a completed multipart upload with its last part's."""
+        client = self.client(endpoint=self.url)
+        client.meta.config.response_checksum_validation = "when_required"
+        return client
 
     def body(self, bucket, key):
         try:
@@ -173,6 +177,79 @@ def multipart(w):
                                                         MultipartUpload=parts)),
           ("StaleToken", 409), "the overtaken completion")
     check(w.body("mpu", "k"), b"from 42", "the object")
+
+
+def decoys(w):
+    """An upload id leads where it was created, whatever key a request names: S3 servers find
+    an upload by its id alone. So a part, completion or abort is checked against the key and
+    token the upload was created with, and a stale holder gains nothing by naming a decoy key
+    whose fence it would pass."""
+    w.client(1).create_bucket(Bucket="dec")
+    old = w.client(41)
+    upload = old.create_multipart_upload(Bucket="dec", Key="k")["UploadId"]
+    part = old.upload_part(Bucket="dec", Key="k", UploadId=upload, PartNumber=1, Body=b"old part")
+    w.client(42).put_object(Bucket="dec", Key="k", Body=b"from 42")
+    parts = {"Parts": [{"ETag": part["ETag"], "PartNumber": 1}]}
+    # Under a key no one fenced, the stale token is fresh: the id is what must not pass.
+    check(refused(lambda: old.upload_part(Bucket="dec", Key="decoy", UploadId=upload, PartNumber=2, Body=b"x")),
+          ("NoSuchUpload", 404), "a part sent under a decoy key")
+    check(refused(lambda: old.complete_multipart_upload(Bucket="dec", Key="decoy", UploadId=upload,
+                                                        MultipartUpload=parts)),
+          ("NoSuchUpload", 404), "the overtaken completion under a decoy key")
+    check(w.body("dec", "k"), b"from 42", "the object the upload was created for")
+    check(w.body("dec", "decoy"), None, "the decoy key")
+    # The newer holder's upload: the stale holder cannot abort it from a decoy, nor anyone
+    # complete it with another token.
+    new = w.client(43)
+    mine = new.create_multipart_upload(Bucket="dec", Key="k")["UploadId"]
+    part = new.upload_part(Bucket="dec", Key="k", UploadId=mine, PartNumber=1, Body=b"43's part")
+    parts = {"Parts": [{"ETag": part["ETag"], "PartNumber": 1}]}
+    check(refused(lambda: old.abort_multipart_upload(Bucket="dec", Key="decoy", UploadId=mine)),
+          ("NoSuchUpload", 404), "an abort of another's upload under a decoy key")
+    check(refused(lambda: w.client(44).complete_multipart_upload(Bucket="dec", Key="k", UploadId=mine,
+                                                                 MultipartUpload=parts)),
+          ("UploadToken", 409), "a completion with another token than the upload's")
+    new.complete_multipart_upload(Bucket="dec", Key="k", UploadId=mine, MultipartUpload=parts)
+    check(w.body("dec", "k"), b"43's part", "the completed upload")
+    # An upload created around fencegate is not one it can vouch for.
+    around = w.direct().create_multipart_upload(Bucket="dec", Key="k")["UploadId"]
+    check(refused(lambda: w.client(50).upload_part(Bucket="dec", Key="k", UploadId=around, PartNumber=1,
+                                                   Body=b"x")),
+          ("NoSuchUpload", 404), "a part of an upload fencegate did not create")
+
+
+def uploads_before_kill(w):
+    """Before a kill -9: an upload whose holder is then overtaken, and one whose holder is not,
+    each with a part; what the second half needs goes to the file $FG_S3_STATE."""
+    w.client(1).create_bucket(Bucket="crash")
+    old = w.client(41)
+    overtaken = old.create_multipart_upload(Bucket="crash", Key="k")["UploadId"]
+    part = old.upload_part(Bucket="crash", Key="k", UploadId=overtaken, PartNumber=1, Body=b"41's part")
+    w.client(42).put_object(Bucket="crash", Key="k", Body=b"from 42")
+    live = w.client(43).create_multipart_upload(Bucket="crash", Key="j")["UploadId"]
+    live_part = w.client(43).upload_part(Bucket="crash", Key="j", UploadId=live, PartNumber=1, Body=b"43's part")
+    with open(os.environ["FG_S3_STATE"], "w") as f:
+        json.dump({"overtaken": [overtaken, part["ETag"]], "live": [live, live_part["ETag"]]}, f)
+
+
+def uploads_after_kill(w):
+    """After the kill and a restart on the same data dir: the overtaken upload completes neither
+    under its key nor under a decoy, and the other upload, whose binding survived, completes."""
+    with open(os.environ["FG_S3_STATE"]) as f:
+        state = json.load(f)
+    upload, etag = state["overtaken"]
+    parts = {"Parts": [{"ETag": etag, "PartNumber": 1}]}
+    old = w.client(41)
+    for key, want in [("k", ("StaleToken", 409)), ("decoy", ("NoSuchUpload", 404))]:
+        check(refused(lambda: old.complete_multipart_upload(Bucket="crash", Key=key, UploadId=upload,
+                                                            MultipartUpload=parts)),
+              want, f"the overtaken upload completed under {key}")
+    check(w.body("crash", "k"), b"from 42", "the object the overtaken upload was for")
+    check(w.body("crash", "decoy"), None, "the decoy key")
+    upload, etag = state["live"]
+    w.client(43).complete_multipart_upload(Bucket="crash", Key="j", UploadId=upload,
+                                           MultipartUpload={"Parts": [{"ETag": etag, "PartNumber": 1}]})
+    check(w.body("crash", "j"), b"43's part", "the upload whose holder was not overtaken")
 
 
 def copies(w):
@@ -300,7 +377,8 @@ def transfers(w):
     check(w.body("xfer", "pre"), b"fresh", "the presigned object")
 
 
-SCENARIOS = {f.__name__: f for f in [zombie, signatures, multipart, copies, batch_delete, styles, slatedb_352,
+SCENARIOS = {f.__name__: f for f in [zombie, signatures, multipart, decoys, uploads_before_kill,
+                                     uploads_after_kill, copies, batch_delete, styles, slatedb_352,
                                      lance_6432, transfers]}
 
 if __name__ == "__main__":

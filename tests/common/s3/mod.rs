@@ -155,8 +155,15 @@ impl S3Proxy {
 /// Runs the boto3 scenario `name` through `proxy` against `server`; panics with its output if
 /// an assertion in it failed.
 pub async fn scenario(name: &str, proxy: &S3Proxy, server: &S3Server) {
-    let args = [name, server.kind, &proxy.url(), &server.url, &server.access_key, &server.secret].map(str::to_owned);
-    let run = move || Command::new("python3").arg(CLIENT).args(args).output();
+    scenario_at(name, &proxy.url(), server, &[]).await;
+}
+
+/// Runs the boto3 scenario `name` through the fencegate at `url` against `server`, with `env`
+/// set for it; panics with its output if an assertion in it failed.
+pub async fn scenario_at(name: &str, url: &str, server: &S3Server, env: &[(&str, &str)]) {
+    let args = [name, server.kind, url, &server.url, &server.access_key, &server.secret].map(str::to_owned);
+    let env: Vec<(String, String)> = env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+    let run = move || Command::new("python3").arg(CLIENT).args(args).envs(env).output();
     let out = tokio::task::spawn_blocking(run).await.unwrap().unwrap();
     assert!(
         out.status.success(),

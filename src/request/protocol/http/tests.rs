@@ -45,6 +45,7 @@ fn touching(token: u64, touches: &[(&str, Coverage)], target: &'static str) -> P
         max_jump: None,
         proof: Proof::None,
         locks: Vec::new(),
+        upload: None,
     })
 }
 

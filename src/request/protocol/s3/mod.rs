@@ -20,7 +20,9 @@ use super::Protocol;
 use crate::config::Config;
 use crate::fence::{EqualToken, keys};
 use crate::refusal::Refusal;
-use crate::request::classify::{Coverage, Head, Named, Plan, Touch, check_fenced, check_limits, fenced_write};
+use crate::request::classify::{
+    Coverage, Head, Named, Plan, Touch, UploadStep, check_fenced, check_limits, fenced_write,
+};
 use names::Named as Target;
 use operation::Effect;
 
@@ -48,7 +50,9 @@ impl Protocol for S3 {
             return Ok(Plan::ReadBody { limit: deleted::MAX_BODY });
         }
         let touch = match (&target, effect) {
-            (Target::Object { bucket, key }, Effect::Object | Effect::Upload) => object_touch(bucket, key, config),
+            (Target::Object { bucket, key }, Effect::Object | Effect::Create | Effect::Part | Effect::End) => {
+                object_touch(bucket, key, config)
+            }
             (Target::Service, _) => Touch { key: "/".to_owned(), coverage: Coverage::Subtree },
             (Target::Bucket(bucket) | Target::Object { bucket, .. }, _) => {
                 Touch { key: names::bucket_key(bucket), coverage: Coverage::Subtree }
@@ -57,12 +61,19 @@ impl Protocol for S3 {
         // The client's bytes, unchanged: the signature covers the target and the headers.
         let named = Named { touches: vec![touch], target: head.target(), set_headers: Vec::new(), body_limit };
         let mut plan = fenced_write(head, config, named)?;
-        // A part, or the completion or abort of an upload, continues the write that its
-        // CreateMultipartUpload fenced with the same token: that token is not stale for it.
-        if let (Effect::Upload, Plan::Write(write)) = (effect, &mut plan) {
-            write.equal = EqualToken::Accept;
+        if let (Plan::Write(write), Target::Object { bucket, key }) = (&mut plan, &target) {
+            write.upload = upload_step(effect, bucket, key, head)?.map(Box::new);
+            // A part, or the completion or abort of an upload, continues the write that its
+            // CreateMultipartUpload fenced with the same token: that token is not stale for it.
+            if matches!(effect, Effect::Part | Effect::End) {
+                write.equal = EqualToken::Accept;
+            }
         }
         Ok(plan)
+    }
+
+    fn upload_id(&self, body: &[u8]) -> Option<String> {
+        operation::created_upload_id(body)
     }
 
     /// DeleteObjects, its body read: every key it names is fenced, so one stale key refuses the
@@ -89,6 +100,22 @@ impl Protocol for S3 {
     fn refuse(&self, refusal: &Refusal, withhold: bool) -> Response<Full<Bytes>> {
         error::response(refusal, withhold)
     }
+}
+
+/// The part a write with `effect` to the object `key` in `bucket` plays in a multipart upload.
+fn upload_step(effect: Effect, bucket: &str, key: &str, head: &Head<'_>) -> Result<Option<UploadStep>, Refusal> {
+    let object = names::object_key(bucket, key);
+    let id = || {
+        operation::upload_id(head.uri.query())?.ok_or_else(|| {
+            Refusal::BadRequest("a multipart upload's part, completion or abort names no uploadId".into())
+        })
+    };
+    Ok(match effect {
+        Effect::Create => Some(UploadStep::Create { object }),
+        Effect::Part => Some(UploadStep::Part { object, id: id()? }),
+        Effect::End => Some(UploadStep::End { object, id: id()? }),
+        _ => None,
+    })
 }
 
 /// What a write to the object `key` in `bucket` touches: its fence key, which a scope over its

@@ -20,10 +20,15 @@ pub enum Effect {
     /// The object it names: PutObject, CopyObject, DeleteObject, object tagging, ACL,
     /// retention, legal hold, RestoreObject.
     Object,
-    /// The object it names, as a part of a multipart upload that its CreateMultipartUpload
-    /// fenced with the same token: UploadPart, UploadPartCopy, CompleteMultipartUpload,
+    /// The object it names, and the upload its answer names, which is bound to the object
+    /// and the token: CreateMultipartUpload.
+    Create,
+    /// The object it names, as a part of the upload its `uploadId` names, which must be bound
+    /// to that object and the token: UploadPart, UploadPartCopy.
+    Part,
+    /// The same as [`Effect::Part`], ending the upload: CompleteMultipartUpload,
     /// AbortMultipartUpload.
-    Upload,
+    End,
     /// The objects its body names: DeleteObjects.
     Listed,
     /// Any object in its bucket: bucket writes (CreateBucket, DeleteBucket, lifecycle,
@@ -67,22 +72,52 @@ pub fn effect(method: &Method, object: bool, query: Option<&str>, headers: &Head
     }
     let effect = match (method.as_str(), object) {
         ("PUT", true) if names.is_empty() => Effect::Object,
-        ("PUT", true) if has("partNumber") && has("uploadId") && only(&["partNumber", "uploadId"]) => Effect::Upload,
+        ("PUT", true) if has("partNumber") && has("uploadId") && only(&["partNumber", "uploadId"]) => Effect::Part,
         ("PUT", true)
             if names.len() == 1 && ["tagging", "acl", "retention", "legal-hold"].contains(&names[0].as_str()) =>
         {
             Effect::Object
         }
-        ("POST", true) if has("uploads") && only(&["uploads"]) => Effect::Object,
-        ("POST", true) if has("uploadId") && only(&["uploadId"]) => Effect::Upload,
+        ("POST", true) if has("uploads") && only(&["uploads"]) => Effect::Create,
+        ("POST", true) if has("uploadId") && only(&["uploadId"]) => Effect::End,
         ("POST", true) if has("restore") && only(&["restore"]) => Effect::Object,
         // SelectObjectContent reads the object and writes nothing.
         ("POST", true) if has("select") && only(&["select", "select-type"]) => Effect::Read,
         ("DELETE", true) if names.is_empty() => Effect::Object,
-        ("DELETE", true) if has("uploadId") && only(&["uploadId"]) => Effect::Upload,
+        ("DELETE", true) if has("uploadId") && only(&["uploadId"]) => Effect::End,
         ("DELETE", true) if names.len() == 1 && names[0] == "tagging" => Effect::Object,
         ("POST", false) if names.len() == 1 && names[0] == "delete" => Effect::Listed,
         _ => Effect::Bucket,
     };
     Ok(effect)
+}
+
+/// The upload id a request's query carries (`uploadId`, decoded once); refused if it carries
+/// more than one, which servers would not read alike.
+pub fn upload_id(query: Option<&str>) -> Result<Option<String>, Refusal> {
+    let mut found = None;
+    for pair in query.unwrap_or_default().split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if decode(name)? != "uploadId" {
+            continue;
+        }
+        if found.is_some() {
+            return Err(Refusal::BadRequest("the query names uploadId more than once".into()));
+        }
+        found = Some(decode(value)?);
+    }
+    Ok(found)
+}
+
+/// The `UploadId` of a CreateMultipartUpload's answer (`InitiateMultipartUploadResult`), read
+/// with a real XML parser; `None` if the body holds none.
+pub fn created_upload_id(body: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    #[serde(rename = "InitiateMultipartUploadResult")]
+    struct Initiated {
+        #[serde(rename = "UploadId")]
+        upload_id: String,
+    }
+    let text = std::str::from_utf8(body).ok()?;
+    quick_xml::de::from_str::<Initiated>(text).ok().map(|i| i.upload_id).filter(|id| !id.is_empty())
 }

@@ -130,6 +130,37 @@ fn parts_and_completions_accept_the_token_that_created_the_upload() {
 }
 
 #[test]
+fn each_step_of_an_upload_names_its_object_and_id() {
+    let step = |method, target| match plan(method, target, &[]) {
+        Ok(Plan::Write(w)) => w.upload.map(|u| *u),
+        other => panic!("{other:?}"),
+    };
+    let object = "/bk1/a b".to_owned();
+    assert_eq!(step("POST", "/bk1/a%20b?uploads"), Some(UploadStep::Create { object: object.clone() }));
+    let id = "x/y+z=".to_owned();
+    assert_eq!(
+        step("PUT", "/bk1/a%20b?partNumber=2&uploadId=x%2Fy+z%3D"),
+        Some(UploadStep::Part { object: object.clone(), id: id.clone() })
+    );
+    assert_eq!(step("POST", "/bk1/a%20b?uploadId=x%2Fy+z%3D"), Some(UploadStep::End { object: object.clone(), id }));
+    assert_eq!(step("DELETE", "/bk1/a%20b?uploadId=u"), Some(UploadStep::End { object, id: "u".into() }));
+    assert_eq!(step("PUT", "/bk1/k"), None);
+    let twice = plan("POST", "/bk1/k?uploadId=u&uploadId=v", &[]).unwrap_err();
+    assert!(twice.to_string().contains("more than once"), "{twice}");
+}
+
+#[test]
+fn the_id_of_a_created_upload_is_read_from_the_answer() {
+    let answer = b"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<InitiateMultipartUploadResult \
+        xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><Bucket>bk1</Bucket><Key>k</Key>\
+        <UploadId>VXBsb2FkIElE&amp;x</UploadId></InitiateMultipartUploadResult>";
+    assert_eq!(S3.upload_id(answer).as_deref(), Some("VXBsb2FkIElE&x"));
+    assert_eq!(S3.upload_id(b"<InitiateMultipartUploadResult><Key>k</Key></InitiateMultipartUploadResult>"), None);
+    assert_eq!(S3.upload_id(b"<Error><Code>SlowDown</Code></Error>"), None);
+    assert_eq!(S3.upload_id(b"\xff"), None);
+}
+
+#[test]
 fn reads_pass_as_sent() {
     for (method, target) in [
         ("GET", "/bk1/k"),
