@@ -22,14 +22,16 @@
 #                              `wrk ... -s $SHM/put.lua URL -- PART COUNT` PUTs to /put/pPART-i
 #                              over COUNT resources instead, so that concurrent wrks each have
 #                              resources of their own
-#   bench_fencegate_config NAME BIN PORT [STORE_LINES]
+#   bench_fencegate_config NAME BIN PORT [STORE_LINES [BACKEND_LINES [TABLES]]]
 #                              inits $DISK/NAME and writes $SHM/NAME.toml as bench_fencegate
-#                              runs with
-#   bench_fencegate NAME BIN PORT [STORE_LINES]
+#                              runs with; BACKEND_LINES replace [backend]'s url of the
+#                              backend on 18081 (s3.sh: another url and protocol = "s3"),
+#                              TABLES (whole TOML tables) go at the end
+#   bench_fencegate NAME BIN PORT [STORE_LINES [BACKEND_LINES [TABLES]]]
 #                              inits a data dir, starts `BIN run` on PORT with the backend on
-#                              18081, store.sync = "always", log level warn (stderr to
-#                              $SHM/logs/NAME.log), STORE_LINES added to [store]; waits until it
-#                              listens; sets FG_PID
+#                              18081 (or BACKEND_LINES'), store.sync = "always", log level
+#                              warn (stderr to $SHM/logs/NAME.log), STORE_LINES added to
+#                              [store]; waits until it listens; sets FG_PID
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
@@ -147,13 +149,13 @@ request = function()
 end
 EOF
 
-bench_fencegate_config() { # NAME BIN PORT [STORE_LINES]
+bench_fencegate_config() { # NAME BIN PORT [STORE_LINES [BACKEND_LINES [TABLES]]]
     "$2" init --dir "$DISK/$1" >/dev/null
-    printf '[server]\nlisten = "127.0.0.1:%s"\n[backend]\nurl = "http://127.0.0.1:18081"\n[store]\ndir = "%s"\nsync = "always"\n%s\n[log]\nlevel = "warn"\n' \
-        "$3" "$DISK/$1" "${4:-}" >"$SHM/$1.toml"
+    printf '[server]\nlisten = "127.0.0.1:%s"\n[backend]\n%s\n[store]\ndir = "%s"\nsync = "always"\n%s\n[log]\nlevel = "warn"\n%s\n' \
+        "$3" "${5:-url = \"http://127.0.0.1:18081\"}" "$DISK/$1" "${4:-}" "${6:-}" >"$SHM/$1.toml"
 }
 
-bench_fencegate() { # NAME BIN PORT [STORE_LINES]
+bench_fencegate() { # NAME BIN PORT [STORE_LINES [BACKEND_LINES [TABLES]]]
     bench_fencegate_config "$@"
     "$2" run --config "$SHM/$1.toml" 2>"$SHM/logs/$1.log" &
     FG_PID=$!
