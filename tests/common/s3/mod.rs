@@ -166,3 +166,13 @@ pub async fn scenario(name: &str, proxy: &S3Proxy, server: &S3Server) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+pub mod tap;
+
+/// Runs `script`, a Python file beside this one, with `args` and returns its output, waited
+/// for off the runtime's threads.
+pub async fn python(script: &str, args: Vec<String>) -> std::process::Output {
+    let path = format!("{}/tests/common/s3/{script}", env!("CARGO_MANIFEST_DIR"));
+    let run = move || Command::new("python3").arg(path).args(args).output();
+    tokio::task::spawn_blocking(run).await.unwrap().unwrap()
+}
