@@ -15,8 +15,9 @@ pub(crate) mod rules;
 use std::sync::Arc;
 use std::time::Instant;
 
+use http::header::{CONNECTION, HeaderValue};
 use http::uri::PathAndQuery;
-use http::{Request, Response};
+use http::{Request, Response, Version};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Body as _;
 use hyper::body::Incoming;
@@ -41,6 +42,11 @@ pub(crate) async fn handle(state: Arc<State>, req: Request<Incoming>, client: Pe
     let log = &settings.config.log;
     let mut access = if log.access { access::Entry::start(&req, &client, log.access_format, started) } else { None };
     let protocol = protocol::for_backend(&settings.config.backend);
+    // hyper ends an HTTP/1 connection after answering a request whose body was left unread,
+    // as a refusal leaves it (all but a body read whole to be classified, whose connection
+    // then closes too): the refusal says so (below), or a client that pools connections sends
+    // its next request on one that is closing, and boto3 reports a 409 no server sent.
+    let body_unread = req.version() < Version::HTTP_2 && !req.body().is_end_stream();
     let req = req.map(RequestBody::Streamed);
     let classified = match protocol.classify(&Head::of(&req), &settings.config) {
         Ok(Plan::ReadBody { limit }) => read_whole(req, limit, protocol, &settings).await,
@@ -96,7 +102,10 @@ pub(crate) async fn handle(state: Arc<State>, req: Request<Incoming>, client: Pe
             throttle::log(&state.refusals, interval, &refusal, &method, uri.path(), &client);
             let withhold =
                 refusal.names_a_level() && refusal.resource().is_some_and(|key| settings.config.fence.withholds(key));
-            let resp = protocol.refuse(&refusal, withhold);
+            let mut resp = protocol.refuse(&refusal, withhold);
+            if body_unread {
+                resp.headers_mut().insert(CONNECTION, HeaderValue::from_static("close"));
+            }
             if let Some(entry) = access {
                 entry.log(refusal.code(), refusal.status(), None, resp.body().size_hint().exact());
             }

@@ -19,6 +19,8 @@ mod proxying;
 mod redirects;
 mod reload;
 mod s3;
+mod s3_model;
+mod s3_streams;
 mod supervision;
 mod tls;
 mod unix_sockets;

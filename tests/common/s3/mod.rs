@@ -173,3 +173,13 @@ pub async fn scenario_at(name: &str, url: &str, server: &S3Server, env: &[(&str,
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+pub mod tap;
+
+/// Runs `script`, a Python file beside this one, with `args` and returns its output, waited
+/// for off the runtime's threads.
+pub async fn python(script: &str, args: Vec<String>) -> std::process::Output {
+    let path = format!("{}/tests/common/s3/{script}", env!("CARGO_MANIFEST_DIR"));
+    let run = move || Command::new("python3").arg(path).args(args).output();
+    tokio::task::spawn_blocking(run).await.unwrap().unwrap()
+}
