@@ -91,6 +91,12 @@ pub(super) fn fence(
                 send_to_leader(&state, &settings, &url, *req, &client).await
             }
             Next::Turn(waiting, None) => waiting.finish().await,
+            // A part changes no object, only its upload, every write to which carries the one
+            // token it was bound to: the parts of an upload go to the backend side by side, as
+            // S3 clients send them, and the completion takes the object's turn.
+            Next::Turn(waiting, Some(upload)) if matches!(upload.step, UploadStep::Part { .. }) => {
+                waiting.send_without_turn().await
+            }
             Next::Turn(waiting, Some(upload)) => {
                 let token = waiting.token;
                 let resp = waiting.finish().await?;
@@ -215,6 +221,15 @@ struct Waiting {
 }
 
 impl Waiting {
+    /// Sends a part of a multipart upload, checked (its binding, its token against the
+    /// object's `max_seen`) but neither advancing a key nor taking a turn: it changes no object.
+    async fn send_without_turn(self) -> Result<Response<ResponseBody>, Refusal> {
+        let pending = self.pending;
+        let conn = pending.settings.upstream.connection().await?;
+        let _flying = InFlight::new(&pending.state.metrics);
+        send(&pending.state, &pending.settings, conn, pending.out, Hold::default()).await
+    }
+
     /// Waits for the turn; once it is ours, `finish_after` runs the write to its end.
     async fn finish(self) -> Result<Response<ResponseBody>, Refusal> {
         let Waiting { token, policy, touches, pending } = self;

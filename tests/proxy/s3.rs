@@ -78,3 +78,43 @@ async fn lance_6432_a_fenced_writer_cannot_go_on_with_plain_puts() {
 async fn large_bodies_and_presigned_urls_pass_signed_and_fenced() {
     run("transfers").await;
 }
+
+/// A raw S3 request through `addr` with the token 5 and an empty body.
+async fn s3_request(addr: std::net::SocketAddr, method: &str, target: &str) -> crate::common::Resp {
+    let head = format!("{method} {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nFencing-Token: 5\r\nContent-Length: 0");
+    crate::common::raw_request(addr, &head, "").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_parts_of_an_upload_reach_the_server_side_by_side() {
+    use crate::common::backend::{Reply, StubBackend};
+    const CREATED: &str = "<InitiateMultipartUploadResult><Bucket>bkt</Bucket><Key>k</Key>\
+        <UploadId>u1</UploadId></InitiateMultipartUploadResult>";
+    // The server holds its answer to every part until released.
+    let server = StubBackend::start_with(|seen| match seen.head.split(' ').nth(1) {
+        Some(t) if t.ends_with("?uploads") => Reply::Answer(200, CREATED),
+        Some(t) if t.contains("partNumber=") => Reply::Hold(200, ""),
+        _ => Reply::Answer(200, ""),
+    })
+    .await;
+    let proxy = S3Proxy::start(&server.url(), "").await;
+    let addr = proxy.addr;
+    let created = s3_request(addr, "POST", "/bkt/k?uploads").await;
+    assert_eq!(created.status, 200, "{}", String::from_utf8_lossy(&created.body));
+    let parts: Vec<_> = (1..=2)
+        .map(|n| {
+            tokio::spawn(async move { s3_request(addr, "PUT", &format!("/bkt/k?partNumber={n}&uploadId=u1")).await })
+        })
+        .collect();
+    let at_server = || server.requests().iter().filter(|s| s.head.contains("partNumber=")).count();
+    crate::common::poll_until("both parts are at the server at once", || at_server() == 2).await;
+    server.release();
+    for part in parts {
+        assert_eq!(part.await.unwrap().status, 200);
+    }
+    // A part of an id the creation did not answer is refused before it reaches the server.
+    let r = s3_request(addr, "PUT", "/bkt/k?partNumber=3&uploadId=u2").await;
+    assert_eq!((r.status, r.headers["fencegate-error"].to_str().unwrap()), (404, "no_such_upload"));
+    assert_eq!(s3_request(addr, "POST", "/bkt/k?uploadId=u1").await.status, 200);
+    assert_eq!(server.requests().len(), 4, "the creation, two parts and the completion");
+}
