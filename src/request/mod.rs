@@ -15,7 +15,7 @@ pub(crate) mod rules;
 use std::sync::Arc;
 use std::time::Instant;
 
-use http::header::{CONNECTION, HeaderValue};
+use http::header::{CONNECTION, EXPECT, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{Request, Response, Version};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
@@ -42,11 +42,15 @@ pub(crate) async fn handle(state: Arc<State>, req: Request<Incoming>, client: Pe
     let log = &settings.config.log;
     let mut access = if log.access { access::Entry::start(&req, &client, log.access_format, started) } else { None };
     let protocol = protocol::for_backend(&settings.config.backend);
-    // hyper ends an HTTP/1 connection after answering a request whose body was left unread,
-    // as a refusal leaves it (all but a body read whole to be classified, whose connection
-    // then closes too): the refusal says so (below), or a client that pools connections sends
-    // its next request on one that is closing, and boto3 reports a 409 no server sent.
-    let body_unread = req.version() < Version::HTTP_2 && !req.body().is_end_stream();
+    // A client that sent `Expect: 100-continue` sends its body only after a 100, which a
+    // refusal never gives (a refusal leaves the body unread), so hyper ends the HTTP/1
+    // connection after the answer. The refusal says so (below): otherwise a client that pools
+    // connections may send its next request on the closing one, and boto3 then reports a 409
+    // that no server sent. (hyper drains a body that has arrived and keeps the connection;
+    // one read whole to be classified, which gets its 100, closes it too.)
+    let closes = req.version() < Version::HTTP_2
+        && !req.body().is_end_stream()
+        && req.headers().get(EXPECT).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
     let req = req.map(RequestBody::Streamed);
     let classified = match protocol.classify(&Head::of(&req), &settings.config) {
         Ok(Plan::ReadBody { limit }) => read_whole(req, limit, protocol, &settings).await,
@@ -103,7 +107,7 @@ pub(crate) async fn handle(state: Arc<State>, req: Request<Incoming>, client: Pe
             let withhold =
                 refusal.names_a_level() && refusal.resource().is_some_and(|key| settings.config.fence.withholds(key));
             let mut resp = protocol.refuse(&refusal, withhold);
-            if body_unread {
+            if closes {
                 resp.headers_mut().insert(CONNECTION, HeaderValue::from_static("close"));
             }
             if let Some(entry) = access {

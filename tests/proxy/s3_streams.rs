@@ -100,18 +100,24 @@ async fn rclone_copies_with_a_fresh_token_land_and_stale_ones_are_refused() {
     rclone_against(start_s3s().await).await;
 }
 
-/// A refusal of a write whose body fencegate did not read ends the connection (hyper closes an
-/// HTTP/1 connection whose request body was left unread) and says so with `Connection: close`,
-/// so that a client that pools connections opens a new one for its next request instead of
-/// sending it on one that is closing, which boto3 reports as a 409 with no headers that no
-/// server sent. A refusal of a request without a body keeps the connection.
+/// A refusal of a write that asked for `Expect: 100-continue` ends the connection (the body
+/// never comes, and hyper closes an HTTP/1 connection whose request body is left unread) and
+/// says so with `Connection: close`, so that a client that pools connections opens a new one
+/// for its next request instead of sending it on one that is closing, which boto3 reports as
+/// a 409 with no headers that no server sent. A refusal of a request without a body, or with
+/// one sent whole, keeps the connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_refusal_that_leaves_the_body_unread_says_the_connection_closes() {
+async fn a_refusal_of_a_write_that_expects_100_continue_says_the_connection_closes() {
     let proxy = S3Proxy::start(&format!("http://{}", dead_address().await), "").await;
     let mut conn = RawConn::open(proxy.addr).await;
-    conn.send("DELETE /bkt/k HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await;
-    let resp = conn.read_response().await;
-    assert_eq!((resp.status, resp.headers.get("connection")), (428, None), "a refusal without a body: {:?}", resp.body);
+    for (what, request) in [
+        ("without a body", "DELETE /bkt/k HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"),
+        ("with a body sent whole", "PUT /bkt/k HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1\r\n\r\nv"),
+    ] {
+        conn.send(request).await;
+        let resp = conn.read_response().await;
+        assert_eq!((resp.status, resp.headers.get("connection")), (428, None), "a refusal {what}: {:?}", resp.body);
+    }
     conn.send("PUT /bkt/k HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n").await;
     let resp = conn.read_response().await;
     assert_eq!(resp.status, 428, "{:?}", resp.body);

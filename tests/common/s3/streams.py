@@ -114,8 +114,8 @@ def rclone(w, _ca):
     })
     tmp = tempfile.mkdtemp()
 
-    def run(token, *args):
-        cmd = ["rclone", "--config", "/dev/null", "--header", f"{TOKEN_HEADER}: {token}", "--s3-no-check-bucket",
+    def run(token, *args, option="--header"):
+        cmd = ["rclone", "--config", "/dev/null", option, f"{TOKEN_HEADER}: {token}", "--s3-no-check-bucket",
                "--s3-no-head", "--retries", "1", "--low-level-retries", "1", "--s3-upload-cutoff", "5M",
                "--s3-chunk-size", "5M", *args]
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
@@ -130,6 +130,9 @@ def rclone(w, _ca):
     code, err = run(10, "copyto", local("fresh", b"fresh 10"), "fg:rclone/obj")
     check(code, 0, f"a fresh copy: {err}")
     check(w.body("rclone", "obj"), b"fresh 10", "a fresh copy")
+    # The option rclone's docs offer for uploads sends no token to S3: the write is refused.
+    code, err = run(50, "copyto", local("upload", b"header-upload 50"), "fg:rclone/obj", option="--header-upload")
+    check((code != 0, "MissingToken" in err), (True, True), f"a copy with --header-upload: {err}")
     code, err = run(9, "copyto", local("stale", b"stale 9"), "fg:rclone/obj")
     check((code != 0, "StaleToken" in err), (True, True), f"a stale copy: {err}")
     check(w.body("rclone", "obj"), b"fresh 10", "the object after a stale copy")
