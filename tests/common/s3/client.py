@@ -14,6 +14,7 @@ import json
 import os
 import socket
 import sys
+import time
 from urllib.parse import urlparse
 
 import boto3
@@ -252,6 +253,83 @@ def uploads_after_kill(w):
     check(w.body("crash", "j"), b"43's part", "the upload whose holder was not overtaken")
 
 
+def journal(event):
+    """Appends one line to the journal $FG_S3_STATE, flushed at once: a kill -9 of fencegate
+    may come at any moment, and what was answered before it must be known."""
+    with open(os.environ["FG_S3_STATE"], "a") as f:
+        f.write(json.dumps(event) + "\n")
+
+
+def uploads_under_load(w):
+    """Uploads and the writes that overtake them, one after another over a few keys, until
+    fencegate is killed (a refused connection ends the run). Tokens start at $FG_S3_BASE."""
+    base = int(os.environ["FG_S3_BASE"])
+    bucket = "kill"
+    try:
+        w.client(1).create_bucket(Bucket=bucket)
+    except botocore.exceptions.ClientError:
+        pass  # made in an earlier round
+    except Exception:
+        return
+    try:
+        for step in range(10_000):
+            key, token = f"b{base}-k{step % 3}", base + 2 * step + 1
+            holder = w.client(token)
+            journal({"op": "create", "key": key, "token": token})
+            upload = holder.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+            body = f"{token}'s part".encode()
+            part = holder.upload_part(Bucket=bucket, Key=key, UploadId=upload, PartNumber=1, Body=body)
+            journal({"op": "upload", "key": key, "token": token, "id": upload, "etag": part["ETag"]})
+            if step % 2:
+                # Overtaken: a newer holder writes the object. Sent is noted before it goes.
+                journal({"op": "sent", "key": key, "token": token + 1})
+                w.client(token + 1).put_object(Bucket=bucket, Key=key, Body=f"{token + 1}".encode())
+                journal({"op": "acked", "key": key, "token": token + 1})
+    except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError, OSError):
+        return  # fencegate was killed, or refused a resource quarantined by an earlier kill
+
+
+def uploads_after_load(w):
+    """After the kill and a restart: no upload whose object a newer write was acknowledged for
+    completes, under its key or a decoy; one no newer write was even sent for completes."""
+    events = [json.loads(line) for line in open(os.environ["FG_S3_STATE"])]
+    # A newer holder's write that was answered (a PutObject, or a creation whose id came back)
+    # overtook the uploads below its token; one that was sent may have.
+    acked, sent = {}, {}
+    for e in events:
+        table = acked if e["op"] in ("acked", "upload") else sent
+        table[e["key"]] = max(table.get(e["key"], 0), e["token"])
+    uploads = [e for e in events if e["op"] == "upload"]
+    completed = 0
+    for u in uploads:
+        key, token = u["key"], u["token"]
+        parts = {"Parts": [{"ETag": u["etag"], "PartNumber": 1}]}
+        holder = w.client(token)
+
+        def complete(name):
+            return holder.complete_multipart_upload(Bucket="kill", Key=name, UploadId=u["id"], MultipartUpload=parts)
+
+        check(refused(lambda: complete(f"{key}-decoy"))[1], 404, f"{key} {token}: a completion under a decoy")
+        overtaken = acked.get(key, 0) > token
+        maybe = sent.get(key, 0) > token
+        for attempt in range(40):
+            try:
+                complete(key)
+                outcome = "completed"
+            except botocore.exceptions.ClientError as e:
+                outcome = e.response["Error"]["Code"]
+                if outcome == "SlowDown":  # quarantined after the kill: its time passes
+                    time.sleep(0.25)
+                    continue
+            break
+        if overtaken:
+            check(outcome != "completed", True, f"{key}: the upload of {token}, overtaken, completed")
+        elif not maybe:
+            check(outcome, "completed", f"{key}: the upload of {token}, which nothing overtook")
+        completed += outcome == "completed"
+    print(f"{len(uploads)} uploads, {completed} completed")
+
+
 def copies(w):
     """A copy fences its destination, never its source: a low token may copy from a fenced
     object, and a stale one may not copy onto one."""
@@ -378,7 +456,7 @@ def transfers(w):
 
 
 SCENARIOS = {f.__name__: f for f in [zombie, signatures, multipart, decoys, uploads_before_kill,
-                                     uploads_after_kill, copies, batch_delete, styles, slatedb_352,
+                                     uploads_after_kill, uploads_under_load, uploads_after_load, copies, batch_delete, styles, slatedb_352,
                                      lance_6432, transfers]}
 
 if __name__ == "__main__":

@@ -159,8 +159,9 @@ pub async fn scenario(name: &str, proxy: &S3Proxy, server: &S3Server) {
 }
 
 /// Runs the boto3 scenario `name` through the fencegate at `url` against `server`, with `env`
-/// set for it; panics with its output if an assertion in it failed.
-pub async fn scenario_at(name: &str, url: &str, server: &S3Server, env: &[(&str, &str)]) {
+/// set for it; panics with its output if an assertion in it failed, and returns what it
+/// printed.
+pub async fn scenario_at(name: &str, url: &str, server: &S3Server, env: &[(&str, &str)]) -> String {
     let args = [name, server.kind, url, &server.url, &server.access_key, &server.secret].map(str::to_owned);
     let env: Vec<(String, String)> = env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
     let run = move || Command::new("python3").arg(CLIENT).args(args).envs(env).output();
@@ -172,6 +173,7 @@ pub async fn scenario_at(name: &str, url: &str, server: &S3Server, env: &[(&str,
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 pub mod tap;
