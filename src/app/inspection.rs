@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use crate::store::Inspection;
+use crate::store::{Inspection, MarkKind};
 
 /// The report of `found`, read from `dir`, with the `top` keys by `max_seen` and as many of the
 /// writes that were in flight.
@@ -27,6 +27,10 @@ fn report(out: &mut String, found: &Inspection, dir: &Path, top: usize) -> std::
     }
     writeln!(out, "resources  {}", found.table.len())?;
     writeln!(out, "floors     {}", found.floors)?;
+    let uploads = found.table.count(MarkKind::Upload);
+    if uploads > 0 {
+        writeln!(out, "uploads    {uploads} multipart uploads bound to their object and token (S3)")?;
+    }
     match found.snapshot {
         Some(seq) => writeln!(out, "snapshot   covers every segment before {seq}")?,
         None => writeln!(out, "snapshot   none")?,
@@ -70,8 +74,10 @@ mod tests {
 
     #[test]
     fn the_report_names_what_was_in_flight_up_to_top() {
+        let table = Table::new();
+        table.advance(crate::store::MarkRef::upload("/b/k\nid"), 4);
         let found = Inspection {
-            table: Table::new(),
+            table,
             snapshot: None,
             segments: vec![1, 2],
             records: 3,
@@ -88,5 +94,7 @@ mod tests {
         assert!(report.contains("in flight  1 writes under floors unanswered"), "{report}");
         assert!(report.contains("                   9  floor /d\n"), "{report}");
         assert!(report.contains("segments   1..=2 (3 records replayed)"), "{report}");
+        assert!(report.contains("uploads    1 multipart uploads bound"), "{report}");
+        assert!(report.contains("resources  0\n"), "{report}");
     }
 }
