@@ -1,14 +1,16 @@
 //! Model-based test of the file store's durability.
 //!
 //! Random programs of advances (of keys, of floors, and of several marks at once, as one write
-//! does), resets (of one or several marks to one token, often below their value), answers,
+//! does), resets (of one or several marks to one token, often below their value), bindings of
+//! uploads and their drops, answers,
 //! commits, unsynced writes, rotations, compactions interrupted at any stage, and crashes run
 //! against the real `Log` and recovery on a real directory. A crash keeps what was synced; of
 //! the bytes written since, it may cut any suffix, lose any subset of 64-byte sectors (pages
 //! land in any order), and leave zeros or garbage behind.
 //!
 //! The model: recovery applies whole batches in log order (an advance raises a mark, a reset
-//! sets it), and of the batches written since the last sync it keeps a prefix. It stops at the
+//! sets it, a drop removes a binding), and of the batches written since the last sync it keeps
+//! a prefix. It stops at the
 //! first damaged one, and no later one can prove the damage (a commit marker names only what
 //! was synced before it was written), so the rest is a torn tail. With `n` such batches a crash
 //! leaves one of `n + 1` states: the synced one, then each batch applied on top of the one
@@ -26,7 +28,7 @@
 //!   clears the flag only if it names the mark's value when applied: one appended after the
 //!   advance (durable or not) may have if it names `t`, or any token once a reset follows the
 //!   advance (a snapshot holds the reset's value ahead of its place in the log);
-//! - a mark never advanced, only reset, is never in flight.
+//! - a mark never advanced, only reset, is never in flight, and a binding never is.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{self, OpenOptions};
@@ -43,8 +45,13 @@ use super::{MarkKind, MarkRef};
 use crate::store::SyncMode;
 
 const NAMES: [&str; 5] = ["/a", "/b", "/c/d", "/accounts/42", "/e/f/g"];
-/// Every name is a key and a floor: marks `0..5` are keys, `5..10` the floors of the same names.
-const MARKS: usize = 2 * NAMES.len();
+/// Every name is a key, a floor and a binding: marks `0..5` are keys, `5..10` the floors of
+/// the same names, `10..15` their bindings.
+const MARKS: usize = 3 * NAMES.len();
+/// The keys and floors: the marks that advance, reset and are answered.
+const LEVELS: usize = 2 * NAMES.len();
+/// The kinds of mark, in the order of their ranges.
+const KINDS: [MarkKind; 3] = [MarkKind::Key, MarkKind::Floor, MarkKind::Upload];
 const SECTOR: u64 = 64;
 
 /// A key or a floor.
@@ -53,13 +60,19 @@ type Mark = MarkRef<'static>;
 type State = BTreeMap<Mark, u64>;
 
 fn mark(i: usize) -> Mark {
-    MarkRef::new(if i < NAMES.len() { MarkKind::Key } else { MarkKind::Floor }, NAMES[i % NAMES.len()])
+    MarkRef::new(KINDS[i / NAMES.len()], NAMES[i % NAMES.len()])
 }
 
 /// The model's mark for one a batch holds.
 fn known(m: MarkRef<'_>) -> Mark {
     let at = NAMES.iter().position(|n| *n == m.name).expect("a name of the model");
-    mark(if m.kind == MarkKind::Key { at } else { at + NAMES.len() })
+    let kind = KINDS.iter().position(|k| *k == m.kind).expect("a kind of the model");
+    mark(kind * NAMES.len() + at)
+}
+
+/// The binding of the name `i`.
+fn binding(i: usize) -> usize {
+    LEVELS + i
 }
 
 #[derive(Debug, Clone)]
@@ -72,6 +85,10 @@ enum Op {
     Reset { marks: Vec<usize>, shift: i8 },
     /// Buffer the backend's answer to `mark`'s last acknowledged advance.
     Answered { mark: usize },
+    /// Buffer the binding of an upload of the name `name`, `step` above its value.
+    Bind { name: usize, step: u64 },
+    /// Buffer the drop of the bindings of `names`.
+    Drop { names: Vec<usize> },
     /// Write buffered records without syncing: at risk until the next sync.
     Write,
     /// Write and sync: every buffered advance and reset is acknowledged.
@@ -90,10 +107,12 @@ fn op() -> impl Strategy<Value = Op> {
     let tail =
         prop_oneof![Just(vec![]), prop::collection::vec(Just(0u8), 1..64), prop::collection::vec(any::<u8>(), 1..64)];
     prop_oneof![
-        6 => (0..MARKS, 1..5u64).prop_map(|(mark, step)| Op::Advance { marks: vec![mark], step }),
-        3 => (prop::collection::vec(0..MARKS, 2..5), 1..5u64).prop_map(|(marks, step)| Op::Advance { marks, step }),
-        3 => (prop::collection::vec(0..MARKS, 1..4), -12..4i8).prop_map(|(marks, shift)| Op::Reset { marks, shift }),
-        3 => (0..MARKS).prop_map(|mark| Op::Answered { mark }),
+        6 => (0..LEVELS, 1..5u64).prop_map(|(mark, step)| Op::Advance { marks: vec![mark], step }),
+        3 => (prop::collection::vec(0..LEVELS, 2..5), 1..5u64).prop_map(|(marks, step)| Op::Advance { marks, step }),
+        3 => (prop::collection::vec(0..LEVELS, 1..4), -12..4i8).prop_map(|(marks, shift)| Op::Reset { marks, shift }),
+        3 => (0..LEVELS).prop_map(|mark| Op::Answered { mark }),
+        2 => (0..NAMES.len(), 1..5u64).prop_map(|(name, step)| Op::Bind { name, step }),
+        2 => prop::collection::vec(0..NAMES.len(), 1..3).prop_map(|names| Op::Drop { names }),
         4 => Just(Op::Write),
         4 => Just(Op::Commit),
         1 => Just(Op::Rotate),
@@ -103,20 +122,24 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// One record that moves a mark: an advance raises it, a reset sets it.
+/// One record that moves a mark: an advance raises it, a reset sets it, a drop removes it.
 #[derive(Debug, Clone, Copy)]
 struct Change {
     mark: Mark,
     token: u64,
-    reset: bool,
+    what: super::Change,
     /// The record's place among all the records appended, answers included: log order.
     at: u64,
 }
 
 impl Change {
     fn apply(&self, state: &mut State) {
+        if self.what == super::Change::Drop {
+            state.remove(&self.mark);
+            return;
+        }
         let v = state.entry(self.mark).or_insert(self.token);
-        *v = if self.reset { self.token } else { (*v).max(self.token) };
+        *v = if self.what == super::Change::Reset { self.token } else { (*v).max(self.token) };
     }
 }
 
@@ -146,26 +169,29 @@ struct Model {
 }
 
 impl Model {
-    /// Buffers one write's advances, or one reset, of `marks` (each once, in the order a store
-    /// logs them) to one token, `to` the highest of their values: appended together, they share
-    /// the next commit marker.
-    fn append(&mut self, log: &mut Log, marks: Vec<usize>, to: impl Fn(u64) -> u64, reset: bool) {
+    /// Buffers one write's advances, one reset, or one drop, of `marks` (each once, in the
+    /// order a store logs them) to one token, `to` the highest of their values: appended
+    /// together, they share the next commit marker.
+    fn append(&mut self, log: &mut Log, marks: Vec<usize>, to: impl Fn(u64) -> u64, change: super::Change) {
         // Through the store's own batch, as the writer takes it: checked (a mark named twice
         // counts once), then logged by `append_batch`.
-        let change = if reset { super::Change::Reset } else { super::Change::Advance };
         let mut named = MarkBatch::new(change, marks.into_iter().map(|i| mark(i).to_mark()), 0);
         assert!(named.check().unwrap(), "a batch of known names is never refused nor empty");
         let marks: Vec<Mark> = named.marks().iter().map(|m| known(m.borrowed())).collect();
         let token = to(marks.iter().map(|k| self.latest.get(k).copied().unwrap_or(0)).max().unwrap_or(0));
         log.append_batch(&MarkBatch::new(change, marks.iter().map(|m| m.to_mark()), token));
         for mark in marks {
-            let change = Change { mark, token, reset, at: self.place() };
+            let change = Change { mark, token, what: change, at: self.place() };
             change.apply(&mut self.latest);
             self.buffered.push(change);
-            if reset {
-                self.last_reset.insert(mark, change.at);
-            } else {
-                self.advanced.insert(mark);
+            match change.what {
+                super::Change::Reset => {
+                    self.last_reset.insert(mark, change.at);
+                }
+                super::Change::Advance => {
+                    self.advanced.insert(mark);
+                }
+                _ => {}
             }
         }
     }
@@ -234,7 +260,11 @@ impl<'a> World<'a> {
             let reported = match k.kind {
                 MarkKind::Key => &self.found.in_flight,
                 MarkKind::Floor => &self.found.floors_in_flight,
-                MarkKind::Upload => unreachable!("the model writes no bindings"),
+                MarkKind::Upload => {
+                    let bound = self.table.entry(k).map(|(_, flying)| flying);
+                    prop_assert!(bound != Some(true), "{k:?}: a binding in flight");
+                    continue;
+                }
             };
             let flying = reported.iter().find(|(n, _)| n == k.name).map(|(_, t)| *t);
             if let Some(token) = m.must_fly(k) {
@@ -261,9 +291,8 @@ impl<'a> World<'a> {
         let written = std::mem::take(&mut m.written);
         for c in written.into_iter().flatten().chain(std::mem::take(&mut m.buffered)) {
             c.apply(&mut m.synced);
-            let change = if c.reset { super::Change::Reset } else { super::Change::Advance };
-            self.table.apply(&MarkBatch::new(change, [c.mark.to_mark()], c.token));
-            if !c.reset {
+            self.table.apply(&MarkBatch::new(c.what, [c.mark.to_mark()], c.token));
+            if c.what == super::Change::Advance && c.mark.kind != MarkKind::Upload {
                 m.last_acked.insert(c.mark, (c.at, c.token));
             }
         }
@@ -276,9 +305,15 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     let mut w = World::start(dir.path());
     for op in ops {
         match op {
-            Op::Advance { marks, step } => m.append(&mut w.log, marks, |top| top + step, false),
+            Op::Advance { marks, step } => m.append(&mut w.log, marks, |top| top + step, super::Change::Advance),
             Op::Reset { marks, shift } => {
-                m.append(&mut w.log, marks, |top| top.saturating_add_signed(shift.into()), true)
+                m.append(&mut w.log, marks, |top| top.saturating_add_signed(shift.into()), super::Change::Reset)
+            }
+            Op::Bind { name, step } => {
+                m.append(&mut w.log, vec![binding(name)], |top| top + step, super::Change::Advance)
+            }
+            Op::Drop { names } => {
+                m.append(&mut w.log, names.into_iter().map(binding).collect(), |_| 0, super::Change::Drop)
             }
             Op::Answered { mark: i } => {
                 let k = mark(i);
