@@ -10,7 +10,7 @@ use std::path::Path;
 use crate::common::pki::Pki;
 use crate::common::raw::{RawConn, dead_address};
 use crate::common::s3::tap::Tap;
-use crate::common::s3::{S3Proxy, S3Server, python, start_moto, start_s3s};
+use crate::common::s3::{S3Proxy, S3Server, python, start_moto, start_s3s, succeeded};
 use crate::common::services::installed;
 
 /// The config every proxy here starts with: s3s-fs stores objects as files (tests/proxy/s3.rs).
@@ -28,14 +28,7 @@ async fn scenario(name: &str, server: &S3Server, fencegate: &str, ca: Option<&Pa
     let mut args =
         [name, server.kind, fencegate, &server.url, &server.access_key, &server.secret].map(str::to_owned).to_vec();
     args.extend(ca.map(|p| p.display().to_string()));
-    let out = python("streams.py", args).await;
-    assert!(
-        out.status.success(),
-        "scenario {name} against {} failed:\n{}{}",
-        server.kind,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(name, server, &python("streams.py", args).await);
 }
 
 /// boto3 over https to fencegate, fencegate to the server through a tap.

@@ -161,17 +161,23 @@ def signatures(w):
           ("SignatureDoesNotMatch", 403), "a bad signature")
 
 
+def overtaken_upload(w, bucket):
+    """Holder 41's upload of `bucket`/k with one part, then holder 42's PutObject of k: the
+    client of 41, the upload id, and the parts a completion names."""
+    old = w.client(41)
+    upload = old.create_multipart_upload(Bucket=bucket, Key="k")["UploadId"]
+    part = old.upload_part(Bucket=bucket, Key="k", UploadId=upload, PartNumber=1, Body=b"old part")
+    w.client(42).put_object(Bucket=bucket, Key="k", Body=b"from 42")
+    return old, upload, {"Parts": [{"ETag": part["ETag"], "PartNumber": 1}]}
+
+
 def multipart(w):
     """A multipart upload is one write: a holder overtaken mid-upload cannot complete it."""
     w.client(1).create_bucket(Bucket="mpu")
     big = TransferConfig(multipart_threshold=5 << 20, multipart_chunksize=5 << 20)
     w.client(40).upload_fileobj(io.BytesIO(b"4" * (6 << 20)), "mpu", "whole", Config=big)
     check(len(w.body("mpu", "whole")), 6 << 20, "a whole upload")
-    old = w.client(41)
-    upload = old.create_multipart_upload(Bucket="mpu", Key="k")["UploadId"]
-    part = old.upload_part(Bucket="mpu", Key="k", UploadId=upload, PartNumber=1, Body=b"old part")
-    w.client(42).put_object(Bucket="mpu", Key="k", Body=b"from 42")
-    parts = {"Parts": [{"ETag": part["ETag"], "PartNumber": 1}]}
+    old, upload, parts = overtaken_upload(w, "mpu")
     check(refused(lambda: old.upload_part(Bucket="mpu", Key="k", UploadId=upload, PartNumber=2, Body=b"more")),
           ("StaleToken", 409), "a part after the key moved on")
     check(refused(lambda: old.complete_multipart_upload(Bucket="mpu", Key="k", UploadId=upload,
@@ -186,11 +192,7 @@ def decoys(w):
     token the upload was created with, and a stale holder gains nothing by naming a decoy key
     whose fence it would pass."""
     w.client(1).create_bucket(Bucket="dec")
-    old = w.client(41)
-    upload = old.create_multipart_upload(Bucket="dec", Key="k")["UploadId"]
-    part = old.upload_part(Bucket="dec", Key="k", UploadId=upload, PartNumber=1, Body=b"old part")
-    w.client(42).put_object(Bucket="dec", Key="k", Body=b"from 42")
-    parts = {"Parts": [{"ETag": part["ETag"], "PartNumber": 1}]}
+    old, upload, parts = overtaken_upload(w, "dec")
     # Under a key no one fenced, the stale token is fresh: the id is what must not pass.
     check(refused(lambda: old.upload_part(Bucket="dec", Key="decoy", UploadId=upload, PartNumber=2, Body=b"x")),
           ("NoSuchUpload", 404), "a part sent under a decoy key")

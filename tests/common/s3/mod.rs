@@ -166,6 +166,12 @@ pub async fn scenario_at(name: &str, url: &str, server: &S3Server, env: &[(&str,
     let env: Vec<(String, String)> = env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
     let run = move || Command::new("python3").arg(CLIENT).args(args).envs(env).output();
     let out = tokio::task::spawn_blocking(run).await.unwrap().unwrap();
+    succeeded(name, server, &out)
+}
+
+/// What the scenario `name` against `server` printed; panics with its output unless it
+/// succeeded.
+pub fn succeeded(name: &str, server: &S3Server, out: &std::process::Output) -> String {
     assert!(
         out.status.success(),
         "scenario {name} against {} failed:\n{}{}",
