@@ -35,10 +35,10 @@
 #
 # It prints, per cell, the median req/s of the rounds direct and through fencegate, their ratio
 # against the target (PutObject >= 0.9x direct at 16 and 64 connections, GetObject >=
-# 0.97x), p50 and p99, CPU time per request of s3s-fs (direct and behind fencegate) and of
-# fencegate (all its threads; and of nginx's worker), the machine's idle CPU during each
-# target's runs, fencegate's batches (advances per sync, and the mean write + sync of one)
-# and the failed requests (non-2xx and socket errors); then fencegate's RSS.
+# 0.97x), p50 and p99, CPU time per request of s3s-fs (direct, behind nginx, behind
+# fencegate) and of fencegate (all its threads; and of nginx's worker), the machine's idle
+# CPU during each target's runs, fencegate's batches (advances per sync, and the mean write +
+# sync of one) and the failed requests (non-2xx and socket errors); then fencegate's RSS.
 #
 # s3s-fs leaves Nagle's algorithm on and writes a GET's head and body apart, so each GET's
 # body waits for the client's delayed ACK of its head: GETs then measure ACK timers, not CPU
@@ -218,7 +218,8 @@ order = {"put4k": 0, "put1m": 1, "get": 2}
 proxied = any(t == "nginx" for (_, _, t) in runs)
 print("| workload | conns | direct req/s | fenced req/s | fenced/direct | target |"
       + (" nginx/direct |" if proxied else "") + " p50 direct / fenced (µs) | p99 direct / fenced (µs) "
-      "| CPU µs/req s3s-fs direct / fenced | CPU µs/req fencegate" + (" / nginx" if proxied else "")
+      "| CPU µs/req s3s-fs direct / " + ("nginx / " if proxied else "") + "fenced | CPU µs/req fencegate"
+      + (" / nginx" if proxied else "")
       + " | machine idle % direct / fenced | fg batch (advances) / sync (µs) | failed |")
 print("|---|---:|---:|---:|---:|---|" + ("---:|" if proxied else "") + "---:|---:|---:|---:|---:|---:|---:|")
 for w, c in sorted({(w, c) for (w, c, _) in runs}, key=lambda k: (order.get(k[0], 9), k[1])):
@@ -228,11 +229,12 @@ for w, c in sorted({(w, c) for (w, c, _) in runs}, key=lambda k: (order.get(k[0]
     verdict = "–" if goal is None else f"≥ {goal:.2f}: {'met' if ratio >= goal else '**missed**'}"
     nginx = f" {med([x[0] for x in n]) / rps[0]:.2f} |" if proxied else ""
     nginx_cpu = f" / {per_req(n, 5):.1f}" if proxied else ""
+    s3s_nginx = f"{per_req(n, 4):.1f} / " if proxied else ""
     idle = [med([x[6] / hz / secs / ncpu * 100 for x in r]) for r in (d, f)]
     n_batches = sum(x[7] for x in f)
     batch = f"{sum(x[8] for x in f) / n_batches:.1f} / {sum(x[9] for x in f) / n_batches * 1e6:,.0f}" if n_batches else "–"
     print(f"| {w} | {c} | {rps[0]:,.0f} | {rps[1]:,.0f} | {ratio:.2f} | {verdict} |{nginx} {p50[0]:,.0f} / {p50[1]:,.0f} "
-          f"| {p99[0]:,.0f} / {p99[1]:,.0f} | {per_req(d, 4):.1f} / {per_req(f, 4):.1f} | {per_req(f, 5):.1f}{nginx_cpu} "
+          f"| {p99[0]:,.0f} / {p99[1]:,.0f} | {per_req(d, 4):.1f} / {s3s_nginx}{per_req(f, 4):.1f} | {per_req(f, 5):.1f}{nginx_cpu} "
           f"| {idle[0]:.0f} / {idle[1]:.0f} | {batch} | {sum(x[3] for x in d + f + n)} |")
 for line in open(big):
     t, s, sampled, after = line.split()
