@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # S3 benchmark (issue 35): fencegate in S3 mode (`backend.protocol = "s3"`) in front of a real
 # S3 server, against the same server reached directly, in one interleaved run. Run by hand,
-# not by CI (about 9 minutes at its defaults):
+# not by CI (about 7 minutes at its defaults, 10 with PROXY=1):
 #
 #   benches/s3.sh                                   # 2 rounds of 10 s per cell, then the table
-#   S3S_FS=/work/s3s-release/bin/s3s-fs benches/s3.sh   # another s3s-fs build (a release one)
+#   S3S_FS=/opt/s3s-nodelay/bin/s3s-fs benches/s3.sh   # another s3s-fs build (below)
 #   ROUNDS=3 SECONDS_PER_RUN=8 CONNS="16 64" WORKLOADS="put4k get" BIG_MIB=0 benches/s3.sh
 #   PROXY=1 benches/s3.sh                           # and nginx as a plain proxy beside them
+#   PIN=1 benches/s3.sh                             # s3s-fs on CPU 1, the rest on CPU 0
 #
 # What runs, all on loopback:
 #   direct    s3s-fs (S3S_FS, default ~/.cargo/bin/s3s-fs: `cargo install s3s-fs@0.14.1
-#             --locked --features binary`), its objects on tmpfs, started without keys so
-#             that it checks no signatures and wrk's unsigned requests pass     127.0.0.1:18091
+#             --locked --features binary`, a release build: .ci/run installs a debug one
+#             where none is there), its objects on tmpfs, started without keys so that it
+#             checks no signatures and wrk's unsigned requests pass            127.0.0.1:18091
 #   fencegate the release binary (FG_BIN for another), protocol = "s3", s3.flat_keys = false
 #             (s3s-fs stores keys as file paths), store.sync = "always", data dir and stderr
 #             on disk, log level warn, admin API on 127.0.0.1:18093              127.0.0.1:18092
@@ -33,12 +35,20 @@
 #
 # It prints, per cell, the median req/s of the rounds direct and through fencegate, their ratio
 # against the issue's target (PutObject >= 0.9x direct at 16 and 64 connections, GetObject >=
-# 0.97x), p50 and p99, CPU time per request of s3s-fs (direct and behind fencegate) and of
-# fencegate (all its threads; and of nginx's worker), the machine's idle CPU during each
-# target's runs, fencegate's batches (advances per sync, and the mean write + sync of one)
-# and the failed requests (non-2xx and socket errors); then fencegate's RSS. Everything it
-# starts, it stops, by pid; it stops at once if one of its ports (18091-18094) is taken. The
-# scratch dirs, cleanup, nginx and the fencegate config are benches/common.sh's.
+# 0.97x), p50 and p99, CPU time per request of s3s-fs (direct, behind nginx, behind
+# fencegate) and of fencegate (all its threads; and of nginx's worker), the machine's idle
+# CPU during each target's runs, fencegate's batches (advances per sync, and the mean write +
+# sync of one) and the failed requests (non-2xx and socket errors); then fencegate's RSS.
+#
+# s3s-fs leaves Nagle's algorithm on and writes a GET's head and body apart, so each GET's
+# body waits for the client's delayed ACK of its head: GETs then measure ACK timers, not CPU
+# (docs/benchmarks.md#s3-benchess3sh, which says how to build it with TCP_NODELAY).
+#
+# PIN=1 gives s3s-fs CPU 1 and fencegate, nginx and wrk CPU 0 (taskset), as a server on
+# machines of its own would be: a proxy's CPU then no longer comes out of the server's.
+#
+# Everything it starts, it stops, by pid; it stops at once if one of its ports (18091-18094)
+# is taken. The scratch dirs, cleanup, nginx and the fencegate config are benches/common.sh's.
 set -euo pipefail
 
 ROUNDS=${ROUNDS:-2}
@@ -64,8 +74,10 @@ TARGETS=(direct fencegate)
 if [ "${PROXY:-0}" = 1 ]; then TARGETS=(direct nginx fencegate); fi
 bench_ports_free 18091 18092 "$ADMIN" 18094
 
+PIN_SERVER=() PIN_REST=()
+if [ "${PIN:-0}" = 1 ]; then PIN_SERVER=(taskset -c 1) PIN_REST=(taskset -c 0); fi
 mkdir -p "$SHM/s3" "$DISK/logs"
-RUST_LOG=error "$S3S_FS" --host 127.0.0.1 --port "${PORT[direct]}" "$SHM/s3" >"$SHM/logs/s3s.log" 2>&1 &
+RUST_LOG=error "${PIN_SERVER[@]}" "$S3S_FS" --host 127.0.0.1 --port "${PORT[direct]}" "$SHM/s3" >"$SHM/logs/s3s.log" 2>&1 &
 S3S=$!
 PIDS+=("$S3S")
 bench_wait "$S3S" "${PORT[direct]}" "$SHM/logs/s3s.log"
@@ -73,7 +85,7 @@ bench_wait "$S3S" "${PORT[direct]}" "$SHM/logs/s3s.log"
 bench_fencegate_config fencegate "$BIN" "${PORT[fencegate]}" "" \
     "$(printf 'url = "http://127.0.0.1:%s"\nprotocol = "s3"\nrequest_timeout = "300s"' "${PORT[direct]}")" \
     "$(printf '[s3]\nflat_keys = false\n[admin]\nlisten = "127.0.0.1:%s"' "$ADMIN")"
-"$BIN" run --config "$SHM/fencegate.toml" 2>"$DISK/logs/fencegate.log" &
+"${PIN_REST[@]}" "$BIN" run --config "$SHM/fencegate.toml" 2>"$DISK/logs/fencegate.log" &
 FG=$!
 PIDS+=("$FG")
 bench_wait "$FG" "${PORT[fencegate]}" "$DISK/logs/fencegate.log"
@@ -87,6 +99,7 @@ if [ "${PROXY:-0}" = 1 ]; then
 EOF
     bench_worker "$STARTED"
     PID[nginx]=$WORKER
+    if [ "${PIN:-0}" = 1 ]; then taskset -a -cp 0 "$STARTED" >/dev/null && taskset -a -cp 0 "$WORKER" >/dev/null; fi
 fi
 
 direct="http://127.0.0.1:${PORT[direct]}"
@@ -156,7 +169,7 @@ run_wrk() { # workload conns target seconds -> "req/s p50_us p99_us failed"
     put1m) script=(-s "$SHM/s3put.lua") url="$url/" args=(-- /bench/large/k 256 1048576) ;;
     get) url="$url/bench/get/object" args=() ;;
     esac
-    wrk -t1 -c"$2" -d"$4s" --timeout 10s --latency "${script[@]}" "$url" "${args[@]}" | awk '
+    "${PIN_REST[@]}" wrk -t1 -c"$2" -d"$4s" --timeout 10s --latency "${script[@]}" "$url" "${args[@]}" | awk '
         function us(v) { if (v ~ /us$/) return v + 0; if (v ~ /ms$/) return v * 1000; if (v ~ /s$/) return v * 1000000; return v }
         /^ +50%/ { p50 = us($2) } /^ +99%/ { p99 = us($2) }
         /Requests\/sec/ { rps = $2 } /Non-2xx/ { bad += $NF }
@@ -164,7 +177,7 @@ run_wrk() { # workload conns target seconds -> "req/s p50_us p99_us failed"
         END { printf "%s %s %s %s\n", rps, p50, p99, bad + 0 }'
 }
 
-echo "fencegate S3 benchmark: $(nproc) CPUs, $(uname -r), $S3S_FS, rounds=$ROUNDS x ${SECONDS_PER_RUN}s" >&2
+echo "fencegate S3 benchmark: $(nproc) CPUs, $(uname -r), $S3S_FS, rounds=$ROUNDS x ${SECONDS_PER_RUN}s, PIN=${PIN:-0}" >&2
 for workload in $WORKLOADS; do
     for conns in $CONNS; do
         for target in "${TARGETS[@]}"; do run_wrk "$workload" "$conns" "$target" 2 >/dev/null; done # warm-up
@@ -205,7 +218,8 @@ order = {"put4k": 0, "put1m": 1, "get": 2}
 proxied = any(t == "nginx" for (_, _, t) in runs)
 print("| workload | conns | direct req/s | fenced req/s | fenced/direct | target |"
       + (" nginx/direct |" if proxied else "") + " p50 direct / fenced (µs) | p99 direct / fenced (µs) "
-      "| CPU µs/req s3s-fs direct / fenced | CPU µs/req fencegate" + (" / nginx" if proxied else "")
+      "| CPU µs/req s3s-fs direct / " + ("nginx / " if proxied else "") + "fenced | CPU µs/req fencegate"
+      + (" / nginx" if proxied else "")
       + " | machine idle % direct / fenced | fg batch (advances) / sync (µs) | failed |")
 print("|---|---:|---:|---:|---:|---|" + ("---:|" if proxied else "") + "---:|---:|---:|---:|---:|---:|---:|")
 for w, c in sorted({(w, c) for (w, c, _) in runs}, key=lambda k: (order.get(k[0], 9), k[1])):
@@ -215,11 +229,12 @@ for w, c in sorted({(w, c) for (w, c, _) in runs}, key=lambda k: (order.get(k[0]
     verdict = "–" if goal is None else f"≥ {goal:.2f}: {'met' if ratio >= goal else '**missed**'}"
     nginx = f" {med([x[0] for x in n]) / rps[0]:.2f} |" if proxied else ""
     nginx_cpu = f" / {per_req(n, 5):.1f}" if proxied else ""
+    s3s_nginx = f"{per_req(n, 4):.1f} / " if proxied else ""
     idle = [med([x[6] / hz / secs / ncpu * 100 for x in r]) for r in (d, f)]
     n_batches = sum(x[7] for x in f)
     batch = f"{sum(x[8] for x in f) / n_batches:.1f} / {sum(x[9] for x in f) / n_batches * 1e6:,.0f}" if n_batches else "–"
     print(f"| {w} | {c} | {rps[0]:,.0f} | {rps[1]:,.0f} | {ratio:.2f} | {verdict} |{nginx} {p50[0]:,.0f} / {p50[1]:,.0f} "
-          f"| {p99[0]:,.0f} / {p99[1]:,.0f} | {per_req(d, 4):.1f} / {per_req(f, 4):.1f} | {per_req(f, 5):.1f}{nginx_cpu} "
+          f"| {p99[0]:,.0f} / {p99[1]:,.0f} | {per_req(d, 4):.1f} / {s3s_nginx}{per_req(f, 4):.1f} | {per_req(f, 5):.1f}{nginx_cpu} "
           f"| {idle[0]:.0f} / {idle[1]:.0f} | {batch} | {sum(x[3] for x in d + f + n)} |")
 for line in open(big):
     t, s, sampled, after = line.split()
