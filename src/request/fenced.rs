@@ -202,7 +202,8 @@ fn check(
     state.fence.precheck(&touches, token, policy)?;
     // Boxed once, built in place: until the send takes it apart it moves as a pointer.
     let out = Outgoing { req, target, client, body_limit };
-    let pending = Box::write(Box::new_uninit(), Pending { state, settings, proven, out });
+    let answer_whole = upload.as_ref().is_some_and(|u| matches!(u.step, UploadStep::End { .. }));
+    let pending = Box::write(Box::new_uninit(), Pending { state, settings, proven, out, answer_whole });
     Ok((Waiting { token, policy, touches, pending }, upload))
 }
 
@@ -234,6 +235,9 @@ struct Pending {
     settings: Arc<Settings>,
     proven: Proven,
     out: Outgoing,
+    /// Whether the turn is held until the backend's answer has ended, not only its head: a
+    /// multipart upload's completion, which S3 answers `200` before it has finished.
+    answer_whole: bool,
 }
 
 /// Where the write is fenced: with a shared fence, only its leader fences writes, and a
@@ -313,9 +317,34 @@ fn prepare(
             // is checked before the head and each body chunk (docs/cluster.md: self-fencing).
             // Only what is sent leaves the box.
             let hold = Hold { whole: true, permit };
-            send(&pending.state, &pending.settings, conn, pending.out, hold).await
+            let resp = send(&pending.state, &pending.settings, conn, pending.out, hold).await?;
+            match pending.answer_whole {
+                true => answer_whole(resp, pending.settings.config.backend.request_timeout).await,
+                false => Ok(resp),
+            }
         }))
     })
+}
+
+/// Most bytes of the answer to a multipart upload's completion read while its turn is held.
+const MAX_ENDED: usize = 1024 * 1024;
+
+/// `resp` with its body read whole, within `timeout`: S3 answers a CompleteMultipartUpload
+/// `200` at once and its result (or a late `<Error>`) once the upload is complete, keeping the
+/// connection with whitespace meanwhile, so the completion is done only when its answer has
+/// ended. An answer cut off or late leaves the outcome unknown, and the object is quarantined.
+async fn answer_whole(
+    resp: Response<ResponseBody>,
+    timeout: std::time::Duration,
+) -> Result<Response<ResponseBody>, Refusal> {
+    let (parts, body) = resp.into_parts();
+    match tokio::time::timeout(timeout, Limited::new(body, MAX_ENDED).collect()).await {
+        Ok(Ok(collected)) => Ok(Response::from_parts(parts, full_body(Full::new(collected.to_bytes())))),
+        Ok(Err(e)) => Err(Refusal::Upstream(UpstreamError::Failed(format!(
+            "the answer to a multipart upload's completion could not be read whole: {e}"
+        )))),
+        Err(_) => Err(Refusal::Upstream(UpstreamError::Timeout(timeout))),
+    }
 }
 
 /// Whether the backend may still apply a write that got this result.

@@ -2,7 +2,9 @@
 //! boto3 as a user would, each trace judged by what the server holds afterwards
 //! (`tests/common/s3/client.py`).
 
+use crate::common::backend::{Reply, StubBackend};
 use crate::common::s3::{S3Proxy, S3Server, scenario, start_moto, start_s3s};
+use crate::common::{poll_until, raw_request};
 
 /// Runs the scenario `name` through a fencegate in front of `server`.
 async fn against(name: &str, server: Option<S3Server>) {
@@ -77,4 +79,42 @@ async fn lance_6432_a_fenced_writer_cannot_go_on_with_plain_puts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_bodies_and_presigned_urls_pass_signed_and_fenced() {
     run("transfers").await;
+}
+
+/// S3 answers a CompleteMultipartUpload `200` before it has finished, and keeps the connection
+/// with whitespace until it has (AWS does; moto and s3s-fs answer once done, so a stub plays the
+/// server here). The object's turn is held until that answer has ended: a newer write sent at
+/// the `200` could reach the server before the completion it follows is done, and be
+/// overwritten by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_write_waits_until_a_completion_has_ended() {
+    const CREATED: &str = "<InitiateMultipartUploadResult><Bucket>bk1</Bucket><Key>k</Key>\
+        <UploadId>u1</UploadId></InitiateMultipartUploadResult>";
+    let stub = StubBackend::start_with(|seen| match seen.head.split(' ').nth(1) {
+        Some("/bk1/k?uploads") => Reply::Answer(200, CREATED),
+        Some("/bk1/k?uploadId=u1") => Reply::HeadThenHold(200, "<CompleteMultipartUploadResult/>"),
+        _ => Reply::Answer(200, ""),
+    })
+    .await;
+    let proxy = S3Proxy::start(&stub.url(), "").await;
+    let send = |line: &'static str, token: u64| {
+        let addr = proxy.addr;
+        tokio::spawn(async move {
+            raw_request(addr, &format!("{line}\r\nHost: 127.0.0.1\r\nFencing-Token: {token}"), "").await
+        })
+    };
+    let created = send("POST /bk1/k?uploads HTTP/1.1", 41).await.unwrap();
+    assert_eq!(created.status, 200, "{:?}", created.body);
+    let complete = send("POST /bk1/k?uploadId=u1 HTTP/1.1", 41);
+    let reached = |path: &str| stub.requests().iter().any(|r| r.head.split(' ').nth(1) == Some(path));
+    poll_until("the completion reaches the server", || reached("/bk1/k?uploadId=u1")).await;
+    let newer = send("PUT /bk1/k HTTP/1.1", 42);
+    poll_until("the newer write reaches the server or waits for the turn", || {
+        reached("/bk1/k") || proxy.proxy.queue_len("/bk1/k") == 2
+    })
+    .await;
+    assert!(!reached("/bk1/k"), "the newer write reached the server before the completion had ended");
+    stub.release();
+    assert_eq!(complete.await.unwrap().status, 200);
+    assert_eq!(newer.await.unwrap().status, 200);
 }
