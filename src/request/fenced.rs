@@ -136,7 +136,7 @@ impl Upload {
 
     /// After the backend's answer `resp` to the write of `token`: binds the upload its answer
     /// to a creation names, before the client hears of it, or drops the binding of an upload
-    /// the backend completed or aborted.
+    /// the backend completed or aborted (not of one whose `200` says it failed).
     async fn answered(
         self,
         protocol: Chosen,
@@ -167,11 +167,21 @@ impl Upload {
                 Ok(Response::from_parts(parts, full_body(Full::new(bytes))))
             }
             UploadStep::End { object, id } if resp.status().is_success() => {
-                if let Err(e) = state.fence.drop_upload(&object, &id).await {
+                // Read whole already, while the turn was held (`answer_whole`).
+                let (parts, body) = resp.into_parts();
+                let bytes = body.collect().await.map_err(|e| {
+                    Refusal::Upstream(UpstreamError::Failed(format!("the answer to the end of an upload: {e}")))
+                })?;
+                let bytes = bytes.to_bytes();
+                // A completion S3 failed after its 200 leaves the upload open, and its holder
+                // sends it again: the binding stays.
+                if !protocol.failed_late(&bytes)
+                    && let Err(e) = state.fence.drop_upload(&object, &id).await
+                {
                     // Left behind, the binding names an upload the server no longer has.
                     tracing::warn!(object, upload = id, error = %e, "could not drop an ended upload's binding");
                 }
-                Ok(resp)
+                Ok(Response::from_parts(parts, full_body(Full::new(bytes))))
             }
             _ => Ok(resp),
         }

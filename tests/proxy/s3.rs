@@ -118,3 +118,37 @@ async fn a_newer_write_waits_until_a_completion_has_ended() {
     assert_eq!(complete.await.unwrap().status, 200);
     assert_eq!(newer.await.unwrap().status, 200);
 }
+
+/// S3 may fail a CompleteMultipartUpload after its `200`, with an `<Error>` in the body; the
+/// upload is then still open and the SDKs send the completion again (boto3 does). The binding
+/// stays for that retry, and goes once a completion has succeeded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_that_failed_after_its_200_may_be_sent_again() {
+    const CREATED: &str = "<InitiateMultipartUploadResult><Bucket>bk1</Bucket><Key>k</Key>\
+        <UploadId>u1</UploadId></InitiateMultipartUploadResult>";
+    const FAILED: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n\n<Error><Code>InternalError</Code>\
+        <Message>We encountered an internal error. Please try again.</Message></Error>";
+    let completions = std::sync::atomic::AtomicUsize::new(0);
+    let stub = StubBackend::start_with(move |seen| match seen.head.split(' ').nth(1) {
+        Some("/bk1/k?uploads") => Reply::Answer(200, CREATED),
+        Some("/bk1/k?uploadId=u1") => match completions.fetch_add(1, std::sync::atomic::Ordering::SeqCst) {
+            0 => Reply::Answer(200, FAILED),
+            _ => Reply::Answer(200, "<CompleteMultipartUploadResult/>"),
+        },
+        _ => Reply::Answer(200, ""),
+    })
+    .await;
+    let proxy = S3Proxy::start(&stub.url(), "").await;
+    let send = async |line: &str| {
+        raw_request(proxy.addr, &format!("{line}\r\nHost: 127.0.0.1\r\nFencing-Token: 41"), "").await
+    };
+    assert_eq!(send("POST /bk1/k?uploads HTTP/1.1").await.status, 200);
+    let failed = send("POST /bk1/k?uploadId=u1 HTTP/1.1").await;
+    let text = |r: &crate::common::Resp| String::from_utf8_lossy(&r.body).into_owned();
+    assert_eq!((failed.status, text(&failed).contains("InternalError")), (200, true), "{}", text(&failed));
+    let again = send("POST /bk1/k?uploadId=u1 HTTP/1.1").await;
+    assert_eq!((again.status, text(&again).as_str()), (200, "<CompleteMultipartUploadResult/>"), "the retry");
+    let after = send("POST /bk1/k?uploadId=u1 HTTP/1.1").await;
+    assert_eq!(after.status, 404, "once completed, the binding is gone: {}", text(&after));
+    assert_eq!(stub.requests().len(), 3, "the third completion did not reach the server");
+}
