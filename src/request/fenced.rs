@@ -80,7 +80,7 @@ pub(super) fn fence(
 ) -> impl Future<Output = Result<Response<ResponseBody>, Refusal>> {
     let next = match route(&state, &mut req) {
         Ok(Routed::Here) => {
-            check(state, settings, req, write, client).map(|(waiting, upload)| Next::Turn(waiting, upload))
+            check(state, settings, req, write, client, protocol).map(|(waiting, upload)| Next::Turn(waiting, upload))
         }
         Ok(Routed::Leader(url)) => Ok(Next::Leader { url, req: Box::new(req), state, settings, client }),
         Err(refusal) => Err(refusal),
@@ -135,8 +135,8 @@ impl Upload {
     }
 
     /// After the backend's answer `resp` to the write of `token`: binds the upload its answer
-    /// to a creation names, before the client hears of it, or drops the binding of an upload
-    /// the backend completed or aborted (not of one whose `200` says it failed).
+    /// to a creation names, before the client hears of it. (The binding of an upload that ends
+    /// is dropped inside the write's turn: [`ended`].)
     async fn answered(
         self,
         protocol: Chosen,
@@ -166,23 +166,6 @@ impl Upload {
                 })?;
                 Ok(Response::from_parts(parts, full_body(Full::new(bytes))))
             }
-            UploadStep::End { object, id } if resp.status().is_success() => {
-                // Read whole already, while the turn was held (`answer_whole`).
-                let (parts, body) = resp.into_parts();
-                let bytes = body.collect().await.map_err(|e| {
-                    Refusal::Upstream(UpstreamError::Failed(format!("the answer to the end of an upload: {e}")))
-                })?;
-                let bytes = bytes.to_bytes();
-                // A completion S3 failed after its 200 leaves the upload open, and its holder
-                // sends it again: the binding stays.
-                if !protocol.failed_late(&bytes)
-                    && let Err(e) = state.fence.drop_upload(&object, &id).await
-                {
-                    // Left behind, the binding names an upload the server no longer has.
-                    tracing::warn!(object, upload = id, error = %e, "could not drop an ended upload's binding");
-                }
-                Ok(Response::from_parts(parts, full_body(Full::new(bytes))))
-            }
             _ => Ok(resp),
         }
     }
@@ -196,6 +179,7 @@ fn check(
     mut req: Request<RequestBody>,
     write: Write,
     client: Peer,
+    protocol: Chosen,
 ) -> Result<(Waiting, Option<Box<Upload>>), Refusal> {
     let Write { token, touches, target, set_headers, body_limit, equal, max_jump, proof, locks, upload } = write;
     let proven = prove(&state, &settings, token, proof, locks, &touches)?;
@@ -212,8 +196,13 @@ fn check(
     state.fence.precheck(&touches, token, policy)?;
     // Boxed once, built in place: until the send takes it apart it moves as a pointer.
     let out = Outgoing { req, target, client, body_limit };
-    let answer_whole = upload.as_ref().is_some_and(|u| matches!(u.step, UploadStep::End { .. }));
-    let pending = Box::write(Box::new_uninit(), Pending { state, settings, proven, out, answer_whole });
+    let ends = match upload.as_deref() {
+        Some(Upload { step: UploadStep::End { object, id }, .. }) => {
+            Some(Box::new(Ends { object: object.clone(), id: id.clone(), protocol }))
+        }
+        _ => None,
+    };
+    let pending = Box::write(Box::new_uninit(), Pending { state, settings, proven, out, ends });
     Ok((Waiting { token, policy, touches, pending }, upload))
 }
 
@@ -245,9 +234,17 @@ struct Pending {
     settings: Arc<Settings>,
     proven: Proven,
     out: Outgoing,
-    /// Whether the turn is held until the backend's answer has ended, not only its head: a
-    /// multipart upload's completion, which S3 answers `200` before it has finished.
-    answer_whole: bool,
+    /// The multipart upload the write completes or aborts, if it does.
+    ends: Option<Box<Ends>>,
+}
+
+/// A write's end of a multipart upload: the turn is held until the backend's answer has ended,
+/// not only its head (S3 answers a completion `200` before it has finished), and the upload's
+/// binding is dropped within it, so even a write whose client left drops it.
+struct Ends {
+    object: String,
+    id: String,
+    protocol: Chosen,
 }
 
 /// Where the write is fenced: with a shared fence, only its leader fences writes, and a
@@ -328,9 +325,9 @@ fn prepare(
             // Only what is sent leaves the box.
             let hold = Hold { whole: true, permit };
             let resp = send(&pending.state, &pending.settings, conn, pending.out, hold).await?;
-            match pending.answer_whole {
-                true => answer_whole(resp, pending.settings.config.backend.request_timeout).await,
-                false => Ok(resp),
+            match &pending.ends {
+                Some(ends) => ended(&pending.state, &pending.settings, ends, resp).await,
+                None => Ok(resp),
             }
         }))
     })
@@ -339,22 +336,39 @@ fn prepare(
 /// Most bytes of the answer to a multipart upload's completion read while its turn is held.
 const MAX_ENDED: usize = 1024 * 1024;
 
-/// `resp` with its body read whole, within `timeout`: S3 answers a CompleteMultipartUpload
+/// The backend's answer `resp` to the end of an upload, read whole (within
+/// `backend.request_timeout`) while the turn is held: S3 answers a CompleteMultipartUpload
 /// `200` at once and its result (or a late `<Error>`) once the upload is complete, keeping the
 /// connection with whitespace meanwhile, so the completion is done only when its answer has
 /// ended. An answer cut off or late leaves the outcome unknown, and the object is quarantined.
-async fn answer_whole(
+/// Once the backend completed or aborted the upload (not after a `200` that says it failed,
+/// which leaves the upload open for the holder's retry), its binding is dropped.
+async fn ended(
+    state: &State,
+    settings: &Settings,
+    ends: &Ends,
     resp: Response<ResponseBody>,
-    timeout: std::time::Duration,
 ) -> Result<Response<ResponseBody>, Refusal> {
+    let timeout = settings.config.backend.request_timeout;
     let (parts, body) = resp.into_parts();
-    match tokio::time::timeout(timeout, Limited::new(body, MAX_ENDED).collect()).await {
-        Ok(Ok(collected)) => Ok(Response::from_parts(parts, full_body(Full::new(collected.to_bytes())))),
-        Ok(Err(e)) => Err(Refusal::Upstream(UpstreamError::Failed(format!(
-            "the answer to a multipart upload's completion could not be read whole: {e}"
-        )))),
-        Err(_) => Err(Refusal::Upstream(UpstreamError::Timeout(timeout))),
+    let bytes = match tokio::time::timeout(timeout, Limited::new(body, MAX_ENDED).collect()).await {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Err(e)) => {
+            return Err(Refusal::Upstream(UpstreamError::Failed(format!(
+                "the answer to the end of a multipart upload could not be read whole: {e}"
+            ))));
+        }
+        Err(_) => return Err(Refusal::Upstream(UpstreamError::Timeout(timeout))),
+    };
+    let Ends { object, id, protocol } = ends;
+    if parts.status.is_success()
+        && !protocol.failed_late(&bytes)
+        && let Err(e) = state.fence.drop_upload(object, id).await
+    {
+        // Left behind, the binding names an upload the server no longer has.
+        tracing::warn!(object, upload = id, error = %e, "could not drop an ended upload's binding");
     }
+    Ok(Response::from_parts(parts, full_body(Full::new(bytes))))
 }
 
 /// Whether the backend may still apply a write that got this result.

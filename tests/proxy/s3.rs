@@ -4,7 +4,7 @@
 
 use crate::common::backend::{Reply, StubBackend};
 use crate::common::s3::{S3Proxy, S3Server, scenario, start_moto, start_s3s};
-use crate::common::{poll_until, raw_request};
+use crate::common::{RawConn, eventually, poll_until, raw_request};
 
 /// Runs the scenario `name` through a fencegate in front of `server`.
 async fn against(name: &str, server: Option<S3Server>) {
@@ -151,4 +151,46 @@ async fn a_completion_that_failed_after_its_200_may_be_sent_again() {
     let after = send("POST /bk1/k?uploadId=u1 HTTP/1.1").await;
     assert_eq!(after.status, 404, "once completed, the binding is gone: {}", text(&after));
     assert_eq!(stub.requests().len(), 3, "the third completion did not reach the server");
+}
+
+/// A completion's client that leaves before the answer does not keep its upload's binding:
+/// the binding goes with the write, which runs to its end without its client, so it neither
+/// counts against `s3.max_uploads` for ever nor lets the completion be sent again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_whose_client_left_drops_its_binding_all_the_same() {
+    const CREATED: &str = "<InitiateMultipartUploadResult><Bucket>bk1</Bucket><Key>k</Key>\
+        <UploadId>u1</UploadId></InitiateMultipartUploadResult>";
+    let completions = std::sync::atomic::AtomicUsize::new(0);
+    let stub = StubBackend::start_with(move |seen| match seen.head.split(' ').nth(1) {
+        Some("/bk1/k?uploads") => Reply::Answer(200, CREATED),
+        Some("/bk1/k?uploadId=u1") => match completions.fetch_add(1, std::sync::atomic::Ordering::SeqCst) {
+            0 => Reply::Hold(200, "<CompleteMultipartUploadResult/>"),
+            _ => Reply::Answer(200, "<CompleteMultipartUploadResult/>"),
+        },
+        _ => Reply::Answer(200, ""),
+    })
+    .await;
+    let proxy = S3Proxy::start(&stub.url(), "").await;
+    let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin_addr = admin.local_addr().unwrap();
+    proxy.proxy.serve_admin(admin, std::future::pending()).unwrap();
+    let open = async || {
+        let text = raw_request(admin_addr, "GET /metrics HTTP/1.1\r\nHost: x", "").await;
+        let text = String::from_utf8_lossy(&text.body).into_owned();
+        let series = "fencegate_open_connections{listener=\"proxy\"} ";
+        text.lines().find_map(|l| l.strip_prefix(series)).map(|v| v.trim().to_owned())
+    };
+    let head = |line: &str| format!("{line}\r\nHost: 127.0.0.1\r\nFencing-Token: 41");
+    assert_eq!(raw_request(proxy.addr, &head("POST /bk1/k?uploads HTTP/1.1"), "").await.status, 200);
+    let mut client = RawConn::open(proxy.addr).await;
+    client.send(format!("{}\r\nContent-Length: 0\r\n\r\n", head("POST /bk1/k?uploadId=u1 HTTP/1.1"))).await;
+    let completions = || stub.requests().iter().filter(|r| r.head.contains("?uploadId=u1")).count();
+    poll_until("the completion reaches the server", || completions() == 1).await;
+    drop(client);
+    eventually("fencegate has seen its client leave", async || open().await.as_deref() == Some("0")).await;
+    stub.release();
+    poll_until("the completion has run to its end", || proxy.proxy.queue_len("/bk1/k") == 0).await;
+    let again = raw_request(proxy.addr, &head("POST /bk1/k?uploadId=u1 HTTP/1.1"), "").await;
+    assert_eq!(again.status, 404, "the binding outlived its upload: {}", String::from_utf8_lossy(&again.body));
+    assert_eq!(completions(), 1, "the second completion reached the server");
 }
