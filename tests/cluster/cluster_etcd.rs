@@ -581,3 +581,21 @@ async fn a_drop_of_more_bindings_than_one_transaction_takes_is_made_whole() {
     store.commit(store.term(), MarkBatch::drop_bindings(bound)).await.unwrap();
     assert_eq!((store.table().count(MarkKind::Upload), in_etcd().await), (0, 0));
 }
+
+/// A leader that leads again reads the bindings as etcd holds them, not as it left them: one
+/// another leader dropped meanwhile (here, by hand) is gone from its table too, and neither
+/// counts against `s3.max_uploads` nor lets its upload go on.
+#[tokio::test]
+async fn a_leader_that_leads_again_forgets_the_bindings_dropped_meanwhile() {
+    let Some(etcd) = start_etcd().await else { return };
+    let c = Cluster::build(&[etcd.url()], 1, "").await;
+    let store = leading_store(&c, &etcd).await;
+    let (kept, dropped) = (Mark::upload("/b/k\nkept"), Mark::upload("/b/k\ndropped"));
+    store.commit(store.term(), MarkBatch::advance([kept.clone(), dropped.clone()], 5)).await.unwrap();
+    let term = store.term();
+    c.gateway.delete(format!("{PREFIX}u//b/k\ndropped").as_bytes()).await.unwrap();
+    c.gateway.delete(format!("{PREFIX}leader").as_bytes()).await.unwrap();
+    eventually("it leads again", async || store.leading() && store.term() != term).await;
+    assert_eq!(store.table().level(kept.borrowed()), Some(5));
+    assert_eq!(store.table().level(dropped.borrowed()), None, "a binding etcd no longer holds");
+}
