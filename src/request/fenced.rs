@@ -80,7 +80,7 @@ pub(super) fn fence(
 ) -> impl Future<Output = Result<Response<ResponseBody>, Refusal>> {
     let next = match route(&state, &mut req) {
         Ok(Routed::Here) => {
-            check(state, settings, req, write, client).map(|(waiting, upload)| Next::Turn(waiting, upload))
+            check(state, settings, req, write, client, protocol).map(|(waiting, upload)| Next::Turn(waiting, upload))
         }
         Ok(Routed::Leader(url)) => Ok(Next::Leader { url, req: Box::new(req), state, settings, client }),
         Err(refusal) => Err(refusal),
@@ -141,8 +141,8 @@ impl Upload {
     }
 
     /// After the backend's answer `resp` to the write of `token`: binds the upload its answer
-    /// to a creation names, before the client hears of it, or drops the binding of an upload
-    /// the backend completed or aborted.
+    /// to a creation names, before the client hears of it. (The binding of an upload that ends
+    /// is dropped inside the write's turn: [`ended`].)
     async fn answered(
         self,
         protocol: Chosen,
@@ -172,13 +172,6 @@ impl Upload {
                 })?;
                 Ok(Response::from_parts(parts, full_body(Full::new(bytes))))
             }
-            UploadStep::End { object, id } if resp.status().is_success() => {
-                if let Err(e) = state.fence.drop_upload(&object, &id).await {
-                    // Left behind, the binding names an upload the server no longer has.
-                    tracing::warn!(object, upload = id, error = %e, "could not drop an ended upload's binding");
-                }
-                Ok(resp)
-            }
             _ => Ok(resp),
         }
     }
@@ -192,6 +185,7 @@ fn check(
     mut req: Request<RequestBody>,
     write: Write,
     client: Peer,
+    protocol: Chosen,
 ) -> Result<(Waiting, Option<Box<Upload>>), Refusal> {
     let Write { token, touches, target, set_headers, body_limit, equal, max_jump, proof, locks, upload } = write;
     let proven = prove(&state, &settings, token, proof, locks, &touches)?;
@@ -208,7 +202,13 @@ fn check(
     state.fence.precheck(&touches, token, policy)?;
     // Boxed once, built in place: until the send takes it apart it moves as a pointer.
     let out = Outgoing { req, target, client, body_limit };
-    let pending = Box::write(Box::new_uninit(), Pending { state, settings, proven, out });
+    let ends = match upload.as_deref() {
+        Some(Upload { step: UploadStep::End { object, id }, .. }) => {
+            Some(Box::new(Ends { object: object.clone(), id: id.clone(), protocol }))
+        }
+        _ => None,
+    };
+    let pending = Box::write(Box::new_uninit(), Pending { state, settings, proven, out, ends });
     Ok((Waiting { token, policy, touches, pending }, upload))
 }
 
@@ -249,6 +249,17 @@ struct Pending {
     settings: Arc<Settings>,
     proven: Proven,
     out: Outgoing,
+    /// The multipart upload the write completes or aborts, if it does.
+    ends: Option<Box<Ends>>,
+}
+
+/// A write's end of a multipart upload: the turn is held until the backend's answer has ended,
+/// not only its head (S3 answers a completion `200` before it has finished), and the upload's
+/// binding is dropped within it, so even a write whose client left drops it.
+struct Ends {
+    object: String,
+    id: String,
+    protocol: Chosen,
 }
 
 /// Where the write is fenced: with a shared fence, only its leader fences writes, and a
@@ -328,9 +339,51 @@ fn prepare(
             // is checked before the head and each body chunk (docs/cluster.md: self-fencing).
             // Only what is sent leaves the box.
             let hold = Hold { whole: true, permit };
-            send(&pending.state, &pending.settings, conn, pending.out, hold).await
+            let resp = send(&pending.state, &pending.settings, conn, pending.out, hold).await?;
+            match &pending.ends {
+                Some(ends) => ended(&pending.state, &pending.settings, ends, resp).await,
+                None => Ok(resp),
+            }
         }))
     })
+}
+
+/// Most bytes of the answer to a multipart upload's completion read while its turn is held.
+const MAX_ENDED: usize = 1024 * 1024;
+
+/// The backend's answer `resp` to the end of an upload, read whole (within
+/// `backend.request_timeout`) while the turn is held: S3 answers a CompleteMultipartUpload
+/// `200` at once and its result (or a late `<Error>`) once the upload is complete, keeping the
+/// connection with whitespace meanwhile, so the completion is done only when its answer has
+/// ended. An answer cut off or late leaves the outcome unknown, and the object is quarantined.
+/// Once the backend completed or aborted the upload (not after a `200` that says it failed,
+/// which leaves the upload open for the holder's retry), its binding is dropped.
+async fn ended(
+    state: &State,
+    settings: &Settings,
+    ends: &Ends,
+    resp: Response<ResponseBody>,
+) -> Result<Response<ResponseBody>, Refusal> {
+    let timeout = settings.config.backend.request_timeout;
+    let (parts, body) = resp.into_parts();
+    let bytes = match tokio::time::timeout(timeout, Limited::new(body, MAX_ENDED).collect()).await {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Err(e)) => {
+            return Err(Refusal::Upstream(UpstreamError::Failed(format!(
+                "the answer to the end of a multipart upload could not be read whole: {e}"
+            ))));
+        }
+        Err(_) => return Err(Refusal::Upstream(UpstreamError::Timeout(timeout))),
+    };
+    let Ends { object, id, protocol } = ends;
+    if parts.status.is_success()
+        && !protocol.failed_late(&bytes)
+        && let Err(e) = state.fence.drop_upload(object, id).await
+    {
+        // Left behind, the binding names an upload the server no longer has.
+        tracing::warn!(object, upload = id, error = %e, "could not drop an ended upload's binding");
+    }
+    Ok(Response::from_parts(parts, full_body(Full::new(bytes))))
 }
 
 /// Whether the backend may still apply a write that got this result.

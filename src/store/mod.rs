@@ -97,6 +97,7 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// already changed: every mark of it, or none (never split across the writer's groups,
     /// whatever their bounds). Each mark an advance raises is in flight until answered; a reset
     /// leaves that as it was, and the caller must hold every turn its marks could move under.
+    /// A drop ([`Change::Drop`]) may be made in parts, as each binding's drop stands alone.
     ///
     /// An answer ([`Change::Answered`]) resolves at once and is made durable with a later
     /// group; a store with terms forgets one from an earlier term rather than clear a marker a

@@ -109,6 +109,15 @@ impl Marks {
         }
     }
 
+    /// Removes every mark (the bindings, before a takeover reads them again).
+    fn clear(&self) {
+        self.map.retain(|name, _| {
+            self.len.fetch_sub(1, Ordering::Relaxed);
+            self.bytes.fetch_sub(mark_bytes(name), Ordering::Relaxed);
+            false
+        });
+    }
+
     /// Sets `name` to `token`, lowering it if need be (an operator's reset). Whether a write
     /// is in flight is left as it was: a reset does not settle a write's unknown outcome.
     fn reset(&self, name: &str, token: u64) {
@@ -325,6 +334,13 @@ impl Table {
         self.marks(mark.kind).remove(mark.name);
     }
 
+    /// Removes every binding, which keys and floors never are: a new etcd leader reads them
+    /// again as etcd holds them, and a binding another leader dropped must not come back from
+    /// this instance's earlier leadership.
+    pub(crate) fn clear_bindings(&self) {
+        self.uploads.clear();
+    }
+
     /// Makes `batch`'s change to every mark of it, once it is durable (an answer need not be):
     /// the one place a [`Change`] is applied to the table.
     pub(crate) fn apply(&self, batch: &MarkBatch) {
@@ -417,6 +433,9 @@ mod tests {
         t.drop_mark(MarkRef::upload("/b/k\nid"));
         assert_eq!((t.level(MarkRef::upload("/b/k\nid")), t.count(MarkKind::Upload)), (None, 1));
         assert!(t.in_flight(MarkKind::Upload).is_empty());
+        t.advance(MarkRef::key("/b/k"), 9);
+        t.clear_bindings();
+        assert_eq!((t.count(MarkKind::Upload), t.level(MarkRef::key("/b/k"))), (0, Some(9)), "keys stay");
     }
 
     #[test]

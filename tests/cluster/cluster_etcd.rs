@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use common::cluster::{Cluster, PREFIX};
 use common::etcd_server::{Etcd, start_etcd};
 use common::{Resp, eventually, raw_request, try_raw_request};
-use fencegate::store::{Mark, MarkBatch, Store, StoreFuture};
+use fencegate::store::{Mark, MarkBatch, MarkKind, Store, StoreFuture};
 
 async fn put(addr: SocketAddr, path: &str, token: u64) -> Resp {
     common::raw::put_response(addr, path, token).await.expect("a complete response")
@@ -556,4 +556,46 @@ async fn multipart_uploads_keep_their_bindings_in_etcd_across_a_new_leader() {
     // A new prefix for each server: each run starts its fence afresh.
     let etcd = start_etcd().await.expect("etcd ran a moment ago");
     uploads_outlive_their_leader(&etcd, common::s3::start_s3s().await).await;
+}
+
+/// A drop of bindings need not be atomic, and the fence drops every binding that can never
+/// complete at once when `s3.max_uploads` is reached, however many: more than one etcd
+/// transaction takes are dropped in several, rather than refused (which would refuse every new
+/// multipart upload from then on, each after the server created it).
+#[tokio::test]
+async fn a_drop_of_more_bindings_than_one_transaction_takes_is_made_whole() {
+    let Some(etcd) = start_etcd().await else { return };
+    let c = Cluster::build(&[etcd.url()], 1, "").await;
+    let store = leading_store(&c, &etcd).await;
+    let bound: Vec<Mark> = (0..300).map(|i| Mark::upload(format!("/b/k{i}\nid{i}"))).collect();
+    // 300 is more than one transaction of the default 128 operations holds.
+    for some in bound.chunks(50) {
+        store.commit(store.term(), MarkBatch::advance(some.to_vec(), 5)).await.unwrap();
+    }
+    let under = format!("{PREFIX}u/");
+    let in_etcd = async || {
+        let end = fencegate::etcd_client::prefix_end(under.as_bytes());
+        c.gateway.range(under.as_bytes(), Some(&end)).await.unwrap().0.len()
+    };
+    assert_eq!((store.table().count(MarkKind::Upload), in_etcd().await), (300, 300));
+    store.commit(store.term(), MarkBatch::drop_bindings(bound)).await.unwrap();
+    assert_eq!((store.table().count(MarkKind::Upload), in_etcd().await), (0, 0));
+}
+
+/// A leader that leads again reads the bindings as etcd holds them, not as it left them: one
+/// another leader dropped meanwhile (here, by hand) is gone from its table too, and neither
+/// counts against `s3.max_uploads` nor lets its upload go on.
+#[tokio::test]
+async fn a_leader_that_leads_again_forgets_the_bindings_dropped_meanwhile() {
+    let Some(etcd) = start_etcd().await else { return };
+    let c = Cluster::build(&[etcd.url()], 1, "").await;
+    let store = leading_store(&c, &etcd).await;
+    let (kept, dropped) = (Mark::upload("/b/k\nkept"), Mark::upload("/b/k\ndropped"));
+    store.commit(store.term(), MarkBatch::advance([kept.clone(), dropped.clone()], 5)).await.unwrap();
+    let term = store.term();
+    c.gateway.delete(format!("{PREFIX}u//b/k\ndropped").as_bytes()).await.unwrap();
+    c.gateway.delete(format!("{PREFIX}leader").as_bytes()).await.unwrap();
+    eventually("it leads again", async || store.leading() && store.term() != term).await;
+    assert_eq!(store.table().level(kept.borrowed()), Some(5));
+    assert_eq!(store.table().level(dropped.borrowed()), None, "a binding etcd no longer holds");
 }

@@ -29,6 +29,10 @@ pub enum Reply {
     /// Answers like [`Reply::Answer`] once the test calls [`StubBackend::release`] (at once
     /// after that), keeping the connection busy until then.
     Hold(u16, &'static str),
+    /// Sends the head of an answer of `status` with `body` at once, and the body once the test
+    /// calls [`StubBackend::release`]: as S3 answers a CompleteMultipartUpload, 200 before it
+    /// has finished, keeping the connection until it has.
+    HeadThenHold(u16, &'static str),
 }
 
 /// A request as a stub received it.
@@ -112,7 +116,7 @@ impl StubBackend {
         self.counts.seen.lock().unwrap().clone()
     }
 
-    /// Lets every [`Reply::Hold`] answer go, the ones waiting and the ones to come.
+    /// Lets every [`Reply::Hold`] answer (and [`Reply::HeadThenHold`] body) go, the ones waiting and the ones to come.
     pub fn release(&self) {
         self.counts.released.store(true, Ordering::SeqCst);
         self.counts.release.notify_waiters();
@@ -170,16 +174,30 @@ async fn serve(
         counts.seen.lock().unwrap().push(seen);
         let answer =
             |status: u16, body: &str| format!("HTTP/1.1 {status} Stub\r\nContent-Length: {}\r\n\r\n{body}", body.len());
-        if let Reply::Hold(..) = action {
-            loop {
-                let released = counts.release.notified();
-                if counts.released.load(Ordering::SeqCst) {
-                    break;
-                }
-                released.await;
+        let released = async || loop {
+            let released = counts.release.notified();
+            if counts.released.load(Ordering::SeqCst) {
+                break;
             }
+            released.await;
+        };
+        if let Reply::Hold(..) = action {
+            released().await;
         }
         match action {
+            Reply::HeadThenHold(status, body) => {
+                let head = format!("HTTP/1.1 {status} Stub\r\nContent-Length: {}\r\n\r\n", body.len());
+                if sock.write_all(head.as_bytes()).await.is_err() {
+                    return false;
+                }
+                released().await;
+                if sock.write_all(body.as_bytes()).await.is_err() {
+                    return false;
+                }
+                if client_closes {
+                    return true;
+                }
+            }
             Reply::Answer(status, body) | Reply::Hold(status, body) => {
                 if sock.write_all(answer(status, body).as_bytes()).await.is_err() {
                     return false;

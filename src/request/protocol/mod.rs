@@ -52,6 +52,14 @@ pub trait Protocol: Send + Sync + std::fmt::Debug {
         let _ = body;
         None
     }
+
+    /// Whether `body`, of a success answer to a write that ends a multipart upload
+    /// ([`super::classify::UploadStep::End`]), says that it failed all the same (S3's `200`
+    /// with an `<Error>`), so the upload is still open.
+    fn failed_late(&self, body: &[u8]) -> bool {
+        let _ = body;
+        false
+    }
 }
 
 /// The protocol `backend.protocol` names: each request's one call through the seam is a
@@ -98,6 +106,13 @@ impl Protocol for Chosen {
         match self {
             Chosen::Http(p) => p.upload_id(body),
             Chosen::S3(p) => p.upload_id(body),
+        }
+    }
+
+    fn failed_late(&self, body: &[u8]) -> bool {
+        match self {
+            Chosen::Http(p) => p.failed_late(body),
+            Chosen::S3(p) => p.failed_late(body),
         }
     }
 }

@@ -138,6 +138,26 @@ impl EtcdStore {
         matches!(self.shared.standing(), Standing::Leading { .. }) && self.shared.lease_valid()
     }
 
+    /// Drops bindings more than one transaction takes, in as many as they need: each binding's
+    /// drop stands alone, so a drop need not be atomic (when `s3.max_uploads` is reached the
+    /// fence drops every binding that can never complete at once, however many).
+    fn drop_in_parts(&self, term: u64, batch: &MarkBatch) -> StoreFuture<'_> {
+        let parts: Vec<StoreFuture<'_>> = batch
+            .marks()
+            .chunks(self.max_ops / batch::ops_per_mark(Change::Drop))
+            .map(|some| {
+                let part = MarkBatch::drop_bindings(some.iter().cloned());
+                self.send(|done| Msg::Commit { batch: part, term, done })
+            })
+            .collect();
+        Box::pin(async move {
+            for part in parts {
+                part.await?;
+            }
+            Ok(())
+        })
+    }
+
     fn send(&self, make: impl FnOnce(oneshot::Sender<Result<(), StoreError>>) -> Msg) -> StoreFuture<'_> {
         let (done, rx) = oneshot::channel();
         let sent = self.tx.send(make(done));
@@ -179,6 +199,9 @@ impl Store for EtcdStore {
             Ok(true) => {}
         }
         if batch.len() * batch::ops_per_mark(batch.change()) > self.max_ops {
+            if batch.change() == Change::Drop {
+                return self.drop_in_parts(term, &batch);
+            }
             let why = format!("a write of {} marks does not fit one etcd transaction", batch.len());
             return refused(StoreError::Unavailable(why));
         }

@@ -75,11 +75,15 @@ pub(crate) struct Read {
     pub(crate) census: Option<u64>,
 }
 
-/// Loads every level and floor under the prefix into `table`, exactly as etcd holds it (an
-/// operator's reset on another leader lowered it there), and returns the writes in flight, the
-/// last batch id and the census. Refuses a prefix holding fewer levels than its census.
+/// Loads every level, floor and binding under the prefix into `table`, exactly as etcd holds
+/// it (an operator's reset on another leader lowered it there, another leader dropped the
+/// binding), and returns the writes in flight, the last batch id and the census. Refuses a
+/// prefix holding fewer levels than its census.
 pub(crate) async fn read(client: &Client, names: &Names, table: &Table, keying: &str) -> Result<Read, Failed> {
     let batch = initialised(client, names, keying).await?;
+    // Keys and floors are loaded and reset to what etcd holds; bindings, which another leader
+    // may have dropped since this instance last led, are read afresh.
+    table.clear_bindings();
     let end = prefix_end(names.prefix());
     let mut from = names.prefix().to_vec();
     let mut revision = 0;

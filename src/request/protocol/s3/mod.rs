@@ -76,6 +76,10 @@ impl Protocol for S3 {
         operation::created_upload_id(body)
     }
 
+    fn failed_late(&self, body: &[u8]) -> bool {
+        operation::failed_late(body)
+    }
+
     /// DeleteObjects, its body read: every key it names is fenced, so one stale key refuses the
     /// whole request and nothing is deleted.
     fn classify_read(&self, head: &Head<'_>, body: &[u8], config: &Config) -> Result<Plan, Refusal> {

@@ -121,3 +121,18 @@ pub fn created_upload_id(body: &[u8]) -> Option<String> {
     let text = std::str::from_utf8(body).ok()?;
     quick_xml::de::from_str::<Initiated>(text).ok().map(|i| i.upload_id).filter(|id| !id.is_empty())
 }
+
+/// Whether the body of a `200` answer is S3's `<Error>`: a CompleteMultipartUpload that failed
+/// after the server had sent its status (S3 then keeps the upload open, and the SDKs send the
+/// completion again).
+pub fn failed_late(body: &[u8]) -> bool {
+    use quick_xml::events::Event;
+    let mut reader = quick_xml::Reader::from_reader(body);
+    loop {
+        match reader.read_event() {
+            Ok(Event::Start(e) | Event::Empty(e)) => return e.local_name().as_ref() == b"Error",
+            Ok(Event::Eof) | Err(_) => return false,
+            Ok(_) => {}
+        }
+    }
+}

@@ -161,6 +161,19 @@ fn the_id_of_a_created_upload_is_read_from_the_answer() {
 }
 
 #[test]
+fn a_completion_that_failed_after_its_200_is_told_from_one_that_did_not() {
+    let failed = b"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n\n   <Error><Code>InternalError</Code>\
+        <Message>We encountered an internal error. Please try again.</Message></Error>";
+    assert!(S3.failed_late(failed));
+    assert!(S3.failed_late(b"  \n <Error/>"), "after S3's keep-alive whitespace");
+    let done = b"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<CompleteMultipartUploadResult \
+        xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><Key>k</Key><ETag>\"e-1\"</ETag></CompleteMultipartUploadResult>";
+    assert!(!S3.failed_late(done));
+    assert!(!S3.failed_late(b""), "an abort's empty answer");
+    assert!(!S3.failed_late(b"\xff<"));
+}
+
+#[test]
 fn reads_pass_as_sent() {
     for (method, target) in [
         ("GET", "/bk1/k"),
