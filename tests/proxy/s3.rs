@@ -233,3 +233,33 @@ async fn a_completion_whose_client_left_drops_its_binding_all_the_same() {
     assert_eq!(again.status, 404, "the binding outlived its upload: {}", String::from_utf8_lossy(&again.body));
     assert_eq!(completions(), 1, "the second completion reached the server");
 }
+
+/// At `s3.max_uploads`, a new upload is told to retry later (`503 SlowDown`), but a stale
+/// holder's is refused as stale (`409`): the SDKs would retry a 503, which could never pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_bound_a_stale_creation_is_refused_as_stale() {
+    let created = |key: &str| {
+        format!(
+            "<InitiateMultipartUploadResult><Bucket>bk1</Bucket><Key>{key}</Key><UploadId>{key}-id</UploadId>\
+             </InitiateMultipartUploadResult>"
+        )
+    };
+    let (a, k) = (created("a").leak() as &'static str, created("k").leak() as &'static str);
+    let stub = StubBackend::start_with(move |seen| match seen.head.split(' ').nth(1) {
+        Some("/bk1/a?uploads") => Reply::Answer(200, a),
+        Some("/bk1/k?uploads") => Reply::Answer(200, k),
+        _ => Reply::Answer(200, ""),
+    })
+    .await;
+    let proxy = S3Proxy::start(&stub.url(), "[s3]\nmax_uploads = 1").await;
+    let send = async |line: &str, token: u64| {
+        let r = raw_request(proxy.addr, &format!("{line}\r\nHost: 127.0.0.1\r\nFencing-Token: {token}"), "").await;
+        (r.status, String::from_utf8_lossy(&r.body).into_owned())
+    };
+    assert_eq!(send("POST /bk1/a?uploads HTTP/1.1", 41).await.0, 200, "the one upload the bound allows");
+    assert_eq!(send("PUT /bk1/k HTTP/1.1", 50).await.0, 200);
+    let stale = send("POST /bk1/k?uploads HTTP/1.1", 45).await;
+    assert_eq!((stale.0, stale.1.contains("<Code>StaleToken</Code>")), (409, true), "{}", stale.1);
+    let fresh = send("POST /bk1/k?uploads HTTP/1.1", 51).await;
+    assert_eq!((fresh.0, fresh.1.contains("<Code>SlowDown</Code>")), (503, true), "{}", fresh.1);
+}
