@@ -143,13 +143,6 @@ pub enum FenceError {
         /// The token the upload was created with.
         bound: u64,
     },
-    /// `max_uploads` uploads are open, each of which may still complete: a new one waits until
-    /// one ends.
-    #[error("{max} multipart uploads are open (s3.max_uploads); complete or abort one, or raise the bound")]
-    Uploads {
-        /// The bound.
-        max: usize,
-    },
     /// A write or an operator's raise ended without an answer: the write's future panicked,
     /// or the raise's task panicked or was cancelled by its runtime's shutdown.
     #[error("the write failed inside fencegate: {0}")]

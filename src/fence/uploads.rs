@@ -7,12 +7,13 @@
 //! it names and the id it carries exists, with the token it carries. An id fencegate never
 //! bound (lost, dropped, or created around it) is refused: that only costs the upload.
 //!
-//! Bindings are dropped when their upload ends, and bounded in number (`max_uploads`): a new
-//! upload is refused before it reaches the backend while the bound is reached and every
-//! binding may still complete; otherwise, when the bound is reached, the bindings that can
-//! never complete (a newer write raised their object's key above their token) are dropped as
-//! the new one is bound. Uploads created at once may pass the bound by as many: one the backend
-//! created is always bound, or its id would be refused.
+//! Bindings are dropped when their upload ends, and bounded in number (`max_uploads`): when a
+//! new upload is bound at the bound, the bindings that can never complete (a newer write raised
+//! their object's key above their token) are dropped first, and if that leaves no room, the
+//! bindings with the lowest tokens, the oldest uploads wherever tokens come from one counter
+//! (etcd's revision, ZooKeeper's zxid), as abandoned uploads are. An upload whose binding was
+//! dropped can no longer take parts or complete: it fails closed, and its holder starts over.
+//! One the backend created is always bound, or its id would be refused.
 
 use super::keys::{Scope, resource_key};
 use super::tree::{Coverage, Touch};
@@ -61,17 +62,8 @@ impl Fence {
         }
     }
 
-    /// Refuses a new upload while `max` bindings are kept and each may still complete
-    /// (module docs). `scopes` map objects to their fence keys.
-    pub fn check_upload_room(&self, max: usize, scopes: &[Scope]) -> Result<(), FenceError> {
-        if self.max_seen.count(MarkKind::Upload) < max || !self.dead_uploads(scopes, 1).is_empty() {
-            return Ok(());
-        }
-        Err(FenceError::Uploads { max })
-    }
-
     /// Binds upload `id` of `object` to `token`, durably; at `max` bindings, those that can
-    /// never complete are dropped first (module docs).
+    /// never complete are dropped first, then the oldest (module docs).
     pub async fn bind_upload(
         &self,
         object: &str,
@@ -81,18 +73,34 @@ impl Fence {
         scopes: &[Scope],
     ) -> Result<(), BindError> {
         check_id(id)?;
-        if self.max_seen.count(MarkKind::Upload) >= max {
-            let dead = self.dead_uploads(scopes, usize::MAX);
-            if !dead.is_empty() {
-                tracing::info!(
-                    dropped = dead.len(),
-                    "dropped the bindings of multipart uploads that can never complete"
-                );
-                self.store.commit(self.store.term(), MarkBatch::drop_bindings(dead)).await?;
+        let count = self.max_seen.count(MarkKind::Upload);
+        if count >= max {
+            let mut dropped = self.dead_uploads(scopes, usize::MAX);
+            let dead = dropped.len();
+            let over = (count + 1).saturating_sub(max);
+            if dead < over {
+                dropped.extend(self.oldest_uploads(over - dead, &dropped));
             }
+            tracing::warn!(
+                dead,
+                evicted = dropped.len() - dead,
+                max,
+                "s3.max_uploads multipart uploads were bound: dropped the bindings of those that can never \
+                complete, and of the oldest if that left no room (their parts and completions are refused)"
+            );
+            self.store.commit(self.store.term(), MarkBatch::drop_bindings(dropped)).await?;
         }
         let batch = MarkBatch::advance([Mark::upload(binding(object, id))], token);
         Ok(self.store.commit(self.store.term(), batch).await?)
+    }
+
+    /// The `n` bindings with the lowest tokens, leaving out those in `except`.
+    fn oldest_uploads(&self, n: usize, except: &[Mark]) -> Vec<Mark> {
+        let mut all = Vec::new();
+        self.max_seen.for_each(MarkKind::Upload, |name, token, _| all.push((token, name.to_owned())));
+        all.sort_unstable();
+        let names = all.into_iter().map(|(_, name)| Mark::upload(name));
+        names.filter(|mark| !except.contains(mark)).take(n).collect()
     }
 
     /// Drops the binding of upload `id` of `object`: its upload ended. Need not be durable: a
@@ -153,19 +161,18 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn at_the_bound_dead_bindings_make_room_and_live_ones_refuse_a_new_upload() {
+    async fn at_the_bound_dead_bindings_make_room_then_the_oldest() {
         let (fence, _dir) = super::super::turn::tests::fence();
         // The test fence holds /a at 34.
         fence.bind_upload("/a", "old", 30, 2, &[]).await.unwrap();
         fence.bind_upload("/b", "live", 5, 2, &[]).await.unwrap();
-        assert!(fence.check_upload_room(2, &[]).is_ok(), "the binding of /a can never complete");
         fence.bind_upload("/c", "new", 7, 2, &[]).await.unwrap();
-        assert!(matches!(fence.check_upload("/a", "old", 30), Err(FenceError::UnknownUpload { .. })), "dropped");
-        assert!(fence.check_upload("/b", "live", 5).is_ok());
-        let full = fence.check_upload_room(2, &[]).unwrap_err();
-        assert!(matches!(full, FenceError::Uploads { max: 2 }), "{full}");
-        // One the backend created is bound all the same.
+        assert!(matches!(fence.check_upload("/a", "old", 30), Err(FenceError::UnknownUpload { .. })), "dead");
+        assert!(fence.check_upload("/b", "live", 5).is_ok(), "a dead binding made room");
+        // Every binding may complete: the oldest (lowest token) makes room.
         fence.bind_upload("/d", "more", 9, 2, &[]).await.unwrap();
-        assert!(fence.check_upload("/d", "more", 9).is_ok());
+        assert!(matches!(fence.check_upload("/b", "live", 5), Err(FenceError::UnknownUpload { .. })), "evicted");
+        assert!(fence.check_upload("/c", "new", 7).is_ok() && fence.check_upload("/d", "more", 9).is_ok());
+        assert_eq!(fence.max_seen.count(MarkKind::Upload), 2);
     }
 }

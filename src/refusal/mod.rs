@@ -252,7 +252,6 @@ impl Refusal {
             Refusal::Fence(FenceError::TaskFailed(_)) => (S::INTERNAL_SERVER_ERROR, "internal"),
             Refusal::Fence(FenceError::UnknownUpload { .. }) => (S::NOT_FOUND, "no_such_upload"),
             Refusal::Fence(FenceError::UploadToken { .. }) => (S::CONFLICT, "upload_token"),
-            Refusal::Fence(FenceError::Uploads { .. }) => (S::SERVICE_UNAVAILABLE, "too_many_uploads"),
             Refusal::Store(StoreError::Full(_) | StoreError::FullBytes(_))
             | Refusal::Fence(FenceError::Full { .. }) => (S::SERVICE_UNAVAILABLE, "resource_limit"),
             Refusal::Store(StoreError::NoSpace(_)) => (S::SERVICE_UNAVAILABLE, "store_full"),

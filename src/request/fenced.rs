@@ -127,16 +127,13 @@ const MAX_CREATED: usize = 64 * 1024;
 
 impl Upload {
     /// Refuses a part, completion or abort whose upload was not created for the object it
-    /// names with its token, or a new upload with no room for its binding.
+    /// names with its token.
     fn check(&self, token: u64) -> Result<(), Refusal> {
         match &self.step {
             UploadStep::Part { object, id } | UploadStep::End { object, id } => {
                 Ok(self.state.fence.check_upload(object, id, token)?)
             }
-            UploadStep::Create { .. } => {
-                let config = &self.settings.config;
-                Ok(self.state.fence.check_upload_room(config.s3.max_uploads, &config.fence.scopes)?)
-            }
+            UploadStep::Create { .. } => Ok(()),
         }
     }
 
@@ -192,10 +189,8 @@ fn check(
     let upload =
         upload.map(|step| Box::new(Upload { step: *step, state: Arc::clone(&state), settings: Arc::clone(&settings) }));
     // A part's or an end's upload is checked before the precheck, since its token is what is
-    // checked; the room for a new one after it, so that a stale creation is refused as stale
-    // (409), not told to come back (503), which the SDKs would do in vain.
-    let creates = upload.as_deref().is_some_and(|u| matches!(u.step, UploadStep::Create { .. }));
-    if let (Some(upload), false) = (&upload, creates) {
+    // checked.
+    if let Some(upload) = &upload {
         upload.check(token)?;
     }
     let policy = Policy { equal, max_jump };
@@ -204,9 +199,6 @@ fn check(
         req.headers_mut().insert(name, value);
     }
     state.fence.precheck(&touches, token, policy)?;
-    if let (Some(upload), true) = (&upload, creates) {
-        upload.check(token)?;
-    }
     // Boxed once, built in place: until the send takes it apart it moves as a pointer.
     let out = Outgoing { req, target, client, body_limit };
     let ends = match upload.as_deref() {

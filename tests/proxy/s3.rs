@@ -234,10 +234,11 @@ async fn a_completion_whose_client_left_drops_its_binding_all_the_same() {
     assert_eq!(completions(), 1, "the second completion reached the server");
 }
 
-/// At `s3.max_uploads`, a new upload is told to retry later (`503 SlowDown`), but a stale
-/// holder's is refused as stale (`409`): the SDKs would retry a 503, which could never pass.
+/// At `s3.max_uploads`, a new upload is bound all the same: the oldest binding (the lowest
+/// token) is dropped, and its upload's parts are refused; a stale holder's creation is refused
+/// as stale (`409`), never let through to the server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn at_the_bound_a_stale_creation_is_refused_as_stale() {
+async fn at_the_bound_the_oldest_upload_makes_room_and_a_stale_one_is_still_stale() {
     let created = |key: &str| {
         format!(
             "<InitiateMultipartUploadResult><Bucket>bk1</Bucket><Key>{key}</Key><UploadId>{key}-id</UploadId>\
@@ -260,6 +261,8 @@ async fn at_the_bound_a_stale_creation_is_refused_as_stale() {
     assert_eq!(send("PUT /bk1/k HTTP/1.1", 50).await.0, 200);
     let stale = send("POST /bk1/k?uploads HTTP/1.1", 45).await;
     assert_eq!((stale.0, stale.1.contains("<Code>StaleToken</Code>")), (409, true), "{}", stale.1);
-    let fresh = send("POST /bk1/k?uploads HTTP/1.1", 51).await;
-    assert_eq!((fresh.0, fresh.1.contains("<Code>SlowDown</Code>")), (503, true), "{}", fresh.1);
+    assert_eq!(send("POST /bk1/k?uploads HTTP/1.1", 51).await.0, 200, "the oldest binding made room");
+    let evicted = send("PUT /bk1/a?partNumber=1&uploadId=a-id HTTP/1.1", 41).await;
+    assert_eq!((evicted.0, evicted.1.contains("<Code>NoSuchUpload</Code>")), (404, true), "{}", evicted.1);
+    assert_eq!(send("PUT /bk1/k?partNumber=1&uploadId=k-id HTTP/1.1", 51).await.0, 200);
 }
