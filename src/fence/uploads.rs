@@ -38,11 +38,12 @@ fn object_of(name: &str) -> &str {
     name.rsplit_once(SEPARATOR).map_or(name, |(object, _)| object)
 }
 
-/// Refuses an upload id that a binding's name could not hold unambiguously: empty, or with a
-/// control character.
-pub fn check_id(id: &str) -> Result<(), FenceError> {
+/// Refuses an upload id of `object` that a binding's name could not hold unambiguously: empty,
+/// or with a control character.
+pub fn check_id(object: &str, id: &str) -> Result<(), FenceError> {
     if id.is_empty() || id.chars().any(char::is_control) {
-        return Err(FenceError::UnknownUpload { object: String::new(), upload: id.escape_debug().to_string() });
+        let upload = format!("{:?}", id);
+        return Err(FenceError::UnknownUpload { object: object.to_owned(), upload });
     }
     Ok(())
 }
@@ -51,7 +52,7 @@ impl Fence {
     /// Refuses a part, completion or abort of upload `id` of `object` with `token` unless the
     /// upload was created for that object with that token.
     pub fn check_upload(&self, object: &str, id: &str, token: u64) -> Result<(), FenceError> {
-        check_id(id)?;
+        check_id(object, id)?;
         let unknown = || FenceError::UnknownUpload { object: object.to_owned(), upload: id.to_owned() };
         match self.max_seen.level(MarkRef::upload(&binding(object, id))) {
             None => Err(unknown()),
@@ -72,7 +73,7 @@ impl Fence {
         max: usize,
         scopes: &[Scope],
     ) -> Result<(), BindError> {
-        check_id(id)?;
+        check_id(object, id)?;
         let count = self.max_seen.count(MarkKind::Upload);
         if count >= max {
             let mut dropped = self.dead_uploads(scopes, usize::MAX);

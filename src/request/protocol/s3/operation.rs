@@ -92,8 +92,9 @@ pub fn effect(method: &Method, object: bool, query: Option<&str>, headers: &Head
     Ok(effect)
 }
 
-/// The upload id a request's query carries (`uploadId`, decoded once); refused if it carries
-/// more than one, which servers would not read alike.
+/// The upload id a request's query carries (`uploadId`, decoded once, `+` read as a space as
+/// the servers read a query); refused if it carries more than one, which servers would not
+/// read alike.
 pub fn upload_id(query: Option<&str>) -> Result<Option<String>, Refusal> {
     let mut found = None;
     for pair in query.unwrap_or_default().split('&').filter(|p| !p.is_empty()) {
@@ -104,7 +105,7 @@ pub fn upload_id(query: Option<&str>) -> Result<Option<String>, Refusal> {
         if found.is_some() {
             return Err(Refusal::BadRequest("the query names uploadId more than once".into()));
         }
-        found = Some(decode(value)?);
+        found = Some(decode(&value.replace('+', " "))?);
     }
     Ok(found)
 }

@@ -139,10 +139,13 @@ fn each_step_of_an_upload_names_its_object_and_id() {
     assert_eq!(step("POST", "/bk1/a%20b?uploads"), Some(UploadStep::Create { object: object.clone() }));
     let id = "x/y+z=".to_owned();
     assert_eq!(
-        step("PUT", "/bk1/a%20b?partNumber=2&uploadId=x%2Fy+z%3D"),
+        step("PUT", "/bk1/a%20b?partNumber=2&uploadId=x%2Fy%2Bz%3D"),
         Some(UploadStep::Part { object: object.clone(), id: id.clone() })
     );
-    assert_eq!(step("POST", "/bk1/a%20b?uploadId=x%2Fy+z%3D"), Some(UploadStep::End { object: object.clone(), id }));
+    assert_eq!(step("POST", "/bk1/a%20b?uploadId=x%2Fy%2Bz%3D"), Some(UploadStep::End { object: object.clone(), id }));
+    // A `+` in the query is a space to the servers.
+    let spaced = UploadStep::End { object: object.clone(), id: "x y".into() };
+    assert_eq!(step("POST", "/bk1/a%20b?uploadId=x+y"), Some(spaced));
     assert_eq!(step("DELETE", "/bk1/a%20b?uploadId=u"), Some(UploadStep::End { object, id: "u".into() }));
     assert_eq!(step("PUT", "/bk1/k"), None);
     let twice = plan("POST", "/bk1/k?uploadId=u&uploadId=v", &[]).unwrap_err();
