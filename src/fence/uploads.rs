@@ -12,7 +12,7 @@
 //! their object's key above their token) are dropped first, and if that leaves no room, the
 //! bindings with the lowest tokens, the oldest uploads wherever tokens come from one counter
 //! (etcd's revision, ZooKeeper's zxid), as abandoned uploads are. An upload whose binding was
-//! dropped can no longer take parts or complete: it fails closed, and its holder starts over.
+//! dropped can take no more parts and cannot complete: it fails closed, and its holder starts over.
 //! One the backend created is always bound, or its id would be refused.
 
 use super::keys::{Scope, resource_key};
@@ -105,7 +105,7 @@ impl Fence {
     }
 
     /// Drops the binding of upload `id` of `object`: its upload ended. Need not be durable: a
-    /// binding left behind names an upload the server no longer has.
+    /// binding left behind names an upload the server has ended.
     pub async fn drop_upload(&self, object: &str, id: &str) -> Result<(), StoreError> {
         let name = binding(object, id);
         if self.max_seen.level(MarkRef::upload(&name)).is_none() {

@@ -379,7 +379,7 @@ async fn ended(
         && !protocol.failed_late(&bytes)
         && let Err(e) = state.fence.drop_upload(object, id).await
     {
-        // Left behind, the binding names an upload the server no longer has.
+        // Left behind, the binding names an upload the server has ended.
         tracing::warn!(object, upload = id, error = %e, "could not drop an ended upload's binding");
     }
     Ok(Response::from_parts(parts, full_body(Full::new(bytes))))
