@@ -79,9 +79,7 @@ pub(super) fn fence(
     protocol: Chosen,
 ) -> impl Future<Output = Result<Response<ResponseBody>, Refusal>> {
     let next = match route(&state, &mut req) {
-        Ok(Routed::Here) => {
-            check(state, settings, req, write, client, protocol).map(|(waiting, upload)| Next::Turn(waiting, upload))
-        }
+        Ok(Routed::Here) => check(state, settings, req, write, client, protocol),
         Ok(Routed::Leader(url)) => Ok(Next::Leader { url, req: Box::new(req), state, settings, client }),
         Err(refusal) => Err(refusal),
     };
@@ -91,17 +89,12 @@ pub(super) fn fence(
                 send_to_leader(&state, &settings, &url, *req, &client).await
             }
             Next::Turn(waiting, None) => waiting.finish().await,
-            // A part changes no object, only its upload, every write to which carries the one
-            // token it was bound to: the parts of an upload go to the backend side by side, as
-            // S3 clients send them, and the completion takes the object's turn.
-            Next::Turn(waiting, Some(upload)) if matches!(upload.step, UploadStep::Part { .. }) => {
-                waiting.send_without_turn().await
-            }
-            Next::Turn(waiting, Some(upload)) => {
+            Next::Turn(waiting, Some(created)) => {
                 let token = waiting.token;
                 let resp = waiting.finish().await?;
-                upload.answered(protocol, token, resp).await
+                created.bind(protocol, token, resp).await
             }
+            Next::Part(waiting) => waiting.send_without_turn().await,
         }
     }
 }
@@ -111,13 +104,18 @@ enum Next {
     /// To the leader at `url`, which fences it. The request is boxed, as the write fenced here
     /// boxes it, so that neither makes the future that holds them large.
     Leader { url: String, req: Box<Request<RequestBody>>, state: Arc<State>, settings: Arc<Settings>, client: Peer },
-    /// To its turn here, and then, for a step of a multipart upload, to its binding.
-    Turn(Waiting, Option<Box<Upload>>),
+    /// To its turn here, and then, for the creation of a multipart upload, to its binding.
+    Turn(Waiting, Option<Box<Created>>),
+    /// A part of a multipart upload, checked here, to the backend without a turn: a part
+    /// changes no object, only its upload, every write to which carries the one token it was
+    /// bound to. The parts of an upload go side by side, as S3 clients send them; the
+    /// completion takes the object's turn.
+    Part(Waiting),
 }
 
-/// A write's step of a multipart upload, for what follows the backend's answer.
-struct Upload {
-    step: UploadStep,
+/// The creation of a multipart upload of `object`, whose id the backend's answer names.
+struct Created {
+    object: String,
     state: Arc<State>,
     settings: Arc<Settings>,
 }
@@ -125,52 +123,35 @@ struct Upload {
 /// Most bytes of an answer to CreateMultipartUpload read for its upload id.
 const MAX_CREATED: usize = 64 * 1024;
 
-impl Upload {
-    /// Refuses a part, completion or abort whose upload was not created for the object it
-    /// names with its token.
-    fn check(&self, token: u64) -> Result<(), Refusal> {
-        match &self.step {
-            UploadStep::Part { object, id } | UploadStep::End { object, id } => {
-                Ok(self.state.fence.check_upload(object, id, token)?)
-            }
-            UploadStep::Create { .. } => Ok(()),
-        }
-    }
-
-    /// After the backend's answer `resp` to the write of `token`: binds the upload its answer
-    /// to a creation names, before the client hears of it. (The binding of an upload that ends
-    /// is dropped inside the write's turn: [`ended`].)
-    async fn answered(
+impl Created {
+    /// Binds the upload the backend's answer `resp` to the creation of `token` names, before
+    /// the client hears of it. (The binding of an upload that ends is dropped inside the
+    /// write's turn: [`ended`].)
+    async fn bind(
         self,
         protocol: Chosen,
         token: u64,
         resp: Response<ResponseBody>,
     ) -> Result<Response<ResponseBody>, Refusal> {
-        let Upload { step, state, settings } = self;
-        match step {
-            UploadStep::Create { object } if resp.status() == StatusCode::OK => {
-                let (parts, body) = resp.into_parts();
-                let timeout = settings.config.backend.request_timeout;
-                let failed = |why: String| {
-                    Refusal::Upstream(UpstreamError::Failed(format!(
-                        "the backend created a multipart upload of {object}, but {why}; the upload cannot be used"
-                    )))
-                };
-                let bytes = match tokio::time::timeout(timeout, Limited::new(body, MAX_CREATED).collect()).await {
-                    Ok(Ok(collected)) => collected.to_bytes(),
-                    Ok(Err(e)) => return Err(failed(format!("its answer could not be read: {e}"))),
-                    Err(_) => return Err(Refusal::Upstream(UpstreamError::Timeout(timeout))),
-                };
-                let id = protocol.upload_id(&bytes).ok_or_else(|| failed("its answer names no upload id".into()))?;
-                let (s3, scopes) = (&settings.config.s3, &settings.config.fence.scopes);
-                state.fence.bind_upload(&object, &id, token, s3.max_uploads, scopes).await.map_err(|e| match e {
-                    BindError::Fence(e) => Refusal::Fence(e),
-                    BindError::Store(e) => Refusal::Store(e),
-                })?;
-                Ok(Response::from_parts(parts, full_body(Full::new(bytes))))
-            }
-            _ => Ok(resp),
+        let Created { object, state, settings } = self;
+        if resp.status() != StatusCode::OK {
+            return Ok(resp);
         }
+        let (parts, body) = resp.into_parts();
+        let failed = |why: String| {
+            Refusal::Upstream(UpstreamError::Failed(format!(
+                "the backend created a multipart upload of {object}, but {why}; the upload cannot be used"
+            )))
+        };
+        let unread = |e| failed(format!("its answer could not be read: {e}"));
+        let bytes = read_whole_answer(body, MAX_CREATED, &settings, unread).await?;
+        let id = protocol.upload_id(&bytes).ok_or_else(|| failed("its answer names no upload id".into()))?;
+        let (s3, scopes) = (&settings.config.s3, &settings.config.fence.scopes);
+        state.fence.bind_upload(&object, &id, token, s3.max_uploads, scopes).await.map_err(|e| match e {
+            BindError::Fence(e) => Refusal::Fence(e),
+            BindError::Store(e) => Refusal::Store(e),
+        })?;
+        Ok(Response::from_parts(parts, full_body(Full::new(bytes))))
     }
 }
 
@@ -183,15 +164,25 @@ fn check(
     write: Write,
     client: Peer,
     protocol: Chosen,
-) -> Result<(Waiting, Option<Box<Upload>>), Refusal> {
+) -> Result<Next, Refusal> {
     let Write { token, touches, target, set_headers, body_limit, equal, max_jump, proof, locks, upload } = write;
     let proven = prove(&state, &settings, token, proof, locks, &touches)?;
-    let upload =
-        upload.map(|step| Box::new(Upload { step: *step, state: Arc::clone(&state), settings: Arc::clone(&settings) }));
     // A part's or an end's upload is checked before the precheck, since its token is what is
     // checked.
-    if let Some(upload) = &upload {
-        upload.check(token)?;
+    let (mut part, mut ends, mut created) = (false, None, None);
+    match upload.map(|step| *step) {
+        Some(UploadStep::Part { object, id }) => {
+            state.fence.check_upload(&object, &id, token)?;
+            part = true;
+        }
+        Some(UploadStep::End { object, id }) => {
+            state.fence.check_upload(&object, &id, token)?;
+            ends = Some(Box::new(Ends { object, id, protocol }));
+        }
+        Some(UploadStep::Create { object }) => {
+            created = Some(Box::new(Created { object, state: Arc::clone(&state), settings: Arc::clone(&settings) }));
+        }
+        None => {}
     }
     let policy = Policy { equal, max_jump };
     // What the backend is told to change is what was fenced.
@@ -201,14 +192,9 @@ fn check(
     state.fence.precheck(&touches, token, policy)?;
     // Boxed once, built in place: until the send takes it apart it moves as a pointer.
     let out = Outgoing { req, target, client, body_limit };
-    let ends = match upload.as_deref() {
-        Some(Upload { step: UploadStep::End { object, id }, .. }) => {
-            Some(Box::new(Ends { object: object.clone(), id: id.clone(), protocol }))
-        }
-        _ => None,
-    };
     let pending = Box::write(Box::new_uninit(), Pending { state, settings, proven, out, ends });
-    Ok((Waiting { token, policy, touches, pending }, upload))
+    let waiting = Waiting { token, policy, touches, pending };
+    Ok(if part { Next::Part(waiting) } else { Next::Turn(waiting, created) })
 }
 
 /// A write that passed its checks before the turn, and waits for it.
@@ -357,23 +343,35 @@ const MAX_ENDED: usize = 1024 * 1024;
 /// ended. An answer cut off or late leaves the outcome unknown, and the object is quarantined.
 /// Once the backend completed or aborted the upload (not after a `200` that says it failed,
 /// which leaves the upload open for the holder's retry), its binding is dropped.
+/// The backend's answer `body` read whole: at most `limit` bytes within
+/// `backend.request_timeout`. One cut off or too long is `unread` of why; one late,
+/// `UpstreamError::Timeout`.
+async fn read_whole_answer(
+    body: ResponseBody,
+    limit: usize,
+    settings: &Settings,
+    unread: impl FnOnce(Box<dyn std::error::Error + Send + Sync>) -> Refusal,
+) -> Result<bytes::Bytes, Refusal> {
+    let timeout = settings.config.backend.request_timeout;
+    match tokio::time::timeout(timeout, Limited::new(body, limit).collect()).await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(e)) => Err(unread(e)),
+        Err(_) => Err(Refusal::Upstream(UpstreamError::Timeout(timeout))),
+    }
+}
+
 async fn ended(
     state: &State,
     settings: &Settings,
     ends: &Ends,
     resp: Response<ResponseBody>,
 ) -> Result<Response<ResponseBody>, Refusal> {
-    let timeout = settings.config.backend.request_timeout;
     let (parts, body) = resp.into_parts();
-    let bytes = match tokio::time::timeout(timeout, Limited::new(body, MAX_ENDED).collect()).await {
-        Ok(Ok(collected)) => collected.to_bytes(),
-        Ok(Err(e)) => {
-            return Err(Refusal::Upstream(UpstreamError::Failed(format!(
-                "the answer to the end of a multipart upload could not be read whole: {e}"
-            ))));
-        }
-        Err(_) => return Err(Refusal::Upstream(UpstreamError::Timeout(timeout))),
+    let unread = |e| {
+        let why = format!("the answer to the end of a multipart upload could not be read whole: {e}");
+        Refusal::Upstream(UpstreamError::Failed(why))
     };
+    let bytes = read_whole_answer(body, MAX_ENDED, settings, unread).await?;
     let Ends { object, id, protocol } = ends;
     if parts.status.is_success()
         && !protocol.failed_late(&bytes)
