@@ -76,7 +76,7 @@ impl Fence {
         check_id(object, id)?;
         let count = self.max_seen.count(MarkKind::Upload);
         if count >= max {
-            let mut dropped = self.dead_uploads(scopes, usize::MAX);
+            let mut dropped = self.dead_uploads(scopes);
             let dead = dropped.len();
             let over = (count + 1).saturating_sub(max);
             if dead < over {
@@ -114,14 +114,11 @@ impl Fence {
         self.store.commit(self.store.term(), MarkBatch::drop_bindings([Mark::upload(name)])).await
     }
 
-    /// At most `limit` bindings whose upload can never complete: its object's fence key (or a
-    /// floor over it) is above the binding's token.
-    fn dead_uploads(&self, scopes: &[Scope], limit: usize) -> Vec<Mark> {
+    /// The bindings whose upload can never complete: its object's fence key (or a floor over
+    /// it) is above the binding's token.
+    fn dead_uploads(&self, scopes: &[Scope]) -> Vec<Mark> {
         let mut dead = Vec::new();
         self.max_seen.for_each(MarkKind::Upload, |name, token, _| {
-            if dead.len() >= limit {
-                return;
-            }
             let key = resource_key(object_of(name), scopes);
             let touch = Touch { key: key.to_owned(), coverage: Coverage::Key };
             if self.judge(&touch, token, EqualToken::Accept.into()).is_err() {

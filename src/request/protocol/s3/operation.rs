@@ -43,10 +43,9 @@ pub enum Effect {
 /// (the signature of a presigned URL, `x-id`, `versionId`, a GET's `response-*` overrides,
 /// list parameters) only qualify it.
 fn subresources(query: Option<&str>) -> Result<Vec<String>, Refusal> {
-    let Some(query) = query else { return Ok(Vec::new()) };
     let mut names = Vec::new();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let name = decode(pair.split('=').next().unwrap_or(pair))?;
+    for (name, _) in pairs(query) {
+        let name = decode(name)?;
         let lower = name.to_ascii_lowercase();
         let qualifier = lower.starts_with("x-amz-")
             || lower.starts_with("response-")
@@ -56,6 +55,12 @@ fn subresources(query: Option<&str>) -> Result<Vec<String>, Refusal> {
         }
     }
     Ok(names)
+}
+
+/// The query's parameters as sent, `name=value` (a bare `name` has an empty value).
+fn pairs(query: Option<&str>) -> impl Iterator<Item = (&str, &str)> {
+    let pairs = query.unwrap_or_default().split('&').filter(|p| !p.is_empty());
+    pairs.map(|pair| pair.split_once('=').unwrap_or((pair, "")))
 }
 
 /// What a request with `method` and `query` to an object (`object`) or a bucket may change.
@@ -97,8 +102,7 @@ pub fn effect(method: &Method, object: bool, query: Option<&str>, headers: &Head
 /// read alike.
 pub fn upload_id(query: Option<&str>) -> Result<Option<String>, Refusal> {
     let mut found = None;
-    for pair in query.unwrap_or_default().split('&').filter(|p| !p.is_empty()) {
-        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+    for (name, value) in pairs(query) {
         if decode(name)? != "uploadId" {
             continue;
         }
