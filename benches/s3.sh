@@ -7,7 +7,7 @@
 #   S3S_FS=/opt/s3s-nodelay/bin/s3s-fs benches/s3.sh   # another s3s-fs build (below)
 #   ROUNDS=3 SECONDS_PER_RUN=8 CONNS="16 64" WORKLOADS="put4k get" BIG_MIB=0 benches/s3.sh
 #   PROXY=1 benches/s3.sh                           # and nginx as a plain proxy beside them
-#   PIN=1 benches/s3.sh                             # s3s-fs on CPU 1, the rest on CPU 0
+#   PIN=1 benches/s3.sh                             # s3s-fs on a CPU of its own (below)
 #
 # What runs, all on loopback:
 #   direct    s3s-fs (S3S_FS, default ~/.cargo/bin/s3s-fs: `cargo install s3s-fs@0.14.1
@@ -44,8 +44,12 @@
 # body waits for the client's delayed ACK of its head: GETs then measure ACK timers, not CPU
 # (docs/benchmarks.md#s3-benchess3sh, which says how to build it with TCP_NODELAY).
 #
-# PIN=1 gives s3s-fs CPU 1 and fencegate, nginx and wrk CPU 0 (taskset), as a server on
-# machines of its own would be: a proxy's CPU then no longer comes out of the server's.
+# PIN=1 gives s3s-fs one CPU and fencegate, nginx and wrk the other (taskset), as a server on
+# machines of its own would be: a proxy's CPU then no longer comes out of the server's. The
+# server gets the CPU that does not take the interrupts of the disk holding fencegate's log
+# (read from /proc/irq), since on a machine of its own it would never run them: on a virtual
+# machine whose disk interrupts all land on one CPU, each of fencegate's syncs would otherwise
+# cost the server an interrupt and its softirq.
 #
 # Everything it starts, it stops, by pid; it stops at once if one of its ports (18091-18094)
 # is taken. The scratch dirs, cleanup, nginx and the fencegate config are benches/common.sh's.
@@ -74,8 +78,23 @@ TARGETS=(direct fencegate)
 if [ "${PROXY:-0}" = 1 ]; then TARGETS=(direct nginx fencegate); fi
 bench_ports_free 18091 18092 "$ADMIN" 18094
 
-PIN_SERVER=() PIN_REST=()
-if [ "${PIN:-0}" = 1 ]; then PIN_SERVER=(taskset -c 1) PIN_REST=(taskset -c 0); fi
+# The CPUs that take the interrupts of the disk under DISK (fencegate's syncs complete there).
+disk_irq_cpus() {
+    local dev sys irq
+    dev=$(basename "$(df --output=source "$DISK" | tail -1)")
+    sys=$(readlink -f "/sys/class/block/$dev")
+    [ -e "$sys/partition" ] && sys=$(dirname "$sys")
+    for irq in "$sys"/device/../msi_irqs/* "$sys"/device/msi_irqs/*; do
+        [ -e "$irq" ] && cat "/proc/irq/$(basename "$irq")/effective_affinity_list" 2>/dev/null
+    done | tr ',' '\n' | sort -u | tr '\n' ' '
+}
+PIN_SERVER=() PIN_REST=() SERVER_CPU=1 REST_CPU=0
+if [ "${PIN:-0}" = 1 ]; then
+    # A server on a machine of its own never runs the proxy's disk interrupts: give it the
+    # CPU that does not take them, where the machine says which one that is.
+    case " $(disk_irq_cpus)" in *" 1 "*) if [[ " $(disk_irq_cpus)" != *" 0 "* ]]; then SERVER_CPU=0 REST_CPU=1; fi ;; esac
+    PIN_SERVER=(taskset -c "$SERVER_CPU") PIN_REST=(taskset -c "$REST_CPU")
+fi
 mkdir -p "$SHM/s3" "$DISK/logs"
 RUST_LOG=error "${PIN_SERVER[@]}" "$S3S_FS" --host 127.0.0.1 --port "${PORT[direct]}" "$SHM/s3" >"$SHM/logs/s3s.log" 2>&1 &
 S3S=$!
@@ -99,7 +118,7 @@ if [ "${PROXY:-0}" = 1 ]; then
 EOF
     bench_worker "$STARTED"
     PID[nginx]=$WORKER
-    if [ "${PIN:-0}" = 1 ]; then taskset -a -cp 0 "$STARTED" >/dev/null && taskset -a -cp 0 "$WORKER" >/dev/null; fi
+    if [ "${PIN:-0}" = 1 ]; then taskset -a -cp "$REST_CPU" "$STARTED" >/dev/null && taskset -a -cp "$REST_CPU" "$WORKER" >/dev/null; fi
 fi
 
 direct="http://127.0.0.1:${PORT[direct]}"
@@ -177,7 +196,7 @@ run_wrk() { # workload conns target seconds -> "req/s p50_us p99_us failed"
         END { printf "%s %s %s %s\n", rps, p50, p99, bad + 0 }'
 }
 
-echo "fencegate S3 benchmark: $(nproc) CPUs, $(uname -r), $S3S_FS, rounds=$ROUNDS x ${SECONDS_PER_RUN}s, PIN=${PIN:-0}" >&2
+echo "fencegate S3 benchmark: $(nproc) CPUs, $(uname -r), $S3S_FS, rounds=$ROUNDS x ${SECONDS_PER_RUN}s, PIN=${PIN:-0}${PIN_SERVER:+ (s3s-fs on CPU $SERVER_CPU, disk interrupts on CPU $(disk_irq_cpus))}" >&2
 for workload in $WORKLOADS; do
     for conns in $CONNS; do
         for target in "${TARGETS[@]}"; do run_wrk "$workload" "$conns" "$target" 2 >/dev/null; done # warm-up
