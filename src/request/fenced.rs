@@ -193,7 +193,7 @@ fn check(
     state.fence.precheck(&touches, token, policy)?;
     // Boxed once, built in place: until the send takes it apart it moves as a pointer.
     let out = Outgoing { req, target, client, body_limit };
-    let pending = Box::write(Box::new_uninit(), Pending { state, settings, proven, out, ends, pin });
+    let pending = Box::write(Box::new_uninit(), Pending { state, settings, proven, out, ends, pin, protocol });
     let waiting = Waiting { token, policy, touches, pending };
     Ok(if part { Next::Part(waiting) } else { Next::Turn(waiting, created) })
 }
@@ -240,6 +240,7 @@ struct Pending {
     ends: Option<Box<Ends>>,
     /// How the write is pinned to its key's state at the backend, if it is.
     pin: Option<Pinned>,
+    protocol: Chosen,
 }
 
 /// A write's end of a multipart upload: the turn is held until the backend's answer has ended,
@@ -324,7 +325,8 @@ fn prepare(
         // The key's state learnt and named in the request, still before the advance.
         let (conn, pinning) = match slot {
             Some((slot, kind)) => {
-                let (conn, pinning) = pinned::pin(&pending.settings, conn, &mut pending.out, slot, kind).await?;
+                let (conn, pinning) =
+                    pinned::pin(&pending.settings, pending.protocol, conn, &mut pending.out, slot, kind).await?;
                 (conn, Some(pinning))
             }
             None => (conn, None),

@@ -4,14 +4,13 @@
 //! answer, the key's pin is set from it, and a `412` becomes fencegate's `backend_moved`.
 
 use bytes::Bytes;
-use http::header::{
-    AUTHORIZATION, COOKIE, ETAG, HOST, HeaderMap, HeaderName, HeaderValue, IF_MATCH, IF_NONE_MATCH, USER_AGENT,
-};
+use http::header::{ETAG, HeaderMap, HeaderName, HeaderValue, IF_MATCH, IF_NONE_MATCH};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 
 use super::Outgoing;
 use super::classify::Pinned;
+use super::protocol::{Chosen, Protocol as _};
 use crate::fence::{Pin, PinSlot};
 use crate::refusal::Refusal;
 use crate::state::Settings;
@@ -21,8 +20,9 @@ use crate::upstream::{Connection, Hold, RequestBody, ResponseBody};
 pub(super) struct Pinning {
     slot: PinSlot,
     kind: Pinned,
-    /// The precondition, as sent: `If-Match: "t"` or `If-None-Match: *`.
-    sent: String,
+    /// The precondition, as sent: `If-Match: "t"` or `If-None-Match: *`; `None` when the key's
+    /// state could not be asked for ([`Protocol::learning_head`]) and the write went unpinned.
+    sent: Option<String>,
 }
 
 /// Under the write's turn, before its advance: the key's pin (learnt with a `HEAD` on `conn`
@@ -31,6 +31,7 @@ pub(super) struct Pinning {
 /// send the write on. A refusal here has sent nothing and advanced nothing.
 pub(super) async fn pin(
     settings: &Settings,
+    protocol: Chosen,
     conn: Connection,
     out: &mut Outgoing,
     slot: PinSlot,
@@ -38,11 +39,14 @@ pub(super) async fn pin(
 ) -> Result<(Connection, Pinning), Refusal> {
     let (pin, conn) = match slot.get() {
         Some(pin) => (pin, conn),
-        None => {
-            let pin = learn(settings, conn, out, slot.key()).await?;
+        None => match learn(settings, protocol, conn, out, slot.key()).await? {
             // The HEAD's connection is back in the pool once its answer ended.
-            (pin, settings.upstream.connection().await?)
-        }
+            Some(pin) => (pin, settings.upstream.connection().await?),
+            None => {
+                let conn = settings.upstream.connection().await?;
+                return Ok((conn, Pinning { slot, kind, sent: None }));
+            }
+        },
     };
     let headers = out.req.headers_mut();
     judge(headers, &pin, slot.key())?;
@@ -58,7 +62,7 @@ pub(super) async fn pin(
         }
     };
     slot.sent_pinned();
-    Ok((conn, Pinning { slot, kind, sent }))
+    Ok((conn, Pinning { slot, kind, sent: Some(sent) }))
 }
 
 /// A pinned write's answer, under its turn: a `2xx` sets the key's pin (the answer's strong
@@ -70,8 +74,8 @@ pub(super) fn answered(
 ) -> Result<Response<ResponseBody>, Refusal> {
     let Pinning { slot, kind, sent } = pinning;
     match result {
-        Ok(resp) if resp.status() == StatusCode::PRECONDITION_FAILED => {
-            Err(Refusal::BackendMoved { resource: slot.key().to_owned(), sent })
+        Ok(resp) if resp.status() == StatusCode::PRECONDITION_FAILED && sent.is_some() => {
+            Err(Refusal::BackendMoved { resource: slot.key().to_owned(), sent: sent.unwrap_or_default() })
         }
         Ok(resp) if resp.status().is_success() => {
             match kind {
@@ -88,19 +92,20 @@ pub(super) fn answered(
     }
 }
 
-/// Headers of the client's request a `HEAD` of its key carries, so that the backend answers
-/// it as it would answer the client.
-const HEAD_CARRIES: [HeaderName; 4] = [HOST, AUTHORIZATION, COOKIE, USER_AGENT];
-
-/// The backend's state of the key `out` writes, from a `HEAD` of its target on `conn`.
-async fn learn(settings: &Settings, conn: Connection, out: &Outgoing, key: &str) -> Result<Pin, Refusal> {
+/// The backend's state of the key `out` writes, from a `HEAD` of its target on `conn`; `None`
+/// when the protocol cannot ask (conn is then given back unused).
+async fn learn(
+    settings: &Settings,
+    protocol: Chosen,
+    conn: Connection,
+    out: &Outgoing,
+    key: &str,
+) -> Result<Option<Pin>, Refusal> {
     let mut head = Request::new(RequestBody::Read(Full::new(Bytes::new())));
     *head.method_mut() = Method::HEAD;
     *head.uri_mut() = out.req.uri().clone();
-    for name in HEAD_CARRIES {
-        for value in out.req.headers().get_all(&name) {
-            head.headers_mut().append(name.clone(), value.clone());
-        }
+    if !protocol.learning_head(&mut head, out.req.headers(), &settings.config) {
+        return Ok(None);
     }
     let resp = settings.upstream.forward(conn, head, out.target.clone(), &out.client, None, Hold::default()).await;
     let unavailable = |why: String| Refusal::PinUnavailable { resource: key.to_owned(), why };
@@ -108,7 +113,7 @@ async fn learn(settings: &Settings, conn: Connection, out: &Outgoing, key: &str)
     let (parts, body) = resp.into_parts();
     // A HEAD's answer has no body: reading it to its end gives the connection back.
     body.collect().await.map_err(|e| unavailable(format!("its HEAD's answer broke off: {e}")))?;
-    match parts.status {
+    let pin = match parts.status {
         status if status.is_success() => strong_tag(&parts.headers).map(Pin::Tag).ok_or_else(|| {
             unavailable(match parts.headers.get(ETAG) {
                 Some(_) => {
@@ -119,7 +124,8 @@ async fn learn(settings: &Settings, conn: Connection, out: &Outgoing, key: &str)
         }),
         StatusCode::NOT_FOUND | StatusCode::GONE => Ok(Pin::Absent),
         status => Err(unavailable(format!("the backend answered its HEAD {status}"))),
-    }
+    };
+    pin.map(Some)
 }
 
 /// The strong entity tag of one `ETag` field, with its quotes; `None` for a weak, malformed or
