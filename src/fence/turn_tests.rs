@@ -227,6 +227,14 @@ async fn a_pinned_writes_unknown_outcome_lets_pinned_puts_pass_and_holds_the_res
     assert_eq!(cause, QuarantineCause::UnknownPinnedOutcome);
     assert!(turn.check(36, pinned).is_ok(), "a pinned PUT passes");
     drop(turn);
+    // It passes, and is answered; the write before it is still unknown, so the log keeps the key
+    // in flight, and a restart quarantines it.
+    let turn = t.acquire(key("/a"), Duration::from_secs(1)).await.unwrap();
+    assert_eq!(turn.finish(36, pinned, Duration::from_secs(60), async { Ok(36) }, outcome).await, Ok(36));
+    // A later batch is taken in after any answer committed before it.
+    let turn = t.acquire(key("/z"), Duration::from_secs(1)).await.unwrap();
+    assert_eq!(turn.finish(1, STRICT, Duration::from_secs(60), async { Ok(1) }, outcome).await, Ok(1));
+    assert_eq!(t.max_seen.entry(MarkRef::key("/a")), Some((36, true)), "still in flight");
 
     // The same, not sent pinned: everything waits.
     let mut turn = t.acquire(key("/b"), Duration::from_secs(1)).await.unwrap();

@@ -26,10 +26,9 @@
 //! write whose precondition fails, or a `DELETE` of an absent key, is not applied), and every
 //! write fencegate answered `2xx` was applied.
 //!
-//! The design as docs/pins.md writes it does not hold across a restart: a pinned write that
-//! passes a quarantine and is answered clears the log's in-flight mark, so the restart forgets
-//! the earlier write of unknown outcome and a `DELETE` lets a held create land late. It holds
-//! when the log keeps the key in flight while a quarantine lasts (`keeps_unknown`). The
+//! A pinned write that passes a quarantine and is answered must leave the log's in-flight mark
+//! set (`keeps_unknown`, as fencegate does): if its answer clears it, a restart forgets the
+//! earlier write of unknown outcome and a `DELETE` lets a held create land late. The
 //! variants that must fail: no pins with a quarantine that ends before a held write lands, a
 //! `DELETE` passing a quarantine of pinned writes, tags that are hashes of the content, and a
 //! quarantine found at restart that lets pinned writes pass when the write in flight was not
@@ -197,22 +196,23 @@ struct Pinning {
     /// What the quarantine of a key found in flight at start-up holds (the design: every write).
     at_restart: Hold,
     /// An answer read while the key is quarantined leaves the log's in-flight mark set, so the
-    /// unknown outcome survives a restart. Without: every answer clears it, as the log does.
+    /// unknown outcome survives a restart. Without: every answer clears it.
     keeps_unknown: bool,
     crashes: u8,
     writes: Vec<(u8, Op)>,
 }
 
 impl Pinning {
-    /// The design of docs/pins.md, with version tags and the quarantine's time bound holding.
-    fn designed(writes: Vec<(u8, Op)>) -> Pinning {
+    /// Pins as fencegate keeps them (docs/pins.md), with version tags and the quarantine's
+    /// time bound holding.
+    fn as_built(writes: Vec<(u8, Op)>) -> Pinning {
         Pinning {
             pins: true,
             tags: Tags::Version,
             delete_passes: false,
             bounded: true,
             at_restart: Hold::All,
-            keeps_unknown: false,
+            keeps_unknown: true,
             crashes: 1,
             writes,
         }
@@ -457,14 +457,14 @@ fn pins_that_keep_the_unknown_outcome_across_restarts_apply_every_write_in_token
     let writes = vec![(1, Put('A')), (2, Put('B')), (3, Delete), (4, Move('A')), (5, Put('A')), (6, Delete)];
     holds(
         "pins, version tags, unknown outcome kept, two crashes",
-        Pinning { keeps_unknown: true, crashes: 2, ..Pinning::designed(writes) },
+        Pinning { keeps_unknown: true, crashes: 2, ..Pinning::as_built(writes) },
     );
 }
 
 #[test]
 fn pinned_puts_need_no_time_bound_but_a_delete_does() {
     let puts = vec![(1, Put('A')), (2, Put('B')), (3, Put('A')), (4, Put('B'))];
-    let unbounded = Pinning { bounded: false, keeps_unknown: true, crashes: 2, ..Pinning::designed(puts) };
+    let unbounded = Pinning { bounded: false, keeps_unknown: true, crashes: 2, ..Pinning::as_built(puts) };
     holds("pins, version tags, PUTs only, quarantine ends whenever, two crashes", unbounded.clone());
     let writes = vec![(1, Put('A')), (2, Put('B')), (3, Delete)];
     let actions = breaks_the_order("pins, quarantine ends whenever, a DELETE", Pinning { writes, ..unbounded });
@@ -473,14 +473,17 @@ fn pinned_puts_need_no_time_bound_but_a_delete_does() {
 }
 
 #[test]
-fn pins_as_designed_hold_while_fencegate_runs() {
+fn pins_hold_while_fencegate_runs_even_when_answers_clear_the_mark() {
     let writes = vec![(1, Put('A')), (2, Put('B')), (3, Delete), (4, Move('A')), (5, Put('A')), (6, Delete)];
-    holds("pins as designed, no crash", Pinning { crashes: 0, ..Pinning::designed(writes) });
+    holds(
+        "answers that clear the mark, no crash",
+        Pinning { keeps_unknown: false, crashes: 0, ..Pinning::as_built(writes) },
+    );
 }
 
 #[test]
-fn pins_as_designed_forget_a_held_create_at_restart_and_a_delete_lets_it_land_late() {
-    let model = Pinning::designed(vec![(1, Put('A')), (2, Put('B')), (3, Delete)]);
+fn pins_whose_answers_clear_the_mark_forget_a_held_create_at_restart() {
+    let model = Pinning { keeps_unknown: false, ..Pinning::as_built(vec![(1, Put('A')), (2, Put('B')), (3, Delete)]) };
     let actions = breaks_the_order("pins as designed, one crash", model);
     // The PUT that passed the quarantine was answered, which cleared the log's in-flight mark:
     // the restart quarantined nothing, and the DELETE passed while the create was on its way.
@@ -490,7 +493,7 @@ fn pins_as_designed_forget_a_held_create_at_restart_and_a_delete_lets_it_land_la
 #[test]
 fn without_pins_a_quarantine_shorter_than_the_backends_delay_lets_a_late_write_land_out_of_order() {
     let writes = vec![(1, Put('A')), (2, Move('B')), (3, Delete), (4, Put('A'))];
-    let unpinned = Pinning { pins: false, crashes: 2, ..Pinning::designed(writes) };
+    let unpinned = Pinning { pins: false, crashes: 2, ..Pinning::as_built(writes) };
     holds("no pins, quarantine bounded, two crashes", unpinned.clone());
     let actions = breaks_the_order("no pins, quarantine ends whenever", Pinning { bounded: false, ..unpinned });
     assert!(actions.contains(&Action::QuarantineEnds), "{actions:?}");
@@ -499,7 +502,7 @@ fn without_pins_a_quarantine_shorter_than_the_backends_delay_lets_a_late_write_l
 #[test]
 fn a_delete_that_passes_a_quarantine_of_pinned_writes_lets_absent_come_back() {
     let writes = vec![(1, Put('A')), (2, Put('B')), (3, Delete)];
-    let model = Pinning { delete_passes: true, keeps_unknown: true, crashes: 0, ..Pinning::designed(writes) };
+    let model = Pinning { delete_passes: true, keeps_unknown: true, crashes: 0, ..Pinning::as_built(writes) };
     let actions = breaks_the_order("pins, DELETE passes the quarantine", model);
     // No quarantine ended: the DELETE passed it, then the held create landed.
     assert!(!actions.contains(&Action::QuarantineEnds), "{actions:?}");
@@ -508,7 +511,7 @@ fn a_delete_that_passes_a_quarantine_of_pinned_writes_lets_absent_come_back() {
 #[test]
 fn tags_that_hash_the_content_let_a_late_write_land_when_the_same_body_comes_back() {
     let writes = vec![(1, Put('A')), (2, Put('C')), (3, Put('B')), (4, Put('A'))];
-    let hashed = Pinning { tags: Tags::Hash, keeps_unknown: true, crashes: 0, ..Pinning::designed(writes) };
+    let hashed = Pinning { tags: Tags::Hash, keeps_unknown: true, crashes: 0, ..Pinning::as_built(writes) };
     breaks_the_order("pins, content-hash tags", hashed.clone());
     // A -> B -> A: the PUT of C, pinned to the first A, is held; B replaces A, A replaces B, and
     // the held PUT matches the second A. With version tags the same steps apply it nowhere.
@@ -527,7 +530,7 @@ fn tags_that_hash_the_content_let_a_late_write_land_when_the_same_body_comes_bac
 #[test]
 fn a_quarantine_at_restart_that_lets_pinned_writes_pass_is_overtaken_by_an_unpinned_write() {
     let writes = vec![(1, Move('A')), (2, Put('B'))];
-    let model = Pinning { at_restart: Hold::Pinned, keeps_unknown: true, ..Pinning::designed(writes) };
+    let model = Pinning { at_restart: Hold::Pinned, keeps_unknown: true, ..Pinning::as_built(writes) };
     let actions = breaks_the_order("pins, restart quarantine lets pinned writes pass", model);
     assert!(actions.contains(&Action::Restart), "{actions:?}");
 }
