@@ -342,6 +342,21 @@ pub struct Rule {
     /// a shorter rule's setting, else unbounded.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_jump: Option<u64>,
+    /// Whether writes under this prefix are sent with a precondition naming the backend's
+    /// state (docs/pins.md); unset, a shorter rule's setting, else [`PinMode::Off`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pin: Option<PinMode>,
+}
+
+/// Whether a key's fenced writes are pinned to the backend's state (docs/pins.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PinMode {
+    /// Sent as the client sent them.
+    Off,
+    /// A pinnable write is sent with `If-Match` or `If-None-Match` naming what was last learnt
+    /// of the key, by a write's answer or a `HEAD`.
+    Etag,
 }
 
 fn ser_template<S: serde::Serializer>(t: &Option<LockTemplate>, s: S) -> Result<S::Ok, S::Error> {

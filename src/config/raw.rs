@@ -208,6 +208,8 @@ pub(super) struct RawRule {
     pub(super) lock: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) max_jump: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) pin: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

@@ -140,6 +140,16 @@ pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
         ));
     }
     let s3 = s3(raw.s3, backend.protocol)?;
+    if backend.protocol == BackendProtocol::S3
+        && let Some(index) = fence.rules.iter().position(|r| r.pin == Some(PinMode::Etag))
+    {
+        // Learning an object's state takes a HEAD signed with the server's credentials, which
+        // fencegate does not hold.
+        return Err(invalid(
+            &format!("fence.rules[{index}].pin"),
+            "pins are for backend.protocol = \"http\": an S3 server answers an unsigned HEAD 403",
+        ));
+    }
     let headers = super::headers::headers(raw.headers, &[&fence.header, &verify.signature_header])?;
     Ok(Config { server, backend, fence, verify, store, log, paths, limits, admin, etcd, s3, headers })
 }
@@ -344,7 +354,22 @@ fn rules(raw: &[raw::RawRule], policy: &PathPolicy) -> Result<Vec<Rule>, ConfigE
         if r.max_jump == Some(0) {
             return Err(invalid(&format!("fence.rules[{index}].max_jump"), "must be at least 1"));
         }
-        rules.push(Rule { prefix: canonical, token_domain: domain, equal_token, verify, lock, max_jump: r.max_jump });
+        let pin = r
+            .pin
+            .as_deref()
+            .map(|text| {
+                choice(&format!("fence.rules[{index}].pin"), text, [("off", PinMode::Off), ("etag", PinMode::Etag)])
+            })
+            .transpose()?;
+        rules.push(Rule {
+            prefix: canonical,
+            token_domain: domain,
+            equal_token,
+            verify,
+            lock,
+            max_jump: r.max_jump,
+            pin,
+        });
     }
     // A rule that does not set its token domain inherits the longest shorter rule's that
     // does, as every other setting is inherited: a rule that only tunes `max_jump` must not

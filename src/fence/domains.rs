@@ -255,7 +255,7 @@ mod tests {
     #[tokio::test]
     async fn a_jump_is_measured_from_the_level_or_else_the_domain_which_every_advance_raises() {
         let (t, _dir) = fence(); // "/a" at 34, counted into the default domain
-        let policy = Policy { equal: EqualToken::Reject, max_jump: Some(10) };
+        let policy = Policy { equal: EqualToken::Reject, max_jump: Some(10), pinned: false };
         assert_eq!(t.precheck(&key("/a"), 44, policy), Ok(()));
         let err = t.precheck(&key("/a"), 45, policy).unwrap_err();
         assert_eq!(err, FenceError::Jump { resource: "/a".into(), token: 45, base: 34, max_jump: 10, domain: None });

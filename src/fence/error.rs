@@ -157,6 +157,9 @@ pub enum QuarantineCause {
     UnknownOutcome,
     /// A write to it was in flight when fencegate last stopped.
     InFlightAtStart,
+    /// The backend did not answer an earlier write that was sent pinned (docs/pins.md): a
+    /// pinned write that cannot leave the key absent may pass, the others wait.
+    UnknownPinnedOutcome,
 }
 
 impl std::fmt::Display for QuarantineCause {
@@ -167,6 +170,10 @@ impl std::fmt::Display for QuarantineCause {
             }
             QuarantineCause::InFlightAtStart => {
                 "a write to it was in flight when fencegate last stopped, and the backend may still apply it"
+            }
+            QuarantineCause::UnknownPinnedOutcome => {
+                "the backend did not answer an earlier write, which it may still apply while the resource is in the state \
+                that write was pinned to; until the quarantine ends only pinned writes that leave the resource in place pass"
             }
         })
     }

@@ -34,6 +34,7 @@ pub mod keys;
 pub mod lock_names;
 mod operator;
 pub mod path;
+mod pins;
 pub mod signature;
 mod subtree;
 pub mod token;
@@ -57,11 +58,13 @@ use gates::Gates;
 pub use guesses::Guesses;
 pub use keys::Scope;
 pub use operator::{Lifted, Reset};
+use pins::Pins;
+pub use pins::{MAX_PINS, Pin};
 use subtree::Subtrees;
 use tree::Tree;
 pub use tree::{Coverage, NODE_BYTES, Touch};
 pub(crate) use tree::{covers, node};
-pub use turn::{Checked, Outcome, Raised, Turn};
+pub use turn::{Checked, Outcome, PinSlot, Raised, Turn};
 pub use uploads::BindError;
 
 /// What to do with a token equal to `max_seen`.
@@ -82,11 +85,15 @@ pub struct Policy {
     /// How far above the level (or, for a key without one, above the highest token of its
     /// token domain) a token may be; unbounded when `None`.
     pub max_jump: Option<u64>,
+    /// The write is sent pinned (docs/pins.md) and cannot leave its key absent: it may pass a
+    /// quarantine that a pinned write's unknown outcome left, since that write can then only
+    /// apply while the backend is in the state it was pinned to.
+    pub pinned: bool,
 }
 
 impl From<EqualToken> for Policy {
     fn from(equal: EqualToken) -> Policy {
-        Policy { equal, max_jump: None }
+        Policy { equal, max_jump: None, pinned: false }
     }
 }
 
@@ -109,6 +116,8 @@ pub struct Fence {
     subtrees: Subtrees,
     /// The highest token of each token domain, for `max_jump`.
     high_water: HighWater,
+    /// What the backend's state of each pinned key was when last learnt (docs/pins.md).
+    pins: Pins,
 }
 
 impl Fence {
@@ -125,7 +134,7 @@ impl Fence {
         let tree = Tree::build(Arc::clone(&max_seen));
         let high_water = HighWater::counted(domains, Arc::clone(&max_seen));
         let gates = Gates::new(Arc::clone(&max_seen));
-        Fence { max_seen, store, gates, tree, subtrees: Subtrees::default(), high_water }
+        Fence { max_seen, store, gates, tree, subtrees: Subtrees::default(), high_water, pins: Pins::default() }
     }
 
     /// The highest token `key` has accepted, if any.
@@ -259,6 +268,8 @@ impl Fence {
     /// earlier term may still hold turns, but none of them can advance any more.
     pub(crate) fn adopt(&self, adopted: &crate::store::Adopted, period: Duration) {
         self.recounted();
+        // Another leader may have written meanwhile: every pin is learnt again.
+        self.pins.clear();
         for (key, token) in &adopted.in_flight {
             tracing::warn!(resource = %key, token, quarantine = %humantime::format_duration(period),
                 "a write was in flight when fencegate stopped or stepped down: resource quarantined");

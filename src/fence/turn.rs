@@ -9,6 +9,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -17,7 +18,7 @@ use super::acquire::Registered;
 use super::detach::Detached;
 use super::gates::KeyTurn;
 use super::tree::{Coverage, Touch, node};
-use super::{Fence, FenceError, Policy, QuarantineCause, quarantine_end};
+use super::{Fence, FenceError, Pin, Policy, QuarantineCause, quarantine_end};
 use crate::store::{Change, Mark, MarkBatch, MarkRef, Permit, StoreError};
 
 /// How a forwarded write ended, as far as the fence is concerned.
@@ -58,6 +59,41 @@ pub struct Turn {
     /// Set while a forwarded write's outcome is open: a turn dropped then (its write panicked)
     /// quarantines what it touches for this long, as for any unknown outcome.
     unsettled: Option<Duration>,
+    /// Set once the write is sent pinned (see [`PinSlot::sent_pinned`]); allocated only for a
+    /// write that asked for its [`PinSlot`].
+    pinned: Option<Arc<AtomicBool>>,
+}
+
+/// The pin of a one-key write's key (docs/pins.md), read and set by the write while its turn
+/// is held, so that no other write through this fence moves the backend's state meanwhile.
+#[derive(Debug)]
+pub struct PinSlot {
+    fence: Arc<Fence>,
+    key: Box<str>,
+    sent: Arc<AtomicBool>,
+}
+
+impl PinSlot {
+    /// What was last learnt of the backend's state of the key, if anything is known.
+    pub fn get(&self) -> Option<Pin> {
+        self.fence.pins.get(&self.key)
+    }
+
+    /// Notes what the backend's state of the key is, learnt under the turn.
+    pub fn set(&self, pin: Pin) {
+        self.fence.pins.set(&self.key, pin);
+    }
+
+    /// The key whose pin this is.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// Notes that the write is sent with a precondition naming the key's pin: should its
+    /// outcome be unknown, it can only apply while the backend is still in that state.
+    pub fn sent_pinned(&self) {
+        self.sent.store(true, Ordering::Relaxed);
+    }
 }
 
 impl Fence {
@@ -71,6 +107,7 @@ impl Fence {
             key_turns: taken.key_turns,
             registered: taken.registered,
             unsettled: None,
+            pinned: None,
         })
     }
 }
@@ -90,7 +127,9 @@ impl Turn {
         let policy = policy.into();
         let now = Instant::now();
         for key_turn in &mut self.key_turns {
-            if let Some((retry_after, cause)) = key_turn.quarantined(now) {
+            if let Some((retry_after, cause)) = key_turn.quarantined(now)
+                && !(policy.pinned && cause == QuarantineCause::UnknownPinnedOutcome)
+            {
                 return Err(FenceError::Quarantined { resource: key_turn.key().to_owned(), retry_after, cause });
             }
         }
@@ -107,17 +146,29 @@ impl Turn {
         Ok(checked)
     }
 
+    /// The slot of this write's pin: `None` unless it touches one key alone.
+    pub fn pin_slot(&mut self) -> Option<PinSlot> {
+        let [touch] = self.touches.as_slice() else { return None };
+        if touch.coverage != Coverage::Key {
+            return None;
+        }
+        let sent = Arc::clone(self.pinned.get_or_insert_with(Default::default));
+        Some(PinSlot { fence: Arc::clone(&self.fence), key: touch.key.as_str().into(), sent })
+    }
+
     /// Closes what this write touches for `period`: it may still be applied late.
     pub fn quarantine(&mut self, period: Duration) {
         let until = quarantine_end(period);
+        let cause = match &self.pinned {
+            Some(sent) if sent.load(Ordering::Relaxed) => QuarantineCause::UnknownPinnedOutcome,
+            _ => QuarantineCause::UnknownOutcome,
+        };
         for touch in &self.touches {
             match touch.coverage {
-                Coverage::Subtree => {
-                    self.fence.subtrees.quarantine(node(&touch.key), until, QuarantineCause::UnknownOutcome)
-                }
+                Coverage::Subtree => self.fence.subtrees.quarantine(node(&touch.key), until, cause),
                 Coverage::Key => {
                     if let Some(key_turn) = self.key_turns.iter_mut().find(|k| k.key() == touch.key) {
-                        key_turn.quarantine(until, QuarantineCause::UnknownOutcome);
+                        key_turn.quarantine(until, cause);
                     }
                 }
             }
@@ -145,6 +196,9 @@ impl Turn {
     async fn advance(&self, checked: Checked, token: u64) -> Result<(), StoreError> {
         self.fence.store.commit(checked.term, self.batch(Change::Advance, token)).await?;
         self.fence.raised(&self.touches, token);
+        // What the backend holds for these keys is about to change: a pinned write, having
+        // read its pin, sets it again from the answer.
+        self.fence.pins.forget_touched(&self.touches);
         Ok(())
     }
 

@@ -206,3 +206,47 @@ async fn raise_never_lowers_and_keeps_an_unanswered_write_in_flight() {
     t.max_seen.answered(MarkRef::key("/flying"), 10);
     assert_eq!(t.max_seen.entry(MarkRef::key("/flying")), Some((10, false)));
 }
+
+#[tokio::test]
+async fn a_pinned_writes_unknown_outcome_lets_pinned_puts_pass_and_holds_the_rest() {
+    let (t, _dir) = fence();
+    let pinned = Policy { equal: STRICT, max_jump: None, pinned: true };
+    // A pinned write, sent pinned, whose answer never comes.
+    let mut turn = t.acquire(key("/a"), Duration::from_secs(1)).await.unwrap();
+    let slot = turn.pin_slot().expect("one key");
+    slot.set(Pin::Tag("\"t1\"".into()));
+    let lost = move |_: Option<Permit>| async move {
+        assert_eq!(slot.get(), Some(Pin::Tag("\"t1\"".into())), "read before the advance");
+        slot.sent_pinned();
+        Ok(async { Err::<u64, _>(Failed::Backend) })
+    };
+    assert_eq!(turn.finish_after(35, pinned, Duration::from_secs(60), lost, outcome).await, Err(Failed::Backend));
+    assert_eq!(t.pins.get("/a"), None, "the advance forgot the pin, and no answer set it");
+    let mut turn = t.acquire(key("/a"), Duration::from_secs(1)).await.unwrap();
+    let Err(FenceError::Quarantined { cause, .. }) = turn.check(36, STRICT) else { panic!("an unpinned write waits") };
+    assert_eq!(cause, QuarantineCause::UnknownPinnedOutcome);
+    assert!(turn.check(36, pinned).is_ok(), "a pinned PUT passes");
+    drop(turn);
+
+    // The same, not sent pinned: everything waits.
+    let mut turn = t.acquire(key("/b"), Duration::from_secs(1)).await.unwrap();
+    let _slot = turn.pin_slot();
+    let lost = |_: Option<Permit>| async { Ok(async { Err::<u64, _>(Failed::Backend) }) };
+    assert_eq!(turn.finish_after(35, pinned, Duration::from_secs(60), lost, outcome).await, Err(Failed::Backend));
+    let mut turn = t.acquire(key("/b"), Duration::from_secs(1)).await.unwrap();
+    let Err(FenceError::Quarantined { cause, .. }) = turn.check(36, pinned) else { panic!("a pinned PUT waits too") };
+    assert_eq!(cause, QuarantineCause::UnknownOutcome);
+}
+
+#[tokio::test]
+async fn a_write_forgets_the_pins_of_what_it_may_change() {
+    let (t, _dir) = fence();
+    for k in ["/d/x", "/d/y", "/e"] {
+        t.pins.set(k, Pin::Absent);
+    }
+    let subtree = vec![Touch { key: "/d/".into(), coverage: Coverage::Subtree }];
+    let mut turn = t.acquire(subtree, Duration::from_secs(1)).await.unwrap();
+    assert!(turn.pin_slot().is_none(), "a subtree write is never pinned");
+    assert_eq!(turn.finish(50, STRICT, Duration::from_secs(9), async { Ok(0) }, outcome).await, Ok(0));
+    assert_eq!((t.pins.get("/d/x"), t.pins.get("/d/y"), t.pins.get("/e")), (None, None, Some(Pin::Absent)));
+}

@@ -162,6 +162,40 @@ pub enum Refusal {
     /// told now.
     #[error(transparent)]
     Lock(LockError),
+    /// A pinned write (docs/pins.md) whose key's state at the backend could not be learnt:
+    /// nothing was advanced or sent.
+    #[error("{resource} cannot be pinned now, so the write was not sent: {why}")]
+    PinUnavailable {
+        /// The write's key.
+        resource: String,
+        /// What the backend answered.
+        why: String,
+    },
+    /// The request's own `If-Match` or `If-None-Match` does not hold for the state fencegate
+    /// learnt of the key: nothing was advanced or sent.
+    #[error(
+        "precondition failed: the request's {header} does not hold for {resource}, which is {state} at the backend"
+    )]
+    PreconditionFailed {
+        /// The write's key.
+        resource: String,
+        /// The header that does not hold.
+        header: &'static str,
+        /// The key's state, as fencegate learnt it.
+        state: String,
+    },
+    /// The backend refused a pinned write's precondition: its state of the key is not the one
+    /// the write was ordered after.
+    #[error(
+        "the backend's state of {resource} is not the one this write was ordered after ({sent}): a write that \
+        bypassed the fence, or a late one, changed it. The backend applied nothing; the token is used up"
+    )]
+    BackendMoved {
+        /// The write's key.
+        resource: String,
+        /// The precondition the write was sent with.
+        sent: String,
+    },
 }
 
 // Written out rather than `#[from]`: the message already includes the cause, and a `source`
@@ -266,6 +300,9 @@ impl Refusal {
             Refusal::Lock(LockError::NotHolder { .. }) => (S::CONFLICT, "not_lock_holder"),
             Refusal::Lock(LockError::Unavailable { .. }) => (S::SERVICE_UNAVAILABLE, "verify_unavailable"),
             Refusal::Lock(LockError::NoLockName { .. }) => (S::BAD_REQUEST, "no_lock_name"),
+            Refusal::PinUnavailable { .. } => (S::SERVICE_UNAVAILABLE, "pin_unavailable"),
+            Refusal::PreconditionFailed { .. } => (S::PRECONDITION_FAILED, "precondition_failed"),
+            Refusal::BackendMoved { .. } => (S::PRECONDITION_FAILED, "backend_moved"),
         }
     }
 
@@ -296,6 +333,9 @@ impl Refusal {
             Refusal::SignatureRejected { resource, .. } | Refusal::TooManyRefusals { lock: resource, .. } => {
                 Some(resource)
             }
+            Refusal::PinUnavailable { resource, .. }
+            | Refusal::PreconditionFailed { resource, .. }
+            | Refusal::BackendMoved { resource, .. } => Some(resource),
             _ => None,
         }
     }
@@ -348,6 +388,10 @@ impl Refusal {
             // Never the holder's revision: it is the token that passes.
             Refusal::Lock(LockError::NotHolder { lock, token, .. }) => json!({ "lock": lock, "token": token }),
             Refusal::Lock(LockError::Unavailable { lock, .. }) => json!({ "lock": lock }),
+            Refusal::PinUnavailable { resource, .. } | Refusal::PreconditionFailed { resource, .. } => {
+                json!({ "resource": resource })
+            }
+            Refusal::BackendMoved { resource, sent } => json!({ "resource": resource, "sent": sent }),
             _ => return body,
         };
         if let (Some(body), Value::Object(extra)) = (body.as_object_mut(), extra) {
@@ -431,7 +475,8 @@ impl Refusal {
             | Refusal::Upstream(UpstreamError::Busy(_))
             | Refusal::Lock(LockError::Unavailable { .. })
             | Refusal::Store(StoreError::Unavailable(_))
-            | Refusal::Upstream(UpstreamError::Withdrawn(_) | UpstreamError::NoLeader(_)) => Some(1),
+            | Refusal::Upstream(UpstreamError::Withdrawn(_) | UpstreamError::NoLeader(_))
+            | Refusal::PinUnavailable { .. } => Some(1),
             Refusal::Store(StoreError::NoSpace(_)) => Some(5),
             _ => None,
         };

@@ -68,6 +68,13 @@ fn examples() -> Vec<(Refusal, u16, &'static str)> {
         (Refusal::Upstream(UpstreamError::Failed("reset".into())), 502, "backend_error"),
         (Refusal::Upstream(UpstreamError::Timeout(d)), 504, "backend_timeout"),
         (Refusal::Upstream(UpstreamError::NoLeader("no route".into())), 503, "store_unavailable"),
+        (Refusal::PinUnavailable { resource: "/a".into(), why: "HEAD 500".into() }, 503, "pin_unavailable"),
+        (
+            Refusal::PreconditionFailed { resource: "/a".into(), header: "If-Match", state: "absent".into() },
+            412,
+            "precondition_failed",
+        ),
+        (Refusal::BackendMoved { resource: "/a".into(), sent: "If-Match: \"t\"".into() }, 412, "backend_moved"),
     ]
 }
 

@@ -121,6 +121,7 @@ mod tests {
             max_jump: None,
             proof: super::super::proof::Proof::None,
             upload: None,
+            pin: None,
         };
         e.plan(&Plan::Write(write));
         assert_eq!((e.keys.as_str(), e.token), ("/a,/b/", Some(7)));

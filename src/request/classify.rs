@@ -14,7 +14,7 @@ use hyper::body::Body;
 
 use super::proof::{self, Proof};
 use super::rules;
-use crate::config::{Config, LimitsConfig, MissingToken};
+use crate::config::{Config, FenceConfig, LimitsConfig, MissingToken, PinMode};
 use crate::fence::token::{self, TokenError};
 pub use crate::fence::{Coverage, EqualToken, Touch};
 use crate::refusal::Refusal;
@@ -75,6 +75,18 @@ pub struct Write {
     pub proof: Proof,
     /// Its part in a multipart upload (S3), if it has one: boxed, as most writes have none.
     pub upload: Option<Box<UploadStep>>,
+    /// How it is pinned to the backend's state of its one key (docs/pins.md), if it is.
+    pub pin: Option<Pinned>,
+}
+
+/// A pinned write (docs/pins.md): one that changes one key alone, with a method whose
+/// preconditions the backend honours, under a rule with `pin = "etag"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pinned {
+    /// Leaves the key in place (`PUT`): its answer's `ETag` is the key's next pin.
+    Put,
+    /// Leaves the key absent (`DELETE`).
+    Delete,
 }
 
 /// A write's part in a multipart upload, which the fence binds or checks beside its keys
@@ -171,7 +183,39 @@ pub fn fenced_write(head: &Head<'_>, config: &Config, named: Named) -> Result<Pl
     let equal = if locks.is_empty() { governed.equal } else { EqualToken::Accept };
     let max_jump = governed.max_jump;
     let upload = None;
-    Ok(Plan::Write(Write { token, touches, target, set_headers, body_limit, equal, max_jump, proof, locks, upload }))
+    let pin = pinned(head.method, &touches, &set_headers, &config.fence);
+    Ok(Plan::Write(Write {
+        token,
+        touches,
+        target,
+        set_headers,
+        body_limit,
+        equal,
+        max_jump,
+        proof,
+        locks,
+        upload,
+        pin,
+    }))
+}
+
+/// How a write of `method` to `touches` is pinned: only a `PUT` or `DELETE` of one key, naming
+/// no other resource (a `Destination`), under a rule with `pin = "etag"`.
+fn pinned(
+    method: &Method,
+    touches: &[Touch],
+    set_headers: &[(HeaderName, HeaderValue)],
+    fence: &FenceConfig,
+) -> Option<Pinned> {
+    let [touch] = touches else { return None };
+    if touch.coverage != Coverage::Key || !set_headers.is_empty() || rules::pin(&touch.key, fence) != PinMode::Etag {
+        return None;
+    }
+    match *method {
+        Method::PUT => Some(Pinned::Put),
+        Method::DELETE => Some(Pinned::Delete),
+        _ => None,
+    }
 }
 
 /// Refuses what no request may carry: tunnels, and heads beyond the configured limits.

@@ -18,12 +18,12 @@ use std::time::Instant;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 
-use super::classify::{UploadStep, Write};
+use super::classify::{Pinned, UploadStep, Write};
 use super::proof::Proof;
 use super::protocol::{Chosen, Protocol as _};
-use super::{InFlight, Outgoing, ResponseBody, holders, proof, send};
+use super::{InFlight, Outgoing, ResponseBody, holders, pinned, proof, send};
 use crate::etcd_client::Mirrors;
-use crate::fence::{BindError, Outcome, Policy, Touch};
+use crate::fence::{BindError, Outcome, PinSlot, Policy, Touch};
 use crate::refusal::Refusal;
 use crate::state::{Settings, State};
 use crate::store::{Permit, Role, StoreError};
@@ -165,7 +165,7 @@ fn check(
     client: Peer,
     protocol: Chosen,
 ) -> Result<Next, Refusal> {
-    let Write { token, touches, target, set_headers, body_limit, equal, max_jump, proof, locks, upload } = write;
+    let Write { token, touches, target, set_headers, body_limit, equal, max_jump, proof, locks, upload, pin } = write;
     let proven = prove(&state, &settings, token, proof, locks, &touches)?;
     // A part's or an end's upload is checked before the precheck, since its token is what is
     // checked.
@@ -184,7 +184,8 @@ fn check(
         }
         None => {}
     }
-    let policy = Policy { equal, max_jump };
+    // A pinned PUT may pass the quarantine a pinned write's unknown outcome left.
+    let policy = Policy { equal, max_jump, pinned: pin == Some(Pinned::Put) };
     // What the backend is told to change is what was fenced.
     for (name, value) in set_headers {
         req.headers_mut().insert(name, value);
@@ -192,7 +193,7 @@ fn check(
     state.fence.precheck(&touches, token, policy)?;
     // Boxed once, built in place: until the send takes it apart it moves as a pointer.
     let out = Outgoing { req, target, client, body_limit };
-    let pending = Box::write(Box::new_uninit(), Pending { state, settings, proven, out, ends });
+    let pending = Box::write(Box::new_uninit(), Pending { state, settings, proven, out, ends, pin, protocol });
     let waiting = Waiting { token, policy, touches, pending };
     Ok(if part { Next::Part(waiting) } else { Next::Turn(waiting, created) })
 }
@@ -223,8 +224,9 @@ impl Waiting {
         let waiting = Instant::now();
         let turn = pending.state.fence.acquire(touches, queue_timeout).await;
         pending.state.metrics.queue_wait.observe(waiting.elapsed().as_secs_f64());
-        let turn = turn?;
-        turn.finish_after(token, policy, quarantine, move |permit| prepare(pending, permit), outcome).await
+        let mut turn = turn?;
+        let slot = pending.pin.and_then(|kind| turn.pin_slot().map(|slot| (slot, kind)));
+        turn.finish_after(token, policy, quarantine, move |permit| prepare(pending, permit, slot), outcome).await
     }
 }
 
@@ -236,6 +238,9 @@ struct Pending {
     out: Outgoing,
     /// The multipart upload the write completes or aborts, if it does.
     ends: Option<Box<Ends>>,
+    /// How the write is pinned to its key's state at the backend, if it is.
+    pin: Option<Pinned>,
+    protocol: Chosen,
 }
 
 /// A write's end of a multipart upload: the turn is held until the backend's answer has ended,
@@ -304,8 +309,9 @@ fn prove(
 /// forward's state (request, timer) would otherwise make up most of the write's future, which
 /// is moved into its box whole.
 fn prepare(
-    pending: Box<Pending>,
+    mut pending: Box<Pending>,
     permit: Option<Permit>,
+    slot: Option<(PinSlot, Pinned)>,
 ) -> impl Future<Output = Result<impl Future<Output = Result<Response<ResponseBody>, Refusal>>, Refusal>> {
     boxed_in_place!(async move {
         // Before the advance: without a connection the token is not used up.
@@ -316,6 +322,15 @@ fn prepare(
         // expired while the write waited no longer passes, and the token is not used up.
         let (proven, state) = (&pending.proven, &pending.state);
         proven.check(proven.first.as_slice(), &state.settings.get().hmac, &state.locks.load())?;
+        // The key's state learnt and named in the request, still before the advance.
+        let (conn, pinning) = match slot {
+            Some((slot, kind)) => {
+                let (conn, pinning) =
+                    pinned::pin(&pending.settings, pending.protocol, conn, &mut pending.out, slot, kind).await?;
+                (conn, Some(pinning))
+            }
+            None => (conn, None),
+        };
         // Still boxed: the send takes it apart.
         Ok(boxed_in_place!(async move {
             let _flying = InFlight::new(&pending.state.metrics);
@@ -324,7 +339,11 @@ fn prepare(
             // is checked before the head and each body chunk (docs/cluster.md: self-fencing).
             // Only what is sent leaves the box.
             let hold = Hold { whole: true, permit };
-            let resp = send(&pending.state, &pending.settings, conn, pending.out, hold).await?;
+            let resp = send(&pending.state, &pending.settings, conn, pending.out, hold).await;
+            let resp = match pinning {
+                Some(pinning) => pinned::answered(pinning, resp)?,
+                None => resp?,
+            };
             match &pending.ends {
                 Some(ends) => ended(&pending.state, &pending.settings, ends, resp).await,
                 None => Ok(resp),

@@ -8,6 +8,7 @@ mod access;
 pub mod classify;
 mod fenced;
 pub mod holders;
+mod pinned;
 pub mod proof;
 pub mod protocol;
 pub(crate) mod rules;

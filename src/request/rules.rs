@@ -7,7 +7,7 @@
 //! fall under different token domains or different `verify` settings; otherwise it gets the
 //! strictest `equal_token` and the smallest `max_jump` among them.
 
-use crate::config::{DEFAULT_DOMAIN, FenceConfig, Rule, Verify};
+use crate::config::{DEFAULT_DOMAIN, FenceConfig, PinMode, Rule, Verify};
 use crate::fence::{Coverage, Domains, EqualToken, Touch, covers, node};
 use crate::refusal::Refusal;
 
@@ -39,6 +39,11 @@ pub(super) fn govern<'a>(touches: &[Touch], fence: &'a FenceConfig) -> Result<Go
         })
         .min();
     Ok(Governed { domain, equal: equal_token(touches, fence), verify, max_jump })
+}
+
+/// Whether writes to `key` are pinned: the longest rule over it that says.
+pub(super) fn pin(key: &str, fence: &FenceConfig) -> PinMode {
+    setting(&fence.rules, key, |r| r.pin).unwrap_or(PinMode::Off)
 }
 
 /// The token domains of `rules`, as the fence knows them.

@@ -1,6 +1,6 @@
 //! The shared fence and the lock services: several instances through a real etcd, its fault
-//! rounds and its model check, the etcd client and mirror, verified tokens, and tokens from a
-//! real etcd and ZooKeeper. One test binary, with the harness in `common`. Tests that need
+//! rounds and its model check, the model check of pinned writes, the etcd client and mirror,
+//! verified tokens, and tokens from a real etcd and ZooKeeper. One test binary, with the harness in `common`. Tests that need
 //! etcd or ZooKeeper skip with a message where they are not installed (`FG_REQUIRE_SERVICES=1`
 //! makes that a failure).
 //!
@@ -16,4 +16,5 @@ mod etcd_mirror;
 mod etcd_secure;
 mod interop_etcd;
 mod interop_zookeeper;
+mod pin_model;
 mod verify_etcd;

@@ -14,6 +14,8 @@
 pub mod http;
 pub mod s3;
 
+use ::http::Request;
+use ::http::header::{AUTHORIZATION, COOKIE, HOST, HeaderMap, HeaderName, USER_AGENT};
 use bytes::Bytes;
 use http_body_util::Full;
 
@@ -23,6 +25,7 @@ use super::classify::{Head, Plan};
 use crate::config::{BackendConfig, BackendProtocol, Config};
 use crate::fence::keys;
 use crate::refusal::Refusal;
+use crate::upstream::RequestBody;
 
 /// How requests to one kind of backend name resources, and how refusals are written for its
 /// clients.
@@ -51,6 +54,20 @@ pub trait Protocol: Send + Sync + std::fmt::Debug {
     fn upload_id(&self, body: &[u8]) -> Option<String> {
         let _ = body;
         None
+    }
+
+    /// Readies `head`, a `HEAD` of the key a pinned write changes (docs/pins.md), as
+    /// fencegate's own request, from the headers of the `client`'s write: those that let the
+    /// backend answer it as it would answer the client. `false` when this backend cannot be
+    /// asked, so that the write is sent unpinned and its answer pins the key.
+    fn learning_head(&self, head: &mut Request<RequestBody>, client: &HeaderMap, config: &Config) -> bool {
+        let _ = config;
+        for name in HEAD_CARRIES {
+            for value in client.get_all(&name) {
+                head.headers_mut().append(name.clone(), value.clone());
+            }
+        }
+        true
     }
 
     /// Whether `body`, of a success answer to a write that ends a multipart upload
@@ -115,7 +132,18 @@ impl Protocol for Chosen {
             Chosen::S3(p) => p.failed_late(body),
         }
     }
+
+    fn learning_head(&self, head: &mut Request<RequestBody>, client: &HeaderMap, config: &Config) -> bool {
+        match self {
+            Chosen::Http(p) => p.learning_head(head, client, config),
+            Chosen::S3(p) => p.learning_head(head, client, config),
+        }
+    }
 }
+
+/// Headers of a client's write that the `HEAD` learning its key's state carries, where the
+/// protocol sends one as the client would ([`Protocol::learning_head`]).
+const HEAD_CARRIES: [HeaderName; 4] = [HOST, AUTHORIZATION, COOKIE, USER_AGENT];
 
 /// The protocol of `backend`.
 pub fn for_backend(backend: &BackendConfig) -> Chosen {

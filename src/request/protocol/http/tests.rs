@@ -46,6 +46,7 @@ fn touching(token: u64, touches: &[(&str, Coverage)], target: &'static str) -> P
         proof: Proof::None,
         locks: Vec::new(),
         upload: None,
+        pin: None,
     })
 }
 

@@ -12,8 +12,8 @@ pub mod names;
 pub mod operation;
 
 use bytes::Bytes;
-use http::Response;
-use http::header::{CONNECTION, HeaderName};
+use http::header::{CONNECTION, HeaderMap, HeaderName};
+use http::{Request, Response};
 use http_body_util::Full;
 
 use super::Protocol;
@@ -23,6 +23,7 @@ use crate::refusal::Refusal;
 use crate::request::classify::{
     Coverage, Head, Named, Plan, Touch, UploadStep, check_fenced, check_limits, fenced_write,
 };
+use crate::upstream::RequestBody;
 use names::Named as Target;
 use operation::Effect;
 
@@ -103,6 +104,13 @@ impl Protocol for S3 {
 
     fn refuse(&self, refusal: &Refusal, withhold: bool) -> Response<Full<Bytes>> {
         error::response(refusal, withhold)
+    }
+
+    /// An S3 server answers only a signed `HEAD`, and fencegate holds no credentials to sign
+    /// one: the write goes unpinned.
+    fn learning_head(&self, head: &mut Request<RequestBody>, client: &HeaderMap, config: &Config) -> bool {
+        let _ = (head, client, config);
+        false
     }
 }
 

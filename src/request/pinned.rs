@@ -1,0 +1,291 @@
+//! A pinned write's two steps under its turn (docs/pins.md): before the advance, the key's
+//! state is learnt (by a `HEAD` when the fence knows none), the client's own preconditions
+//! are judged against it, and the write is given the precondition that names it; after the
+//! answer, the key's pin is set from it, and a `412` becomes fencegate's `backend_moved`.
+
+use bytes::Bytes;
+use http::header::{ETAG, HeaderMap, HeaderName, HeaderValue, IF_MATCH, IF_NONE_MATCH};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+
+use super::Outgoing;
+use super::classify::Pinned;
+use super::protocol::{Chosen, Protocol as _};
+use crate::fence::{Pin, PinSlot};
+use crate::refusal::Refusal;
+use crate::state::Settings;
+use crate::upstream::{Connection, Hold, RequestBody, ResponseBody};
+
+/// What a pinned write was sent with, for reading its answer.
+pub(super) struct Pinning {
+    slot: PinSlot,
+    kind: Pinned,
+    /// The precondition, as sent: `If-Match: "t"` or `If-None-Match: *`; `None` when the key's
+    /// state could not be asked for ([`Protocol::learning_head`]) and the write went unpinned.
+    sent: Option<String>,
+}
+
+/// Under the write's turn, before its advance: the key's pin (learnt with a `HEAD` on `conn`
+/// when the fence knows none), the request's own `If-Match` and `If-None-Match` judged
+/// against it, and the precondition naming it set on the request. Returns the connection to
+/// send the write on. A refusal here has sent nothing and advanced nothing.
+pub(super) async fn pin(
+    settings: &Settings,
+    protocol: Chosen,
+    conn: Connection,
+    out: &mut Outgoing,
+    slot: PinSlot,
+    kind: Pinned,
+) -> Result<(Connection, Pinning), Refusal> {
+    let (pin, conn) = match slot.get() {
+        Some(pin) => (pin, conn),
+        None => match learn(settings, protocol, conn, out, slot.key()).await? {
+            // The HEAD's connection is back in the pool once its answer ended.
+            Some(pin) => (pin, settings.upstream.connection().await?),
+            None => {
+                let conn = settings.upstream.connection().await?;
+                return Ok((conn, Pinning { slot, kind, sent: None }));
+            }
+        },
+    };
+    let headers = out.req.headers_mut();
+    judge(headers, &pin, slot.key())?;
+    let sent = match &pin {
+        Pin::Tag(tag) => {
+            let value = HeaderValue::from_str(tag).map_err(|e| unreadable(slot.key(), e))?;
+            headers.insert(IF_MATCH, value);
+            format!("If-Match: {tag}")
+        }
+        Pin::Absent => {
+            headers.insert(IF_NONE_MATCH, HeaderValue::from_static("*"));
+            "If-None-Match: *".to_owned()
+        }
+    };
+    slot.sent_pinned();
+    Ok((conn, Pinning { slot, kind, sent: Some(sent) }))
+}
+
+/// A pinned write's answer, under its turn: a `2xx` sets the key's pin (the answer's strong
+/// `ETag` after a `PUT`, none known without one; absent after a `DELETE`), and a `412` is
+/// fencegate's `backend_moved`. Any other answer leaves the pin unknown, as the advance left it.
+pub(super) fn answered(
+    pinning: Pinning,
+    result: Result<Response<ResponseBody>, Refusal>,
+) -> Result<Response<ResponseBody>, Refusal> {
+    let Pinning { slot, kind, sent } = pinning;
+    match result {
+        Ok(resp) if resp.status() == StatusCode::PRECONDITION_FAILED && sent.is_some() => {
+            Err(Refusal::BackendMoved { resource: slot.key().to_owned(), sent: sent.unwrap_or_default() })
+        }
+        Ok(resp) if resp.status().is_success() => {
+            match kind {
+                Pinned::Put => {
+                    if let Some(tag) = strong_tag(resp.headers()) {
+                        slot.set(Pin::Tag(tag));
+                    }
+                }
+                Pinned::Delete => slot.set(Pin::Absent),
+            }
+            Ok(resp)
+        }
+        other => other,
+    }
+}
+
+/// The backend's state of the key `out` writes, from a `HEAD` of its target on `conn`; `None`
+/// when the protocol cannot ask (conn is then given back unused).
+async fn learn(
+    settings: &Settings,
+    protocol: Chosen,
+    conn: Connection,
+    out: &Outgoing,
+    key: &str,
+) -> Result<Option<Pin>, Refusal> {
+    let mut head = Request::new(RequestBody::Read(Full::new(Bytes::new())));
+    *head.method_mut() = Method::HEAD;
+    *head.uri_mut() = out.req.uri().clone();
+    if !protocol.learning_head(&mut head, out.req.headers(), &settings.config) {
+        return Ok(None);
+    }
+    let resp = settings.upstream.forward(conn, head, out.target.clone(), &out.client, None, Hold::default()).await;
+    let unavailable = |why: String| Refusal::PinUnavailable { resource: key.to_owned(), why };
+    let resp = resp.map_err(|e| unavailable(format!("its HEAD failed: {e}")))?;
+    let (parts, body) = resp.into_parts();
+    // A HEAD's answer has no body: reading it to its end gives the connection back.
+    body.collect().await.map_err(|e| unavailable(format!("its HEAD's answer broke off: {e}")))?;
+    let pin = match parts.status {
+        status if status.is_success() => strong_tag(&parts.headers).map(Pin::Tag).ok_or_else(|| {
+            unavailable(match parts.headers.get(ETAG) {
+                Some(_) => {
+                    "the backend's HEAD named no strong ETag (a weak one never matches If-Match: docs/pins.md)".into()
+                }
+                None => "the backend's HEAD named no ETag".into(),
+            })
+        }),
+        StatusCode::NOT_FOUND | StatusCode::GONE => Ok(Pin::Absent),
+        status => Err(unavailable(format!("the backend answered its HEAD {status}"))),
+    };
+    pin.map(Some)
+}
+
+/// The strong entity tag of one `ETag` field, with its quotes; `None` for a weak, malformed or
+/// repeated one.
+fn strong_tag(headers: &HeaderMap) -> Option<Box<str>> {
+    let mut values = headers.get_all(ETAG).iter();
+    let (Some(value), None) = (values.next(), values.next()) else { return None };
+    let tag = value.to_str().ok()?.trim();
+    let inner = tag.strip_prefix('"')?.strip_suffix('"')?;
+    (!inner.contains('"')).then(|| tag.into())
+}
+
+/// One entity tag of a precondition's list.
+#[derive(Debug, PartialEq, Eq)]
+enum Listed<'a> {
+    /// `*`: any current representation.
+    Any,
+    /// A tag, with its quotes; `weak` when written `W/"…"`.
+    Tag { tag: &'a str, weak: bool },
+}
+
+/// The entity tags an `If-Match` or `If-None-Match` lists, over all its fields.
+fn listed<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Result<Option<Vec<Listed<'a>>>, Refusal> {
+    let mut all = Vec::new();
+    let mut seen = false;
+    for value in headers.get_all(name) {
+        seen = true;
+        let text = value.to_str().map_err(|e| invalid(name, e.to_string()))?;
+        let mut rest = text.trim_start_matches([' ', '\t', ',']);
+        while !rest.is_empty() {
+            let (item, after) = if let Some(after) = rest.strip_prefix('*') {
+                (Listed::Any, after)
+            } else {
+                let (weak, quoted) = match rest.strip_prefix("W/") {
+                    Some(q) => (true, q),
+                    None => (false, rest),
+                };
+                let inner = quoted
+                    .strip_prefix('"')
+                    .ok_or_else(|| invalid(name, format!("{text:?} is not a list of entity tags")))?;
+                let end =
+                    inner.find('"').ok_or_else(|| invalid(name, format!("{text:?} has an unclosed entity tag")))?;
+                (Listed::Tag { tag: &quoted[..end + 2], weak }, &inner[end + 1..])
+            };
+            all.push(item);
+            rest = after.trim_start_matches([' ', '\t']);
+            match rest.strip_prefix(',') {
+                Some(after) => rest = after.trim_start_matches([' ', '\t', ',']),
+                None if rest.is_empty() => {}
+                None => return Err(invalid(name, format!("{text:?} is not a list of entity tags"))),
+            }
+        }
+    }
+    Ok(seen.then_some(all))
+}
+
+/// Refuses a write whose own `If-Match` or `If-None-Match` does not hold for `pin`, as the
+/// backend would (RFC 9110 13.1.1 and 13.1.2: strong comparison for `If-Match`, weak for
+/// `If-None-Match`).
+fn judge(headers: &HeaderMap, pin: &Pin, key: &str) -> Result<(), Refusal> {
+    let state = || match pin {
+        Pin::Tag(tag) => format!("tagged {tag}"),
+        Pin::Absent => "absent".to_owned(),
+    };
+    let failed = |header| Refusal::PreconditionFailed { resource: key.to_owned(), header, state: state() };
+    if let Some(list) = listed(headers, &IF_MATCH)? {
+        let holds = match pin {
+            Pin::Tag(current) => list.iter().any(|l| match l {
+                Listed::Any => true,
+                Listed::Tag { tag, weak } => !weak && *tag == &**current,
+            }),
+            Pin::Absent => false,
+        };
+        if !holds {
+            return Err(failed("If-Match"));
+        }
+    }
+    if let Some(list) = listed(headers, &IF_NONE_MATCH)? {
+        let holds = match pin {
+            Pin::Tag(current) => !list.iter().any(|l| match l {
+                Listed::Any => true,
+                Listed::Tag { tag, .. } => tag.trim_start_matches("W/") == current.trim_start_matches("W/"),
+            }),
+            Pin::Absent => true,
+        };
+        if !holds {
+            return Err(failed("If-None-Match"));
+        }
+    }
+    Ok(())
+}
+
+fn invalid(name: &HeaderName, reason: String) -> Refusal {
+    Refusal::InvalidHeader { name: name.to_string(), reason }
+}
+
+fn unreadable(key: &str, e: impl std::fmt::Display) -> Refusal {
+    Refusal::PinUnavailable { resource: key.to_owned(), why: format!("its entity tag cannot be sent: {e}") }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(*k, HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    #[test]
+    fn a_strong_tag_is_read_and_a_weak_or_doubled_one_is_not() {
+        assert_eq!(strong_tag(&headers(&[("etag", "\"a1\"")])).as_deref(), Some("\"a1\""));
+        assert_eq!(strong_tag(&headers(&[("etag", "W/\"a1\"")])), None);
+        assert_eq!(strong_tag(&headers(&[("etag", "a1")])), None);
+        assert_eq!(strong_tag(&headers(&[("etag", "\"a\"\"")])), None);
+        assert_eq!(strong_tag(&headers(&[("etag", "\"a\""), ("etag", "\"b\"")])), None);
+        assert_eq!(strong_tag(&headers(&[])), None);
+    }
+
+    #[test]
+    fn lists_of_entity_tags_are_read_over_all_fields() {
+        let h = headers(&[("if-match", "\"a\", W/\"b\""), ("if-match", " * ,\"c,d\"")]);
+        let list = listed(&h, &IF_MATCH).unwrap().unwrap();
+        assert_eq!(
+            list,
+            [
+                Listed::Tag { tag: "\"a\"", weak: false },
+                Listed::Tag { tag: "\"b\"", weak: true },
+                Listed::Any,
+                Listed::Tag { tag: "\"c,d\"", weak: false },
+            ]
+        );
+        assert_eq!(listed(&headers(&[]), &IF_MATCH).unwrap(), None);
+        for bad in ["a", "\"a", "\"a\" b"] {
+            let h = headers(&[("if-match", bad)]);
+            assert!(matches!(listed(&h, &IF_MATCH), Err(Refusal::InvalidHeader { .. })), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_clients_preconditions_are_judged_against_the_pin() {
+        let tag = Pin::Tag("\"t\"".into());
+        let judged = |pairs: &[(&'static str, &'static str)], pin: &Pin| match judge(&headers(pairs), pin, "/k") {
+            Ok(()) => "holds",
+            Err(Refusal::PreconditionFailed { header, .. }) => header,
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(judged(&[], &tag), "holds");
+        assert_eq!(judged(&[("if-match", "\"t\"")], &tag), "holds");
+        assert_eq!(judged(&[("if-match", "\"x\", \"t\"")], &tag), "holds");
+        assert_eq!(judged(&[("if-match", "*")], &tag), "holds");
+        assert_eq!(judged(&[("if-match", "W/\"t\"")], &tag), "If-Match", "strong comparison");
+        assert_eq!(judged(&[("if-match", "\"x\"")], &tag), "If-Match");
+        assert_eq!(judged(&[("if-match", "*")], &Pin::Absent), "If-Match");
+        assert_eq!(judged(&[("if-none-match", "*")], &Pin::Absent), "holds");
+        assert_eq!(judged(&[("if-none-match", "*")], &tag), "If-None-Match");
+        assert_eq!(judged(&[("if-none-match", "W/\"t\"")], &tag), "If-None-Match", "weak comparison");
+        assert_eq!(judged(&[("if-none-match", "\"x\"")], &tag), "holds");
+    }
+}
