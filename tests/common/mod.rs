@@ -5,7 +5,9 @@
 //! it), `wait` (waiting for a state instead of sleeping), `services`, `etcd_server` and
 //! `etcd_cluster` (real etcd and ZooKeeper for the interop and cluster tests), `etcd` (a client of etcd's JSON gateway), `cluster`
 //! (several instances sharing a fence in etcd), `pki` (certificates made at test time),
-//! `signing` (key files and signed tokens) and `webdav` (a recording WebDAV stub).
+//! `signing` (key files and signed tokens), `webdav` (a recording WebDAV stub), `apache` (Apache
+//! httpd with mod_dav, a backend that honours preconditions) and `relay` (a TCP relay that
+//! holds a chosen request and delivers it late).
 //!
 //! The test binaries `proxy`, `store` and `cluster` include it as their module `common`; each
 //! uses its own part of it.
@@ -30,6 +32,7 @@ use tokio::task::JoinHandle;
 
 pub use fencegate::demo::DELAY_HEADER;
 
+pub mod apache;
 pub mod backend;
 pub mod builder;
 pub mod cluster;
@@ -41,6 +44,7 @@ pub mod nginx;
 pub mod pki;
 pub mod process;
 pub mod raw;
+pub mod relay;
 pub mod s3;
 pub mod services;
 pub mod signing;

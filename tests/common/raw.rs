@@ -158,7 +158,7 @@ impl RawConn {
 
 /// The length of the first response in `raw` once it is complete. Without `Content-Length`
 /// or chunked framing, a body runs to the end of the connection: complete only `at_eof`.
-fn response_len(raw: &[u8], at_eof: bool) -> Option<usize> {
+pub(super) fn response_len(raw: &[u8], at_eof: bool) -> Option<usize> {
     let head_end = raw.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
     let head = std::str::from_utf8(&raw[..head_end]).ok()?.to_ascii_lowercase();
     let status: u16 = head.split(' ').nth(1)?.parse().ok()?;

@@ -1,6 +1,7 @@
 //! The proxy in front of a backend, mostly in-process (`common::Harness`): the fence, paths,
 //! proxying, limits, ordering, TLS, the admin API, reloads, signed tokens, the access log, and
-//! WebDAV writes against nginx and against a recording stub. One test binary: each module was
+//! WebDAV writes against nginx and against a recording stub, and writes applied late (pins)
+//! against Apache through a delaying relay. One test binary: each module was
 //! a binary of its own, and every binary relinked the library and the harness.
 
 #[path = "../common/mod.rs"]
@@ -15,6 +16,7 @@ mod limits;
 mod nginx;
 mod ordering;
 mod paths;
+mod pins;
 mod proxying;
 mod redirects;
 mod reload;

@@ -1,0 +1,214 @@
+//! Writes a backend applies late (docs/pins.md): fencegate in front of Apache with mod_dav
+//! (`common::apache`), through a relay the test controls (`common::relay`) that holds a chosen
+//! write past fencegate's timeout and quarantine and then delivers it. Also the checks of the
+//! parts: a held request reaches the backend later, byte for byte, and Apache does what the
+//! pins rely on.
+
+use crate::common;
+
+use std::time::Duration;
+
+use common::apache::{Apache, ETags, start_apache, start_apache_with};
+use common::backend::{Reply, StubBackend};
+use common::relay::{Relay, method_with_token};
+use common::{Harness, RawConn, Resp, eventually, raw_request};
+
+/// fencegate's bound on the backend's answer: the held write's `504`. Every other write must
+/// be answered within it, by an Apache on a machine other tests load too (200 ms was not
+/// always enough).
+const TIMEOUT: Duration = Duration::from_secs(1);
+/// How long the resource refuses writes after that `504`.
+const QUARANTINE: Duration = Duration::from_millis(200);
+/// How long the relay holds the write at least: until three times the quarantine has passed
+/// since fencegate gave up on it.
+const HOLD: Duration = TIMEOUT.saturating_add(QUARANTINE.saturating_mul(3));
+/// The relay's own test holds for this long.
+const RELAY_HOLD: Duration = Duration::from_millis(300);
+
+/// fencegate in front of `relay`, with the short timeout and quarantine above.
+async fn proxy_through(relay: &Relay) -> Harness {
+    let url = relay.url();
+    Harness::start_with(|c| {
+        c.backend.url = url.parse().unwrap();
+        c.backend.request_timeout = TIMEOUT;
+        c.fence.quarantine = QUARANTINE;
+    })
+    .await
+}
+
+/// Sends `token`'s PUT of `body` to `path` until the resource's quarantine lets it through;
+/// returns the first answer that is not `503 resource_quarantined`.
+async fn put_after_quarantine(h: &Harness, path: &str, token: u64, body: &str) -> Resp {
+    let mut answer = None;
+    eventually("the quarantine ends", async || {
+        let r = h.put(path, token, body).await;
+        let through = r.fencegate_error() != Some("resource_quarantined");
+        answer = Some(r);
+        through
+    })
+    .await;
+    answer.expect("a write went through")
+}
+
+/// The gap pins close, shown as it is without them: a write fencegate gave up on (`504`, then
+/// quarantine) reaches the backend after the quarantine, when a newer holder's write has been
+/// accepted and applied, and overwrites it. This test passes by demonstrating the failure:
+/// the file ends holding the older token's "one". The hold is gated so the order is the
+/// test's, not the machine's speed.
+#[tokio::test]
+async fn a_delayed_write_lands_after_the_newer_one_without_pins() {
+    let Some(apache) = start_apache().await else { return };
+    let relay = Relay::start(apache.addr).await;
+    let h = proxy_through(&relay).await;
+    let mut hold = relay.hold_next_gated(method_with_token("PUT", 1), HOLD);
+
+    h.put("/doc", 1, "one").await.assert_refused(504, "backend_timeout");
+    let held = hold.held().await;
+    assert_eq!(held.body, b"one");
+    assert_eq!(apache.file("/doc"), None, "the held write has not reached Apache");
+    assert_eq!(h.proxy.max_seen("/doc"), Some(1), "token 1 was used up before it was sent");
+
+    // The newer holder's write, once the quarantine is over: accepted and applied.
+    let two = put_after_quarantine(&h, "/doc", 2, "two").await;
+    assert_eq!(two.status, 201, "Apache created the file: {:?}", two.body);
+    assert_eq!(apache.file("/doc").as_deref(), Some(&b"two"[..]));
+
+    // Then the held write arrives, as from a buffer nobody can see into.
+    hold.release();
+    let late = hold.delivered().await;
+    assert!(late.sent_at - late.held_at >= HOLD, "held {:?}", late.sent_at - late.held_at);
+    let answer = late.response.expect("Apache answered the late write");
+    assert_eq!(answer.status, 204, "Apache replaced the file with the older write");
+
+    // The writes to /doc in the order Apache received them: token 2, then token 1.
+    let order: Vec<u64> =
+        relay.sent().iter().filter(|r| r.method == "PUT" && r.target == "/doc").filter_map(|r| r.token()).collect();
+    assert_eq!(order, [2, 1], "the older token reached Apache last");
+    assert_eq!(
+        apache.file("/doc").as_deref(),
+        Some(&b"one"[..]),
+        "without pins the older token's write is the one that stays"
+    );
+}
+
+/// The relay itself: a request before the held one on the same connection passes; the held
+/// one gets no answer on its connection and reaches the backend only after the hold, on a
+/// connection of its own, byte for byte; a gated hold waits for its release, and a chunked
+/// body is recognised whole.
+#[tokio::test]
+async fn the_relay_delivers_a_held_request_later_byte_for_byte() {
+    let stub = StubBackend::start(Reply::Answer(201, "made")).await;
+    // A second relay records exactly what reaches the backend.
+    let recorder = Relay::start(stub.addr()).await;
+    let relay = Relay::start(recorder.addr()).await;
+
+    let mut hold = relay.hold_next(method_with_token("PUT", 7), RELAY_HOLD);
+    let mut conn = RawConn::open(relay.addr()).await;
+    conn.send("GET /a HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    assert_eq!(conn.read_response().await.status, 201, "a request that does not match passes");
+    let put = "PUT /a HTTP/1.1\r\nHost: x\r\nFencing-Token: 7\r\nContent-Length: 5\r\n\r\nhello";
+    conn.send(put).await;
+    let held = hold.held().await;
+    assert_eq!(held.raw, put.as_bytes());
+    assert_eq!((held.method.as_str(), held.target.as_str(), held.body.as_slice()), ("PUT", "/a", &b"hello"[..]));
+
+    let late = hold.delivered().await;
+    assert!(late.sent_at - late.held_at >= RELAY_HOLD, "delivered after {:?}", late.sent_at - late.held_at);
+    assert_eq!(late.response.expect("the stub answered").status, 201);
+    let reached = recorder.requests();
+    assert_eq!(reached.len(), 2, "{reached:?}");
+    assert_eq!(reached[1].raw, put.as_bytes(), "delivered byte for byte");
+    assert_ne!(reached[1].connection, reached[0].connection, "on a connection of the relay's own");
+    let mut buf = [0u8; 64];
+    assert_eq!(
+        conn.read_some_within(Duration::from_millis(50), &mut buf).await,
+        None,
+        "the held request's connection never gets an answer"
+    );
+
+    // Gated, and chunked: nothing is delivered before the release.
+    let mut gated = relay.hold_next_gated(method_with_token("PUT", 8), Duration::ZERO);
+    let chunked = "PUT /b HTTP/1.1\r\nHost: x\r\nFencing-Token: 8\r\nTransfer-Encoding: chunked\r\n\r\n\
+                   3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n";
+    let mut other = RawConn::open(relay.addr()).await;
+    other.send(chunked).await;
+    assert_eq!(gated.held().await.raw, chunked.as_bytes());
+    assert!(!gated.is_delivered(), "a gated hold waits for its release");
+    assert_eq!(recorder.requests().len(), 2, "nothing more reached the backend");
+    gated.release();
+    assert_eq!(gated.delivered().await.response.expect("the stub answered").status, 201);
+    assert_eq!(recorder.requests().last().unwrap().raw, chunked.as_bytes());
+}
+
+/// The `ETag` of `path` as a `HEAD` to Apache answers it.
+async fn etag(apache: &Apache, path: &str) -> Option<String> {
+    let r = raw_request(apache.addr, &format!("HEAD {path} HTTP/1.1\r\nHost: x"), "").await;
+    r.headers.get("etag").map(|v| v.to_str().unwrap().to_owned())
+}
+
+/// `method` of `path` straight to Apache, with `headers` (each `Name: value`) and `body`.
+async fn to_apache(apache: &Apache, method: &str, path: &str, headers: &[&str], body: &str) -> Resp {
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: x");
+    for h in headers {
+        head.push_str("\r\n");
+        head.push_str(h);
+    }
+    raw_request(apache.addr, &head, body).await
+}
+
+/// What the pins rely on in Apache with mod_dav and `FileETag Digest` (common::apache's notes):
+/// no `ETag` in a `PUT`'s answer, a strong one from `HEAD` that comes back with the same
+/// bytes, and `If-Match` and `If-None-Match: *` honoured on `PUT` and `DELETE`.
+#[tokio::test]
+async fn apache_with_digest_tags_honours_preconditions_and_names_no_tag_on_a_put() {
+    let Some(apache) = start_apache().await else { return };
+    let created = to_apache(&apache, "PUT", "/a", &[], "A").await;
+    assert_eq!(created.status, 201);
+    assert_eq!(created.headers.get("etag"), None, "a PUT's answer names no tag");
+    let tag_a = etag(&apache, "/a").await.expect("HEAD names a tag");
+    assert!(!tag_a.starts_with("W/"), "Digest tags are strong from the first moment: {tag_a}");
+
+    let if_match = |tag: &str| format!("If-Match: {tag}");
+    assert_eq!(to_apache(&apache, "PUT", "/a", &[&if_match("\"other\"")], "B").await.status, 412);
+    assert_eq!(to_apache(&apache, "PUT", "/a", &["If-None-Match: *"], "B").await.status, 412);
+    assert_eq!(apache.file("/a").as_deref(), Some(&b"A"[..]), "a failed precondition changes nothing");
+    let replaced = to_apache(&apache, "PUT", "/a", &[&if_match(&tag_a)], "B").await;
+    assert_eq!(replaced.status, 204);
+    assert_eq!(replaced.headers.get("etag"), None);
+    let tag_b = etag(&apache, "/a").await.unwrap();
+    assert_ne!(tag_b, tag_a);
+    assert_eq!(to_apache(&apache, "DELETE", "/a", &[&if_match(&tag_a)], "").await.status, 412);
+    assert_eq!(to_apache(&apache, "DELETE", "/a", &["If-None-Match: *"], "").await.status, 412);
+    assert_eq!(to_apache(&apache, "PUT", "/a", &[&if_match(&tag_b)], "A").await.status, 204);
+    assert_eq!(etag(&apache, "/a").await.as_ref(), Some(&tag_a), "the same bytes, the same tag (A, B, A)");
+    assert_eq!(to_apache(&apache, "DELETE", "/a", &[&if_match(&tag_a)], "").await.status, 204);
+
+    let missing = to_apache(&apache, "HEAD", "/a", &[], "").await;
+    assert_eq!(missing.status, 404);
+    assert_eq!(to_apache(&apache, "PUT", "/a", &[&if_match(&tag_a)], "C").await.status, 412, "no file matches");
+    assert_eq!(to_apache(&apache, "PUT", "/a", &["If-None-Match: *"], "C").await.status, 201);
+    assert_eq!(apache.file("/a").as_deref(), Some(&b"C"[..]));
+}
+
+/// Apache's default `FileETag` (`MTime Size`) makes a weak tag while the file's modification
+/// time is less than a second before the request, which `If-Match` never matches, and a strong
+/// one after. The file's time is set on disk, so the test waits for no second to pass.
+#[tokio::test]
+async fn apache_default_tags_are_weak_within_a_second_of_a_write() {
+    let Some(apache) = start_apache_with(ETags::MTimeSize).await else { return };
+    let path = apache.root.join("m");
+    std::fs::write(&path, "one").unwrap();
+    let file = std::fs::File::options().write(true).open(&path).unwrap();
+    let now = std::time::SystemTime::now();
+
+    file.set_modified(now + Duration::from_secs(3600)).unwrap();
+    let weak = etag(&apache, "/m").await.unwrap();
+    assert!(weak.starts_with("W/"), "{weak}");
+    assert_eq!(to_apache(&apache, "PUT", "/m", &[&format!("If-Match: {weak}")], "two").await.status, 412);
+
+    file.set_modified(now - Duration::from_secs(3600)).unwrap();
+    let strong = etag(&apache, "/m").await.unwrap();
+    assert!(!strong.starts_with("W/"), "{strong}");
+    assert_eq!(to_apache(&apache, "PUT", "/m", &[&format!("If-Match: {strong}")], "two").await.status, 204);
+    assert_eq!(apache.file("/m").as_deref(), Some(&b"two"[..]));
+}
