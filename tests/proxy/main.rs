@@ -17,6 +17,7 @@ mod nginx;
 mod ordering;
 mod paths;
 mod pins;
+mod pins_rounds;
 mod proxying;
 mod redirects;
 mod reload;
