@@ -3,7 +3,11 @@
 //! It does what a naive blob store does (no fencing at all) and records every write in the
 //! order it applied them, so tests can check what fencegate let through and in which order.
 //! A request header `x-memstore-delay-ms: N` makes it wait N ms after reading the body and
-//! before applying the write, to simulate a slow backend. Not for production use.
+//! before applying the write, to simulate a slow backend. Like many stores, it tags each
+//! object with a strong `ETag` (a version: it never comes back) on reads and on the answer to
+//! a write, and honours `If-Match` and `If-None-Match` on writes, evaluated when the write is
+//! applied: a write whose precondition fails gets `412` and is not applied. Not for production
+//! use.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -48,7 +52,10 @@ impl Received {
 
 #[derive(Debug, Default)]
 struct State {
-    objects: HashMap<String, Bytes>,
+    /// Each object with the version its `ETag` names.
+    objects: HashMap<String, (Bytes, u64)>,
+    /// The last version given out.
+    version: u64,
     requests: Vec<Received>,
     applied: Vec<Received>,
 }
@@ -143,12 +150,12 @@ impl MemBackend {
 
     /// The stored object at `path`.
     pub fn object(&self, path: &str) -> Option<Bytes> {
-        self.lock().objects.get(path).cloned()
+        self.lock().objects.get(path).map(|(body, _)| body.clone())
     }
 
     /// All stored objects, sorted by path.
     pub fn objects(&self) -> Vec<(String, Bytes)> {
-        let mut all: Vec<_> = self.lock().objects.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let mut all: Vec<_> = self.lock().objects.iter().map(|(k, (v, _))| (k.clone(), v.clone())).collect();
         all.sort();
         all
     }
@@ -191,30 +198,71 @@ async fn serve(state: Arc<Mutex<State>>, req: Request<Incoming>) -> Result<Respo
 
 fn apply(s: &mut State, received: Received) -> Response<Full<Bytes>> {
     let path = received.path.clone();
-    match received.method {
+    let current = s.objects.get(&path).map(|(_, version)| etag(*version));
+    let write = !matches!(received.method, Method::GET | Method::HEAD);
+    if write && !preconditions_hold(&received.headers, current.as_deref()) {
+        return reply(StatusCode::PRECONDITION_FAILED, "precondition failed");
+    }
+    let mut resp = match received.method {
         Method::GET | Method::HEAD => match s.objects.get(&path) {
-            Some(obj) => Response::new(Full::new(obj.clone())),
-            None => reply(StatusCode::NOT_FOUND, "not found"),
+            Some((obj, _)) => Response::new(Full::new(obj.clone())),
+            None => return reply(StatusCode::NOT_FOUND, "not found"),
         },
         Method::PUT | Method::POST => {
-            s.objects.insert(path, received.body.clone());
+            s.version += 1;
+            s.objects.insert(path.clone(), (received.body.clone(), s.version));
             s.applied.push(received);
             reply(StatusCode::OK, "stored")
         }
         Method::PATCH => {
-            let mut joined = s.objects.get(&path).map(|b| b.to_vec()).unwrap_or_default();
+            let mut joined = s.objects.get(&path).map(|(b, _)| b.to_vec()).unwrap_or_default();
             joined.extend_from_slice(&received.body);
-            s.objects.insert(path, joined.into());
+            s.version += 1;
+            s.objects.insert(path.clone(), (joined.into(), s.version));
             s.applied.push(received);
             reply(StatusCode::OK, "appended")
         }
         Method::DELETE => {
             let existed = s.objects.remove(&path).is_some();
             s.applied.push(received);
-            if existed { reply(StatusCode::NO_CONTENT, "") } else { reply(StatusCode::NOT_FOUND, "not found") }
+            return if existed { reply(StatusCode::NO_CONTENT, "") } else { reply(StatusCode::NOT_FOUND, "not found") };
         }
-        _ => reply(StatusCode::METHOD_NOT_ALLOWED, "method not allowed"),
+        _ => return reply(StatusCode::METHOD_NOT_ALLOWED, "method not allowed"),
+    };
+    if let Some((_, version)) = s.objects.get(&path)
+        && let Ok(value) = http::HeaderValue::from_str(&etag(*version))
+    {
+        resp.headers_mut().insert(http::header::ETAG, value);
     }
+    resp
+}
+
+/// The strong entity tag of `version`.
+fn etag(version: u64) -> String {
+    format!("\"v{version}\"")
+}
+
+/// Whether a write's `If-Match` and `If-None-Match` hold for the object's `current` tag
+/// (`None`: there is no object): strong comparison for `If-Match`, weak for `If-None-Match`.
+fn preconditions_hold(headers: &HeaderMap, current: Option<&str>) -> bool {
+    let listed = |name| {
+        let values: Vec<&str> = headers.get_all(name).iter().filter_map(|v| v.to_str().ok()).collect();
+        (!values.is_empty()).then(|| values.iter().flat_map(|v| v.split(',')).map(str::trim).map(str::to_owned).collect::<Vec<_>>())
+    };
+    if let Some(tags) = listed(http::header::IF_MATCH) {
+        let holds = current.is_some_and(|c| tags.iter().any(|t| t == "*" || t == c));
+        if !holds {
+            return false;
+        }
+    }
+    if let Some(tags) = listed(http::header::IF_NONE_MATCH) {
+        let weak = |t: &str| t.trim_start_matches("W/").to_owned();
+        let matched = current.is_some_and(|c| tags.iter().any(|t| t == "*" || weak(t) == weak(c)));
+        if matched {
+            return false;
+        }
+    }
+    true
 }
 
 fn reply(status: StatusCode, text: &'static str) -> Response<Full<Bytes>> {

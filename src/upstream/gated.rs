@@ -48,6 +48,15 @@ pub(super) fn failpoint(name: &'static str) {
     let _ = name;
 }
 
+/// Whether sends check their permit (the self-fence). The `failpoints` feature's
+/// `upstream::no_self_fence` (action `return`) turns the check off, for the fault tests that
+/// show what else keeps a paused leader's write out (tests/cluster/cluster_faults.rs, pins).
+pub(super) fn self_fenced() -> bool {
+    #[cfg(feature = "failpoints")]
+    fail::fail_point!("upstream::no_self_fence", |_| false);
+    true
+}
+
 impl<B> Body for Gated<B>
 where
     B: Body<Data = Bytes, Error = BoxError> + Unpin,
@@ -63,7 +72,7 @@ where
             if self.chunks > 1 {
                 failpoint("upstream::mid_body");
             }
-            if !(self.permit)() {
+            if self_fenced() && !(self.permit)() {
                 return Poll::Ready(Some(Err(Box::new(Closed))));
             }
         }

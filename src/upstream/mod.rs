@@ -212,7 +212,7 @@ impl Upstream {
         if permit.is_some() {
             gated::failpoint("upstream::before_head");
         }
-        if permit.as_ref().is_some_and(|open| !open()) {
+        if gated::self_fenced() && permit.as_ref().is_some_and(|open| !open()) {
             return Err(UpstreamError::Withdrawn("the permission to send this write lapsed before it was sent".into()));
         }
         let (done, ended) = match whole {
