@@ -9,6 +9,8 @@ use crate::common;
 
 use std::time::Duration;
 
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
 use common::apache::{Apache, ETags, start_apache, start_apache_with};
 use common::backend::{Reply, StubBackend};
 use common::relay::{Relay, Request, method_with_token};
@@ -189,6 +191,14 @@ async fn the_relay_delivers_a_held_request_later_byte_for_byte() {
     gated.release();
     assert_eq!(gated.delivered().await.response.expect("the stub answered").status, 201);
     assert_eq!(recorder.requests().last().unwrap().raw, chunked.as_bytes());
+
+    // A client that stops sending after its request still gets the answer.
+    let mut half = tokio::net::TcpStream::connect(relay.addr()).await.unwrap();
+    half.write_all(b"GET /c HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    half.shutdown().await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(common::wait::DEADLINE, half.read_to_end(&mut answer)).await.unwrap().unwrap();
+    assert!(answer.starts_with(b"HTTP/1.1 201"), "{:?}", String::from_utf8_lossy(&answer));
 }
 
 /// The `ETag` of `path` as a `HEAD` to Apache answers it.
