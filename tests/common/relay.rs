@@ -9,6 +9,8 @@
 //! connection is sent on either. Once the hold is over, the relay sends the held bytes, exactly
 //! as they arrived, to the backend on a fresh connection of its own and reads the answer,
 //! which goes nowhere but into [`Delivered`]: a request stuck in a buffer and applied late.
+//! Each request is sent on once the whole of it has arrived (so the relay can tell whether to
+//! hold it): a client that waits for `100 Continue` before its body would wait for ever.
 //!
 //! The test awaits [`Hold::held`] and [`Hold::delivered`] instead of sleeping. The hold's
 //! duration is counted from the moment the request is held, on the real clock (the relay
@@ -242,30 +244,35 @@ async fn relay(client: TcpStream, connection: usize, shared: Arc<Shared>) {
     let answers = tokio::spawn(async move { copy_answers(&mut backend_rx, client_tx).await });
     let mut pending = Vec::new();
     let mut buf = vec![0u8; 64 << 10];
-    'connection: loop {
+    let held = 'connection: loop {
         while let Some(len) = request_len(&pending) {
             let raw: Vec<u8> = pending.drain(..len).collect();
             let request = parse_request(connection, raw);
             shared.seen.lock().unwrap().push(request.clone());
             if let Some(armed) = take_hold(&shared, &request) {
                 deliver_later(&shared, armed, request);
-                // The connection forwards nothing more: fencegate gives up on it.
-                break 'connection;
+                break 'connection true;
             }
             shared.sent.lock().unwrap().push(request.clone());
             if backend_tx.write_all(&request.raw).await.is_err() {
-                break 'connection;
+                break 'connection false;
             }
         }
         match client_rx.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
+            Ok(0) | Err(_) => break false,
             Ok(n) => pending.extend_from_slice(&buf[..n]),
         }
+    };
+    if held {
+        // The connection forwards nothing more, and answers nothing more: fencegate gives up
+        // on it. What the client still sends is read and dropped until it closes.
+        while matches!(client_rx.read(&mut buf).await, Ok(n) if n > 0) {}
+        answers.abort();
+    } else {
+        // The client is done sending: so is the relay, and the answers still coming go back.
+        let _ = backend_tx.shutdown().await;
+        let _ = answers.await;
     }
-    // Drain what the client still sends until it closes, and forward none of it; then close
-    // both ways.
-    while matches!(client_rx.read(&mut buf).await, Ok(n) if n > 0) {}
-    answers.abort();
 }
 
 async fn copy_answers(from: &mut tokio::net::tcp::OwnedReadHalf, mut to: OwnedWriteHalf) {

@@ -1,6 +1,7 @@
 //! Writes a backend applies late (docs/pins.md): fencegate in front of Apache with mod_dav
 //! (`common::apache`), through a relay the test controls (`common::relay`) that holds a chosen
-//! write past fencegate's timeout and quarantine and then delivers it. Also the checks of the
+//! write past fencegate's timeout and quarantine and then delivers it: without pins it
+//! overwrites the newer write, with `pin = "etag"` Apache refuses it. Also the checks of the
 //! parts: a held request reaches the backend later, byte for byte, and Apache does what the
 //! pins rely on.
 
@@ -8,13 +9,16 @@ use crate::common;
 
 use std::time::Duration;
 
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
 use common::apache::{Apache, ETags, start_apache, start_apache_with};
 use common::backend::{Reply, StubBackend};
-use common::relay::{Relay, method_with_token};
+use common::relay::{Relay, Request, method_with_token};
+use common::signing::with_rules;
 use common::{Harness, RawConn, Resp, eventually, raw_request};
 
 /// fencegate's bound on the backend's answer: the held write's `504`. Every other write must
-/// be answered within it, by an Apache on a machine other tests load too (200 ms was not
+/// be answered within it, by an Apache on a machine other tests load too (200 ms is not
 /// always enough).
 const TIMEOUT: Duration = Duration::from_secs(1);
 /// How long the resource refuses writes after that `504`.
@@ -25,15 +29,24 @@ const HOLD: Duration = TIMEOUT.saturating_add(QUARANTINE.saturating_mul(3));
 /// The relay's own test holds for this long.
 const RELAY_HOLD: Duration = Duration::from_millis(300);
 
-/// fencegate in front of `relay`, with the short timeout and quarantine above.
-async fn proxy_through(relay: &Relay) -> Harness {
+/// fencegate in front of `relay`, with the short timeout and quarantine above, and every key
+/// under `pin = "etag"` when `pinned`.
+async fn proxy_through(relay: &Relay, pinned: bool) -> Harness {
     let url = relay.url();
     Harness::start_with(|c| {
+        if pinned {
+            *c = with_rules(c, "[[fence.rules]]\nprefix = \"/\"\npin = \"etag\"\n");
+        }
         c.backend.url = url.parse().unwrap();
         c.backend.request_timeout = TIMEOUT;
         c.fence.quarantine = QUARANTINE;
     })
     .await
+}
+
+/// A PUT of `path` with `token`.
+fn put_of(path: &'static str, token: u64) -> impl Fn(&Request) -> bool + Send + Sync + 'static {
+    move |r| r.method == "PUT" && r.target == path && r.token() == Some(token)
 }
 
 /// Sends `token`'s PUT of `body` to `path` until the resource's quarantine lets it through;
@@ -54,13 +67,14 @@ async fn put_after_quarantine(h: &Harness, path: &str, token: u64, body: &str) -
 /// quarantine) reaches the backend after the quarantine, when a newer holder's write has been
 /// accepted and applied, and overwrites it. This test passes by demonstrating the failure:
 /// the file ends holding the older token's "one". The hold is gated so the order is the
-/// test's, not the machine's speed.
+/// test's, not the machine's speed. With pins the same sequence ends holding "two"
+/// (`a_delayed_write_fails_at_the_backend_with_pins`).
 #[tokio::test]
 async fn a_delayed_write_lands_after_the_newer_one_without_pins() {
     let Some(apache) = start_apache().await else { return };
     let relay = Relay::start(apache.addr).await;
-    let h = proxy_through(&relay).await;
-    let mut hold = relay.hold_next_gated(method_with_token("PUT", 1), HOLD);
+    let h = proxy_through(&relay, false).await;
+    let mut hold = relay.hold_next_gated(put_of("/doc", 1), HOLD);
 
     h.put("/doc", 1, "one").await.assert_refused(504, "backend_timeout");
     let held = hold.held().await;
@@ -89,6 +103,45 @@ async fn a_delayed_write_lands_after_the_newer_one_without_pins() {
         Some(&b"one"[..]),
         "without pins the older token's write is the one that stays"
     );
+}
+
+/// The same delay with pins (docs/pins.md): the held write was sent with the precondition
+/// naming the state it was ordered after, so when it arrives late, after a newer write changed
+/// the file, Apache refuses it (`412`) and the newer write stays. Once for a file that did not
+/// exist (the held write carries `If-None-Match: *`) and once for one that did (`If-Match`
+/// with the tag a `HEAD` learnt, since Apache's `PUT` answers name none). A pinned `PUT` needs
+/// no wait for the quarantine: it learns the state by a `HEAD` and is pinned to it.
+#[tokio::test]
+async fn a_delayed_write_fails_at_the_backend_with_pins() {
+    let Some(apache) = start_apache().await else { return };
+    let relay = Relay::start(apache.addr).await;
+    let h = proxy_through(&relay, true).await;
+    assert_eq!(h.put("/old", 1, "zero").await.status, 201);
+    for (path, precondition) in [("/new", "if-none-match"), ("/old", "if-match")] {
+        let mut hold = relay.hold_next_gated(put_of(path, 2), HOLD);
+        h.put(path, 2, "one").await.assert_refused(504, "backend_timeout");
+        let held = hold.held().await;
+        assert!(held.header(precondition).is_some(), "{path}: the held write is pinned: {:?}", held.headers);
+
+        let two = h.put(path, 3, "two").await;
+        assert!(two.status == 201 || two.status == 204, "{path}: not waiting out the quarantine: {two:?}");
+        assert_eq!(apache.file(path).as_deref(), Some(&b"two"[..]));
+
+        hold.release();
+        let late = hold.delivered().await;
+        assert!(late.sent_at - late.held_at >= HOLD);
+        assert_eq!(late.request.raw, held.raw, "delivered as fencegate sent it");
+        assert_eq!(late.response.expect("Apache answered the late write").status, 412, "{path}");
+        let order: Vec<u64> = relay
+            .sent()
+            .iter()
+            .filter(|r| r.method == "PUT" && r.target == path)
+            .filter_map(|r| r.token())
+            .filter(|&t| t > 1)
+            .collect();
+        assert_eq!(order, [3, 2], "{path}: the older token still reached Apache last");
+        assert_eq!(apache.file(path).as_deref(), Some(&b"two"[..]), "{path}: the newer write stays");
+    }
 }
 
 /// The relay itself: a request before the held one on the same connection passes; the held
@@ -138,6 +191,14 @@ async fn the_relay_delivers_a_held_request_later_byte_for_byte() {
     gated.release();
     assert_eq!(gated.delivered().await.response.expect("the stub answered").status, 201);
     assert_eq!(recorder.requests().last().unwrap().raw, chunked.as_bytes());
+
+    // A client that stops sending after its request still gets the answer.
+    let mut half = tokio::net::TcpStream::connect(relay.addr()).await.unwrap();
+    half.write_all(b"GET /c HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    half.shutdown().await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(common::wait::DEADLINE, half.read_to_end(&mut answer)).await.unwrap().unwrap();
+    assert!(answer.starts_with(b"HTTP/1.1 201"), "{:?}", String::from_utf8_lossy(&answer));
 }
 
 /// The `ETag` of `path` as a `HEAD` to Apache answers it.
