@@ -247,7 +247,8 @@ fn etag(version: u64) -> String {
 fn preconditions_hold(headers: &HeaderMap, current: Option<&str>) -> bool {
     let listed = |name| {
         let values: Vec<&str> = headers.get_all(name).iter().filter_map(|v| v.to_str().ok()).collect();
-        (!values.is_empty()).then(|| values.iter().flat_map(|v| v.split(',')).map(str::trim).map(str::to_owned).collect::<Vec<_>>())
+        (!values.is_empty())
+            .then(|| values.iter().flat_map(|v| v.split(',')).map(str::trim).map(str::to_owned).collect::<Vec<_>>())
     };
     if let Some(tags) = listed(http::header::IF_MATCH) {
         let holds = current.is_some_and(|c| tags.iter().any(|t| t == "*" || t == c));
