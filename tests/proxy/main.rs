@@ -15,6 +15,7 @@ mod limits;
 mod nginx;
 mod ordering;
 mod paths;
+mod pins_attack;
 mod proxying;
 mod redirects;
 mod reload;
