@@ -103,6 +103,12 @@ impl TagBackend {
         format!("http://{}", self.addr)
     }
 
+    /// Writes `path` directly, as a client that bypasses fencegate would.
+    fn write_around(&self, path: &str, body: &str) -> String {
+        self.files.lock().unwrap().files.insert(path.to_owned(), Bytes::from(body.to_owned()));
+        tag(body.as_bytes())
+    }
+
     fn file(&self, path: &str) -> Option<Bytes> {
         self.files.lock().unwrap().files.get(path).cloned()
     }
@@ -181,4 +187,23 @@ async fn a_scope_key_over_many_files_never_pins_one_file_to_anothers_state() {
     assert_eq!(write(&h, "DELETE", "/b/b1/one", 7, &[], "").await.status, 204);
     let resp = write(&h, "PUT", "/b/b1/two", 8, &[], "two, again").await;
     assert_eq!(resp.status, 204, "a correct write to an existing file is applied: {:?}", resp.body);
+}
+
+#[tokio::test]
+async fn a_clients_own_if_match_is_judged_against_the_backend_when_the_pin_disagrees() {
+    // The pin is out of date (a write around fencegate; or, in a cluster, a leader's late
+    // answer setting it after another leader wrote). A client whose If-Match names the
+    // backend's real state must be served, not told 412 on every retry without fencegate
+    // ever looking again.
+    let backend = TagBackend::start(true).await;
+    let h = proxy(&backend, PINNED).await;
+    assert_eq!(write(&h, "PUT", "/k", 5, &[], "fenced").await.status, 201);
+    let current = backend.write_around("/k", "around");
+    let resp = write(&h, "PUT", "/k", 6, &[("if-match", &current)], "mine").await;
+    assert_eq!(resp.status, 204, "the client's If-Match holds at the backend: {:?}", resp.body);
+    assert_eq!(backend.file("/k").as_deref(), Some(&b"mine"[..]));
+    // One that does not hold is still refused by fencegate, with nothing sent.
+    let resp = write(&h, "PUT", "/k", 7, &[("if-match", &current)], "stale").await;
+    resp.assert_refused(412, "precondition_failed");
+    assert_eq!(backend.file("/k").as_deref(), Some(&b"mine"[..]));
 }
