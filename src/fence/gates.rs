@@ -85,10 +85,16 @@ impl KeyTurn {
         }
     }
 
-    /// Closes the key until `until`, for `cause`.
+    /// Closes the key until `until`, for `cause`, keeping a later end it already has: a write
+    /// that passed a running quarantine (a pinned one, docs/pins.md) must not end it early
+    /// when `fence.quarantine` was shortened meanwhile. A running quarantine that holds every
+    /// write keeps its cause over one that lets pinned writes pass.
     pub(super) fn quarantine(&mut self, until: Instant, cause: QuarantineCause) {
-        self.state.quarantined_until = Some(until);
-        self.state.cause = cause;
+        let running = self.state.quarantined_until.filter(|end| *end > Instant::now());
+        if running.is_none() || cause != QuarantineCause::UnknownPinnedOutcome {
+            self.state.cause = cause;
+        }
+        self.state.quarantined_until = running.max(Some(until));
     }
 
     /// Ends the key's quarantine; whether one was running at `now`.

@@ -258,3 +258,32 @@ async fn a_write_forgets_the_pins_of_what_it_may_change() {
     assert_eq!(turn.finish(50, STRICT, Duration::from_secs(9), async { Ok(0) }, outcome).await, Ok(0));
     assert_eq!((t.pins.get("/d/x"), t.pins.get("/d/y"), t.pins.get("/e")), (None, None, Some(Pin::Absent)));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_pinned_write_that_passed_a_quarantine_never_shortens_it() {
+    let (t, _dir) = fence();
+    let pinned = Policy { equal: STRICT, max_jump: None, pinned: true };
+    // A pinned write pinned to "absent", lost: its create may land late for a minute.
+    let lost = |slot: PinSlot| {
+        move |_: Option<Permit>| async move {
+            slot.sent_pinned();
+            Ok(async { Err::<u64, _>(Failed::Backend) })
+        }
+    };
+    let mut turn = t.acquire(key("/a"), Duration::from_secs(1)).await.unwrap();
+    let slot = turn.pin_slot().unwrap();
+    let failed = turn.finish_after(35, pinned, Duration::from_secs(60), lost(slot), outcome).await;
+    assert_eq!(failed, Err(Failed::Backend));
+    // A reload shortens fence.quarantine; a pinned PUT passes the quarantine and is lost too.
+    let mut turn = t.acquire(key("/a"), Duration::from_secs(1)).await.unwrap();
+    let slot = turn.pin_slot().unwrap();
+    let failed = turn.finish_after(36, pinned, Duration::from_secs(1), lost(slot), outcome).await;
+    assert_eq!(failed, Err(Failed::Backend));
+    tokio::time::advance(Duration::from_secs(2)).await;
+    // The first write may still land: a DELETE must wait for the rest of its minute.
+    let mut turn = t.acquire(key("/a"), Duration::from_secs(1)).await.unwrap();
+    let Err(FenceError::Quarantined { retry_after, cause, .. }) = turn.check(37, STRICT) else {
+        panic!("the first write's quarantine still runs")
+    };
+    assert_eq!((retry_after, cause), (Duration::from_secs(58), QuarantineCause::UnknownPinnedOutcome));
+}

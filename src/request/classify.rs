@@ -183,7 +183,7 @@ pub fn fenced_write(head: &Head<'_>, config: &Config, named: Named) -> Result<Pl
     let equal = if locks.is_empty() { governed.equal } else { EqualToken::Accept };
     let max_jump = governed.max_jump;
     let upload = None;
-    let pin = pinned(head.method, &touches, &set_headers, &config.fence);
+    let pin = pinned(head.method, &touches, &target, &set_headers, &config.fence);
     Ok(Plan::Write(Write {
         token,
         touches,
@@ -199,16 +199,23 @@ pub fn fenced_write(head: &Head<'_>, config: &Config, named: Named) -> Result<Pl
     }))
 }
 
-/// How a write of `method` to `touches` is pinned: only a `PUT` or `DELETE` of one key, naming
-/// no other resource (a `Destination`), under a rule with `pin = "etag"`.
+/// How a write of `method` to `touches` is pinned: only a `PUT` or `DELETE` of one key that is
+/// its target's path, naming no other resource (a `Destination`), under a rule with
+/// `pin = "etag"`. A key a scope shortened holds many of the backend's resources, each with a
+/// state of its own, so one pin per key cannot name them.
 fn pinned(
     method: &Method,
     touches: &[Touch],
+    target: &PathAndQuery,
     set_headers: &[(HeaderName, HeaderValue)],
     fence: &FenceConfig,
 ) -> Option<Pinned> {
     let [touch] = touches else { return None };
-    if touch.coverage != Coverage::Key || !set_headers.is_empty() || rules::pin(&touch.key, fence) != PinMode::Etag {
+    if touch.coverage != Coverage::Key
+        || touch.key != target.path()
+        || !set_headers.is_empty()
+        || rules::pin(&touch.key, fence) != PinMode::Etag
+    {
         return None;
     }
     match *method {

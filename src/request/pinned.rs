@@ -38,10 +38,19 @@ pub(super) async fn pin(
     kind: Pinned,
 ) -> Result<(Connection, Pinning), Refusal> {
     let (pin, conn) = match slot.get() {
-        Some(pin) => (pin, conn),
-        None => match learn(settings, protocol, conn, out, slot.key()).await? {
-            // The HEAD's connection is back in the pool once its answer ended.
-            Some(pin) => (pin, settings.upstream.connection().await?),
+        // A pin kept from an earlier write is out of date when the backend's state moved
+        // around the fence (a write that bypassed it; in a cluster, a write of another
+        // leader): a client precondition it fails is judged again against the backend's word,
+        // or a client that names the real state would be refused on every retry.
+        Some(pin) if judge(out.req.headers(), &pin, slot.key()).is_ok() => (pin, conn),
+        _ => match learn(settings, protocol, conn, out, slot.key()).await? {
+            Some(pin) => {
+                // Learnt under the turn: it holds until this write's advance.
+                slot.set(pin.clone());
+                judge(out.req.headers(), &pin, slot.key())?;
+                // The HEAD's connection is back in the pool once its answer ended.
+                (pin, settings.upstream.connection().await?)
+            }
             None => {
                 let conn = settings.upstream.connection().await?;
                 return Ok((conn, Pinning { slot, kind, sent: None }));
@@ -49,7 +58,6 @@ pub(super) async fn pin(
         },
     };
     let headers = out.req.headers_mut();
-    judge(headers, &pin, slot.key())?;
     let sent = match &pin {
         Pin::Tag(tag) => {
             let value = HeaderValue::from_str(tag).map_err(|e| unreadable(slot.key(), e))?;

@@ -17,6 +17,7 @@ mod nginx;
 mod ordering;
 mod paths;
 mod pins;
+mod pins_attack;
 mod pins_rounds;
 mod proxying;
 mod redirects;

@@ -1,0 +1,209 @@
+//! Attacks on pinned writes (`pin = "etag"`, docs/pins.md): ways a correct client could be
+//! refused, or a late write applied, that the design's happy path does not show. The backend
+//! here is the smallest one that honours `If-Match` and `If-None-Match` on `PUT` and `DELETE`
+//! and names a content digest as each file's strong `ETag` (as Apache's `FileETag Digest` does),
+//! and lets the test write to it directly, around fencegate.
+
+use crate::common;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio::task::{JoinHandle, JoinSet};
+
+use common::{Harness, Resp};
+
+/// Files by path, and whether a `PUT`'s answer names the file's new `ETag`.
+#[derive(Debug, Default)]
+struct Files {
+    files: HashMap<String, Bytes>,
+    tag_on_put: bool,
+}
+
+/// A file's strong entity tag: a digest of its bytes (FNV-1a), so equal bytes give equal tags.
+fn tag(body: &[u8]) -> String {
+    let hash = body.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3));
+    format!("\"{hash:016x}\"")
+}
+
+/// The entity tags of a precondition's fields; `*` as itself.
+fn listed(headers: &HeaderMap, name: &str) -> Option<Vec<String>> {
+    let mut all = Vec::new();
+    let mut seen = false;
+    for value in headers.get_all(name) {
+        seen = true;
+        all.extend(value.to_str().unwrap().split(',').map(|t| t.trim().to_owned()).filter(|t| !t.is_empty()));
+    }
+    seen.then_some(all)
+}
+
+/// Whether a write's preconditions hold for `current` (RFC 9110 13.1.1, 13.1.2).
+fn holds(headers: &HeaderMap, current: Option<&str>) -> bool {
+    if let Some(list) = listed(headers, "if-match")
+        && !current.is_some_and(|c| list.iter().any(|t| t == "*" || t == c))
+    {
+        return false;
+    }
+    if let Some(list) = listed(headers, "if-none-match")
+        && current.is_some_and(|c| list.iter().any(|t| t == "*" || t.trim_start_matches("W/") == c))
+    {
+        return false;
+    }
+    true
+}
+
+/// The backend: a real HTTP/1.1 server on loopback; stops when dropped.
+struct TagBackend {
+    addr: SocketAddr,
+    files: Arc<Mutex<Files>>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for TagBackend {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl TagBackend {
+    async fn start(tag_on_put: bool) -> TagBackend {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let files = Arc::new(Mutex::new(Files { tag_on_put, ..Files::default() }));
+        let shared = Arc::clone(&files);
+        let task = tokio::spawn(async move {
+            let mut connections = JoinSet::new();
+            loop {
+                let Ok((stream, _)) = listener.accept().await else { return };
+                let files = Arc::clone(&shared);
+                connections.spawn(async move {
+                    let service = service_fn(move |req| {
+                        let files = Arc::clone(&files);
+                        async move { Ok::<_, Infallible>(answer(&files, req).await) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        TagBackend { addr, files, task }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Writes `path` directly, as a client that bypasses fencegate would.
+    fn write_around(&self, path: &str, body: &str) -> String {
+        self.files.lock().unwrap().files.insert(path.to_owned(), Bytes::from(body.to_owned()));
+        tag(body.as_bytes())
+    }
+
+    fn file(&self, path: &str) -> Option<Bytes> {
+        self.files.lock().unwrap().files.get(path).cloned()
+    }
+}
+
+async fn answer(files: &Mutex<Files>, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    let (parts, body) = req.into_parts();
+    let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let path = parts.uri.path().to_owned();
+    let mut files = files.lock().unwrap();
+    let current = files.files.get(&path).map(|b| tag(b));
+    let reply = |status: StatusCode, etag: Option<&str>| {
+        let mut resp = Response::builder().status(status);
+        if let Some(etag) = etag {
+            resp = resp.header("etag", etag);
+        }
+        resp.body(Full::new(Bytes::new())).unwrap()
+    };
+    match parts.method.as_str() {
+        "HEAD" | "GET" => match &current {
+            Some(t) => reply(StatusCode::OK, Some(t)),
+            None => reply(StatusCode::NOT_FOUND, None),
+        },
+        "PUT" | "DELETE" if !holds(&parts.headers, current.as_deref()) => reply(StatusCode::PRECONDITION_FAILED, None),
+        "PUT" => {
+            let new = tag(&body);
+            let status = if current.is_some() { StatusCode::NO_CONTENT } else { StatusCode::CREATED };
+            files.files.insert(path, body);
+            let etag = files.tag_on_put.then_some(new);
+            reply(status, etag.as_deref())
+        }
+        "DELETE" => match files.files.remove(&path) {
+            Some(_) => reply(StatusCode::NO_CONTENT, None),
+            None => reply(StatusCode::NOT_FOUND, None),
+        },
+        _ => reply(StatusCode::METHOD_NOT_ALLOWED, None),
+    }
+}
+
+/// fencegate in front of `backend`, with `toml` (a `[fence]` section) as its fence settings.
+async fn proxy(backend: &TagBackend, toml: &str) -> Harness {
+    let url = backend.url();
+    let text = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n[backend]\nurl = \"{url}\"\n[store]\ndir = \"/nonexistent\"\n{toml}"
+    );
+    let fence = fencegate::Config::from_toml_str(&text).unwrap().fence;
+    Harness::start_with(|c| {
+        c.backend.url = url.parse().unwrap();
+        c.fence = fence;
+    })
+    .await
+}
+
+async fn write(h: &Harness, method: &str, path: &str, token: u64, extra: &[(&str, &str)], body: &str) -> Resp {
+    let token = token.to_string();
+    let mut headers = vec![("fencing-token", token.as_str())];
+    headers.extend_from_slice(extra);
+    h.send(method, path, &headers, body.to_owned()).await
+}
+
+const PINNED: &str = "[fence]\n[[fence.rules]]\nprefix = \"/\"\npin = \"etag\"\n";
+
+#[tokio::test]
+async fn a_scope_key_over_many_files_never_pins_one_file_to_anothers_state() {
+    // One key, /b/b1, for every file under it: a pin kept per key would send a write to one
+    // file with the precondition another file's answer gave.
+    let backend = TagBackend::start(true).await;
+    let h = proxy(&backend, &format!("{PINNED}[[fence.scopes]]\nprefix = \"/b/\"\nsegments = 2\n")).await;
+    assert_eq!(write(&h, "PUT", "/b/b1/one", 5, &[], "one").await.status, 201);
+    let resp = write(&h, "PUT", "/b/b1/two", 6, &[], "two").await;
+    assert_eq!(resp.status, 201, "a correct write to another file is applied: {:?}", resp.body);
+    assert_eq!(backend.file("/b/b1/two").as_deref(), Some(&b"two"[..]));
+    // And a pinned DELETE of one file leaves no "absent" that a write to another is sent with.
+    let toml = "[fence]\nsubtree_methods = []\n[[fence.rules]]\nprefix = \"/\"\npin = \"etag\"\n";
+    let h = proxy(&backend, &format!("{toml}[[fence.scopes]]\nprefix = \"/b/\"\nsegments = 2\n")).await;
+    assert_eq!(write(&h, "DELETE", "/b/b1/one", 7, &[], "").await.status, 204);
+    let resp = write(&h, "PUT", "/b/b1/two", 8, &[], "two, again").await;
+    assert_eq!(resp.status, 204, "a correct write to an existing file is applied: {:?}", resp.body);
+}
+
+#[tokio::test]
+async fn a_clients_own_if_match_is_judged_against_the_backend_when_the_pin_disagrees() {
+    // The pin is out of date (a write around fencegate; or, in a cluster, a leader's late
+    // answer setting it after another leader wrote). A client whose If-Match names the
+    // backend's real state must be served, not told 412 on every retry without fencegate
+    // ever looking again.
+    let backend = TagBackend::start(true).await;
+    let h = proxy(&backend, PINNED).await;
+    assert_eq!(write(&h, "PUT", "/k", 5, &[], "fenced").await.status, 201);
+    let current = backend.write_around("/k", "around");
+    let resp = write(&h, "PUT", "/k", 6, &[("if-match", &current)], "mine").await;
+    assert_eq!(resp.status, 204, "the client's If-Match holds at the backend: {:?}", resp.body);
+    assert_eq!(backend.file("/k").as_deref(), Some(&b"mine"[..]));
+    // One that does not hold is still refused by fencegate, with nothing sent.
+    let resp = write(&h, "PUT", "/k", 7, &[("if-match", &current)], "stale").await;
+    resp.assert_refused(412, "precondition_failed");
+    assert_eq!(backend.file("/k").as_deref(), Some(&b"mine"[..]));
+}
