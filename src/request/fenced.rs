@@ -325,8 +325,16 @@ fn prepare(
         // The key's state learnt and named in the request, still before the advance.
         let (conn, pinning) = match slot {
             Some((slot, kind)) => {
-                let (conn, pinning) =
-                    pinned::pin(&pending.settings, pending.protocol, conn, &mut pending.out, slot, kind).await?;
+                let (conn, pinning) = pinned::pin(
+                    &pending.settings,
+                    &pending.state.metrics,
+                    pending.protocol,
+                    conn,
+                    &mut pending.out,
+                    slot,
+                    kind,
+                )
+                .await?;
                 (conn, Some(pinning))
             }
             None => (conn, None),

@@ -13,7 +13,8 @@ use super::classify::Pinned;
 use super::protocol::{Chosen, Protocol as _};
 use crate::fence::{Pin, PinSlot};
 use crate::refusal::Refusal;
-use crate::state::Settings;
+use crate::state::metrics::PinHeadLabels;
+use crate::state::{Metrics, Settings};
 use crate::upstream::{Connection, Hold, RequestBody, ResponseBody};
 
 /// What a pinned write was sent with, for reading its answer.
@@ -31,6 +32,7 @@ pub(super) struct Pinning {
 /// send the write on. A refusal here has sent nothing and advanced nothing.
 pub(super) async fn pin(
     settings: &Settings,
+    metrics: &Metrics,
     protocol: Chosen,
     conn: Connection,
     out: &mut Outgoing,
@@ -43,7 +45,7 @@ pub(super) async fn pin(
         // leader): a client precondition it fails is judged again against the backend's word,
         // or a client that names the real state would be refused on every retry.
         Some(pin) if judge(out.req.headers(), &pin, slot.key()).is_ok() => (pin, conn),
-        _ => match learn(settings, protocol, conn, out, slot.key()).await? {
+        _ => match count(metrics, learn(settings, protocol, conn, out, slot.key()).await)? {
             Some(pin) => {
                 // Learnt under the turn: it holds until this write's advance.
                 slot.set(pin.clone());
@@ -98,6 +100,18 @@ pub(super) fn answered(
         }
         other => other,
     }
+}
+
+/// Counts a `HEAD`'s finding in `fencegate_pin_heads_total`.
+fn count(metrics: &Metrics, learnt: Result<Option<Pin>, Refusal>) -> Result<Option<Pin>, Refusal> {
+    let found = match &learnt {
+        Ok(None) => return learnt,
+        Ok(Some(Pin::Tag(_))) => "tag",
+        Ok(Some(Pin::Absent)) => "absent",
+        Err(_) => "unavailable",
+    };
+    metrics.pin_heads.get_or_create(&PinHeadLabels { found }).inc();
+    learnt
 }
 
 /// The backend's state of the key `out` writes, from a `HEAD` of its target on `conn`; `None`

@@ -134,6 +134,8 @@ pub struct Metrics {
     table_bytes: Family<TableLabels, Gauge>,
     /// Their bound, `store.max_table_bytes` (set when scraped).
     table_limit: Gauge,
+    /// `HEAD`s sent to learn a pinned key's state (docs/pins.md), by what they found.
+    pub pin_heads: Family<PinHeadLabels, Counter>,
     /// Request body bytes sent to the backend.
     pub bytes_in: Counter,
     /// Response body bytes sent to clients.
@@ -184,6 +186,7 @@ impl Default for Metrics {
             resources: Gauge::default(),
             table_bytes: Family::default(),
             table_limit: Gauge::default(),
+            pin_heads: Family::default(),
             bytes_in: Counter::default(),
             bytes_out: Counter::default(),
             log_dropped: Counter::default(),
@@ -290,6 +293,11 @@ impl Default for Metrics {
             Unit::Bytes,
             m.table_limit.clone(),
         );
+        registry.register(
+            "pin_heads",
+            "HEADs sent to learn a pinned key's state, by what they found: tag, absent, or unavailable",
+            m.pin_heads.clone(),
+        );
         registry.register_with_unit(
             "request_body",
             "Request body bytes sent to the backend",
@@ -309,6 +317,13 @@ impl Default for Metrics {
         );
         Metrics { registry, ..m }
     }
+}
+
+/// What a pinned write's `HEAD` found.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PinHeadLabels {
+    /// `tag`, `absent` or `unavailable`.
+    pub found: &'static str,
 }
 
 impl Metrics {

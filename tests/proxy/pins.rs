@@ -142,6 +142,17 @@ async fn a_delayed_write_fails_at_the_backend_with_pins() {
         assert_eq!(order, [3, 2], "{path}: the older token still reached Apache last");
         assert_eq!(apache.file(path).as_deref(), Some(&b"two"[..]), "{path}: the newer write stays");
     }
+    // What the pins cost: every write here learnt its key by a HEAD, Apache's PUT answers naming
+    // no ETag: /old absent, then /new absent twice (its held create has not landed), then /old
+    // tagged twice.
+    let admin = h.start_admin().await;
+    let metrics = raw_request(admin, "GET /metrics HTTP/1.1\r\nHost: x", "").await;
+    let text = String::from_utf8_lossy(&metrics.body);
+    let heads = |found: &str| {
+        let name = format!("fencegate_pin_heads_total{{found=\"{found}\"}} ");
+        text.lines().find_map(|l| l.strip_prefix(name.as_str())).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+    };
+    assert_eq!((heads("absent"), heads("tag"), heads("unavailable")), (3, 2, 0), "{text}");
 }
 
 /// The relay itself: a request before the held one on the same connection passes; the held
