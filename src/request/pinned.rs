@@ -12,7 +12,7 @@ use http_body_util::{BodyExt, Full};
 
 use super::Outgoing;
 use super::classify::Pinned;
-use crate::fence::{Pin, PinSlot};
+use crate::fence::{FenceError, Pin, PinSlot, QuarantineCause};
 use crate::refusal::Refusal;
 use crate::state::Settings;
 use crate::upstream::{Connection, Hold, RequestBody, ResponseBody};
@@ -36,16 +36,26 @@ pub(super) async fn pin(
     slot: PinSlot,
     kind: Pinned,
 ) -> Result<(Connection, Pinning), Refusal> {
-    let (pin, conn) = match slot.get() {
-        // A pin kept from an earlier write is out of date when the backend's state moved
-        // around the fence (a write that bypassed it; in a cluster, a write of another
-        // leader): a client precondition it fails is judged again against the backend's word,
-        // or a client that names the real state would be refused on every retry.
-        Some(pin) if judge(out.req.headers(), &pin, slot.key()).is_ok() => (pin, conn),
-        _ => {
+    // A pin kept from an earlier write is out of date when the backend's state moved around
+    // the fence (a write that bypassed it; in a cluster, a write of another leader): a client
+    // precondition it fails is judged again against the backend's word, or a client that names
+    // the real state would be refused on every retry. One a late write was pinned to is learnt
+    // again too: that write may have landed meanwhile.
+    let kept = slot.get().filter(|pin| judge(out.req.headers(), pin, slot.key()).is_ok() && slot.late(pin).is_none());
+    let (pin, conn) = match kept {
+        Some(pin) => (pin, conn),
+        None => {
             let pin = learn(settings, conn, out, slot.key()).await?;
             // Learnt under the turn: it holds until this write's advance.
             slot.set(pin.clone());
+            // A write whose outcome is unknown was sent pinned to this very state and may still
+            // apply: were this one sent pinned to it too, it could land first and leave the
+            // same tag behind (the same bytes, under a digest ETag), and the late one would
+            // then apply after it. It waits out the quarantine, as without pins.
+            if let Some(retry_after) = slot.late(&pin) {
+                let cause = QuarantineCause::UnknownPinnedOutcome;
+                return Err(FenceError::Quarantined { resource: slot.key().to_owned(), retry_after, cause }.into());
+            }
             judge(out.req.headers(), &pin, slot.key())?;
             // The HEAD's connection is back in the pool once its answer ended.
             (pin, settings.upstream.connection().await?)
@@ -63,7 +73,7 @@ pub(super) async fn pin(
             "If-None-Match: *".to_owned()
         }
     };
-    slot.sent_pinned();
+    slot.sent_pinned(&pin);
     Ok((conn, Pinning { slot, kind, sent }))
 }
 
