@@ -185,7 +185,12 @@ fn answer(files: &Mutex<Files>, parts: http::request::Parts, body: Bytes) -> Res
         }
         resp.body(Full::new(Bytes::new())).unwrap()
     };
-    match parts.method.as_str() {
+    // As a web framework would: the method an override names is the one run.
+    let method = match parts.headers.get("x-http-method-override") {
+        Some(claimed) => claimed.to_str().unwrap().to_owned(),
+        None => parts.method.as_str().to_owned(),
+    };
+    match method.as_str() {
         "HEAD" | "GET" => match &current {
             Some(t) => reply(StatusCode::OK, Some(t)),
             None => reply(StatusCode::NOT_FOUND, None),
@@ -279,7 +284,12 @@ async fn a_clients_own_if_match_is_judged_against_the_backend_when_the_pin_disag
 /// fencegate in front of `backend` that gives up on a write after 300 ms and then closes its
 /// key for a minute.
 async fn impatient(backend: &TagBackend) -> Harness {
-    proxy_with(backend, PINNED, |c| {
+    impatient_with(backend, PINNED).await
+}
+
+/// [`impatient`], with `toml` as its fence settings.
+async fn impatient_with(backend: &TagBackend, toml: &str) -> Harness {
+    proxy_with(backend, toml, |c| {
         c.backend.request_timeout = Duration::from_millis(300);
         c.fence.quarantine = Duration::from_secs(60);
     })
@@ -315,5 +325,24 @@ async fn a_late_write_that_landed_lets_the_next_pinned_write_through_its_quarant
     assert_eq!(write(&h, "PUT", "/k", 7, &[], "A").await.status, 204, "passes the quarantine");
     assert_eq!(backend.applied(), [5, 6, 7]);
     let delete = write(&h, "DELETE", "/k", 8, &[], "").await;
+    delete.assert_refused(503, "resource_quarantined");
+}
+
+#[tokio::test]
+async fn a_put_a_backend_runs_as_a_delete_never_passes_a_late_creates_quarantine() {
+    // A late create (If-None-Match: *) applies whenever the key is absent again, so only
+    // writes that leave the key in place may pass its quarantine. A PUT that claims DELETE
+    // in an override is a DELETE to a backend that honours overrides (here one whose paths
+    // are independent files, so a DELETE covers no subtree).
+    let backend = TagBackend::start(true).await;
+    let h =
+        impatient_with(&backend, "[fence]\nsubtree_methods = []\n[[fence.rules]]\nprefix = \"/\"\npin = \"etag\"\n")
+            .await;
+    write(&h, "PUT", "/k", 5, &[(HOLD, "1")], "late").await.assert_refused(504, "backend_timeout");
+    assert_eq!(write(&h, "PUT", "/k", 6, &[], "C").await.status, 201, "a create passes: the late one fails");
+    let delete = write(&h, "PUT", "/k", 7, &[("x-http-method-override", "DELETE")], "").await;
+    backend.release();
+    common::poll_until("the late write is applied or refused", || backend.held_done() == 1).await;
+    assert_eq!(backend.applied(), [6], "the late create never lands (the DELETE answered {})", delete.status);
     delete.assert_refused(503, "resource_quarantined");
 }
