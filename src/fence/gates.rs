@@ -42,6 +42,11 @@ pub(crate) fn gate_bytes(key: &str) -> u64 {
 struct GateState {
     quarantined_until: Option<Instant>,
     cause: QuarantineCause,
+    /// While the quarantine runs: the tags that pinned writes whose outcome is unknown were
+    /// sent with as `If-Match` (docs/pins.md). Boxed, one pointer in every gate's allocation
+    /// (`GATE_BYTES`), as most gates never have any.
+    #[allow(clippy::box_collection)]
+    late: Option<Box<Vec<Box<str>>>>,
 }
 
 /// One resource's gate: its FIFO turn (the mutex) around the state its holder reads.
@@ -79,9 +84,26 @@ impl KeyTurn {
             Some(until) if until > now => Some((until - now, self.state.cause)),
             Some(_) => {
                 self.state.quarantined_until = None;
+                self.state.late = None;
                 None
             }
             None => None,
+        }
+    }
+
+    /// When the running quarantine ends, and the tags late pinned writes were sent with
+    /// (see [`KeyTurn::note_late`]), if it runs and names any.
+    pub(super) fn late(&self) -> Option<(Instant, Box<[Box<str>]>)> {
+        let until = self.state.quarantined_until?;
+        Some((until, self.state.late.as_deref()?.clone().into_boxed_slice()))
+    }
+
+    /// Notes, for the running quarantine, that a write sent with `If-Match: <tag>` may still
+    /// be applied: it applies whenever the key has that tag again.
+    pub(super) fn note_late(&mut self, tag: &str) {
+        let late = self.state.late.get_or_insert_default();
+        if !late.iter().any(|t| **t == *tag) {
+            late.push(tag.into());
         }
     }
 
@@ -91,6 +113,9 @@ impl KeyTurn {
     /// write keeps its cause over one that lets pinned writes pass.
     pub(super) fn quarantine(&mut self, until: Instant, cause: QuarantineCause) {
         let running = self.state.quarantined_until.filter(|end| *end > Instant::now());
+        if running.is_none() {
+            self.state.late = None;
+        }
         if running.is_none() || cause != QuarantineCause::UnknownPinnedOutcome {
             self.state.cause = cause;
         }
@@ -99,6 +124,7 @@ impl KeyTurn {
 
     /// Ends the key's quarantine; whether one was running at `now`.
     pub(super) fn lift(&mut self, now: Instant) -> bool {
+        self.state.late = None;
         self.state.quarantined_until.take().is_some_and(|until| until > now)
     }
 }

@@ -9,7 +9,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -59,9 +59,9 @@ pub struct Turn {
     /// Set while a forwarded write's outcome is open: a turn dropped then (its write panicked)
     /// quarantines what it touches for this long, as for any unknown outcome.
     unsettled: Option<Duration>,
-    /// Set once the write is sent pinned (see [`PinSlot::sent_pinned`]); allocated only for a
-    /// write that asked for its [`PinSlot`].
-    pinned: Option<Arc<AtomicBool>>,
+    /// The pin the write was sent with, once it is sent pinned (see [`PinSlot::sent_pinned`]);
+    /// allocated only for a write that asked for its [`PinSlot`].
+    pinned: Option<Arc<Mutex<Option<Pin>>>>,
     /// The check let the write pass a quarantine that a pinned write's unknown outcome left.
     passed_quarantine: bool,
 }
@@ -72,7 +72,10 @@ pub struct Turn {
 pub struct PinSlot {
     fence: Arc<Fence>,
     key: Box<str>,
-    sent: Arc<AtomicBool>,
+    sent: Arc<Mutex<Option<Pin>>>,
+    /// The key's running quarantine's end and the tags its late pinned writes were sent with,
+    /// when it names any.
+    late: Option<(Instant, Box<[Box<str>]>)>,
 }
 
 impl PinSlot {
@@ -91,10 +94,29 @@ impl PinSlot {
         &self.key
     }
 
-    /// Notes that the write is sent with a precondition naming the key's pin: should its
-    /// outcome be unknown, it can only apply while the backend is still in that state.
-    pub fn sent_pinned(&self) {
-        self.sent.store(true, Ordering::Relaxed);
+    /// Notes that the write is sent with a precondition naming `pin`: should its outcome be
+    /// unknown, it can only apply while the backend is still in that state.
+    pub fn sent_pinned(&self, pin: &Pin) {
+        *self.sent.lock().unwrap_or_else(PoisonError::into_inner) = Some(pin.clone());
+    }
+
+    /// How long the key's quarantine still runs, when a write whose outcome is unknown was
+    /// sent pinned to `pin`: that write applies whenever the key is in that state, so a write
+    /// sent pinned to it as well could be applied before it (docs/pins.md). A tag that is a
+    /// digest of the content comes back with the same bytes.
+    pub fn late(&self, pin: &Pin) -> Option<Duration> {
+        let (Pin::Tag(tag), Some((until, late))) = (pin, &self.late) else { return None };
+        let now = Instant::now();
+        (*until > now && late.contains(tag)).then(|| *until - now)
+    }
+
+    /// How long the key's quarantine still runs, when a write whose outcome is unknown was
+    /// sent pinned to a tag: a write that cannot be pinned itself (its state cannot be learnt)
+    /// could leave that very tag behind, so it waits.
+    pub fn late_any(&self) -> Option<Duration> {
+        let (until, _) = self.late.as_ref()?;
+        let now = Instant::now();
+        (*until > now).then(|| *until - now)
     }
 }
 
@@ -156,16 +178,18 @@ impl Turn {
         if touch.coverage != Coverage::Key {
             return None;
         }
+        let late = self.key_turns.iter().find(|k| k.key() == touch.key).and_then(KeyTurn::late);
         let sent = Arc::clone(self.pinned.get_or_insert_with(Default::default));
-        Some(PinSlot { fence: Arc::clone(&self.fence), key: touch.key.as_str().into(), sent })
+        Some(PinSlot { fence: Arc::clone(&self.fence), key: touch.key.as_str().into(), sent, late })
     }
 
     /// Closes what this write touches for `period`: it may still be applied late.
     pub fn quarantine(&mut self, period: Duration) {
         let until = quarantine_end(period);
-        let cause = match &self.pinned {
-            Some(sent) if sent.load(Ordering::Relaxed) => QuarantineCause::UnknownPinnedOutcome,
-            _ => QuarantineCause::UnknownOutcome,
+        let sent = self.pinned.as_ref().and_then(|s| s.lock().unwrap_or_else(PoisonError::into_inner).clone());
+        let cause = match sent {
+            Some(_) => QuarantineCause::UnknownPinnedOutcome,
+            None => QuarantineCause::UnknownOutcome,
         };
         for touch in &self.touches {
             match touch.coverage {
@@ -173,6 +197,9 @@ impl Turn {
                 Coverage::Key => {
                     if let Some(key_turn) = self.key_turns.iter_mut().find(|k| k.key() == touch.key) {
                         key_turn.quarantine(until, cause);
+                        if let Some(Pin::Tag(tag)) = &sent {
+                            key_turn.note_late(tag);
+                        }
                     }
                 }
             }

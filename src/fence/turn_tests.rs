@@ -217,7 +217,7 @@ async fn a_pinned_writes_unknown_outcome_lets_pinned_puts_pass_and_holds_the_res
     slot.set(Pin::Tag("\"t1\"".into()));
     let lost = move |_: Option<Permit>| async move {
         assert_eq!(slot.get(), Some(Pin::Tag("\"t1\"".into())), "read before the advance");
-        slot.sent_pinned();
+        slot.sent_pinned(&Pin::Tag("\"t1\"".into()));
         Ok(async { Err::<u64, _>(Failed::Backend) })
     };
     assert_eq!(turn.finish_after(35, pinned, Duration::from_secs(60), lost, outcome).await, Err(Failed::Backend));
@@ -266,7 +266,7 @@ async fn a_pinned_write_that_passed_a_quarantine_never_shortens_it() {
     // A pinned write pinned to "absent", lost: its create may land late for a minute.
     let lost = |slot: PinSlot| {
         move |_: Option<Permit>| async move {
-            slot.sent_pinned();
+            slot.sent_pinned(&Pin::Absent);
             Ok(async { Err::<u64, _>(Failed::Backend) })
         }
     };

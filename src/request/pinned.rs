@@ -11,7 +11,7 @@ use http_body_util::{BodyExt, Full};
 use super::Outgoing;
 use super::classify::Pinned;
 use super::protocol::{Chosen, Protocol as _};
-use crate::fence::{Pin, PinSlot};
+use crate::fence::{FenceError, Pin, PinSlot, QuarantineCause};
 use crate::refusal::Refusal;
 use crate::state::metrics::PinHeadLabels;
 use crate::state::{Metrics, Settings};
@@ -39,21 +39,36 @@ pub(super) async fn pin(
     slot: PinSlot,
     kind: Pinned,
 ) -> Result<(Connection, Pinning), Refusal> {
-    let (pin, conn) = match slot.get() {
-        // A pin kept from an earlier write is out of date when the backend's state moved
-        // around the fence (a write that bypassed it; in a cluster, a write of another
-        // leader): a client precondition it fails is judged again against the backend's word,
-        // or a client that names the real state would be refused on every retry.
-        Some(pin) if judge(out.req.headers(), &pin, slot.key()).is_ok() => (pin, conn),
-        _ => match count(metrics, learn(settings, protocol, conn, out, slot.key()).await)? {
+    // A pin kept from an earlier write is out of date when the backend's state moved around
+    // the fence (a write that bypassed it; in a cluster, a write of another leader): a client
+    // precondition it fails is judged again against the backend's word, or a client that names
+    // the real state would be refused on every retry. One a late write was pinned to is learnt
+    // again too: that write may have landed meanwhile.
+    let kept = slot.get().filter(|pin| judge(out.req.headers(), pin, slot.key()).is_ok() && slot.late(pin).is_none());
+    let (pin, conn) = match kept {
+        Some(pin) => (pin, conn),
+        None => match count(metrics, learn(settings, protocol, conn, out, slot.key()).await)? {
             Some(pin) => {
                 // Learnt under the turn: it holds until this write's advance.
                 slot.set(pin.clone());
+                // A write whose outcome is unknown was sent pinned to this very state and may
+                // still apply: were this one sent pinned to it too, it could land first and
+                // leave the same tag behind (the same bytes, under a digest ETag), and the late
+                // one would then apply after it. It waits out the quarantine, as without pins.
+                if let Some(retry_after) = slot.late(&pin) {
+                    let cause = QuarantineCause::UnknownPinnedOutcome;
+                    return Err(FenceError::Quarantined { resource: slot.key().to_owned(), retry_after, cause }.into());
+                }
                 judge(out.req.headers(), &pin, slot.key())?;
                 // The HEAD's connection is back in the pool once its answer ended.
                 (pin, settings.upstream.connection().await?)
             }
             None => {
+                // Sent unpinned, it could leave behind the tag a late write was pinned to.
+                if let Some(retry_after) = slot.late_any() {
+                    let cause = QuarantineCause::UnknownPinnedOutcome;
+                    return Err(FenceError::Quarantined { resource: slot.key().to_owned(), retry_after, cause }.into());
+                }
                 let conn = settings.upstream.connection().await?;
                 return Ok((conn, Pinning { slot, kind, sent: None }));
             }
@@ -71,7 +86,7 @@ pub(super) async fn pin(
             "If-None-Match: *".to_owned()
         }
     };
-    slot.sent_pinned();
+    slot.sent_pinned(&pin);
     Ok((conn, Pinning { slot, kind, sent: Some(sent) }))
 }
 

@@ -86,7 +86,17 @@ impl Protocol for Http {
         // Cannot fail for a path canonicalised from a parsed target; were it to, this refusal
         // would come before those of the rules over the keys.
         let target = forwarded_target(head, canonical)?;
-        fenced_write(head, config, Named { touches, target, set_headers, body_limit })
+        let plan = fenced_write(head, config, Named { touches, target, set_headers, body_limit })?;
+        // A pin is chosen by the request's own method, and a backend may act on the one an
+        // override names: a PUT that a framework runs as a DELETE would pass a quarantine only
+        // writes that leave the key in place may pass (docs/pins.md). Such a write is not pinned.
+        Ok(match plan {
+            Plan::Write(mut write) if overridden.is_some() => {
+                write.pin = None;
+                Plan::Write(write)
+            }
+            plan => plan,
+        })
     }
 
     fn refuse(&self, refusal: &Refusal, withhold: bool) -> Response<Full<Bytes>> {
