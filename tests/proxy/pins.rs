@@ -109,8 +109,10 @@ async fn a_delayed_write_lands_after_the_newer_one_without_pins() {
 /// naming the state it was ordered after, so when it arrives late, after a newer write changed
 /// the file, Apache refuses it (`412`) and the newer write stays. Once for a file that did not
 /// exist (the held write carries `If-None-Match: *`) and once for one that did (`If-Match`
-/// with the tag a `HEAD` learnt, since Apache's `PUT` answers name none). A pinned `PUT` needs
-/// no wait for the quarantine: it learns the state by a `HEAD` and is pinned to it.
+/// with the tag a `HEAD` learnt, since Apache's `PUT` answers name none). A pinned `PUT` to the
+/// absent file needs no wait for the quarantine: it learns the state by a `HEAD` and is pinned
+/// to it. One to the existing file finds the very tag the held write was pinned to, which a
+/// digest ETag gives again for the same bytes (docs/pins.md): it waits out the quarantine.
 #[tokio::test]
 async fn a_delayed_write_fails_at_the_backend_with_pins() {
     let Some(apache) = start_apache().await else { return };
@@ -123,8 +125,13 @@ async fn a_delayed_write_fails_at_the_backend_with_pins() {
         let held = hold.held().await;
         assert!(held.header(precondition).is_some(), "{path}: the held write is pinned: {:?}", held.headers);
 
-        let two = h.put(path, 3, "two").await;
-        assert!(two.status == 201 || two.status == 204, "{path}: not waiting out the quarantine: {two:?}");
+        let two = if path == "/new" {
+            h.put(path, 3, "two").await
+        } else {
+            h.put(path, 3, "two").await.assert_refused(503, "resource_quarantined");
+            put_after_quarantine(&h, path, 3, "two").await
+        };
+        assert!(two.status == 201 || two.status == 204, "{path}: {two:?}");
         assert_eq!(apache.file(path).as_deref(), Some(&b"two"[..]));
 
         hold.release();
@@ -144,7 +151,7 @@ async fn a_delayed_write_fails_at_the_backend_with_pins() {
     }
     // What the pins cost: every write here learnt its key by a HEAD, Apache's PUT answers naming
     // no ETag: /old absent, then /new absent twice (its held create has not landed), then /old
-    // tagged twice.
+    // tagged once for the held write and once for each try of token 3 in the quarantine.
     let admin = h.start_admin().await;
     let metrics = raw_request(admin, "GET /metrics HTTP/1.1\r\nHost: x", "").await;
     let text = String::from_utf8_lossy(&metrics.body);
@@ -152,7 +159,8 @@ async fn a_delayed_write_fails_at_the_backend_with_pins() {
         let name = format!("fencegate_pin_heads_total{{found=\"{found}\"}} ");
         text.lines().find_map(|l| l.strip_prefix(name.as_str())).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
     };
-    assert_eq!((heads("absent"), heads("tag"), heads("unavailable")), (3, 2, 0), "{text}");
+    assert_eq!((heads("absent"), heads("unavailable")), (3, 0), "{text}");
+    assert!(heads("tag") >= 3, "{text}");
 }
 
 /// The relay itself: a request before the held one on the same connection passes; the held
