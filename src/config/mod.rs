@@ -20,6 +20,7 @@ mod etcd;
 mod headers;
 mod raw;
 pub mod reload;
+mod s3;
 mod store;
 mod validate;
 mod verify;
@@ -28,6 +29,7 @@ pub use address::{BackendUrl, DEFAULT_LISTEN_MODE, ListenAddr};
 pub use environment::Environment;
 pub use etcd::{EtcdConfig, EtcdTls};
 pub use headers::{Forwarding, HeaderRules, HeadersConfig};
+pub use s3::{DEFAULT_MAX_UPLOADS, DEFAULT_REGION, S3Config, S3Credentials, SecretKey};
 pub use verify::{HmacKey, Verify, VerifyConfig};
 
 use raw::RawConfig;
@@ -103,23 +105,6 @@ pub struct Config {
     /// What is added to and taken from forwarded headers.
     pub headers: HeadersConfig,
 }
-
-/// `[s3]`
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct S3Config {
-    /// Host name suffixes under which a request's host names its bucket (virtual-host style):
-    /// with `s3.example.com`, `b1.s3.example.com` is bucket `b1`. Lower case, no leading dot.
-    pub virtual_host_suffixes: Vec<String>,
-    /// Whether the server keeps keys as flat strings, as S3 does (`a//b` and `a/b` are two
-    /// objects); `false` for a server that stores objects as files and resolves a key's empty,
-    /// `.` and `..` segments as a path, whose keys with such segments are refused.
-    pub flat_keys: bool,
-    /// Most multipart uploads whose binding fencegate keeps at once (docs/s3.md).
-    pub max_uploads: usize,
-}
-
-/// `s3.max_uploads` by default.
-pub const DEFAULT_MAX_UPLOADS: usize = 10_000;
 
 /// `[admin]`
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -236,12 +221,6 @@ pub struct BackendConfig {
     /// How requests name the backend's resources and how refusals are written for its clients;
     /// restart-only, since the fence keys follow it.
     pub protocol: BackendProtocol,
-}
-
-impl Default for S3Config {
-    fn default() -> Self {
-        S3Config { virtual_host_suffixes: Vec::new(), flat_keys: true, max_uploads: DEFAULT_MAX_UPLOADS }
-    }
 }
 
 /// `backend.protocol`: the kind of backend, which decides how a request names its resources.

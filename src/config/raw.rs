@@ -40,12 +40,33 @@ pub(super) struct RawS3 {
     pub(super) virtual_host_suffixes: Vec<String>,
     pub(super) flat_keys: bool,
     pub(super) max_uploads: usize,
+    pub(super) conditional_deletes: bool,
+    pub(super) credentials: Option<RawS3Credentials>,
 }
 
 impl Default for RawS3 {
     fn default() -> Self {
-        RawS3 { virtual_host_suffixes: Vec::new(), flat_keys: true, max_uploads: super::DEFAULT_MAX_UPLOADS }
+        RawS3 {
+            virtual_host_suffixes: Vec::new(),
+            flat_keys: true,
+            max_uploads: super::DEFAULT_MAX_UPLOADS,
+            conditional_deletes: false,
+            credentials: None,
+        }
     }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawS3Credentials {
+    pub(super) access_key_id: String,
+    pub(super) secret_access_key_file: PathBuf,
+    #[serde(default = "default_region")]
+    pub(super) region: String,
+}
+
+fn default_region() -> String {
+    super::s3::DEFAULT_REGION.to_owned()
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

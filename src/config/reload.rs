@@ -83,6 +83,10 @@ pub(crate) fn merge(old: &Config, new: Config) -> (Config, Reload) {
             _ => {}
         }
     }
+    let s3_secret = |c: &Config| c.s3.credentials.as_ref().map(|k| k.secret_access_key.clone());
+    if s3_secret(old) != s3_secret(&new) {
+        report.applied.push("s3.credentials.secret_access_key: (changed)".to_owned());
+    }
     if old.etcd.password != new.etcd.password {
         report.kept.push("etcd.password: (changed)".to_owned());
     }

@@ -225,3 +225,40 @@ fn the_etcd_store_takes_its_own_settings_and_none_of_the_file_store_s() {
     let file = format!("{MINIMAL}[store]\nprefix = \"/fg/\"\n");
     assert!(Config::from_toml_str(&file).unwrap_err().to_string().contains("store.prefix: an etcd store's setting"));
 }
+
+#[test]
+fn s3_credentials_take_their_secret_from_a_file_and_never_print_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("secret");
+    std::fs::write(&file, "s3cret-access-key\n").unwrap();
+    let s3 = "[backend]\nurl = \"http://127.0.0.1:9000\"\nprotocol = \"s3\"\n[s3.credentials]\n";
+    let with = |lines: &str| Config::from_toml_str(&format!("{s3}{lines}"));
+    let file_line = format!("secret_access_key_file = {:?}\n", file.display().to_string());
+    let c = with(&format!("access_key_id = \"AKIDEXAMPLE\"\n{file_line}")).unwrap();
+    let credentials = c.s3.credentials.as_ref().unwrap();
+    assert_eq!(credentials.secret_access_key.expose(), "s3cret-access-key", "trimmed");
+    assert_eq!((credentials.region.as_str(), credentials.access_key_id.as_str()), (DEFAULT_REGION, "AKIDEXAMPLE"));
+    assert!(!c.to_toml().contains("s3cret") && !format!("{c:?}").contains("s3cret"), "never printed");
+    assert!(!c.s3.conditional_deletes, "off by default: s3s-fs deletes whatever If-Match says");
+    let region = with(&format!("access_key_id = \"AKIDEXAMPLE\"\nregion = \"eu-west-3\"\n{file_line}")).unwrap();
+    assert_eq!(region.s3.credentials.unwrap().region, "eu-west-3");
+    let missing = with("access_key_id = \"AKIDEXAMPLE\"\nsecret_access_key_file = \"/nonexistent/s\"\n");
+    let err = missing.unwrap_err().to_string();
+    assert!(err.contains("s3.credentials.secret_access_key_file") && err.contains("/nonexistent/s"), "{err}");
+    let err = with(&format!("access_key_id = \"AK/ID\"\n{file_line}")).unwrap_err().to_string();
+    assert!(err.contains("s3.credentials.access_key_id"), "{err}");
+    let http = format!("{MINIMAL}[s3.credentials]\naccess_key_id = \"AKIDEXAMPLE\"\n{file_line}");
+    let err = Config::from_toml_str(&http).unwrap_err().to_string();
+    assert!(err.contains("s3.credentials") && err.contains("\"s3\""), "{err}");
+    let err = Config::from_toml_str(&format!("{MINIMAL}[s3]\nconditional_deletes = true\n")).unwrap_err();
+    assert!(err.to_string().contains("s3.conditional_deletes"), "{err}");
+}
+
+#[test]
+fn s3_mode_takes_pin_rules_either_way() {
+    let s3 = "[backend]\nurl = \"http://127.0.0.1:9000\"\nprotocol = \"s3\"\n";
+    for pin in ["etag", "off"] {
+        let c = Config::from_toml_str(&format!("{s3}[[fence.rules]]\nprefix = \"/b/\"\npin = \"{pin}\"\n"));
+        assert!(c.is_ok(), "{pin}: {c:?}");
+    }
+}

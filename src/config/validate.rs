@@ -139,17 +139,7 @@ pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
             store.lease_margin, or one slow keep-alive lapses the lease",
         ));
     }
-    let s3 = s3(raw.s3, backend.protocol)?;
-    if backend.protocol == BackendProtocol::S3
-        && let Some(index) = fence.rules.iter().position(|r| r.pin == Some(PinMode::Etag))
-    {
-        // Learning an object's state takes a HEAD signed with the server's credentials, which
-        // fencegate does not hold.
-        return Err(invalid(
-            &format!("fence.rules[{index}].pin"),
-            "pins are for backend.protocol = \"http\": an S3 server answers an unsigned HEAD 403",
-        ));
-    }
+    let s3 = super::s3::s3(raw.s3, backend.protocol)?;
     let headers = super::headers::headers(raw.headers, &[&fence.header, &verify.signature_header])?;
     Ok(Config { server, backend, fence, verify, store, log, paths, limits, admin, etcd, s3, headers })
 }
@@ -444,35 +434,4 @@ fn scope(index: usize, raw: &RawScope, policy: &PathPolicy) -> Result<Scope, Con
         }
     }
     Ok(Scope { prefix: canonical, segments: raw.segments })
-}
-
-/// `[s3]`, and what S3 mode does not take.
-fn s3(raw: raw::RawS3, protocol: BackendProtocol) -> Result<S3Config, ConfigError> {
-    let key = "s3.virtual_host_suffixes";
-    if protocol != BackendProtocol::S3 {
-        if !raw.virtual_host_suffixes.is_empty() {
-            return Err(invalid(key, "only backend.protocol = \"s3\" names buckets by host"));
-        }
-        if !raw.flat_keys {
-            return Err(invalid("s3.flat_keys", "only backend.protocol = \"s3\" names objects by key"));
-        }
-        if raw.max_uploads != S3Config::default().max_uploads {
-            return Err(invalid("s3.max_uploads", "only backend.protocol = \"s3\" has multipart uploads"));
-        }
-        return Ok(S3Config::default());
-    }
-    if raw.max_uploads == 0 {
-        return Err(invalid("s3.max_uploads", "must be at least 1: with 0 no multipart upload could start"));
-    }
-    let mut suffixes = Vec::with_capacity(raw.virtual_host_suffixes.len());
-    for suffix in raw.virtual_host_suffixes {
-        let lower = suffix.trim_start_matches('.').trim_end_matches('.').to_ascii_lowercase();
-        let ok = !lower.is_empty()
-            && lower.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-');
-        if !ok {
-            return Err(invalid(key, format!("{suffix:?} is not a host name")));
-        }
-        suffixes.push(lower);
-    }
-    Ok(S3Config { virtual_host_suffixes: suffixes, flat_keys: raw.flat_keys, max_uploads: raw.max_uploads })
 }

@@ -14,7 +14,7 @@ use hyper::body::Body;
 
 use super::proof::{self, Proof};
 use super::rules;
-use crate::config::{Config, FenceConfig, LimitsConfig, MissingToken, PinMode};
+use crate::config::{BackendProtocol, Config, LimitsConfig, MissingToken, PinMode};
 use crate::fence::token::{self, TokenError};
 pub use crate::fence::{Coverage, EqualToken, Touch};
 use crate::refusal::Refusal;
@@ -159,6 +159,10 @@ pub struct Named {
     pub set_headers: Vec<(HeaderName, HeaderValue)>,
     /// Most body bytes forwarded ([`check_fenced`]).
     pub body_limit: Option<u64>,
+    /// How the write would be pinned where a rule pins its key (docs/pins.md): set by the
+    /// protocol for an operation on one resource whose preconditions the backend honours,
+    /// `None` for every other.
+    pub pin: Option<Pinned>,
 }
 
 /// The plan of a fenced write whose resources a protocol named: its token (or, for a tokenless
@@ -166,7 +170,7 @@ pub struct Named {
 /// fenced under, the etcd locks and the proof its token must show.
 #[inline]
 pub fn fenced_write(head: &Head<'_>, config: &Config, named: Named) -> Result<Plan, Refusal> {
-    let Named { touches, target, set_headers, body_limit } = named;
+    let Named { touches, target, set_headers, body_limit, pin } = named;
     let governed = rules::govern(&touches, &config.fence)?;
     let values = head.headers.get_all(&config.fence.header).iter().map(|v| v.as_bytes());
     let token = match token::from_values(values) {
@@ -183,7 +187,7 @@ pub fn fenced_write(head: &Head<'_>, config: &Config, named: Named) -> Result<Pl
     let equal = if locks.is_empty() { governed.equal } else { EqualToken::Accept };
     let max_jump = governed.max_jump;
     let upload = None;
-    let pin = pinned(head.method, &touches, &target, &set_headers, &config.fence);
+    let pin = pinned(pin, &touches, &set_headers, config);
     Ok(Plan::Write(Write {
         token,
         touches,
@@ -199,30 +203,24 @@ pub fn fenced_write(head: &Head<'_>, config: &Config, named: Named) -> Result<Pl
     }))
 }
 
-/// How a write of `method` to `touches` is pinned: only a `PUT` or `DELETE` of one key that is
-/// its target's path, naming no other resource (a `Destination`), under a rule with
-/// `pin = "etag"`. A key a scope shortened holds many of the backend's resources, each with a
-/// state of its own, so one pin per key cannot name them.
+/// How a write the protocol names as `pin` is pinned: only one that touches one key alone,
+/// naming no other resource (a `Destination`), under a rule with `pin = "etag"` (the default in
+/// S3 mode, where every server honours the preconditions of the operations it names). The
+/// protocol names a write's pin only when its key is the resource it writes, not a scope's key
+/// over many resources, each with a state of its own.
 fn pinned(
-    method: &Method,
+    pin: Option<Pinned>,
     touches: &[Touch],
-    target: &PathAndQuery,
     set_headers: &[(HeaderName, HeaderValue)],
-    fence: &FenceConfig,
+    config: &Config,
 ) -> Option<Pinned> {
     let [touch] = touches else { return None };
-    if touch.coverage != Coverage::Key
-        || touch.key != target.path()
-        || !set_headers.is_empty()
-        || rules::pin(&touch.key, fence) != PinMode::Etag
-    {
-        return None;
-    }
-    match *method {
-        Method::PUT => Some(Pinned::Put),
-        Method::DELETE => Some(Pinned::Delete),
-        _ => None,
-    }
+    let default = match config.backend.protocol {
+        BackendProtocol::S3 => PinMode::Etag,
+        BackendProtocol::Http => PinMode::Off,
+    };
+    let mode = rules::pin(&touch.key, &config.fence, default);
+    (touch.coverage == Coverage::Key && set_headers.is_empty() && mode == PinMode::Etag).then_some(pin?)
 }
 
 /// Refuses what no request may carry: tunnels, and heads beyond the configured limits.

@@ -348,12 +348,16 @@ fn prepare(
             // Only what is sent leaves the box.
             let hold = Hold { whole: true, permit };
             let resp = send(&pending.state, &pending.settings, conn, pending.out, hold).await;
-            let resp = match pinning {
-                Some(pinning) => pinned::answered(pinning, resp)?,
-                None => resp?,
+            let Some(ends) = &pending.ends else {
+                return match pinning {
+                    Some(pinning) => pinned::answered(pinning, resp),
+                    None => resp,
+                };
             };
-            match &pending.ends {
-                Some(ends) => ended(&pending.state, &pending.settings, ends, resp).await,
+            // The end of an upload names the object's entity tag in its body, read whole first.
+            let (resp, tag) = ended(&pending.state, &pending.settings, ends, resp?).await?;
+            match pinning {
+                Some(pinning) => pinned::answered_with_tag(pinning, Ok(resp), tag),
                 None => Ok(resp),
             }
         }))
@@ -363,13 +367,6 @@ fn prepare(
 /// Most bytes of the answer to a multipart upload's completion read while its turn is held.
 const MAX_ENDED: usize = 1024 * 1024;
 
-/// The backend's answer `resp` to the end of an upload, read whole (within
-/// `backend.request_timeout`) while the turn is held: S3 answers a CompleteMultipartUpload
-/// `200` at once and its result (or a late `<Error>`) once the upload is complete, keeping the
-/// connection with whitespace meanwhile, so the completion is done only when its answer has
-/// ended. An answer cut off or late leaves the outcome unknown, and the object is quarantined.
-/// Once the backend completed or aborted the upload (not after a `200` that says it failed,
-/// which leaves the upload open for the holder's retry), its binding is dropped.
 /// The backend's answer `body` read whole: at most `limit` bytes within
 /// `backend.request_timeout`. One cut off or too long is `unread` of why; one late,
 /// `UpstreamError::Timeout`.
@@ -387,12 +384,20 @@ async fn read_whole_answer(
     }
 }
 
+/// The backend's answer `resp` to the end of an upload, read whole (within
+/// `backend.request_timeout`) while the turn is held: S3 answers a CompleteMultipartUpload
+/// `200` at once and its result (or a late `<Error>`) once the upload is complete, keeping the
+/// connection with whitespace meanwhile, so the completion is done only when its answer has
+/// ended. An answer cut off or late leaves the outcome unknown, and the object is quarantined.
+/// Once the backend completed or aborted the upload (not after a `200` that says it failed,
+/// which leaves the upload open for the holder's retry), its binding is dropped, and the
+/// entity tag the answer names for the completed object is returned with it.
 async fn ended(
     state: &State,
     settings: &Settings,
     ends: &Ends,
     resp: Response<ResponseBody>,
-) -> Result<Response<ResponseBody>, Refusal> {
+) -> Result<(Response<ResponseBody>, Option<Box<str>>), Refusal> {
     let (parts, body) = resp.into_parts();
     let unread = |e| {
         let why = format!("the answer to the end of a multipart upload could not be read whole: {e}");
@@ -400,14 +405,15 @@ async fn ended(
     };
     let bytes = read_whole_answer(body, MAX_ENDED, settings, unread).await?;
     let Ends { object, id, protocol } = ends;
-    if parts.status.is_success()
-        && !protocol.failed_late(&bytes)
-        && let Err(e) = state.fence.drop_upload(object, id).await
-    {
-        // Left behind, the binding names an upload the server has ended.
-        tracing::warn!(object, upload = id, error = %e, "could not drop an ended upload's binding");
+    let mut tag = None;
+    if parts.status.is_success() && !protocol.failed_late(&bytes) {
+        tag = protocol.completed_tag(&bytes);
+        if let Err(e) = state.fence.drop_upload(object, id).await {
+            // Left behind, the binding names an upload the server has ended.
+            tracing::warn!(object, upload = id, error = %e, "could not drop an ended upload's binding");
+        }
     }
-    Ok(Response::from_parts(parts, full_body(Full::new(bytes))))
+    Ok((Response::from_parts(parts, full_body(Full::new(bytes))), tag))
 }
 
 /// Whether the backend may still apply a write that got this result.

@@ -75,6 +75,10 @@ pub(super) async fn pin(
         },
     };
     let headers = out.req.headers_mut();
+    if !protocol.honours(kind, &pin) {
+        // No precondition the backend honours names this state: sent as without pins.
+        return Ok((conn, Pinning { slot, kind, sent: None }));
+    }
     let sent = match &pin {
         Pin::Tag(tag) => {
             let value = HeaderValue::from_str(tag).map_err(|e| unreadable(slot.key(), e))?;
@@ -97,6 +101,17 @@ pub(super) fn answered(
     pinning: Pinning,
     result: Result<Response<ResponseBody>, Refusal>,
 ) -> Result<Response<ResponseBody>, Refusal> {
+    let tag = result.as_ref().ok().and_then(|resp| strong_tag(resp.headers()));
+    answered_with_tag(pinning, result, tag)
+}
+
+/// [`answered`], with `tag` for the entity tag a `PUT`'s answer names: its `ETag`, or what its
+/// body names where the backend writes it there (S3's CompleteMultipartUpload).
+pub(super) fn answered_with_tag(
+    pinning: Pinning,
+    result: Result<Response<ResponseBody>, Refusal>,
+    tag: Option<Box<str>>,
+) -> Result<Response<ResponseBody>, Refusal> {
     let Pinning { slot, kind, sent } = pinning;
     match result {
         Ok(resp) if resp.status() == StatusCode::PRECONDITION_FAILED && sent.is_some() => {
@@ -105,7 +120,7 @@ pub(super) fn answered(
         Ok(resp) if resp.status().is_success() => {
             match kind {
                 Pinned::Put => {
-                    if let Some(tag) = strong_tag(resp.headers()) {
+                    if let Some(tag) = tag {
                         slot.set(Pin::Tag(tag));
                     }
                 }
@@ -141,10 +156,11 @@ async fn learn(
     let mut head = Request::new(RequestBody::Read(Full::new(Bytes::new())));
     *head.method_mut() = Method::HEAD;
     *head.uri_mut() = out.req.uri().clone();
-    if !protocol.learning_head(&mut head, out.req.headers(), &settings.config) {
+    let mut target = out.target.clone();
+    if !protocol.learning_head(&mut head, &mut target, out.req.headers(), &settings.config) {
         return Ok(None);
     }
-    let resp = settings.upstream.forward(conn, head, out.target.clone(), &out.client, None, Hold::default()).await;
+    let resp = settings.upstream.forward(conn, head, target, &out.client, None, Hold::default()).await;
     let unavailable = |why: String| Refusal::PinUnavailable { resource: key.to_owned(), why };
     let resp = resp.map_err(|e| unavailable(format!("its HEAD failed: {e}")))?;
     let (parts, body) = resp.into_parts();

@@ -41,9 +41,9 @@ pub(super) fn govern<'a>(touches: &[Touch], fence: &'a FenceConfig) -> Result<Go
     Ok(Governed { domain, equal: equal_token(touches, fence), verify, max_jump })
 }
 
-/// Whether writes to `key` are pinned: the longest rule over it that says.
-pub(super) fn pin(key: &str, fence: &FenceConfig) -> PinMode {
-    setting(&fence.rules, key, |r| r.pin).unwrap_or(PinMode::Off)
+/// Whether writes to `key` are pinned: the longest rule over it that says, else `default`.
+pub(super) fn pin(key: &str, fence: &FenceConfig, default: PinMode) -> PinMode {
+    setting(&fence.rules, key, |r| r.pin).unwrap_or(default)
 }
 
 /// The token domains of `rules`, as the fence knows them.

@@ -24,6 +24,7 @@ mod redirects;
 mod reload;
 mod s3;
 mod s3_model;
+mod s3_pins;
 mod s3_streams;
 mod supervision;
 mod tls;

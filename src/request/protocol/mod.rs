@@ -16,14 +16,15 @@ pub mod s3;
 
 use ::http::Request;
 use ::http::header::{AUTHORIZATION, COOKIE, HOST, HeaderMap, HeaderName, USER_AGENT};
+use ::http::uri::PathAndQuery;
 use bytes::Bytes;
 use http_body_util::Full;
 
 pub use self::http::Http;
 pub use self::s3::S3;
-use super::classify::{Head, Plan};
+use super::classify::{Head, Pinned, Plan};
 use crate::config::{BackendConfig, BackendProtocol, Config};
-use crate::fence::keys;
+use crate::fence::{Pin, keys};
 use crate::refusal::Refusal;
 use crate::upstream::RequestBody;
 
@@ -56,17 +57,32 @@ pub trait Protocol: Send + Sync + std::fmt::Debug {
         None
     }
 
-    /// Readies `head`, a `HEAD` of the key a pinned write changes (docs/pins.md), as
-    /// fencegate's own request, from the headers of the `client`'s write: those that let the
-    /// backend answer it as it would answer the client. `false` when this backend cannot be
-    /// asked, so that the write is sent unpinned and its answer pins the key.
-    fn learning_head(&self, head: &mut Request<RequestBody>, client: &HeaderMap, config: &Config) -> bool {
-        let _ = config;
+    /// Readies `head`, a `HEAD` of the key a pinned write changes (docs/pins.md), to be sent
+    /// to `target` (the write's own, which the protocol may change), as fencegate's own
+    /// request, from the headers of the `client`'s write: those that let the backend answer
+    /// it as it would answer the client. `false` when this backend cannot be asked, so that
+    /// the write is sent unpinned and its answer pins the key.
+    fn learning_head(
+        &self,
+        head: &mut Request<RequestBody>,
+        target: &mut PathAndQuery,
+        client: &HeaderMap,
+        config: &Config,
+    ) -> bool {
+        let _ = (config, target);
         for name in HEAD_CARRIES {
             for value in client.get_all(&name) {
                 head.headers_mut().append(name.clone(), value.clone());
             }
         }
+        true
+    }
+
+    /// Whether the backend honours the precondition naming `pin` (`If-Match: <tag>`, or
+    /// `If-None-Match: *` for absent) on a pinned write of `kind`; where it does not, the write
+    /// is sent as without pins, and an unknown outcome of it quarantines as without pins.
+    fn honours(&self, kind: Pinned, pin: &Pin) -> bool {
+        let _ = (kind, pin);
         true
     }
 
@@ -76,6 +92,14 @@ pub trait Protocol: Send + Sync + std::fmt::Debug {
     fn failed_late(&self, body: &[u8]) -> bool {
         let _ = body;
         false
+    }
+
+    /// The strong entity tag that `body`, of a success answer to a write that ends a multipart
+    /// upload, names for the object it completed (S3's `CompleteMultipartUploadResult` has
+    /// its `ETag` there, not in the header), with its quotes; `None` when it names none.
+    fn completed_tag(&self, body: &[u8]) -> Option<Box<str>> {
+        let _ = body;
+        None
     }
 }
 
@@ -133,10 +157,30 @@ impl Protocol for Chosen {
         }
     }
 
-    fn learning_head(&self, head: &mut Request<RequestBody>, client: &HeaderMap, config: &Config) -> bool {
+    fn honours(&self, kind: Pinned, pin: &Pin) -> bool {
         match self {
-            Chosen::Http(p) => p.learning_head(head, client, config),
-            Chosen::S3(p) => p.learning_head(head, client, config),
+            Chosen::Http(p) => p.honours(kind, pin),
+            Chosen::S3(p) => p.honours(kind, pin),
+        }
+    }
+
+    fn completed_tag(&self, body: &[u8]) -> Option<Box<str>> {
+        match self {
+            Chosen::Http(p) => p.completed_tag(body),
+            Chosen::S3(p) => p.completed_tag(body),
+        }
+    }
+
+    fn learning_head(
+        &self,
+        head: &mut Request<RequestBody>,
+        target: &mut PathAndQuery,
+        client: &HeaderMap,
+        config: &Config,
+    ) -> bool {
+        match self {
+            Chosen::Http(p) => p.learning_head(head, target, client, config),
+            Chosen::S3(p) => p.learning_head(head, target, client, config),
         }
     }
 }

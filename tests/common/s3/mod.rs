@@ -122,7 +122,9 @@ pub async fn start_moto() -> Option<S3Server> {
 pub struct S3Proxy {
     pub addr: SocketAddr,
     pub proxy: Proxy,
-    _stop: oneshot::Sender<()>,
+    config: Config,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<Result<(), fencegate::Error>>>,
     _dir: tempfile::TempDir,
 }
 
@@ -137,14 +139,34 @@ impl S3Proxy {
         );
         let config = Config::from_toml_str(&text).unwrap();
         fencegate::app::init_data_dir(&config.store.dir, 0).unwrap();
-        let proxy = super::open_proxy(config).await;
+        let proxy = super::open_proxy(config.clone()).await;
+        let mut started =
+            S3Proxy { addr: "127.0.0.1:0".parse().unwrap(), proxy, config, stop: None, task: None, _dir: dir };
+        started.serve().await;
+        started
+    }
+
+    async fn serve(&mut self) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
+        self.addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
-        tokio::spawn(proxy.clone().serve(listener, async {
+        self.stop = Some(stop);
+        self.task = Some(tokio::spawn(self.proxy.clone().serve(listener, async {
             let _ = stopped.await;
-        }));
-        S3Proxy { addr, proxy, _stop: stop, _dir: dir }
+        })));
+    }
+
+    /// Shuts down gracefully (the store closed) and starts again on the same data directory,
+    /// at a new address: every pin and connection is gone, `max_seen` is kept.
+    pub async fn restart(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.await.unwrap().unwrap();
+        }
+        self.proxy = super::open_proxy(self.config.clone()).await;
+        self.serve().await;
     }
 
     pub fn url(&self) -> String {

@@ -20,7 +20,7 @@ use super::Protocol;
 use crate::config::Config;
 use crate::fence::{keys, path};
 use crate::refusal::Refusal;
-use crate::request::classify::{Coverage, Head, Named, Plan, Touch, check_fenced, check_limits, fenced_write};
+use crate::request::classify::{Coverage, Head, Named, Pinned, Plan, Touch, check_fenced, check_limits, fenced_write};
 pub use destination::{DESTINATION, Destination, destination};
 
 /// Path-named HTTP and WebDAV (module docs).
@@ -85,18 +85,19 @@ impl Protocol for Http {
         }
         // Cannot fail for a path canonicalised from a parsed target; were it to, this refusal
         // would come before those of the rules over the keys.
+        // A PUT or DELETE of its own key, not of a scope's (which holds many resources: one
+        // resource's state would pin writes to the others).
+        let pin = match *head.method {
+            Method::PUT if touches.len() == 1 && touches[0].key == canonical => Some(Pinned::Put),
+            Method::DELETE if touches.len() == 1 && touches[0].key == canonical => Some(Pinned::Delete),
+            _ => None,
+        };
         let target = forwarded_target(head, canonical)?;
-        let plan = fenced_write(head, config, Named { touches, target, set_headers, body_limit })?;
         // A pin is chosen by the request's own method, and a backend may act on the one an
         // override names: a PUT that a framework runs as a DELETE would pass a quarantine only
         // writes that leave the key in place may pass (docs/pins.md). Such a write is not pinned.
-        Ok(match plan {
-            Plan::Write(mut write) if overridden.is_some() => {
-                write.pin = None;
-                Plan::Write(write)
-            }
-            plan => plan,
-        })
+        let pin = if overridden.is_some() { None } else { pin };
+        fenced_write(head, config, Named { touches, target, set_headers, body_limit, pin })
     }
 
     fn refuse(&self, refusal: &Refusal, withhold: bool) -> Response<Full<Bytes>> {

@@ -244,3 +244,26 @@ fn what_cannot_be_fenced_is_refused_before_anything_waits() {
     assert_eq!(code(request("PUT", "/a", &[("fencing-token", "1"), ("upgrade", "h2c")], "")), "upgrade_refused");
     assert_eq!(code(request("PUT", &format!("/{}", "a".repeat(64)), &token, "")), "uri_too_long");
 }
+
+#[test]
+fn only_a_put_or_delete_of_its_own_key_under_a_pin_rule_is_pinned() {
+    use crate::request::classify::Pinned;
+    let rules = "[[fence.rules]]\nprefix = \"/p/\"\npin = \"etag\"\n";
+    let mut c = config(&format!("[fence]\nsubtree_methods = [\"MOVE\"]\n{rules}"));
+    c.fence.scopes.push(Scope { prefix: "/p/scoped/".into(), segments: Some(3) });
+    let pin = |method: &str, path: &str| {
+        let req = request(method, path, &[("fencing-token", "5"), ("destination", "/p/other")], "");
+        let Plan::Write(w) = classify(&req, &c).unwrap() else { panic!("{method} {path}") };
+        w.pin
+    };
+    assert_eq!(pin("PUT", "/p/a"), Some(Pinned::Put));
+    assert_eq!(pin("DELETE", "/p/a"), Some(Pinned::Delete));
+    assert_eq!(pin("MOVE", "/p/a/"), None, "a subtree");
+    assert_eq!(pin("MOVE", "/p/a"), None, "a Destination");
+    assert_eq!(pin("PROPPATCH", "/p/a"), None);
+    assert_eq!(pin("PUT", "/elsewhere"), None, "HTTP mode: off where no rule says");
+    // Under a scope, the key /p/scoped/db holds every resource below it: the state of one is
+    // not the state of the others.
+    assert_eq!(pin("PUT", "/p/scoped/db/wal/1"), None, "a scope's key");
+    assert_eq!(pin("PUT", "/p/scoped/db"), Some(Pinned::Put), "the scope's own path is its key");
+}

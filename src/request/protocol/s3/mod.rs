@@ -10,18 +10,22 @@ mod deleted;
 mod error;
 pub mod names;
 pub mod operation;
+pub mod sigv4;
 
 use bytes::Bytes;
-use http::header::{CONNECTION, HeaderMap, HeaderName};
-use http::{Request, Response};
+use std::str::FromStr as _;
+
+use http::header::{CONNECTION, HOST, HeaderMap, HeaderName};
+use http::uri::PathAndQuery;
+use http::{Request, Response, Uri};
 use http_body_util::Full;
 
 use super::Protocol;
 use crate::config::Config;
-use crate::fence::{EqualToken, keys};
+use crate::fence::{EqualToken, Pin, keys};
 use crate::refusal::Refusal;
 use crate::request::classify::{
-    Coverage, Head, Named, Plan, Touch, UploadStep, check_fenced, check_limits, fenced_write,
+    Coverage, Head, Named, Pinned, Plan, Touch, UploadStep, check_fenced, check_limits, fenced_write,
 };
 use crate::upstream::RequestBody;
 use names::Named as Target;
@@ -59,8 +63,16 @@ impl Protocol for S3 {
                 Touch { key: names::bucket_key(bucket), coverage: Coverage::Subtree }
             }
         };
+        // Pinned only where the fence key is the object's own, not a scope's (which holds many
+        // objects: one object's state would pin writes to the others).
+        let pin = match &target {
+            Target::Object { bucket, key } if touch.key == names::object_key(bucket, key) => {
+                operation::pinned(head.method, effect, head.uri.query(), head.headers, config.s3.conditional_deletes)?
+            }
+            _ => None,
+        };
         // The client's bytes, unchanged: the signature covers the target and the headers.
-        let named = Named { touches: vec![touch], target: head.target(), set_headers: Vec::new(), body_limit };
+        let named = Named { touches: vec![touch], target: head.target(), set_headers: Vec::new(), body_limit, pin };
         let mut plan = fenced_write(head, config, named)?;
         if let (Plan::Write(write), Target::Object { bucket, key }) = (&mut plan, &target) {
             write.upload = upload_step(effect, bucket, key, head)?.map(Box::new);
@@ -98,7 +110,8 @@ impl Protocol for S3 {
                 touches.push(touch);
             }
         }
-        let named = Named { touches, target: head.target(), set_headers: Vec::new(), body_limit };
+        // No precondition spans the keys of a batch.
+        let named = Named { touches, target: head.target(), set_headers: Vec::new(), body_limit, pin: None };
         fenced_write(head, config, named)
     }
 
@@ -106,11 +119,43 @@ impl Protocol for S3 {
         error::response(refusal, withhold)
     }
 
-    /// An S3 server answers only a signed `HEAD`, and fencegate holds no credentials to sign
-    /// one: the write goes unpinned.
-    fn learning_head(&self, head: &mut Request<RequestBody>, client: &HeaderMap, config: &Config) -> bool {
-        let _ = (head, client, config);
-        false
+    /// An S3 server answers only a signed `HEAD`: one of the object's path alone (a
+    /// completion's `uploadId` and a presigned URL's signature stay behind), to the host the
+    /// write goes to, signed with `[s3.credentials]`. Without them the write goes unpinned.
+    fn learning_head(
+        &self,
+        head: &mut Request<RequestBody>,
+        target: &mut PathAndQuery,
+        client: &HeaderMap,
+        config: &Config,
+    ) -> bool {
+        let Some(credentials) = &config.s3.credentials else { return false };
+        // The host the upstream names in the write's own request: the target's authority, else
+        // the client's Host, else the backend's.
+        let host = head
+            .uri()
+            .authority()
+            .map(|a| a.as_str().to_owned())
+            .or_else(|| client.get(HOST).and_then(|h| h.to_str().ok()).map(str::to_owned))
+            .or_else(|| config.backend.url.authority().map(|a| a.as_str().to_owned()));
+        let (Some(host), Ok(path)) = (host, PathAndQuery::from_str(target.path())) else { return false };
+        let (signed, now) = (head.headers_mut(), std::time::SystemTime::now());
+        if sigv4::sign_bodiless(signed, credentials, "HEAD", &host, path.as_str(), now).is_none() {
+            return false;
+        }
+        *head.uri_mut() = Uri::from(path.clone());
+        *target = path;
+        true
+    }
+
+    /// S3 servers (AWS, moto, s3s-fs) ignore `If-None-Match` on DeleteObject: a delete of an
+    /// object fencegate last saw absent is sent as without pins.
+    fn honours(&self, kind: Pinned, pin: &Pin) -> bool {
+        !(kind == Pinned::Delete && *pin == Pin::Absent)
+    }
+
+    fn completed_tag(&self, body: &[u8]) -> Option<Box<str>> {
+        operation::completed_tag(body)
     }
 }
 

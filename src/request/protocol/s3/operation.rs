@@ -8,6 +8,7 @@ use http::header::HeaderName;
 
 use crate::fence::keys::decode_once as decode;
 use crate::refusal::Refusal;
+use crate::request::classify::Pinned;
 
 /// The header that names a copy's source object.
 pub static COPY_SOURCE: HeaderName = HeaderName::from_static("x-amz-copy-source");
@@ -97,6 +98,33 @@ pub fn effect(method: &Method, object: bool, query: Option<&str>, headers: &Head
     Ok(effect)
 }
 
+/// How a write with `effect` to an object is pinned to the object's state (docs/pins.md), by
+/// the operations whose preconditions S3 servers honour: PutObject (not CopyObject, whose
+/// `x-amz-copy-source` makes it a copy) and CompleteMultipartUpload leave the object with the
+/// entity tag their answer names; DeleteObject leaves it absent, pinned only where the server
+/// honours its `If-Match` (`conditional_deletes`). A write or delete of one version
+/// (`versionId`) may leave the object's current state as it was, and is not pinned.
+pub fn pinned(
+    method: &Method,
+    effect: Effect,
+    query: Option<&str>,
+    headers: &HeaderMap,
+    conditional_deletes: bool,
+) -> Result<Option<Pinned>, Refusal> {
+    let mut plain = true;
+    for (name, _) in pairs(query) {
+        let name = decode(name)?;
+        plain &= !name.eq_ignore_ascii_case("versionid");
+    }
+    let unqualified = plain && subresources(query)?.is_empty();
+    Ok(match (method.as_str(), effect) {
+        ("PUT", Effect::Object) if unqualified && !headers.contains_key(&COPY_SOURCE) => Some(Pinned::Put),
+        ("POST", Effect::End) => Some(Pinned::Put),
+        ("DELETE", Effect::Object) if unqualified && conditional_deletes => Some(Pinned::Delete),
+        _ => None,
+    })
+}
+
 /// The upload id a request's query carries (`uploadId`, decoded once, `+` read as a space as
 /// the servers read a query); refused if it carries more than one, which servers would not
 /// read alike.
@@ -131,12 +159,38 @@ pub fn created_upload_id(body: &[u8]) -> Option<String> {
 /// after the server had sent its status (S3 then keeps the upload open, and the SDKs send the
 /// completion again).
 pub fn failed_late(body: &[u8]) -> bool {
+    root(body).is_some_and(|name| name == b"Error")
+}
+
+/// The entity tag a CompleteMultipartUpload's answer names for the object, read with a real XML
+/// parser: the `ETag` of the root element (AWS and s3s-fs name it
+/// `CompleteMultipartUploadResult`, moto `CompleteMultipartUploadResponse`), unescaped (AWS
+/// writes its quotes as `&quot;`). `None` unless it is one strong tag in quotes.
+pub fn completed_tag(body: &[u8]) -> Option<Box<str>> {
+    #[derive(serde::Deserialize)]
+    struct Completed {
+        #[serde(rename = "ETag")]
+        etag: String,
+    }
+    let root = root(body)?;
+    if !root.starts_with(b"CompleteMultipartUpload") {
+        return None;
+    }
+    let text = std::str::from_utf8(body).ok()?;
+    let tag = quick_xml::de::from_str::<Completed>(text).ok()?.etag;
+    let tag = tag.trim();
+    let inner = tag.strip_prefix('"')?.strip_suffix('"')?;
+    (!inner.is_empty() && !inner.contains('"')).then(|| tag.into())
+}
+
+/// The local name of a document's root element; `None` for a body that is not XML.
+fn root(body: &[u8]) -> Option<Vec<u8>> {
     use quick_xml::events::Event;
     let mut reader = quick_xml::Reader::from_reader(body);
     loop {
         match reader.read_event() {
-            Ok(Event::Start(e) | Event::Empty(e)) => return e.local_name().as_ref() == b"Error",
-            Ok(Event::Eof) | Err(_) => return false,
+            Ok(Event::Start(e) | Event::Empty(e)) => return Some(e.local_name().as_ref().to_vec()),
+            Ok(Event::Eof) | Err(_) => return None,
             Ok(_) => {}
         }
     }

@@ -1,0 +1,71 @@
+"""Pinned writes in S3 mode (docs/s3.md#pins) driven by boto3: each scenario writes through
+fencegate and around it (straight to the server), checks what the SDK was answered, and prints
+the entity tags it saw as JSON, so that tests/proxy/s3_pins.rs can find in what the server
+received (tests/common/s3/tap.rs) which precondition each write carried.
+
+    pins.py SCENARIO SERVER FENCEGATE_URL SERVER_URL ACCESS_KEY SECRET
+"""
+
+import json
+import os
+import sys
+
+import botocore
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from client import World, check  # noqa: E402
+
+BUCKET = "pins"
+
+
+def refused(call):
+    """The S3 error code, status and fencegate-error header of a call that must fail."""
+    try:
+        call()
+    except botocore.exceptions.ClientError as e:
+        meta = e.response["ResponseMetadata"]
+        return e.response["Error"]["Code"], meta["HTTPStatusCode"], meta["HTTPHeaders"].get("fencegate-error")
+    raise AssertionError("the call succeeded")
+
+
+def put(w, token, key, body, **kwargs):
+    return w.client(token).put_object(Bucket=BUCKET, Key=key, Body=body, **kwargs)["ETag"]
+
+
+def preconditions(w):
+    """A new object, learnt absent; a write pinned to the first; the client's own signed
+    If-None-Match on the object, refused by fencegate; a write around fencegate, after which the
+    next pinned write is BackendMoved and the one after it, learning the state anew, lands."""
+    w.client(1).create_bucket(Bucket=BUCKET)
+    first = put(w, 2, "k", b"first-body")
+    second = put(w, 3, "k", b"second-body")
+    check(refused(lambda: put(w, 4, "k", b"own-precondition-body", IfNoneMatch="*")),
+          ("PreconditionFailed", 412, "precondition_failed"), "the client's own If-None-Match: *")
+    around = w.direct().put_object(Bucket=BUCKET, Key="k", Body=b"around-body")["ETag"]
+    check(refused(lambda: put(w, 5, "k", b"moved-body")), ("BackendMoved", 412, "backend_moved"),
+          "the write after one around fencegate")
+    check(w.body(BUCKET, "k"), b"around-body", "what the refused write left")
+    after = put(w, 6, "k", b"after-body")
+    check(w.body(BUCKET, "k"), b"after-body", "the write after the refused one")
+    print(json.dumps({"first": first, "second": second, "around": around, "after": after}))
+
+
+def before_restart(w):
+    """A write through fencegate, then one around it, which fencegate does not see."""
+    w.client(1).create_bucket(Bucket=BUCKET)
+    through = put(w, 2, "r", b"through-body")
+    around = w.direct().put_object(Bucket=BUCKET, Key="r", Body=b"around-restart-body")["ETag"]
+    print(json.dumps({"through": through, "around": around}))
+
+
+def after_restart(w):
+    """After the restart, the next write lands: pinned to what a HEAD found."""
+    after = put(w, 3, "r", b"after-restart-body")
+    check(w.body(BUCKET, "r"), b"after-restart-body", "the write after the restart")
+    print(json.dumps({"after": after}))
+
+
+SCENARIOS = {f.__name__: f for f in [preconditions, before_restart, after_restart]}
+
+if __name__ == "__main__":
+    SCENARIOS[sys.argv[1]](World(*sys.argv[2:7]))

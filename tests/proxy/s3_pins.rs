@@ -1,0 +1,134 @@
+//! Pinned writes in S3 mode (docs/s3.md#pins) against moto and s3s-fs, both of which check
+//! SigV4 signatures: boto3 writes through fencegate and around it (`tests/common/s3/pins.py`),
+//! and a tap between fencegate and the server shows which precondition each write carried, the
+//! `HEAD`s fencegate signed, and what the server answered them.
+
+use std::net::SocketAddr;
+
+use serde_json::Value;
+
+use crate::common::s3::tap::Tap;
+use crate::common::s3::{S3Proxy, S3Server, python, start_moto, start_s3s, succeeded};
+
+/// fencegate in front of `server` through a tap, pins on (S3 mode's default), with `extra`
+/// TOML, and the server's key as `[s3.credentials]` when `signed`.
+async fn pinned_proxy(server: &S3Server, signed: bool, extra: &str, secrets: &tempfile::TempDir) -> (S3Proxy, Tap) {
+    let addr: SocketAddr = server.url.trim_start_matches("http://").parse().unwrap();
+    let tap = Tap::start(addr).await;
+    // s3s-fs stores objects as files (tests/proxy/s3.rs).
+    let mut config = format!("[s3]\nflat_keys = {}\n", server.kind != "s3s");
+    if signed {
+        let file = secrets.path().join("s3-secret");
+        std::fs::write(&file, format!("{}\n", server.secret)).unwrap();
+        config.push_str(&format!(
+            "[s3.credentials]\naccess_key_id = \"{}\"\nsecret_access_key_file = {:?}\n",
+            server.access_key,
+            file.display().to_string()
+        ));
+    }
+    config.push_str(extra);
+    (S3Proxy::start(&tap.url(), &config).await, tap)
+}
+
+/// Runs the scenario `name` of pins.py through `proxy` and returns the tags it printed.
+async fn scenario(name: &str, server: &S3Server, proxy: &S3Proxy) -> Value {
+    let args = [name, server.kind, &proxy.url(), &server.url, &server.access_key, &server.secret].map(str::to_owned);
+    let out = succeeded(name, server, &python("pins.py", args.to_vec()).await);
+    serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{name} printed {out:?}: {e}"))
+}
+
+fn tag<'a>(tags: &'a Value, name: &str) -> &'a str {
+    tags[name].as_str().unwrap_or_else(|| panic!("no {name} in {tags}"))
+}
+
+/// The head of the request whose body holds `marker`, in lower case: what the server
+/// received of the write that sent it.
+fn head_of(tap: &Tap, marker: &str) -> String {
+    for sent in tap.sent() {
+        let text = String::from_utf8_lossy(&sent).into_owned();
+        let Some(at) = text.find(marker) else { continue };
+        let end = text[..at].rfind("\r\n\r\n").unwrap();
+        let start = text[..end].rfind("PUT /").unwrap();
+        return text[start..end].to_ascii_lowercase();
+    }
+    panic!("the server never received {marker:?}")
+}
+
+/// What the server answered the request whose answer names `etag`, from its status line to the
+/// tag, in lower case; `None` if no answer it gave through fencegate names it.
+fn answer_naming(tap: &Tap, etag: &str) -> Option<String> {
+    let answers = tap.answers().to_ascii_lowercase();
+    let at = answers.find(&format!("etag: {}", etag.to_ascii_lowercase()))?;
+    let start = answers[..at].rfind("http/1.1 ")?;
+    Some(answers[start..at].to_owned())
+}
+
+/// Requests of `method` to `path` the server received.
+fn requests(tap: &Tap, method: &str, path: &str) -> usize {
+    tap.text().matches(&format!("{method} {path} HTTP/1.1\r\n")).count()
+}
+
+/// Asserts that the write whose body holds `marker` carried `precondition`, unsigned: the
+/// client's SigV4 `SignedHeaders` do not name it, and the server took the signature.
+fn carried(tap: &Tap, marker: &str, precondition: &str, kind: &str) {
+    let head = head_of(tap, marker);
+    assert!(head.contains(&format!("\r\n{precondition}\r\n")), "{kind}: {marker} lacks {precondition:?}:\n{head}");
+    let signed = head.split("signedheaders=").nth(1).and_then(|s| s.split(',').next()).unwrap_or_default();
+    assert!(!signed.is_empty(), "{kind}: {marker} was not signed with SigV4:\n{head}");
+    assert!(!signed.contains("if-match") && !signed.contains("if-none-match"), "{kind}: signed {signed}");
+}
+
+async fn preconditions_against(server: Option<S3Server>) {
+    let Some(server) = server else { return };
+    let secrets = tempfile::tempdir().unwrap();
+    let (proxy, tap) = pinned_proxy(&server, true, "", &secrets).await;
+    let tags = scenario("preconditions", &server, &proxy).await;
+    let kind = server.kind;
+    // (a) The first write learnt the object absent by a signed HEAD, which the server answered
+    // 404 (a refused signature would have been 403, and the write refused 503), and was sent
+    // with If-None-Match: *; the second with If-Match naming the first's tag. Both landed: the
+    // server took the client's signature with the headers fencegate added.
+    assert!(requests(&tap, "HEAD", "/pins/k") >= 1, "{kind}: no HEAD learnt the new object");
+    carried(&tap, "first-body", "if-none-match: *", kind);
+    carried(&tap, "second-body", &format!("if-match: {}", tag(&tags, "first")), kind);
+    // (c) The client's own signed If-None-Match: * on the existing object never reached the
+    // server: fencegate knew the object exists.
+    assert!(!tap.text().contains("own-precondition-body"), "{kind}: the client's own precondition reached the server");
+    // (b) The write after one around fencegate was pinned to the tag fencegate last saw, and
+    // the server refused it; the one after it learnt the new state by a HEAD and landed.
+    carried(&tap, "moved-body", &format!("if-match: {}", tag(&tags, "second")), kind);
+    let moved = answer_naming(&tap, tag(&tags, "around")).unwrap_or_default();
+    assert!(moved.starts_with("http/1.1 200"), "{kind}: the HEAD after BackendMoved was answered {moved:?}");
+    carried(&tap, "after-body", &format!("if-match: {}", tag(&tags, "around")), kind);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pinned_puts_carry_unsigned_preconditions_and_a_write_around_fencegate_is_backend_moved() {
+    preconditions_against(start_moto().await).await;
+    preconditions_against(start_s3s().await).await;
+}
+
+async fn restart_against(server: Option<S3Server>) {
+    let Some(server) = server else { return };
+    let secrets = tempfile::tempdir().unwrap();
+    let (mut proxy, tap) = pinned_proxy(&server, true, "", &secrets).await;
+    let before = scenario("before_restart", &server, &proxy).await;
+    proxy.restart().await;
+    let heads_before = requests(&tap, "HEAD", "/pins/r");
+    scenario("after_restart", &server, &proxy).await;
+    let kind = server.kind;
+    // The pin fencegate had before the restart (the write through it) is gone: a HEAD signed
+    // with [s3.credentials] learnt the object as the write around fencegate left it, and the
+    // server answered it 200 with that write's tag, not 403.
+    assert_eq!(requests(&tap, "HEAD", "/pins/r"), heads_before + 1, "{kind}: one HEAD after the restart");
+    let around = tag(&before, "around");
+    let answer = answer_naming(&tap, around).unwrap_or_else(|| panic!("{kind}: no answer named {around}"));
+    assert!(answer.starts_with("http/1.1 200"), "{kind}: the HEAD was answered {answer:?}");
+    carried(&tap, "after-restart-body", &format!("if-match: {around}"), kind);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_a_signed_head_learns_the_pin() {
+    restart_against(start_moto().await).await;
+    restart_against(start_s3s().await).await;
+}
