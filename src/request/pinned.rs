@@ -22,7 +22,8 @@ pub(super) struct Pinning {
     slot: PinSlot,
     kind: Pinned,
     /// The precondition, as sent: `If-Match: "t"` or `If-None-Match: *`; `None` when the key's
-    /// state could not be asked for ([`Protocol::learning_head`]) and the write went unpinned.
+    /// state could not be asked for ([`Protocol::learning_head`]) and the write went unpinned,
+    /// or when the client sent conditions of its own, whose `412` is the client's to read.
     sent: Option<String>,
 }
 
@@ -74,6 +75,7 @@ pub(super) async fn pin(
             }
         },
     };
+    let own_conditions = out.req.headers().keys().any(|n| n.as_str() == "if" || n.as_str().starts_with("if-"));
     let headers = out.req.headers_mut();
     if !protocol.honours(kind, &pin) {
         // No precondition the backend honours names this state: sent as without pins.
@@ -91,7 +93,10 @@ pub(super) async fn pin(
         }
     };
     slot.sent_pinned(&pin);
-    Ok((conn, Pinning { slot, kind, sent: Some(sent) }))
+    // A 412 may then be the client's own condition failing (If-Unmodified-Since, WebDAV's If):
+    // relayed as the backend wrote it, not as fencegate's backend_moved.
+    let sent = (!own_conditions).then_some(sent);
+    Ok((conn, Pinning { slot, kind, sent }))
 }
 
 /// A pinned write's answer, under its turn: a `2xx` sets the key's pin (the answer's strong

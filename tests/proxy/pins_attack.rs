@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, Request, Response, StatusCode};
+use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -114,7 +114,9 @@ impl TagBackend {
                             // A task of its own: a held write is applied even after fencegate
                             // gave up on it and closed the connection.
                             let applied = tokio::spawn(async move {
-                                let held = parts.headers.contains_key(HOLD);
+                                // Writes only: the HEAD that learns the key carries the
+                                // client's headers too.
+                                let held = parts.headers.contains_key(HOLD) && parts.method != Method::HEAD;
                                 if held {
                                     while !release.released.load(std::sync::atomic::Ordering::SeqCst) {
                                         let notified = release.notify.notified();

@@ -15,7 +15,10 @@ pub mod http;
 pub mod s3;
 
 use ::http::Request;
-use ::http::header::{AUTHORIZATION, COOKIE, HOST, HeaderMap, HeaderName, USER_AGENT};
+use ::http::header::{
+    CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, EXPECT, HeaderMap, HeaderName, RANGE, TE, TRAILER,
+    TRANSFER_ENCODING,
+};
 use ::http::uri::PathAndQuery;
 use bytes::Bytes;
 use http_body_util::Full;
@@ -70,8 +73,10 @@ pub trait Protocol: Send + Sync + std::fmt::Debug {
         config: &Config,
     ) -> bool {
         let _ = (config, target);
-        for name in HEAD_CARRIES {
-            for value in client.get_all(&name) {
+        // Every header but those about the write's body or its conditions: a backend that
+        // authenticates by a header of its own (`X-Api-Key`) answers the HEAD as the client.
+        for (name, value) in client {
+            if !HEAD_DROPS.contains(name) && name.as_str() != "if" && !name.as_str().starts_with("if-") {
                 head.headers_mut().append(name.clone(), value.clone());
             }
         }
@@ -185,9 +190,12 @@ impl Protocol for Chosen {
     }
 }
 
-/// Headers of a client's write that the `HEAD` learning its key's state carries, where the
-/// protocol sends one as the client would ([`Protocol::learning_head`]).
-const HEAD_CARRIES: [HeaderName; 4] = [HOST, AUTHORIZATION, COOKIE, USER_AGENT];
+/// Headers of a client's write that the `HEAD` learning its key's state leaves out, where the
+/// protocol sends one as the client would ([`Protocol::learning_head`]): those about the
+/// write's body, and (with every `If-…` and WebDAV's `If`) its conditions. Hop-by-hop ones go
+/// on the way out.
+const HEAD_DROPS: [HeaderName; 9] =
+    [CONTENT_LENGTH, TRANSFER_ENCODING, CONTENT_TYPE, CONTENT_ENCODING, CONTENT_RANGE, EXPECT, RANGE, TRAILER, TE];
 
 /// The protocol of `backend`.
 pub fn for_backend(backend: &BackendConfig) -> Chosen {
