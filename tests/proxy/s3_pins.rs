@@ -11,12 +11,12 @@ use crate::common::s3::tap::Tap;
 use crate::common::s3::{S3Proxy, S3Server, python, start_moto, start_s3s, succeeded};
 
 /// fencegate in front of `server` through a tap, pins on (S3 mode's default), with `extra`
-/// TOML, and the server's key as `[s3.credentials]` when `signed`.
+/// TOML under `[s3]`, and the server's key as `[s3.credentials]` when `signed`.
 async fn pinned_proxy(server: &S3Server, signed: bool, extra: &str, secrets: &tempfile::TempDir) -> (S3Proxy, Tap) {
     let addr: SocketAddr = server.url.trim_start_matches("http://").parse().unwrap();
     let tap = Tap::start(addr).await;
     // s3s-fs stores objects as files (tests/proxy/s3.rs).
-    let mut config = format!("[s3]\nflat_keys = {}\n", server.kind != "s3s");
+    let mut config = format!("[s3]\nflat_keys = {}\n{extra}", server.kind != "s3s");
     if signed {
         let file = secrets.path().join("s3-secret");
         std::fs::write(&file, format!("{}\n", server.secret)).unwrap();
@@ -26,7 +26,6 @@ async fn pinned_proxy(server: &S3Server, signed: bool, extra: &str, secrets: &te
             file.display().to_string()
         ));
     }
-    config.push_str(extra);
     (S3Proxy::start(&tap.url(), &config).await, tap)
 }
 
@@ -63,6 +62,14 @@ fn answer_naming(tap: &Tap, etag: &str) -> Option<String> {
     Some(answers[start..at].to_owned())
 }
 
+/// The heads of the requests of `method` to `path` the server received, in lower case.
+fn heads(tap: &Tap, method: &str, path: &str) -> Vec<String> {
+    let text = tap.text();
+    let line = format!("{method} {path} HTTP/1.1\r\n");
+    let starts = text.match_indices(&line).map(|(at, _)| at);
+    starts.map(|at| text[at..at + text[at..].find("\r\n\r\n").unwrap()].to_ascii_lowercase()).collect()
+}
+
 /// Requests of `method` to `path` the server received.
 fn requests(tap: &Tap, method: &str, path: &str) -> usize {
     tap.text().matches(&format!("{method} {path} HTTP/1.1\r\n")).count()
@@ -95,8 +102,11 @@ async fn preconditions_against(server: Option<S3Server>) {
     // server: fencegate knew the object exists.
     assert!(!tap.text().contains("own-precondition-body"), "{kind}: the client's own precondition reached the server");
     // (b) The write after one around fencegate was pinned to the tag fencegate last saw, and
-    // the server refused it; the one after it learnt the new state by a HEAD and landed.
-    carried(&tap, "moved-body", &format!("if-match: {}", tag(&tags, "second")), kind);
+    // the server refused it (perhaps before its body: found by its head); the one after it
+    // learnt the new state by a HEAD and landed.
+    let second = format!("\r\nif-match: {}\r\n", tag(&tags, "second").to_ascii_lowercase());
+    let pinned_to_second = heads(&tap, "PUT", "/pins/k").into_iter().filter(|h| h.contains(&second)).count();
+    assert_eq!(pinned_to_second, 1, "{kind}: the write after the one around fencegate");
     let moved = answer_naming(&tap, tag(&tags, "around")).unwrap_or_default();
     assert!(moved.starts_with("http/1.1 200"), "{kind}: the HEAD after BackendMoved was answered {moved:?}");
     carried(&tap, "after-body", &format!("if-match: {}", tag(&tags, "around")), kind);
@@ -131,4 +141,49 @@ async fn restart_against(server: Option<S3Server>) {
 async fn after_a_restart_a_signed_head_learns_the_pin() {
     restart_against(start_moto().await).await;
     restart_against(start_s3s().await).await;
+}
+
+async fn completion_against(server: Option<S3Server>) {
+    let Some(server) = server else { return };
+    let secrets = tempfile::tempdir().unwrap();
+    let (proxy, tap) = pinned_proxy(&server, true, "", &secrets).await;
+    let tags = scenario("completion", &server, &proxy).await;
+    let kind = server.kind;
+    // The completion learnt the new object absent (its one HEAD) and went pinned; its answer's
+    // body named the object's tag, which the next write was pinned to without asking again.
+    assert_eq!(requests(&tap, "HEAD", "/pins/m"), 1, "{kind}: HEADs of the object");
+    let completion = tap.text().to_ascii_lowercase();
+    let at = completion.find("post /pins/m?uploadid=").unwrap();
+    let head = &completion[at..at + completion[at..].find("\r\n\r\n").unwrap()];
+    assert!(head.contains("\r\nif-none-match: *"), "{kind}: the completion went unpinned:\n{head}");
+    carried(&tap, "after-completion-body", &format!("if-match: {}", tag(&tags, "completed")), kind);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_is_pinned_and_the_tag_in_its_body_pins_the_next_write() {
+    completion_against(start_moto().await).await;
+    completion_against(start_s3s().await).await;
+}
+
+/// moto honours If-Match on DeleteObject (s3s-fs deletes all the same, so it is not pinned
+/// there: `s3.conditional_deletes` is off by default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_conditional_deletes_a_delete_after_a_write_around_fencegate_is_backend_moved() {
+    let Some(server) = start_moto().await else { return };
+    let secrets = tempfile::tempdir().unwrap();
+    let (proxy, tap) = pinned_proxy(&server, true, "conditional_deletes = true\n", &secrets).await;
+    let tags = scenario("deletes", &server, &proxy).await;
+    let deletes: Vec<String> = tap
+        .text()
+        .to_ascii_lowercase()
+        .split("delete /pins/d http/1.1\r\n")
+        .skip(1)
+        .map(|rest| rest[..rest.find("\r\n\r\n").unwrap()].to_owned())
+        .collect();
+    assert_eq!(deletes.len(), 3, "{deletes:?}");
+    let first = format!("if-match: {}", tag(&tags, "first").to_ascii_lowercase());
+    assert!(deletes[0].contains(&first), "the first delete was not pinned:\n{}", deletes[0]);
+    assert!(!deletes[1].contains("if-"), "a delete of an object last seen absent carried:\n{}", deletes[1]);
+    let second = format!("if-match: {}", tag(&tags, "second").to_ascii_lowercase());
+    assert!(deletes[2].contains(&second), "the last delete was not pinned:\n{}", deletes[2]);
 }

@@ -201,4 +201,6 @@ fn check_connection(head: &Head<'_>, config: &Config) -> Result<(), Refusal> {
 }
 
 #[cfg(test)]
+mod pin_tests;
+#[cfg(test)]
 mod tests;

@@ -8,7 +8,7 @@ use super::*;
 use crate::config::Config;
 use crate::request::protocol::http::tests::request;
 
-fn config(extra: &str) -> Config {
+pub(super) fn config(extra: &str) -> Config {
     let text = format!(
         "[backend]\nurl = \"http://127.0.0.1:9\"\nprotocol = \"s3\"\n[store]\ndir = \"/tmp/x\"\n\
          [s3]\nvirtual_host_suffixes = [\"s3.example.com\"]\n{extra}"
@@ -293,79 +293,4 @@ fn a_write_to_a_host_the_server_may_read_a_bucket_from_is_refused() {
     assert!(plan("PUT", "/bk2/k", &[("host", "bk1.other.test")]).is_err());
     // Reads pass whatever the host.
     assert!(matches!(plan("GET", "/bk2/k", &[("host", "bk1.other.test")]), Ok(Plan::Pass { .. })));
-}
-
-/// How `method target` with `headers` is pinned under the `[s3]`/rules TOML `extra`.
-fn pin_of(method: &str, target: &str, headers: &[(&str, &str)], extra: &str) -> Option<Pinned> {
-    let mut all = vec![("fencing-token", "7")];
-    all.extend_from_slice(headers);
-    let req = request(method, target, &all, "");
-    match S3.classify(&Head::of(&req), &config(extra)) {
-        Ok(Plan::Write(w)) => w.pin,
-        other => panic!("{method} {target}: {other:?}"),
-    }
-}
-
-#[test]
-fn puts_and_completions_are_pinned_by_default_and_deletes_where_the_server_honours_if_match() {
-    let pin = |method: &str, target: &str, headers: &[(&str, &str)]| pin_of(method, target, headers, "");
-    let copy = [("x-amz-copy-source", "/bk1/src")];
-    assert_eq!(pin("PUT", "/bk1/k", &[]), Some(Pinned::Put), "PutObject");
-    assert_eq!(pin("PUT", "/bk1/k?x-id=PutObject", &[]), Some(Pinned::Put), "a qualifier is no operation");
-    assert_eq!(pin("PUT", "/k", &[("host", "bk1.s3.example.com")]), Some(Pinned::Put), "virtual-host style");
-    assert_eq!(pin("POST", "/bk1/k?uploadId=u1", &[]), Some(Pinned::Put), "CompleteMultipartUpload");
-    for (method, target, headers, what) in [
-        ("PUT", "/bk1/k", &copy[..], "CopyObject"),
-        ("PUT", "/bk1/k?partNumber=1&uploadId=u1", &[][..], "UploadPart"),
-        ("PUT", "/bk1/k?partNumber=1&uploadId=u1", &copy[..], "UploadPartCopy"),
-        ("PUT", "/bk1/k?tagging", &[][..], "PutObjectTagging"),
-        ("PUT", "/bk1/k?acl", &[][..], "PutObjectAcl"),
-        ("PUT", "/bk1/k?versionId=v1", &[][..], "a version's write"),
-        ("POST", "/bk1/k?uploads", &[][..], "CreateMultipartUpload"),
-        ("DELETE", "/bk1/k?uploadId=u1", &[][..], "AbortMultipartUpload"),
-        ("DELETE", "/bk1/k", &[][..], "DeleteObject, s3.conditional_deletes off"),
-        ("PUT", "/bk1", &[][..], "CreateBucket"),
-    ] {
-        assert_eq!(pin(method, target, headers), None, "{what}");
-    }
-    let honoured = "conditional_deletes = true\n";
-    assert_eq!(pin_of("DELETE", "/bk1/k", &[], honoured), Some(Pinned::Delete), "DeleteObject");
-    assert_eq!(pin_of("DELETE", "/bk1/k?versionId=v1", &[], honoured), None, "a version's delete");
-    assert_eq!(pin_of("DELETE", "/bk1/k?tagging", &[], honoured), None, "DeleteObjectTagging");
-    // AWS, moto and s3s-fs delete whatever If-None-Match says.
-    let tag = Pin::Tag("\"t\"".into());
-    assert!(S3.honours(Pinned::Delete, &tag) && !S3.honours(Pinned::Delete, &Pin::Absent));
-    assert!(S3.honours(Pinned::Put, &tag) && S3.honours(Pinned::Put, &Pin::Absent));
-}
-
-#[test]
-fn a_rule_turns_pins_off_and_a_scope_is_never_pinned() {
-    let rules = "[[fence.rules]]\nprefix = \"/bk1/off/\"\npin = \"off\"\n\
-                 [[fence.rules]]\nprefix = \"/bk1/off/on/\"\npin = \"etag\"\n\
-                 [[fence.scopes]]\nprefix = \"/bk1/db\"\n";
-    assert_eq!(pin_of("PUT", "/bk1/off/k", &[], rules), None);
-    assert_eq!(pin_of("PUT", "/bk1/off/on/k", &[], rules), Some(Pinned::Put), "the longest rule");
-    assert_eq!(pin_of("PUT", "/bk1/k", &[], rules), Some(Pinned::Put), "no rule: on");
-    assert_eq!(pin_of("PUT", "/bk1/db/wal/1", &[], rules), None, "one fence key for many objects");
-}
-
-#[test]
-fn a_completions_entity_tag_is_read_from_its_body() {
-    let aws = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<CompleteMultipartUploadResult \
-               xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><Location>https://b.s3/k</Location><Bucket>b</Bucket>\
-               <Key>k</Key><ETag>&quot;3858f622-9&quot;</ETag></CompleteMultipartUploadResult>";
-    let moto = "<?xml version=\"1.0\" encoding=\"utf-8\"?>\n<CompleteMultipartUploadResponse><Bucket>b</Bucket>\
-                <Key>k</Key><ETag>\"cb8d-1\"</ETag></CompleteMultipartUploadResponse>";
-    assert_eq!(operation::completed_tag(aws.as_bytes()).as_deref(), Some("\"3858f622-9\""));
-    assert_eq!(operation::completed_tag(moto.as_bytes()).as_deref(), Some("\"cb8d-1\""));
-    for none in [
-        "<CompleteMultipartUploadResult><ETag>cb8d-1</ETag></CompleteMultipartUploadResult>",
-        "<CompleteMultipartUploadResult><ETag>W/\"cb8d-1\"</ETag></CompleteMultipartUploadResult>",
-        "<CompleteMultipartUploadResult><Key>k</Key></CompleteMultipartUploadResult>",
-        "<CompleteMultipartUploadResult><ETag>\"a\"</ETag><ETag>\"b\"</ETag></CompleteMultipartUploadResult>",
-        "<Error><Code>InternalError</Code><ETag>\"a\"</ETag></Error>",
-        "not xml",
-    ] {
-        assert_eq!(operation::completed_tag(none.as_bytes()), None, "{none}");
-    }
 }
