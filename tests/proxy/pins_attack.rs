@@ -179,6 +179,10 @@ fn answer(files: &Mutex<Files>, parts: http::request::Parts, body: Bytes) -> Res
     let token: Option<u64> = parts.headers.get("fencing-token").and_then(|t| t.to_str().ok()?.parse().ok());
     let path = parts.uri.path().to_owned();
     let mut files = files.lock().unwrap();
+    // Paths under /keyed/ answer only requests that carry the backend's own key header.
+    if path.starts_with("/keyed/") && parts.headers.get("x-api-key").is_none_or(|k| k != "s3cret") {
+        return Response::builder().status(StatusCode::UNAUTHORIZED).body(Full::new(Bytes::new())).unwrap();
+    }
     let current = files.files.get(&path).map(|b| tag(b));
     let reply = |status: StatusCode, etag: Option<&str>| {
         let mut resp = Response::builder().status(status);
@@ -347,4 +351,17 @@ async fn a_put_a_backend_runs_as_a_delete_never_passes_a_late_creates_quarantine
     common::poll_until("the late write is applied or refused", || backend.held_done() == 1).await;
     assert_eq!(backend.applied(), [6], "the late create never lands (the DELETE answered {})", delete.status);
     delete.assert_refused(503, "resource_quarantined");
+}
+
+#[tokio::test]
+async fn the_learning_head_is_authenticated_as_the_clients_write_is() {
+    // A backend that authenticates by a header of its own answers the HEAD that learns the key
+    // as it answers the client: a HEAD without that header got 401, and every write 503.
+    let backend = TagBackend::start(false).await;
+    let h = proxy_with(&backend, PINNED, |_| {}).await;
+    let key = [("x-api-key", "s3cret")];
+    assert_eq!(write(&h, "PUT", "/keyed/a", 1, &key, "one").await.status, 201, "learnt absent, created");
+    assert_eq!(write(&h, "PUT", "/keyed/a", 2, &key, "two").await.status, 204, "learnt its tag, replaced");
+    assert_eq!(backend.applied(), [1, 2]);
+    write(&h, "PUT", "/keyed/a", 3, &[], "three").await.assert_refused(503, "pin_unavailable");
 }
