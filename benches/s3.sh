@@ -8,6 +8,8 @@
 #   ROUNDS=3 SECONDS_PER_RUN=8 CONNS="16 64" WORKLOADS="put4k get" BIG_MIB=0 benches/s3.sh
 #   PROXY=1 benches/s3.sh                           # and nginx as a plain proxy beside them
 #   PIN=1 benches/s3.sh                             # s3s-fs on a CPU of its own (below)
+#   FG_EXTRA_CONFIG=$'[[fence.rules]]\nprefix = "/"\npin = "off"' benches/s3.sh   # TOML appended
+#                                                   # to fencegate's config: here, without pins
 #
 # What runs, all on loopback:
 #   direct    s3s-fs (S3S_FS, default ~/.cargo/bin/s3s-fs: `cargo install s3s-fs@0.14.1
@@ -103,7 +105,7 @@ bench_wait "$S3S" "${PORT[direct]}" "$SHM/logs/s3s.log"
 # request_timeout bounds handing the backend a fenced write's whole body: the big upload's.
 bench_fencegate_config fencegate "$BIN" "${PORT[fencegate]}" "" \
     "$(printf 'url = "http://127.0.0.1:%s"\nprotocol = "s3"\nrequest_timeout = "300s"' "${PORT[direct]}")" \
-    "$(printf '[s3]\nflat_keys = false\n[admin]\nlisten = "127.0.0.1:%s"' "$ADMIN")"
+    "$(printf '[s3]\nflat_keys = false\n[admin]\nlisten = "127.0.0.1:%s"\n%s' "$ADMIN" "${FG_EXTRA_CONFIG:-}")"
 "${PIN_REST[@]}" "$BIN" run --config "$SHM/fencegate.toml" 2>"$DISK/logs/fencegate.log" &
 FG=$!
 PIDS+=("$FG")
