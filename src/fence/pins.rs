@@ -6,9 +6,10 @@
 //! pin reads as unknown, which is always safe (the write learns the state first), so it is
 //! bounded, kept in memory only, and emptied when a new term begins.
 
+use std::collections::BTreeMap;
+use std::ops::Bound;
 use std::sync::atomic::{AtomicUsize, Ordering};
-
-use dashmap::DashMap;
+use std::sync::{PoisonError, RwLock, RwLockWriteGuard};
 
 use super::tree::{Coverage, Touch, node};
 
@@ -25,58 +26,65 @@ pub enum Pin {
     Absent,
 }
 
-/// The pins of keys, bounded by [`MAX_PINS`].
+/// The pins of keys, bounded by [`MAX_PINS`]. Ordered, so that a subtree write forgets the
+/// pins under it by a range, not by a scan of every pin.
 #[derive(Debug, Default)]
 pub(super) struct Pins {
-    map: DashMap<Box<str>, Pin, foldhash::quality::RandomState>,
-    /// Pins held; read before any map work, so that a fence without pins pays one load.
+    map: RwLock<BTreeMap<Box<str>, Pin>>,
+    /// Pins held, set under the write lock; read before any lock, so that a fence without pins
+    /// pays one load.
     held: AtomicUsize,
 }
 
 impl Pins {
     /// The pin of `key`, if one is known.
     pub(super) fn get(&self, key: &str) -> Option<Pin> {
-        if self.held.load(Ordering::Relaxed) == 0 {
+        if self.held.load(Ordering::Acquire) == 0 {
             return None;
         }
-        self.map.get(key).map(|p| p.value().clone())
+        self.map.read().unwrap_or_else(PoisonError::into_inner).get(key).cloned()
     }
 
     /// Pins `key` to `pin`, forgetting another key's pin when the table is full.
     pub(super) fn set(&self, key: &str, pin: Pin) {
-        if self.held.load(Ordering::Relaxed) >= MAX_PINS && !self.map.contains_key(key) {
-            let other = self.map.iter().next().map(|e| e.key().clone());
-            if let Some(other) = other {
-                self.forget(&other);
-            }
+        let mut map = self.write();
+        if map.len() >= MAX_PINS && !map.contains_key(key) {
+            map.pop_first();
         }
-        if self.map.insert(key.into(), pin).is_none() {
-            self.held.fetch_add(1, Ordering::Relaxed);
-        }
+        map.insert(key.into(), pin);
+        self.held.store(map.len(), Ordering::Release);
     }
 
     /// Forgets the pin of `key`: its state is unknown.
     pub(super) fn forget(&self, key: &str) {
-        if self.held.load(Ordering::Relaxed) > 0 && self.map.remove(key).is_some() {
-            self.held.fetch_sub(1, Ordering::Relaxed);
+        if self.held.load(Ordering::Acquire) > 0 {
+            let mut map = self.write();
+            map.remove(key);
+            self.held.store(map.len(), Ordering::Release);
         }
     }
 
     /// Forgets the pins of `node` and of every key under it (`node` ends with `/`).
     pub(super) fn forget_under(&self, node: &str) {
-        if self.held.load(Ordering::Relaxed) == 0 {
+        if self.held.load(Ordering::Acquire) == 0 {
             return;
         }
-        let under: Vec<Box<str>> =
-            self.map.iter().filter(|e| e.key().starts_with(node)).map(|e| e.key().clone()).collect();
+        let mut map = self.write();
+        let under: Vec<Box<str>> = map
+            .range::<str, _>((Bound::Included(node), Bound::Unbounded))
+            .map(|(k, _)| k)
+            .take_while(|k| k.starts_with(node))
+            .cloned()
+            .collect();
         for key in under {
-            self.forget(&key);
+            map.remove(&key);
         }
+        self.held.store(map.len(), Ordering::Release);
     }
 
     /// Forgets the pins of every key a write of `touches` may change.
     pub(super) fn forget_touched(&self, touches: &[Touch]) {
-        if self.held.load(Ordering::Relaxed) == 0 {
+        if self.held.load(Ordering::Acquire) == 0 {
             return;
         }
         for touch in touches {
@@ -89,16 +97,19 @@ impl Pins {
 
     /// Forgets every pin.
     pub(super) fn clear(&self) {
-        let keys: Vec<Box<str>> = self.map.iter().map(|e| e.key().clone()).collect();
-        for key in keys {
-            self.forget(&key);
-        }
+        let mut map = self.write();
+        map.clear();
+        self.held.store(0, Ordering::Release);
     }
 
     /// Pins held.
     #[cfg(test)]
     pub(super) fn len(&self) -> usize {
-        self.held.load(Ordering::Relaxed)
+        self.held.load(Ordering::Acquire)
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, BTreeMap<Box<str>, Pin>> {
+        self.map.write().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -123,8 +134,8 @@ mod tests {
             pins.set(&format!("/k{i}"), Pin::Absent);
         }
         assert_eq!(pins.len(), MAX_PINS, "bounded");
-        assert_eq!(pins.map.len(), MAX_PINS);
+        assert_eq!(pins.write().len(), MAX_PINS);
         pins.clear();
-        assert_eq!((pins.len(), pins.map.len()), (0, 0));
+        assert_eq!((pins.len(), pins.write().len()), (0, 0));
     }
 }
