@@ -43,6 +43,7 @@ use std::time::{Duration, Instant};
 
 use common::cluster::Cluster;
 use common::etcd_cluster::{EtcdCluster, start_etcd_cluster};
+use common::rng::Rng;
 use common::{RawConn, eventually, raw_request};
 
 const RESOURCES: [&str; 3] = ["/r0", "/r1", "/r2"];
@@ -62,26 +63,6 @@ const QUARANTINE: &str = "5s";
 const LATE_MS: u64 = 4000;
 const CLIENTS: usize = 4;
 const BARRIER: &str = "settling it with a barrier";
-
-/// A small, seedable generator (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.max(1))
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fault {

@@ -45,6 +45,7 @@ pub mod pki;
 pub mod process;
 pub mod raw;
 pub mod relay;
+pub mod rng;
 pub mod s3;
 pub mod services;
 pub mod signing;

@@ -25,6 +25,7 @@ use std::time::Duration;
 use common::Harness;
 use common::apache::{Apache, start_apache};
 use common::relay::{Relay, method_with_token};
+use common::rng::Rng;
 use fencegate::config::{DEFAULT_DOMAIN, PinMode, Rule};
 
 /// fencegate's bound on Apache's answer: the held write's `504`.
@@ -36,22 +37,6 @@ const QUARANTINE: Duration = Duration::from_millis(200);
 const HOLD: Duration = TIMEOUT.saturating_add(QUARANTINE.saturating_mul(3));
 /// Rounds with pins off, each of which holds a `PUT` and delivers it after a newer write.
 const CONTROL_ROUNDS: u64 = 2;
-
-/// A small, seedable generator (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Op {
@@ -221,7 +206,7 @@ async fn pinned_writes_reach_apache_in_token_order_whatever_write_is_delayed() {
     let relay = Relay::start(apache.addr).await;
     let seed = seed();
     eprintln!("pins_rounds: FG_SEED={seed}");
-    let mut rng = Rng(seed.max(1));
+    let mut rng = Rng::new(seed);
 
     // The control: without pins, a held PUT delivered after a newer write lands out of order.
     let mut unpinned = harness(&relay, false).await;

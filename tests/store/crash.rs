@@ -15,20 +15,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::builder::Deployment;
 use common::raw::{fill_until_store_full, put, put_response};
+use common::rng::Rng;
 use common::webdav::{OP_HEADER, Record, WebDavStub};
 use common::{Resp, eventually, poll_until, raw_request, try_raw_request};
-
-/// xorshift64*: enough randomness for kill moments, and reproducible from a printed seed.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n
-    }
-}
 
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
@@ -46,7 +35,7 @@ async fn sigkill_at_random_moments_never_loses_a_forwarded_advance() {
     let rounds = rounds();
     let seed = env_u64("FG_CRASH_SEED")
         .unwrap_or_else(|| SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64 | 1);
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     // Tiny segments, so kills also land in rotations and compactions.
     let mut d =
         Deployment::builder().config_extra("segment_bytes = 4096\n[fence]\nquarantine = \"100ms\"").build().await;
@@ -379,7 +368,7 @@ async fn collection_writes_survive_kill_9_at_any_moment() {
     let rounds = rounds();
     let seed = env_u64("FG_CRASH_SEED")
         .unwrap_or_else(|| SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64 | 1);
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let stub = WebDavStub::start().await;
     for path in TREE {
         stub.seed(path, "seeded");
@@ -395,7 +384,7 @@ async fn collection_writes_survive_kill_9_at_any_moment() {
         // with ever higher tokens: many overlap, so floors and turns are busy.
         let writers: Vec<_> = (0..WRITERS)
             .map(|w| {
-                let mut rng = Rng(rng.below(u64::MAX) | 1);
+                let mut rng = Rng::new(rng.below(u64::MAX) | 1);
                 tokio::spawn(async move {
                     for step in 0u64.. {
                         let (method, target, dest) = random_write(&mut rng);
@@ -522,7 +511,7 @@ async fn uploads_survive_kill_9_at_random_moments(server: Option<common::s3::S3S
     std::fs::write(&d.config_path, config).unwrap();
     let seed = env_u64("FG_CRASH_SEED")
         .unwrap_or_else(|| SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64 | 1);
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     for round in 0..s3_rounds() {
         let state = d.dir.path().join(format!("journal-{round}.jsonl"));
         let base = ((round + 1) * 100_000).to_string();
