@@ -47,7 +47,7 @@
 # (docs/benchmarks.md#s3-benchess3sh, which says how to build it with TCP_NODELAY).
 #
 # PIN=1 gives s3s-fs one CPU and fencegate, nginx and wrk the other (taskset), as a server on
-# machines of its own would be: a proxy's CPU then no longer comes out of the server's. The
+# machines of its own would be: a proxy's CPU then does not come out of the server's. The
 # server gets the CPU that does not take the interrupts of the disk holding fencegate's log
 # (read from /proc/irq), since on a machine of its own it would never run them: on a virtual
 # machine whose disk interrupts all land on one CPU, each of fencegate's syncs would otherwise

@@ -164,7 +164,7 @@ pub enum Refusal {
     Lock(LockError),
     /// A pinned write (docs/pins.md) whose key's state at the backend could not be learnt:
     /// nothing was advanced or sent.
-    #[error("{resource} cannot be pinned now, so the write was not sent: {why}")]
+    #[error("{resource} cannot be pinned at this moment, so the write was not sent: {why}")]
     PinUnavailable {
         /// The write's key.
         resource: String,

@@ -159,7 +159,7 @@ struct State {
 }
 
 impl State {
-    /// A quarantine begins (or is extended): it covers every write on its way now.
+    /// A quarantine begins (or is extended): it covers every write on its way at that step.
     fn quarantine(&mut self, hold: Hold, bounded: bool) {
         self.quarantine = self.quarantine.max(Some(hold));
         self.network.iter_mut().for_each(|m| m.covered = bounded);

@@ -3,7 +3,7 @@
 //! and then delivers it, as a buffer nobody can see into would. Each round writes a fresh key:
 //! two to five `PUT`s and `DELETE`s with climbing tokens, one of them held, the held one
 //! delivered after a random number of the later writes, and restarts of fencegate (in-process,
-//! on the same data dir) between writes now and then. `DELETE` is not a subtree method here
+//! on the same data dir) between writes from time to time. `DELETE` is not a subtree method here
 //! (the rounds write files only), so it is pinned as a `PUT` is. The one case docs/pins.md
 //! leaves to the time bound, a `DELETE` after a create of unknown outcome, waits out the
 //! quarantine, and a held create is delivered before such a `DELETE` is let through, as a
