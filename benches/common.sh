@@ -116,11 +116,15 @@ bench_worker() { # MASTER
 }
 
 bench_backend() { # [PORT]
-    local port=${1:-18081}
+    local port=${1:-18081} etag=""
+    # BACKEND_ETAG=1: each answer names a strong ETag of its own (nginx's request id), as an
+    # S3 server's PutObject answer names the object's: a pinned write then learns its key's
+    # next tag from the answer and needs no HEAD (docs/benchmarks.md, "Pins").
+    if [ "${BACKEND_ETAG:-0}" = 1 ]; then etag='add_header ETag "\"$request_id\"";'; fi
     bench_nginx backend "$port" <<EOF
   sendfile on;
   server { listen 127.0.0.1:$port backlog=4096; root $SHM/www; dav_methods PUT DELETE;
-           create_full_put_path on; dav_access user:rw group:rw all:r; }
+           create_full_put_path on; dav_access user:rw group:rw all:r; $etag }
 EOF
     BACKEND_PID=$STARTED
 }
