@@ -6,6 +6,7 @@
 # two builds compared here differ by their code, not by the load on the machine.
 #
 #   BINS="target/release/fencegate /path/to/old/fencegate" benches/callgrind.sh
+#   FG_EXTRA_CONFIG=$'[[fence.rules]]\nprefix = "/"\npin = "etag"' benches/callgrind.sh   # TOML appended to the config
 #   KEEP=/tmp/cg benches/callgrind.sh   # and keep the profiles there, N-BINARY-WORKLOAD.out, to
 #                                       # compare with callgrind_annotate
 set -euo pipefail
@@ -33,7 +34,7 @@ bench_backend
 # REQUESTS (what wrk counted, all answered 2xx).
 measure() { # BIN WORKLOAD
     local name="cg-$2-$RANDOM" pid out
-    bench_fencegate_config "$name" "$1" "$PORT"
+    bench_fencegate_config "$name" "$1" "$PORT" "" "" "${FG_EXTRA_CONFIG:-}"
     valgrind --tool=callgrind --callgrind-out-file="$SHM/$name.out" "$1" run --config "$SHM/$name.toml" \
         2>"$SHM/logs/$name.log" &
     pid=$!
