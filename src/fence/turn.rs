@@ -105,9 +105,8 @@ impl PinSlot {
     /// sent pinned to it as well could be applied before it (docs/pins.md). A tag that is a
     /// digest of the content comes back with the same bytes.
     pub fn late(&self, pin: &Pin) -> Option<Duration> {
-        let (Pin::Tag(tag), Some((until, late))) = (pin, &self.late) else { return None };
-        let now = Instant::now();
-        (*until > now && late.contains(tag)).then(|| *until - now)
+        let (Pin::Tag(tag), Some((_, late))) = (pin, &self.late) else { return None };
+        if late.contains(tag) { self.late_any() } else { None }
     }
 
     /// How long the key's quarantine still runs, when a write whose outcome is unknown was

@@ -177,7 +177,7 @@ fn check(
         }
         Some(UploadStep::End { object, id }) => {
             state.fence.check_upload(&object, &id, token)?;
-            ends = Some(Box::new(Ends { object, id, protocol }));
+            ends = Some(Box::new(Ends { object, id }));
         }
         Some(UploadStep::Create { object }) => {
             created = Some(Box::new(Created { object, state: Arc::clone(&state), settings: Arc::clone(&settings) }));
@@ -249,7 +249,6 @@ struct Pending {
 struct Ends {
     object: String,
     id: String,
-    protocol: Chosen,
 }
 
 /// Where the write is fenced: with a shared fence, only its leader fences writes, and a
@@ -355,7 +354,7 @@ fn prepare(
                 };
             };
             // The end of an upload names the object's entity tag in its body, read whole first.
-            let (resp, tag) = ended(&pending.state, &pending.settings, ends, resp?).await?;
+            let (resp, tag) = ended(&pending.state, &pending.settings, pending.protocol, ends, resp?).await?;
             match pinning {
                 Some(pinning) => pinned::answered_with_tag(pinning, Ok(resp), tag),
                 None => Ok(resp),
@@ -395,6 +394,7 @@ async fn read_whole_answer(
 async fn ended(
     state: &State,
     settings: &Settings,
+    protocol: Chosen,
     ends: &Ends,
     resp: Response<ResponseBody>,
 ) -> Result<(Response<ResponseBody>, Option<Box<str>>), Refusal> {
@@ -404,7 +404,7 @@ async fn ended(
         Refusal::Upstream(UpstreamError::Failed(why))
     };
     let bytes = read_whole_answer(body, MAX_ENDED, settings, unread).await?;
-    let Ends { object, id, protocol } = ends;
+    let Ends { object, id } = ends;
     let mut tag = None;
     if parts.status.is_success() && !protocol.failed_late(&bytes) {
         tag = protocol.completed_tag(&bytes);

@@ -21,10 +21,31 @@ use crate::upstream::{Connection, Hold, RequestBody, ResponseBody};
 pub(super) struct Pinning {
     slot: PinSlot,
     kind: Pinned,
-    /// The precondition, as sent: `If-Match: "t"` or `If-None-Match: *`; `None` when the key's
-    /// state could not be asked for ([`Protocol::learning_head`]) and the write went unpinned,
-    /// or when the client sent conditions of its own, whose `412` is the client's to read.
-    sent: Option<String>,
+    /// The state the precondition sent names (`If-Match: "t"`, or `If-None-Match: *` for
+    /// absent); `None` when the key's state could not be asked for
+    /// ([`Protocol::learning_head`]) and the write went unpinned, or when the client sent
+    /// conditions of its own, whose `412` is the client's to read.
+    sent: Option<Pin>,
+}
+
+/// Whether `name` is a request's condition: an `If-…` field, or WebDAV's `If`.
+pub(super) fn is_condition(name: &HeaderName) -> bool {
+    name.as_str() == "if" || name.as_str().starts_with("if-")
+}
+
+/// The precondition that names `pin`, as a refusal says it.
+fn precondition(pin: &Pin) -> String {
+    match pin {
+        Pin::Tag(tag) => format!("If-Match: {tag}"),
+        Pin::Absent => "If-None-Match: *".to_owned(),
+    }
+}
+
+/// The refusal of a write that must wait out the key's quarantine for `retry_after`: a write
+/// pinned to a tag may still apply late.
+fn waits(slot: &PinSlot, retry_after: std::time::Duration) -> Refusal {
+    let cause = QuarantineCause::UnknownPinnedOutcome;
+    FenceError::Quarantined { resource: slot.key().to_owned(), retry_after, cause }.into()
 }
 
 /// Under the write's turn, before its advance: the key's pin (learnt with a `HEAD` on `conn`
@@ -57,8 +78,7 @@ pub(super) async fn pin(
                 // leave the same tag behind (the same bytes, under a digest ETag), and the late
                 // one would then apply after it. It waits out the quarantine, as without pins.
                 if let Some(retry_after) = slot.late(&pin) {
-                    let cause = QuarantineCause::UnknownPinnedOutcome;
-                    return Err(FenceError::Quarantined { resource: slot.key().to_owned(), retry_after, cause }.into());
+                    return Err(waits(&slot, retry_after));
                 }
                 judge(out.req.headers(), &pin, slot.key())?;
                 // The HEAD's connection is back in the pool once its answer ended.
@@ -67,35 +87,32 @@ pub(super) async fn pin(
             None => {
                 // Sent unpinned, it could leave behind the tag a late write was pinned to.
                 if let Some(retry_after) = slot.late_any() {
-                    let cause = QuarantineCause::UnknownPinnedOutcome;
-                    return Err(FenceError::Quarantined { resource: slot.key().to_owned(), retry_after, cause }.into());
+                    return Err(waits(&slot, retry_after));
                 }
                 let conn = settings.upstream.connection().await?;
                 return Ok((conn, Pinning { slot, kind, sent: None }));
             }
         },
     };
-    let own_conditions = out.req.headers().keys().any(|n| n.as_str() == "if" || n.as_str().starts_with("if-"));
+    let own_conditions = out.req.headers().keys().any(is_condition);
     let headers = out.req.headers_mut();
     if !protocol.honours(kind, &pin) {
         // No precondition the backend honours names this state: sent as without pins.
         return Ok((conn, Pinning { slot, kind, sent: None }));
     }
-    let sent = match &pin {
+    match &pin {
         Pin::Tag(tag) => {
             let value = HeaderValue::from_str(tag).map_err(|e| unreadable(slot.key(), e))?;
             headers.insert(IF_MATCH, value);
-            format!("If-Match: {tag}")
         }
         Pin::Absent => {
             headers.insert(IF_NONE_MATCH, HeaderValue::from_static("*"));
-            "If-None-Match: *".to_owned()
         }
-    };
+    }
     slot.sent_pinned(&pin);
     // A 412 may then be the client's own condition failing (If-Unmodified-Since, WebDAV's If):
     // relayed as the backend wrote it, not as fencegate's backend_moved.
-    let sent = (!own_conditions).then_some(sent);
+    let sent = (!own_conditions).then_some(pin);
     Ok((conn, Pinning { slot, kind, sent }))
 }
 
@@ -119,8 +136,11 @@ pub(super) fn answered_with_tag(
 ) -> Result<Response<ResponseBody>, Refusal> {
     let Pinning { slot, kind, sent } = pinning;
     match result {
-        Ok(resp) if resp.status() == StatusCode::PRECONDITION_FAILED && sent.is_some() => {
-            Err(Refusal::BackendMoved { resource: slot.key().to_owned(), sent: sent.unwrap_or_default() })
+        Ok(resp)
+            if resp.status() == StatusCode::PRECONDITION_FAILED
+                && let Some(pin) = &sent =>
+        {
+            Err(Refusal::BackendMoved { resource: slot.key().to_owned(), sent: precondition(pin) })
         }
         Ok(resp) if resp.status().is_success() => {
             match kind {

@@ -26,6 +26,7 @@ use http_body_util::Full;
 pub use self::http::Http;
 pub use self::s3::S3;
 use super::classify::{Head, Pinned, Plan};
+use super::pinned::is_condition;
 use crate::config::{BackendConfig, BackendProtocol, Config};
 use crate::fence::{Pin, keys};
 use crate::refusal::Refusal;
@@ -76,7 +77,7 @@ pub trait Protocol: Send + Sync + std::fmt::Debug {
         // Every header but those about the write's body or its conditions: a backend that
         // authenticates by a header of its own (`X-Api-Key`) answers the HEAD as the client.
         for (name, value) in client {
-            if !HEAD_DROPS.contains(name) && name.as_str() != "if" && !name.as_str().starts_with("if-") {
+            if !HEAD_DROPS.contains(name) && !is_condition(name) {
                 head.headers_mut().append(name.clone(), value.clone());
             }
         }
