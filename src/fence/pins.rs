@@ -6,8 +6,8 @@
 //! pin reads as unknown, which is always safe (the write learns the state first), so it is
 //! bounded, kept in memory only, and emptied when a new term begins.
 
-use std::collections::BTreeMap;
-use std::ops::Bound;
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{PoisonError, RwLock, RwLockWriteGuard};
 
@@ -21,20 +21,24 @@ pub const MAX_PINS: usize = 100_000;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Pin {
     /// The key exists, with this strong entity tag (with its quotes, as the backend wrote it).
-    Tag(Box<str>),
+    /// Shared: a write reads it, sends it and keeps it for its answer without copying it.
+    Tag(Arc<str>),
     /// The key does not exist.
     Absent,
 }
 
-/// The pins of keys, bounded by [`MAX_PINS`]. Ordered, so that a subtree write forgets the
-/// pins under it by a range, not by a scan of every pin.
+/// The pins of keys, bounded by [`MAX_PINS`]. Hashed (with foldhash, as the table of marks
+/// is): a pinned write looks its key up twice, to read its pin and to set it from the answer.
+/// A subtree write forgets the pins under it by a scan of every pin, at most [`MAX_PINS`].
 #[derive(Debug, Default)]
 pub(super) struct Pins {
-    map: RwLock<BTreeMap<Box<str>, Pin>>,
+    map: RwLock<Map>,
     /// Pins held, set under the write lock; read before any lock, so that a fence without pins
     /// pays one load.
     held: AtomicUsize,
 }
+
+type Map = HashMap<Box<str>, Pin, foldhash::quality::RandomState>;
 
 impl Pins {
     /// The pin of `key`, if one is known.
@@ -48,8 +52,14 @@ impl Pins {
     /// Pins `key` to `pin`, forgetting another key's pin when the table is full.
     pub(super) fn set(&self, key: &str, pin: Pin) {
         let mut map = self.write();
-        if map.len() >= MAX_PINS && !map.contains_key(key) {
-            map.pop_first();
+        if let Some(kept) = map.get_mut(key) {
+            *kept = pin;
+            return;
+        }
+        if map.len() >= MAX_PINS
+            && let Some(other) = map.keys().next().cloned()
+        {
+            map.remove(&other);
         }
         map.insert(key.into(), pin);
         self.held.store(map.len(), Ordering::Release);
@@ -70,15 +80,7 @@ impl Pins {
             return;
         }
         let mut map = self.write();
-        let under: Vec<Box<str>> = map
-            .range::<str, _>((Bound::Included(node), Bound::Unbounded))
-            .map(|(k, _)| k)
-            .take_while(|k| k.starts_with(node))
-            .cloned()
-            .collect();
-        for key in under {
-            map.remove(&key);
-        }
+        map.retain(|key, _| !key.starts_with(node));
         self.held.store(map.len(), Ordering::Release);
     }
 
@@ -108,7 +110,7 @@ impl Pins {
         self.held.load(Ordering::Acquire)
     }
 
-    fn write(&self) -> RwLockWriteGuard<'_, BTreeMap<Box<str>, Pin>> {
+    fn write(&self) -> RwLockWriteGuard<'_, Map> {
         self.map.write().unwrap_or_else(PoisonError::into_inner)
     }
 }

@@ -59,9 +59,12 @@ pub struct Turn {
     /// Set while a forwarded write's outcome is open: a turn dropped then (its write panicked)
     /// quarantines what it touches for this long, as for any unknown outcome.
     unsettled: Option<Duration>,
-    /// The pin the write was sent with, once it is sent pinned (see [`PinSlot::sent_pinned`]);
-    /// allocated only for a write that asked for its [`PinSlot`].
-    pinned: Option<Arc<Mutex<Option<Pin>>>>,
+    /// What the write's [`PinSlot`] did, shared with it; allocated only for a write that asked
+    /// for one.
+    pinned: Option<Arc<Mutex<SlotState>>>,
+    /// Once the write is advanced, how many pins its slot had set by then: the pins of what it
+    /// touches are forgotten when the turn ends unless the answer set the slot's since.
+    advanced: Option<u32>,
     /// The check let the write pass a quarantine that a pinned write's unknown outcome left.
     passed_quarantine: bool,
 }
@@ -72,10 +75,19 @@ pub struct Turn {
 pub struct PinSlot {
     fence: Arc<Fence>,
     key: Box<str>,
-    sent: Arc<Mutex<Option<Pin>>>,
+    state: Arc<Mutex<SlotState>>,
     /// The key's running quarantine's end and the tags its late pinned writes were sent with,
     /// when it names any.
     late: Option<(Instant, Box<[Box<str>]>)>,
+}
+
+/// What a [`PinSlot`] did, read by its turn.
+#[derive(Debug, Default)]
+struct SlotState {
+    /// The pin the write was sent with, once it is sent pinned (see [`PinSlot::sent_pinned`]).
+    sent: Option<Pin>,
+    /// How many times the slot set its key's pin.
+    sets: u32,
 }
 
 impl PinSlot {
@@ -87,6 +99,8 @@ impl PinSlot {
     /// Notes what the backend's state of the key is, learnt under the turn.
     pub fn set(&self, pin: Pin) {
         self.fence.pins.set(&self.key, pin);
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.sets = state.sets.wrapping_add(1);
     }
 
     /// The key whose pin this is.
@@ -97,7 +111,7 @@ impl PinSlot {
     /// Notes that the write is sent with a precondition naming `pin`: should its outcome be
     /// unknown, it can only apply while the backend is still in that state.
     pub fn sent_pinned(&self, pin: &Pin) {
-        *self.sent.lock().unwrap_or_else(PoisonError::into_inner) = Some(pin.clone());
+        self.state.lock().unwrap_or_else(PoisonError::into_inner).sent = Some(pin.clone());
     }
 
     /// How long the key's quarantine still runs, when a write whose outcome is unknown was
@@ -106,7 +120,7 @@ impl PinSlot {
     /// digest of the content comes back with the same bytes.
     pub fn late(&self, pin: &Pin) -> Option<Duration> {
         let (Pin::Tag(tag), Some((_, late))) = (pin, &self.late) else { return None };
-        if late.contains(tag) { self.late_any() } else { None }
+        if late.iter().any(|l| **l == **tag) { self.late_any() } else { None }
     }
 
     /// How long the key's quarantine still runs, when a write whose outcome is unknown was
@@ -131,6 +145,7 @@ impl Fence {
             registered: taken.registered,
             unsettled: None,
             pinned: None,
+            advanced: None,
             passed_quarantine: false,
         })
     }
@@ -178,14 +193,14 @@ impl Turn {
             return None;
         }
         let late = self.key_turns.iter().find(|k| k.key() == touch.key).and_then(KeyTurn::late);
-        let sent = Arc::clone(self.pinned.get_or_insert_with(Default::default));
-        Some(PinSlot { fence: Arc::clone(&self.fence), key: touch.key.as_str().into(), sent, late })
+        let state = Arc::clone(self.pinned.get_or_insert_with(Default::default));
+        Some(PinSlot { fence: Arc::clone(&self.fence), key: touch.key.as_str().into(), state, late })
     }
 
     /// Closes what this write touches for `period`: it may still be applied late.
     pub fn quarantine(&mut self, period: Duration) {
         let until = quarantine_end(period);
-        let sent = self.pinned.as_ref().and_then(|s| s.lock().unwrap_or_else(PoisonError::into_inner).clone());
+        let sent = self.pinned.as_ref().and_then(|s| s.lock().unwrap_or_else(PoisonError::into_inner).sent.clone());
         let cause = match sent {
             Some(_) => QuarantineCause::UnknownPinnedOutcome,
             None => QuarantineCause::UnknownOutcome,
@@ -223,13 +238,19 @@ impl Turn {
 
     /// Makes the write's marks durable (one batch) in the store's term it was checked in, then
     /// raises the tree.
-    async fn advance(&self, checked: Checked, token: u64) -> Result<(), StoreError> {
+    async fn advance(&mut self, checked: Checked, token: u64) -> Result<(), StoreError> {
         self.fence.store.commit(checked.term, self.batch(Change::Advance, token)).await?;
         self.fence.raised(&self.touches, token);
-        // What the backend holds for these keys is about to change: a pinned write, having
-        // read its pin, sets it again from the answer.
-        self.fence.pins.forget_touched(&self.touches);
+        // What the backend holds for these keys is about to change. Their pins are read only
+        // under their turns, so they are forgotten when this one ends (see `Drop`), unless a
+        // pinned write's answer set its key's pin by then.
+        self.advanced = Some(self.slot_sets());
         Ok(())
+    }
+
+    /// How many pins this turn's slot has set.
+    fn slot_sets(&self) -> u32 {
+        self.pinned.as_ref().map_or(0, |s| s.lock().unwrap_or_else(PoisonError::into_inner).sets)
     }
 
     /// Notes that the backend answered the write of `token`, advanced in the term it was
@@ -357,6 +378,11 @@ impl Drop for Turn {
     fn drop(&mut self) {
         if let Some(period) = self.unsettled.take() {
             self.quarantine(period);
+        }
+        // Before the gates: the next write to a key must not find the pin its state had before
+        // this write.
+        if self.advanced.is_some_and(|sets| sets == self.slot_sets()) {
+            self.fence.pins.forget_touched(&self.touches);
         }
         self.fence.gates.put_back(&mut self.key_turns);
         // After the gates: writes that waited for the registry find them free.

@@ -247,6 +247,33 @@ async fn a_pinned_writes_unknown_outcome_lets_pinned_puts_pass_and_holds_the_res
 }
 
 #[tokio::test]
+async fn a_pin_the_answer_set_outlives_the_turn_and_one_learnt_before_a_refusal_stays() {
+    let (t, _dir) = fence();
+    let pinned = Policy { equal: STRICT, max_jump: None, pinned: true };
+    let mut turn = t.acquire(key("/a"), Duration::from_secs(1)).await.unwrap();
+    let slot = turn.pin_slot().unwrap();
+    slot.set(Pin::Tag("\"t1\"".into()));
+    let answered = move |_: Option<Permit>| async move {
+        slot.sent_pinned(&Pin::Tag("\"t1\"".into()));
+        Ok(async move {
+            slot.set(Pin::Tag("\"t2\"".into()));
+            Ok::<u64, Failed>(35)
+        })
+    };
+    assert_eq!(turn.finish_after(35, pinned, Duration::from_secs(60), answered, outcome).await, Ok(35));
+    assert_eq!(t.pins.get("/a"), Some(Pin::Tag("\"t2\"".into())), "set from the answer, after the advance");
+    // Learnt, then refused before the advance: the backend's state did not move.
+    let mut turn = t.acquire(key("/a"), Duration::from_secs(1)).await.unwrap();
+    let slot = turn.pin_slot().unwrap();
+    let refused = move |_: Option<Permit>| async move {
+        slot.set(Pin::Tag("\"t3\"".into()));
+        Err::<std::future::Ready<Result<u64, Failed>>, _>(Failed::Backend)
+    };
+    assert_eq!(turn.finish_after(36, pinned, Duration::from_secs(60), refused, outcome).await, Err(Failed::Backend));
+    assert_eq!(t.pins.get("/a"), Some(Pin::Tag("\"t3\"".into())));
+}
+
+#[tokio::test]
 async fn a_write_forgets_the_pins_of_what_it_may_change() {
     let (t, _dir) = fence();
     for k in ["/d/x", "/d/y", "/e"] {

@@ -356,7 +356,7 @@ fn prepare(
             // The end of an upload names the object's entity tag in its body, read whole first.
             let (resp, tag) = ended(&pending.state, &pending.settings, pending.protocol, ends, resp?).await?;
             match pinning {
-                Some(pinning) => pinned::answered_with_tag(pinning, Ok(resp), tag),
+                Some(pinning) => pinned::answered_with_tag(pinning, Ok(resp), tag.map(Arc::from)),
                 None => Ok(resp),
             }
         }))

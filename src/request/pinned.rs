@@ -3,6 +3,8 @@
 //! are judged against it, and the write is given the precondition that names it; after the
 //! answer, the key's pin is set from it, and a `412` becomes fencegate's `backend_moved`.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use http::header::{ETAG, HeaderMap, HeaderName, HeaderValue, IF_MATCH, IF_NONE_MATCH};
 use http::{Method, Request, Response, StatusCode};
@@ -66,7 +68,10 @@ pub(super) async fn pin(
     // precondition it fails is judged again against the backend's word, or a client that names
     // the real state would be refused on every retry. One a late write was pinned to is learnt
     // again too: that write may have landed meanwhile.
-    let kept = slot.get().filter(|pin| judge(out.req.headers(), pin, slot.key()).is_ok() && slot.late(pin).is_none());
+    // Judged only where the client sent any condition: most writes send none.
+    let own_conditions = out.req.headers().keys().any(is_condition);
+    let holds = |pin: &Pin| if own_conditions { judge(out.req.headers(), pin, slot.key()) } else { Ok(()) };
+    let kept = slot.get().filter(|pin| holds(pin).is_ok() && slot.late(pin).is_none());
     let (pin, conn) = match kept {
         Some(pin) => (pin, conn),
         None => match count(metrics, learn(settings, protocol, conn, out, slot.key()).await)? {
@@ -80,7 +85,7 @@ pub(super) async fn pin(
                 if let Some(retry_after) = slot.late(&pin) {
                     return Err(waits(&slot, retry_after));
                 }
-                judge(out.req.headers(), &pin, slot.key())?;
+                holds(&pin)?;
                 // The HEAD's connection is back in the pool once its answer ended.
                 (pin, settings.upstream.connection().await?)
             }
@@ -94,7 +99,6 @@ pub(super) async fn pin(
             }
         },
     };
-    let own_conditions = out.req.headers().keys().any(is_condition);
     let headers = out.req.headers_mut();
     if !protocol.honours(kind, &pin) {
         // No precondition the backend honours names this state: sent as without pins.
@@ -132,7 +136,7 @@ pub(super) fn answered(
 pub(super) fn answered_with_tag(
     pinning: Pinning,
     result: Result<Response<ResponseBody>, Refusal>,
-    tag: Option<Box<str>>,
+    tag: Option<Arc<str>>,
 ) -> Result<Response<ResponseBody>, Refusal> {
     let Pinning { slot, kind, sent } = pinning;
     match result {
@@ -208,7 +212,7 @@ async fn learn(
 
 /// The strong entity tag of one `ETag` field, with its quotes; `None` for a weak, malformed or
 /// repeated one.
-fn strong_tag(headers: &HeaderMap) -> Option<Box<str>> {
+fn strong_tag(headers: &HeaderMap) -> Option<Arc<str>> {
     let mut values = headers.get_all(ETAG).iter();
     let (Some(value), None) = (values.next(), values.next()) else { return None };
     let tag = value.to_str().ok()?.trim();
