@@ -59,6 +59,17 @@ enum Command {
         #[arg(long)]
         from: PathBuf,
     },
+    /// Show the rules a shared fence's instances must share, as etcd records them, and what
+    /// the config decides otherwise; with --set, record the config's instead (refused while an
+    /// instance leads: stop them all first, then start them with the new config).
+    Rules {
+        /// TOML config file with store.kind = "etcd".
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Record this config's rules as the fence's.
+        #[arg(long)]
+        set: bool,
+    },
     /// Validate a config file and print the effective settings.
     Check {
         /// TOML config file.
@@ -140,6 +151,7 @@ fn main() -> ExitCode {
         Command::Init { config: Some(config), floor, .. } => init_from(&config, floor),
         Command::Init { .. } => Err(anyhow::anyhow!("init needs --dir or --config")),
         Command::Migrate { config, from } => migrate(&config, &from),
+        Command::Rules { config, set } => rules(&config, set),
         Command::Inspect { dir, config, path, top } => inspect(dir, config, path.as_deref(), top),
         Command::Sign { key_file, kid, domain, token, expires_in, expiry } => {
             sign(&key_file, &kid, &domain, token, expires_in, expiry)
@@ -264,6 +276,31 @@ fn migrate(path: &std::path::Path, from: &std::path::Path) -> anyhow::Result<()>
         migrated.kept,
         migrated.in_flight
     );
+    Ok(())
+}
+
+fn rules(path: &std::path::Path, set: bool) -> anyhow::Result<()> {
+    let config = Config::load(path, None).with_context(|| format!("invalid config {}", path.display()))?;
+    let report = runtime(1)?
+        .block_on(fencegate::app::rules_etcd(&config, set))
+        .context("cannot read the fence's rules in etcd")?;
+    match (&report.recorded, report.differences.is_empty(), set) {
+        (None, _, false) => println!("no rules recorded yet: the first instance to start records its own"),
+        (Some(recorded), true, _) => println!("the fence's rules, which this config shares:\n{recorded}"),
+        (Some(_), false, false) => {
+            println!("this config decides writes otherwise than the fence's rules:");
+            for difference in &report.differences {
+                println!("  {difference}");
+            }
+            println!("instances with this config are refused; `--set` records it, with every instance stopped");
+        }
+        (_, _, true) => {
+            for difference in &report.differences {
+                println!("  {difference}");
+            }
+            println!("recorded this config's rules as the fence's: start every instance with it");
+        }
+    }
     Ok(())
 }
 

@@ -42,6 +42,7 @@ pub(super) async fn open(
         max_resources: config.store.max_resources,
         max_table_bytes: config.store.max_table_bytes,
         keying,
+        rules: config.fence_record(),
         max_txn_ops: settings.max_txn_ops,
         on_commit,
     };
@@ -63,7 +64,7 @@ pub(super) async fn open(
 pub async fn init_etcd(config: &Config, floor: u64) -> Result<(), Error> {
     let settings = settings(config)?;
     let keying = crate::request::protocol::keying(config);
-    Ok(etcd::init(&client(config)?, &settings.prefix, &keying, floor).await?)
+    Ok(etcd::init(&client(config)?, &settings.prefix, &keying, &config.fence_record(), floor).await?)
 }
 
 /// `fencegate migrate`: copies the `max_seen` of the data directory `from` into the etcd store
@@ -71,5 +72,31 @@ pub async fn init_etcd(config: &Config, floor: u64) -> Result<(), Error> {
 pub async fn migrate_to_etcd(config: &Config, from: &Path) -> Result<Migrated, Error> {
     let settings = settings(config)?;
     let keying = crate::request::protocol::keying(config);
-    Ok(etcd::migrate(&client(config)?, &settings.prefix, &keying, from).await?)
+    Ok(etcd::migrate(&client(config)?, &settings.prefix, &keying, &config.fence_record(), from).await?)
+}
+
+/// `fencegate rules`: the fence's rules as etcd records them, and what `config` would decide
+/// otherwise, one setting a line; with `set`, `config`'s rules recorded in their place, while
+/// no instance leads the prefix.
+pub async fn rules_etcd(config: &Config, set: bool) -> Result<RulesReport, Error> {
+    let settings = settings(config)?;
+    let configured = config.fence_record();
+    let recorded = etcd::rules(&client(config)?, &settings.prefix, &configured, set).await?;
+    let differences = match &recorded {
+        Some(recorded) => etcd::record_differences(recorded, &configured),
+        None => Vec::new(),
+    };
+    Ok(RulesReport { recorded, differences, set })
+}
+
+/// What `fencegate rules` found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RulesReport {
+    /// The fence's rules before the command; `None` where none are recorded yet (the first
+    /// instance to start records its own).
+    pub recorded: Option<String>,
+    /// Each setting the config decides otherwise, `name: recorded X, configured Y`.
+    pub differences: Vec<String>,
+    /// Whether the config's rules were recorded.
+    pub set: bool,
 }

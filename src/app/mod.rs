@@ -29,7 +29,7 @@ use crate::store::{self, Adopted, FileStore, Store, StoreError, StoreOptions};
 use crate::upstream::leader::Peers;
 pub use bind::bind;
 pub use check::check;
-pub use cluster::{init_etcd, migrate_to_etcd};
+pub use cluster::{RulesReport, init_etcd, migrate_to_etcd, rules_etcd};
 pub use inspection::inspection_report;
 pub use supervised::{Reloading, Supervisor};
 
@@ -173,6 +173,20 @@ impl Proxy {
         let _one_at_a_time = self.state.settings.lock();
         let current = self.state.settings.get();
         let (config, report) = reload::merge(&current.config, config);
+        // A shared fence's instances decide writes alike: this one's rules are the fence's
+        // recorded ones (checked when it started and whenever it takes the lead).
+        if config.store.kind == StoreKind::Etcd {
+            let differences =
+                crate::store::etcd::record_differences(&current.config.fence_record(), &config.fence_record());
+            if !differences.is_empty() {
+                return Err(Error::Conflict(format!(
+                    "reload refused: the fence's instances share its rules, and this config decides writes otherwise \
+                    ({}). To change them: stop every instance on the prefix, run `fencegate rules --config FILE --set`, \
+                    and start them all with the new config",
+                    differences.join("; ").replace("recorded", "running")
+                )));
+            }
+        }
         // `[etcd]` needs a restart: a rule that verifies against etcd added by a reload to a
         // proxy started without endpoints is refused here, not started without a cluster.
         let locks =

@@ -19,6 +19,7 @@ mod environment;
 mod etcd;
 mod headers;
 mod raw;
+mod record;
 pub mod reload;
 mod s3;
 mod store;

@@ -271,6 +271,19 @@ pub enum StoreError {
         /// Rules in the configuration.
         configured: String,
     },
+    /// The configuration decides writes otherwise than the fence's other instances.
+    #[error(
+        "etcd prefix {prefix:?}: this configuration fences writes otherwise than the fence's recorded rules, which \
+        every instance shares ({differences}). Make [fence] (and [s3] conditional_deletes) match them, or change \
+        the fence's rules: stop every instance on the prefix, run `fencegate rules --config FILE --set` with the \
+        new config, and start them all with it"
+    )]
+    RulesDifferEtcd {
+        /// The key prefix.
+        prefix: String,
+        /// Each setting that differs, `name: recorded X, configured Y`, joined by `; `.
+        differences: String,
+    },
 }
 
 fn not_initialised(dir: &std::path::Path, missing: bool) -> String {

@@ -8,7 +8,9 @@
 
 use crate::common;
 
+use std::io::Read;
 use std::net::SocketAddr;
+use std::process::Stdio;
 
 use common::cluster::{Cluster, PREFIX};
 use common::etcd_server::{Etcd, start_etcd};
@@ -276,6 +278,7 @@ async fn open_store(c: &Cluster, etcd: &Etcd) -> Result<fencegate::store::EtcdSt
         max_resources: 1000,
         max_table_bytes: 1 << 20,
         keying: fencegate::fence::keys::keying(&config.paths, &config.fence.scopes),
+        rules: config.fence_record(),
         max_txn_ops: fencegate::store::etcd::DEFAULT_MAX_TXN_OPS,
         on_commit: None,
     };
@@ -397,7 +400,7 @@ async fn the_census_counts_every_level_created() {
     // The floor `init` writes, and the levels a migration creates.
     let client = fencegate::etcd_client::Client::single(&etcd.url());
     let keying = fencegate::fence::keys::keying(&Default::default(), &[]);
-    fencegate::store::etcd::init(&client, "/fg-floor/", &keying, 500).await.unwrap();
+    fencegate::store::etcd::init(&client, "/fg-floor/", &keying, "", 500).await.unwrap();
     assert_eq!(census_under(&c, "/fg-floor/").await, Some(1));
     let dir = c.dir.path().join("old");
     fencegate::app::init_data_dir(&dir, 0).unwrap();
@@ -408,9 +411,9 @@ async fn the_census_counts_every_level_created() {
         answered(&file, key, token);
     }
     file.close().await.unwrap();
-    fencegate::store::etcd::migrate(&client, "/fg-floor/", &keying, &dir).await.unwrap();
+    fencegate::store::etcd::migrate(&client, "/fg-floor/", &keying, "", &dir).await.unwrap();
     assert_eq!(census_under(&c, "/fg-floor/").await, Some(3), "the floor, /a and /b");
-    fencegate::store::etcd::migrate(&client, "/fg-floor/", &keying, &dir).await.unwrap();
+    fencegate::store::etcd::migrate(&client, "/fg-floor/", &keying, "", &dir).await.unwrap();
     assert_eq!(census_under(&c, "/fg-floor/").await, Some(3), "nothing created again");
 }
 
@@ -598,4 +601,88 @@ async fn a_leader_that_leads_again_forgets_the_bindings_dropped_meanwhile() {
     eventually("it leads again", async || store.leading() && store.term() != term).await;
     assert_eq!(store.table().level(kept.borrowed()), Some(5));
     assert_eq!(store.table().level(dropped.borrowed()), None, "a binding etcd no longer holds");
+}
+
+/// The instances of one fence decide writes alike: the fence records its rules, an instance
+/// whose config decides otherwise is refused at start and a reload that would is refused,
+/// each naming the difference; `fencegate rules --set` changes the record only while no
+/// instance leads, and then the old config is the one refused.
+#[tokio::test]
+async fn an_instance_that_would_fence_otherwise_is_refused_naming_the_difference() {
+    let Some(etcd) = start_etcd().await else { return };
+    let mut c = Cluster::build(&[etcd.url()], 2, "[[fence.rules]]\nprefix = \"/a\"\nmax_jump = 100\n").await;
+    c.init().await;
+    let (first, second) = (c.instances[0].config.clone(), c.instances[1].config.clone());
+    let original = std::fs::read_to_string(&first).unwrap();
+    let other = std::fs::read_to_string(&second).unwrap().replace("max_jump = 100", "max_jump = 5");
+    std::fs::write(&second, other).unwrap();
+    // An instance that disagrees exits at once, saying why.
+    let refused = async |config: &std::path::Path| -> String {
+        let mut cmd = std::process::Command::new(common::process::BIN);
+        cmd.arg("run").arg("--config").arg(config).stdout(Stdio::null()).stderr(Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        let exited = || child.try_wait().unwrap().is_some();
+        common::poll_until("the instance exits, refused", exited).await;
+        let mut err = String::new();
+        child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        err
+    };
+    let rules = |config: &std::path::Path, set: bool| {
+        let mut cmd = std::process::Command::new(common::process::BIN);
+        cmd.arg("rules").arg("--config").arg(config);
+        if set {
+            cmd.arg("--set");
+        }
+        let out = cmd.output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let err = refused(&second).await;
+    assert!(err.contains("fence.rules./a.max_jump: recorded 100, configured 5"), "{err}");
+    let (_, said) = rules(&second, false);
+    assert!(said.contains("fence.rules./a.max_jump: recorded 100, configured 5"), "{said}");
+
+    // A running instance refuses a reload that would fence otherwise, and applies one that
+    // changes what is not the fence's.
+    c.instances[0].start();
+    c.wait_leader().await;
+    let proxy = c.instances[0].proxy();
+    std::fs::write(&first, original.replace("max_jump = 100", "max_jump = 100\nequal_token = \"accept\"")).unwrap();
+    proxy.signal("HUP");
+    proxy.wait_for_log("reload refused", 1).await;
+    let said = proxy.log_lines("reload refused").join("\n");
+    assert!(said.contains("fence.rules./a.equal_token: running unset, configured \\\"accept\\\""), "{said}");
+    std::fs::write(&first, format!("{original}[log]\nlevel = \"warn\"\n")).unwrap();
+    proxy.signal("HUP");
+    proxy.wait_for_log("configuration reloaded", 1).await;
+
+    // The record changes only with no instance leading; then the old config is refused.
+    let (set, said) = rules(&second, true);
+    assert!(!set && said.contains("an instance leads"), "{said}");
+    c.instances[0].kill9();
+    eventually("the leader key is gone", async || c.leader_url().await.is_none()).await;
+    let (set, said) = rules(&second, true);
+    assert!(set, "{said}");
+    let err = refused(&first).await;
+    assert!(err.contains("fence.rules./a.max_jump: recorded 5, configured 100"), "{err}");
+    c.instances[1].start();
+    c.wait_leader().await;
+    assert!(ok(&put(c.instances[1].addr, "/b/x", 1).await));
+}
+
+/// A prefix whose rules were never recorded (an older build's) gets the first instance's.
+#[tokio::test]
+async fn a_prefix_without_recorded_rules_gets_the_first_instances() {
+    let Some(etcd) = start_etcd().await else { return };
+    let mut c = Cluster::build(&[etcd.url()], 1, "").await;
+    c.init().await;
+    let key = format!("{PREFIX}rules");
+    assert!(c.gateway.delete(key.as_bytes()).await.is_ok());
+    c.instances[0].start();
+    c.wait_leader().await;
+    let (kvs, _) = c.gateway.range(key.as_bytes(), None).await.unwrap();
+    let config = fencegate::Config::load(&c.instances[0].config, None).unwrap();
+    assert_eq!(kvs.first().map(|kv| String::from_utf8_lossy(&kv.value).into_owned()), Some(config.fence_record()));
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use super::lease::{Shared, Standing};
 use super::names::Names;
-use super::takeover::{self, Adopted, Failed};
+use super::takeover::{self, Adopted, Failed, Recorded};
 use crate::etcd_client::{Client, Compare, EventKind, Op, Watch};
 use crate::store::Table;
 
@@ -30,7 +30,7 @@ pub(crate) struct Campaign {
     pub(crate) table: Arc<Table>,
     pub(crate) ttl: Duration,
     pub(crate) advertise: String,
-    pub(crate) keying: String,
+    pub(crate) recorded: Recorded,
     pub(crate) hook: TakeoverHook,
 }
 
@@ -158,7 +158,7 @@ impl Campaign {
     async fn lead(&self, epoch: i64, lease: i64) -> bool {
         self.shared.set(Standing::TakingOver);
         tracing::info!(epoch, "elected to lead the fence: reading it from etcd");
-        let read = match takeover::read(&self.client, &self.names, &self.table, &self.keying).await {
+        let read = match takeover::read(&self.client, &self.names, &self.table, &self.recorded).await {
             Ok(read) => read,
             Err(Failed::Fatal(e)) => {
                 tracing::error!(error = %e, "the etcd store cannot serve: fenced writes are refused");

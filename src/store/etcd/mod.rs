@@ -29,7 +29,7 @@ use batch::Msg;
 pub use leadership::TakeoverHook;
 use lease::{Shared, Standing};
 use names::Names;
-pub use provision::{Migrated, init, migrate};
+pub use provision::{Migrated, init, migrate, record_differences, rules};
 pub use takeover::Adopted;
 
 /// How an [`EtcdStore`] behaves.
@@ -50,6 +50,9 @@ pub struct EtcdOptions {
     pub max_table_bytes: u64,
     /// The key rules the fence keys are made under, recorded at `init`.
     pub keying: String,
+    /// The settings that decide a write's fate ([`Config::fence_record`](crate::Config::fence_record)),
+    /// recorded at `init` or by the first instance to open a prefix without them.
+    pub rules: String,
     /// The most operations one transaction may hold: etcd's `--max-txn-ops` (128 by default),
     /// which bounds how many writes one batch commits.
     pub max_txn_ops: usize,
@@ -93,7 +96,8 @@ impl EtcdStore {
     /// campaign before [`EtcdStore::start`].
     pub async fn open(client: Client, options: EtcdOptions) -> Result<EtcdStore, StoreError> {
         let names = Names::new(&options.prefix);
-        match takeover::initialised(&client, &names, &options.keying).await {
+        let recorded = takeover::Recorded { keying: options.keying.clone(), rules: options.rules.clone() };
+        match takeover::initialised(&client, &names, &recorded).await {
             Ok(_) => {}
             Err(takeover::Failed::Fatal(e)) => return Err(e),
             Err(takeover::Failed::Etcd(e)) => {
@@ -127,7 +131,7 @@ impl EtcdStore {
             table: Arc::clone(&self.table),
             ttl: options.lease_ttl,
             advertise: options.advertise,
-            keying: options.keying,
+            recorded: takeover::Recorded { keying: options.keying, rules: options.rules },
             hook,
         };
         *self.campaign.lock().unwrap_or_else(|e| e.into_inner()) = Some(tokio::spawn(campaign.run()));

@@ -7,6 +7,7 @@
 //! not see what they write. Both keep `P/census` (`names`) right: `init` writes it, and each
 //! level `migrate` creates raises it in the same transaction.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use super::names::{Names, batch_id, parse_token, token_value};
@@ -27,13 +28,15 @@ fn leading(names: &Names) -> StoreError {
     ))
 }
 
-/// Starts the fence under `prefix`, with every key at `floor` (none for 0), recording `keying`
-/// and the census of its levels. Refuses a prefix that already holds a fence.
-pub async fn init(client: &Client, prefix: &str, keying: &str, floor: u64) -> Result<(), StoreError> {
+/// Starts the fence under `prefix`, with every key at `floor` (none for 0), recording `keying`,
+/// the fence's `rules` and the census of its levels. Refuses a prefix that already holds a
+/// fence.
+pub async fn init(client: &Client, prefix: &str, keying: &str, rules: &str, floor: u64) -> Result<(), StoreError> {
     let names = Names::new(prefix);
     let mut puts = vec![
         Op::Put { key: names.batch(), value: batch_id(0, 0), lease: 0 },
         Op::Put { key: names.keying(), value: keying.as_bytes().to_vec(), lease: 0 },
+        Op::Put { key: names.rules(), value: rules.as_bytes().to_vec(), lease: 0 },
         Op::Put { key: names.census(), value: token_value(u64::from(floor > 0)), lease: 0 },
     ];
     if floor > 0 {
@@ -63,14 +66,20 @@ pub struct Migrated {
 /// lowering one, and its writes in flight as markers. Initialises the prefix if it is not yet;
 /// refuses a directory or prefix keyed under other rules than `keying`, and a directory a
 /// process holds.
-pub async fn migrate(client: &Client, prefix: &str, keying: &str, dir: &Path) -> Result<Migrated, StoreError> {
+pub async fn migrate(
+    client: &Client,
+    prefix: &str,
+    keying: &str,
+    rules: &str,
+    dir: &Path,
+) -> Result<Migrated, StoreError> {
     let names = Names::new(prefix);
     let found = crate::store::inspect(dir)?;
     let recorded = std::fs::read_to_string(dir.join(crate::store::file::KEYING_FILE)).unwrap_or_default();
     if recorded != keying {
         return Err(StoreError::KeyingChanged { dir: dir.to_owned(), recorded, configured: keying.to_owned() });
     }
-    match init(client, prefix, keying, 0).await {
+    match init(client, prefix, keying, rules, 0).await {
         Ok(()) | Err(StoreError::AlreadyInitialisedEtcd { .. }) => {}
         Err(e) => return Err(e),
     }
@@ -169,4 +178,71 @@ fn read_census(names: &Names, kv: Option<crate::etcd_client::Kv>) -> Result<Opti
         })
     })
     .transpose()
+}
+
+/// What differs between two records, one setting a line: `name: recorded X, configured Y`,
+/// `unset` for a setting one of them lacks.
+pub fn record_differences(recorded: &str, configured: &str) -> Vec<String> {
+    let parse = |text: &str| -> BTreeMap<String, String> {
+        text.lines()
+            .filter_map(|line| line.split_once(" = "))
+            .map(|(name, value)| (name.to_owned(), value.to_owned()))
+            .collect()
+    };
+    let (recorded, configured) = (parse(recorded), parse(configured));
+    let mut names: Vec<&String> = recorded.keys().chain(configured.keys()).collect();
+    names.sort();
+    names.dedup();
+    names
+        .into_iter()
+        .filter(|name| recorded.get(*name) != configured.get(*name))
+        .map(|name| {
+            let said = |v: Option<&String>| v.cloned().unwrap_or_else(|| "unset".to_owned());
+            format!("{name}: recorded {}, configured {}", said(recorded.get(name)), said(configured.get(name)))
+        })
+        .collect()
+}
+
+/// The fence's rules under `prefix` as etcd records them (`None` before any instance or `init`
+/// recorded them), and, with `set`, `rules` recorded in their place. Setting them is refused
+/// while an instance leads the prefix: instances check the record when they start and when
+/// they take the lead, so once every instance stopped and started again with the new rules,
+/// none fences by the old ones.
+pub async fn rules(client: &Client, prefix: &str, rules: &str, set: bool) -> Result<Option<String>, StoreError> {
+    let names = Names::new(prefix);
+    let get = [Op::Get(names.rules()), Op::Get(names.batch())];
+    let read = client.txn(&[], &get, &[]).await.map_err(etcd_error)?;
+    if read.ranges.get(1).cloned().flatten().is_none() {
+        return Err(super::takeover::not_initialised(names.prefix()));
+    }
+    let recorded = read.ranges.first().cloned().flatten().map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
+    if set && recorded.as_deref() != Some(rules) {
+        let put = [Op::Put { key: names.rules(), value: rules.as_bytes().to_vec(), lease: 0 }];
+        let done = client.txn(&[Compare::CreateRevision(names.leader(), 0)], &put, &[]).await.map_err(etcd_error)?;
+        if !done.succeeded {
+            return Err(leading(&names));
+        }
+        tracing::warn!(prefix, "the fence's rules were set by an operator: instances with other rules are refused");
+    }
+    Ok(recorded)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::record_differences;
+
+    #[test]
+    fn differences_name_each_setting_with_both_values() {
+        let recorded = "fence.equal_token = \"reject\"\nfence.rules./a.max_jump = 10\nfence.rules./b.prefix = \"/b\"";
+        let configured = "fence.equal_token = \"reject\"\nfence.rules./a.max_jump = 11\nfence.rules./a.pin = \"etag\"";
+        assert_eq!(
+            record_differences(recorded, configured),
+            [
+                "fence.rules./a.max_jump: recorded 10, configured 11",
+                "fence.rules./a.pin: recorded unset, configured \"etag\"",
+                "fence.rules./b.prefix: recorded \"/b\", configured unset",
+            ]
+        );
+        assert!(record_differences(recorded, recorded).is_empty());
+    }
 }

@@ -47,21 +47,59 @@ pub(crate) fn not_initialised(prefix: &[u8]) -> StoreError {
     StoreError::NotInitialisedEtcd { prefix: String::from_utf8_lossy(prefix).into_owned() }
 }
 
-/// Checks that the prefix was initialised under `keying`; returns the last batch id.
-pub(crate) async fn initialised(client: &Client, names: &Names, keying: &str) -> Result<Vec<u8>, Failed> {
-    let read = client.txn(&[], &[Op::Get(names.batch()), Op::Get(names.keying())], &[]).await?;
-    let (Some(Some(batch)), Some(recorded)) = (read.ranges.first(), read.ranges.get(1)) else {
+/// What an instance's configuration says the fence is: the key rules its keys are made under
+/// and the settings that decide a write's fate, both recorded with the fence.
+#[derive(Debug, Clone)]
+pub(crate) struct Recorded {
+    pub(crate) keying: String,
+    pub(crate) rules: String,
+}
+
+/// Checks that the prefix was initialised under `recorded`'s keying and holds its rules (a
+/// prefix without a record of its rules gets this instance's); returns the last batch id.
+pub(crate) async fn initialised(client: &Client, names: &Names, recorded: &Recorded) -> Result<Vec<u8>, Failed> {
+    let gets = [Op::Get(names.batch()), Op::Get(names.keying()), Op::Get(names.rules())];
+    let read = client.txn(&[], &gets, &[]).await?;
+    let (Some(Some(batch)), Some(keying), Some(rules)) = (read.ranges.first(), read.ranges.get(1), read.ranges.get(2))
+    else {
         return Err(Failed::Fatal(not_initialised(names.prefix())));
     };
-    let recorded = recorded.as_ref().map(|kv| String::from_utf8_lossy(&kv.value).into_owned()).unwrap_or_default();
-    if recorded != keying {
+    let prefix = || String::from_utf8_lossy(names.prefix()).into_owned();
+    let text =
+        |kv: &Option<crate::etcd_client::Kv>| kv.as_ref().map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
+    let keying = text(keying).unwrap_or_default();
+    if keying != recorded.keying {
         return Err(Failed::Fatal(StoreError::KeyingChangedEtcd {
-            prefix: String::from_utf8_lossy(names.prefix()).into_owned(),
-            recorded,
-            configured: keying.to_owned(),
+            prefix: prefix(),
+            recorded: keying,
+            configured: recorded.keying.clone(),
+        }));
+    }
+    let rules = match text(rules) {
+        Some(rules) => rules,
+        None => record_rules(client, names, &recorded.rules).await?,
+    };
+    let differences = super::provision::record_differences(&rules, &recorded.rules);
+    if !differences.is_empty() {
+        return Err(Failed::Fatal(StoreError::RulesDifferEtcd {
+            prefix: prefix(),
+            differences: differences.join("; "),
         }));
     }
     Ok(batch.value.clone())
+}
+
+/// Records `rules` as the fence's where none are recorded; returns the fence's rules.
+async fn record_rules(client: &Client, names: &Names, rules: &str) -> Result<String, Failed> {
+    let put = [Op::Put { key: names.rules(), value: rules.as_bytes().to_vec(), lease: 0 }];
+    let done = client.txn(&[Compare::CreateRevision(names.rules(), 0)], &put, &[Op::Get(names.rules())]).await?;
+    if done.succeeded {
+        tracing::info!("recorded this instance's fence rules with the fence: every instance must share them");
+        return Ok(rules.to_owned());
+    }
+    // Another instance recorded its own meanwhile.
+    let theirs = done.ranges.first().cloned().flatten();
+    Ok(theirs.map(|kv| String::from_utf8_lossy(&kv.value).into_owned()).unwrap_or_default())
 }
 
 /// What a takeover read besides the table.
@@ -79,8 +117,8 @@ pub(crate) struct Read {
 /// it (an operator's reset on another leader lowered it there, another leader dropped the
 /// binding), and returns the writes in flight, the last batch id and the census. Refuses a
 /// prefix holding fewer levels than its census.
-pub(crate) async fn read(client: &Client, names: &Names, table: &Table, keying: &str) -> Result<Read, Failed> {
-    let batch = initialised(client, names, keying).await?;
+pub(crate) async fn read(client: &Client, names: &Names, table: &Table, recorded: &Recorded) -> Result<Read, Failed> {
+    let batch = initialised(client, names, recorded).await?;
     // Keys and floors are loaded and reset to what etcd holds; bindings, which another leader
     // may have dropped since this instance last led, are read afresh.
     table.clear_bindings();

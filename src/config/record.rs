@@ -1,0 +1,127 @@
+//! What the instances of one shared fence must agree on (docs/cluster.md: the fence's rules):
+//! every setting that decides whether a write is fenced and what its token must be. Instances
+//! that differ in them answer one write differently depending on which one leads, so the etcd
+//! store records them with the fence and refuses an instance, or a reload, that differs.
+//!
+//! The record is one `name = value` line per setting, sorted, the values as JSON: readable in
+//! etcd, and two records compare line by line to name what differs (the etcd store's
+//! `record_differences`).
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::{BackendProtocol, Config, EqualToken, FenceConfig, MissingToken, Rule};
+
+/// The settings of `[fence]` and `[s3]` that decide a write's fate.
+#[derive(Serialize)]
+struct Record<'a> {
+    fence: Fenced<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    s3: Option<S3Fenced>,
+}
+
+/// `[fence]` without what only bounds waiting (`queue_timeout`) and without the scopes, which
+/// the keying record holds.
+#[derive(Serialize)]
+struct Fenced<'a> {
+    header: &'a str,
+    unfenced_methods: Vec<&'a str>,
+    subtree_methods: Vec<&'a str>,
+    equal_token: EqualToken,
+    missing_token: MissingToken,
+    quarantine: String,
+    /// By prefix: the longest matching prefix wins, so their order in the file means nothing.
+    rules: BTreeMap<&'a str, &'a Rule>,
+}
+
+#[derive(Serialize)]
+struct S3Fenced {
+    conditional_deletes: bool,
+}
+
+impl Config {
+    /// The record of this config's fence-deciding settings (see the module's docs).
+    pub fn fence_record(&self) -> String {
+        let fence: &FenceConfig = &self.fence;
+        let record = Record {
+            fence: Fenced {
+                header: fence.header.as_str(),
+                unfenced_methods: sorted(fence.unfenced_methods.iter().map(|m| m.as_str())),
+                subtree_methods: sorted(fence.subtree_methods.iter().map(|m| m.as_str())),
+                equal_token: fence.equal_token,
+                missing_token: fence.missing_token,
+                quarantine: humantime::format_duration(fence.quarantine).to_string(),
+                rules: fence.rules.iter().map(|r| (r.prefix.as_str(), r)).collect(),
+            },
+            s3: (self.backend.protocol == BackendProtocol::S3)
+                .then_some(S3Fenced { conditional_deletes: self.s3.conditional_deletes }),
+        };
+        let mut lines = Vec::new();
+        match serde_json::to_value(&record) {
+            Ok(value) => flatten("", &value, &mut lines),
+            // Serialising plain data cannot fail; were it to, the record names why, and no
+            // instance's record equals it.
+            Err(e) => lines.push(format!("unrecordable = {:?}", e.to_string())),
+        }
+        lines.sort();
+        lines.join("\n")
+    }
+}
+
+fn sorted<'a>(names: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
+    let mut names: Vec<&str> = names.collect();
+    names.sort_unstable();
+    names
+}
+
+/// One `name = value` line for each scalar of `value`, its name the path to it; a list of
+/// scalars is one value.
+fn flatten(name: &str, value: &Value, lines: &mut Vec<String>) {
+    match value {
+        Value::Object(fields) => {
+            for (field, inner) in fields {
+                let at = if name.is_empty() { field.clone() } else { format!("{name}.{field}") };
+                flatten(&at, inner, lines);
+            }
+        }
+        Value::Array(items) if items.iter().any(Value::is_object) => {
+            for (i, inner) in items.iter().enumerate() {
+                flatten(&format!("{name}[{i}]"), inner, lines);
+            }
+        }
+        scalar => lines.push(format!("{name} = {scalar}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(extra: &str) -> Config {
+        let text = format!("[backend]\nurl = \"http://127.0.0.1:9\"\n[store]\ndir = \"/tmp/x\"\n{extra}");
+        Config::from_toml_str(&text).unwrap()
+    }
+
+    #[test]
+    fn the_record_names_what_decides_a_write_and_nothing_else() {
+        let base = config("[[fence.rules]]\nprefix = \"/a\"\nmax_jump = 10\n[[fence.rules]]\nprefix = \"/b\"\n");
+        let record = base.fence_record();
+        assert!(record.contains("fence.rules./a.max_jump = 10"), "{record}");
+        assert!(record.contains("fence.equal_token = \"reject\""), "{record}");
+        // The order of the rules and what only bounds waiting are not the fence's.
+        let same = config(
+            "[fence]\nqueue_timeout = \"9s\"\n[[fence.rules]]\nprefix = \"/b\"\n[[fence.rules]]\nprefix = \"/a\"\nmax_jump = 10\n",
+        );
+        assert_eq!(same.fence_record(), record);
+        let other =
+            config("[[fence.rules]]\nprefix = \"/a\"\nmax_jump = 11\nequal_token = \"accept\"\n").fence_record();
+        assert!(other.contains("fence.rules./a.max_jump = 11\n"), "{other}");
+        assert!(other.contains("fence.rules./a.equal_token = \"accept\""), "{other}");
+        assert!(!other.contains("fence.rules./b"), "{other}");
+        let unfenced =
+            config("[fence]\nunfenced_methods = [\"GET\", \"HEAD\", \"OPTIONS\", \"DELETE\"]\n").fence_record();
+        assert!(unfenced.contains("fence.unfenced_methods = [\"DELETE\",\"GET\",\"HEAD\",\"OPTIONS\"]"), "{unfenced}");
+    }
+}
