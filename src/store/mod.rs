@@ -157,6 +157,10 @@ pub enum StoreError {
     /// the next one tries again.
     #[error("no room on disk for the fence log: {0}")]
     NoSpace(String),
+    /// The disk failed a write that makes room for the log (an I/O error, not a full disk):
+    /// nothing of the batch was written, and the next one tries again.
+    #[error("the disk failed to make room for the fence log (an I/O error, not a full disk): {0}")]
+    RoomFailed(String),
     /// The table holds `store.max_resources` marks (keys and floors); new ones are refused.
     #[error("the fence table is full ({0} resources, store.max_resources); only known resources accept writes")]
     Full(usize),

@@ -1,0 +1,226 @@
+//! Disks that fail under the real binary (docs/faults.md, "Disk faults"): `EIO` from the log's
+//! `fdatasync`, from its writes of records and from its writes of zeros (an `LD_PRELOAD` shim,
+//! [`Shim`]).
+//!
+//! After each fault: nothing was forwarded that was not durable (the backend received exactly
+//! the acknowledged writes, each resource's in token order), readiness says why, writes are
+//! refused with the documented code, and a restart without the fault recovers every
+//! acknowledged token (each resource refuses it).
+
+use crate::common;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use common::builder::Deployment;
+use common::disks::{Fault, Shim};
+use common::process::Running;
+use common::raw::put_response;
+use common::{Resp, eventually, poll_until, raw_request};
+
+/// Zeros 4 KiB ahead of the records (so a write of zeros comes every few dozen writes), no
+/// rotation, a quarantine short enough to wait out after a restart, and an admin API.
+const CONFIG: &str = "segment_bytes = 65536\n[fence]\nquarantine = \"100ms\"\n[admin]\nlisten = \"127.0.0.1:0\"";
+
+/// Writers at once, each on resources of its own.
+const WRITERS: u64 = 4;
+
+/// Writes acknowledged before the fault comes.
+const BEFORE: usize = 40;
+
+/// A write: its path and token.
+type Write = (String, u64);
+
+/// What a load met: the writes acknowledged, in order, and each writer's first refused write
+/// with its answer.
+struct Outcome {
+    acked: Vec<Write>,
+    refused: Vec<(Write, Resp)>,
+}
+
+/// Runs [`WRITERS`] writers of fenced PUTs, each to four resources of its own with ever higher
+/// tokens, calls `fault` once [`BEFORE`] writes are acknowledged, and returns once every writer
+/// has had a write refused.
+async fn load_until_refused(addr: SocketAddr, fault: impl FnOnce()) -> Outcome {
+    let acked = Arc::new(Mutex::new(Vec::new()));
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let acked = Arc::clone(&acked);
+            tokio::spawn(async move {
+                for step in 0..100_000u64 {
+                    let write = (format!("/w{w}/r{}", step % 4), step + 1);
+                    let r = put_response(addr, &write.0, write.1).await.expect("the proxy answers");
+                    if r.status != 200 {
+                        return (write, r);
+                    }
+                    acked.lock().unwrap().push(write);
+                }
+                panic!("writer {w}: no write was refused");
+            })
+        })
+        .collect();
+    poll_until("writes acknowledged before the fault", || acked.lock().unwrap().len() >= BEFORE).await;
+    fault();
+    let mut refused = Vec::new();
+    for writer in writers {
+        refused.push(writer.await.unwrap());
+    }
+    let acked = acked.lock().unwrap().clone();
+    Outcome { acked, refused }
+}
+
+/// The backend received exactly the acknowledged writes, and each resource's in token order:
+/// nothing was forwarded whose advance was not durable.
+fn assert_forwarded_exactly_the_acknowledged(d: &Deployment, acked: &[Write]) {
+    let mut forwarded: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for r in d.backend.requests().into_iter().filter(|r| r.method == http::Method::PUT) {
+        forwarded.entry(r.path.clone()).or_default().push(r.token().expect("a fenced write's token"));
+    }
+    let mut expected: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for (path, token) in acked {
+        expected.entry(path.clone()).or_default().push(*token);
+    }
+    for tokens in expected.values_mut() {
+        tokens.sort_unstable();
+    }
+    assert_eq!(forwarded, expected, "forwarded, in arrival order, against acknowledged, in token order");
+}
+
+async fn readyz(admin: SocketAddr) -> Resp {
+    raw_request(admin, "GET /readyz HTTP/1.1\r\nHost: x", "").await
+}
+
+/// `/readyz` says the store is not ready, and `problems[0]` starts with `starts` and names
+/// `cause`.
+async fn assert_unready(admin: SocketAddr, starts: &str, cause: &str) {
+    let ready = readyz(admin).await;
+    assert_eq!(ready.status, 503, "{ready:?}");
+    assert_eq!(ready.json()["checks"]["store"], false, "{ready:?}");
+    let problem = ready.json()["problems"][0].as_str().unwrap_or_default().to_owned();
+    assert!(problem.starts_with(starts) && problem.contains(cause), "{problem}");
+}
+
+/// After a restart without the fault: every resource's level is at least its highest
+/// acknowledged token, and it refuses that token (every lower one with it) as stale, once a
+/// quarantine of writes whose answers the failed store could not log is over. A higher token
+/// passes: the store works again.
+async fn assert_recovered(addr: SocketAddr, admin: SocketAddr, acked: &[Write]) {
+    let mut highest: BTreeMap<&str, u64> = BTreeMap::new();
+    for (path, token) in acked {
+        let top = highest.entry(path).or_default();
+        *top = (*top).max(*token);
+    }
+    for (path, token) in highest {
+        let level = raw_request(admin, &format!("GET /fences{path} HTTP/1.1\r\nHost: x"), "").await;
+        assert_eq!(level.status, 200, "{path}: {level:?}");
+        let max_seen = level.json()["max_seen"].as_u64().unwrap();
+        assert!(max_seen >= token, "{path}: max_seen {max_seen} lost the acknowledged token {token}");
+        eventually("the acknowledged token is refused as stale", async || {
+            let r = put_response(addr, path, token).await.unwrap();
+            if r.fencegate_error() == Some("resource_quarantined") {
+                return false;
+            }
+            r.assert_refused(409, "stale_token");
+            true
+        })
+        .await;
+        eventually("a higher token passes", async || {
+            let r = put_response(addr, path, max_seen + 1).await.unwrap();
+            if r.fencegate_error() == Some("resource_quarantined") {
+                return false;
+            }
+            assert_eq!((r.status, r.fencegate_error()), (200, None), "{path}: {:?}", r.body);
+            true
+        })
+        .await;
+    }
+}
+
+/// Starts the proxy of `d` with the shim loaded; returns its address and its admin API's.
+async fn start_with_shim(d: &mut Deployment, shim: &Shim) -> (SocketAddr, SocketAddr) {
+    let mut cmd = d.command();
+    shim.apply(&mut cmd);
+    d.running = Some(Running::spawn(cmd));
+    (d.addr(), d.proxy().admin_addr().await)
+}
+
+/// `EIO` from `fault` mid-load fails the store for good: writes are refused with
+/// `store_unavailable` (no `Retry-After`), readiness says the store failed and why, even once
+/// the disk behaves again, and a restart recovers every acknowledged write.
+async fn eio_fails_the_store_for_good(fault: Fault) {
+    let Some(shim) = Shim::build() else { return };
+    let mut d = Deployment::builder().config_extra(CONFIG).build().await;
+    let (addr, admin) = start_with_shim(&mut d, &shim).await;
+    let outcome = load_until_refused(addr, || shim.arm(fault)).await;
+    assert!(shim.hit(fault), "the shim failed a call");
+    for (_, r) in &outcome.refused {
+        r.assert_refused(503, "store_unavailable");
+        assert!(!r.headers.contains_key("retry-after"), "failed until a restart: {:?}", r.headers);
+    }
+    d.proxy().wait_for_log("refusing every fenced write until fencegate is restarted", 1).await;
+    assert!(d.proxy().log_contains("Input/output error"), "the cause is logged");
+    assert!(!d.proxy().log_contains("no room on disk"), "not a full disk");
+    assert_unready(admin, "store failed:", "Input/output error").await;
+    assert_forwarded_exactly_the_acknowledged(&d, &outcome.acked);
+
+    // The disk behaves again; the store stays failed: the kernel may have dropped the pages
+    // whose write or sync failed, so no later sync can vouch for them.
+    shim.disarm(fault);
+    let ((path, token), _) = &outcome.refused[0];
+    put_response(addr, path, *token).await.unwrap().assert_refused(503, "store_unavailable");
+    assert_unready(admin, "store failed:", "Input/output error").await;
+    assert_forwarded_exactly_the_acknowledged(&d, &outcome.acked);
+
+    d.kill9();
+    let addr = d.start().addr;
+    let admin = d.proxy().admin_addr().await;
+    assert_recovered(addr, admin, &outcome.acked).await;
+}
+
+#[tokio::test]
+async fn eio_from_fdatasync_mid_load_fails_the_store_and_a_restart_recovers_every_acknowledged_write() {
+    eio_fails_the_store_for_good(Fault::Fdatasync).await;
+}
+
+#[tokio::test]
+async fn eio_from_the_write_of_records_mid_load_fails_the_store_and_a_restart_recovers_every_acknowledged_write() {
+    eio_fails_the_store_for_good(Fault::Records).await;
+}
+
+#[tokio::test]
+async fn eio_in_the_write_of_zeros_is_reported_as_an_io_error_not_a_full_disk_and_passes_once_the_disk_takes_it() {
+    let Some(shim) = Shim::build() else { return };
+    let mut d = Deployment::builder().config_extra(CONFIG).build().await;
+    let (addr, admin) = start_with_shim(&mut d, &shim).await;
+    let outcome = load_until_refused(addr, || shim.arm(Fault::Zeros)).await;
+    assert!(shim.hit(Fault::Zeros), "the shim failed a write of zeros");
+    for (_, r) in &outcome.refused {
+        r.assert_refused(503, "store_unavailable");
+        assert!(r.headers.contains_key("retry-after"), "it may pass again: {:?}", r.headers);
+        assert!(r.json()["message"].as_str().unwrap_or_default().contains("Input/output error"), "{:?}", r.body);
+    }
+    d.proxy().wait_for_log("the disk failed the write of zeros that makes room for the fence log", 1).await;
+    assert!(!d.proxy().log_contains("no room on disk"), "not told a full disk");
+    assert!(!d.proxy().log_contains("refusing every fenced write"), "nothing of the batch was written");
+    assert_unready(admin, "store cannot make room:", "Input/output error").await;
+    assert_forwarded_exactly_the_acknowledged(&d, &outcome.acked);
+
+    // The disk takes writes again: a store nobody writes to finds out by itself, and the very
+    // writes that were refused pass.
+    shim.disarm(Fault::Zeros);
+    d.proxy().wait_for_log("the disk makes room for the fence log again", 1).await;
+    eventually("ready again", async || readyz(admin).await.status == 200).await;
+    let mut acked = outcome.acked;
+    for ((path, token), _) in outcome.refused {
+        let r = put_response(addr, &path, token).await.unwrap();
+        assert_eq!((r.status, r.fencegate_error()), (200, None), "{path}: {:?}", r.body);
+        acked.push((path, token));
+    }
+    assert_forwarded_exactly_the_acknowledged(&d, &acked);
+
+    d.kill9();
+    let addr = d.start().addr;
+    let admin = d.proxy().admin_addr().await;
+    assert_recovered(addr, admin, &acked).await;
+}
