@@ -153,9 +153,27 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("fencegate: {e:#}");
-            ExitCode::FAILURE
+            exit_code(&e)
         }
     }
+}
+
+/// The exit status of `run` and `check` when the data directory's file system is read-only
+/// (sysexits' EX_IOERR): restarting cannot help until an operator repairs it, so a service
+/// manager is told not to try (systemd: `RestartPreventExitStatus=74`). Every other failure
+/// exits with 1.
+const EXIT_READ_ONLY: u8 = 74;
+
+fn exit_code(e: &anyhow::Error) -> ExitCode {
+    use fencegate::store::StoreError;
+    let read_only = e.chain().any(|cause| {
+        matches!(cause.downcast_ref::<StoreError>(), Some(StoreError::ReadOnly { .. }))
+            || matches!(
+                cause.downcast_ref::<fencegate::Error>(),
+                Some(fencegate::Error::Store(StoreError::ReadOnly { .. }))
+            )
+    });
+    if read_only { ExitCode::from(EXIT_READ_ONLY) } else { ExitCode::FAILURE }
 }
 
 /// `workers` = 1: one event-loop thread, which costs the least per request on a small sidecar

@@ -1,6 +1,7 @@
 //! Disks that fail under the real binary (docs/faults.md, "Disk faults"): `EIO` from the log's
 //! `fdatasync`, from its writes of records and from its writes of zeros (an `LD_PRELOAD` shim,
-//! [`Shim`]).
+//! [`Shim`]), an ext4 file system the kernel turns read-only mid-load, and the restart on it
+//! ([`Ext4`]).
 //!
 //! After each fault: nothing was forwarded that was not durable (the backend received exactly
 //! the acknowledged writes, each resource's in token order), readiness says why, writes are
@@ -11,11 +12,12 @@ use crate::common;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::process::{Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 
 use common::builder::Deployment;
-use common::disks::{Fault, Shim};
-use common::process::Running;
+use common::disks::{Ext4, Fault, Shim};
+use common::process::{BIN, Running};
 use common::raw::put_response;
 use common::{Resp, eventually, poll_until, raw_request};
 
@@ -223,4 +225,70 @@ async fn eio_in_the_write_of_zeros_is_reported_as_an_io_error_not_a_full_disk_an
     let addr = d.start().addr;
     let admin = d.proxy().admin_addr().await;
     assert_recovered(addr, admin, &acked).await;
+}
+
+/// Runs `cmd` (a `fencegate` command expected to refuse at once) to its end.
+async fn run_to_end(mut cmd: Command) -> Output {
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    poll_until("the command ends", || child.try_wait().unwrap().is_some()).await;
+    child.wait_with_output().unwrap()
+}
+
+#[tokio::test]
+async fn a_file_system_the_kernel_turns_read_only_fails_the_store_and_a_restart_on_it_exits_74_saying_why() {
+    let mut d = Deployment::builder().config_extra(CONFIG).build().await;
+    let data = d.data_dir();
+    let Some(mut ext4) = Ext4::mount(&data, 32) else { return };
+    let init = ext4.command(BIN).args(["init", "--dir"]).arg(&data).output().unwrap();
+    assert!(init.status.success(), "{}", String::from_utf8_lossy(&init.stderr));
+    let config = d.config_path.clone();
+    let run = |ext4: &Ext4| {
+        let mut cmd = ext4.command(BIN);
+        cmd.args(["run", "--config"]).arg(&config);
+        cmd
+    };
+    d.running = Some(Running::spawn(run(&ext4)));
+    let (addr, admin) = (d.addr(), d.proxy().admin_addr().await);
+    assert!(ext4.path(&data).join("segment-00000000000000000001.log").exists(), "the log is on the ext4");
+
+    let outcome = load_until_refused(addr, || ext4.fail()).await;
+    // A write of records or of zeros, or a sync, met the read-only file system (EROFS; a sync
+    // under way when the journal aborted gets EIO): either way the same code, and readiness
+    // names the cause.
+    for (_, r) in &outcome.refused {
+        r.assert_refused(503, "store_unavailable");
+    }
+    let cause = ["Read-only file system", "Input/output error"];
+    assert!(cause.iter().any(|c| d.proxy().log_contains(c)), "the cause is logged");
+    let ready = readyz(admin).await;
+    let problem = ready.json()["problems"][0].as_str().unwrap_or_default().to_owned();
+    assert!(
+        (problem.starts_with("store failed:") || problem.starts_with("store cannot make room:"))
+            && cause.iter().any(|c| problem.contains(c)),
+        "{problem}"
+    );
+    assert_forwarded_exactly_the_acknowledged(&d, &outcome.acked);
+
+    // A restart on the read-only file system: one line naming the cause and the fix, and
+    // status 74, on which a service manager is told not to restart (RestartPreventExitStatus).
+    // `fencegate check` says the same.
+    d.kill9();
+    let mut check = ext4.command(BIN);
+    check.args(["check", "--quiet", "--config"]).arg(&d.config_path);
+    for (what, out) in [("run", run_to_end(run(&ext4)).await), ("check", run_to_end(check).await)] {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let last = stderr.lines().last().unwrap_or_default();
+        assert_eq!(out.status.code(), Some(74), "{what}: {stderr}");
+        for says in ["is on a read-only file system", "Read-only file system", "fsck", "status 74"] {
+            assert!(last.contains(says), "{what} does not say {says:?}: {last}");
+        }
+    }
+
+    // Repaired and mounted read-write again, the store recovers every acknowledged write.
+    ext4.repair();
+    d.running = Some(Running::spawn(run(&ext4)));
+    let (addr, admin) = (d.addr(), d.proxy().admin_addr().await);
+    assert_recovered(addr, admin, &outcome.acked).await;
+    // Nothing may use the file system when it goes.
+    d.kill9();
 }
