@@ -6,11 +6,13 @@
 //! - [`Ext4`]: an ext4 file system on a loop device, mounted in a mount namespace of its own
 //!   (held by a `sleep` the test starts), that the kernel turns read-only on command, as it does
 //!   after a disk error (`errors=remount-ro`).
+//! - [`Throttle`]: a blkio cgroup (cgroup v1) in which the loop device takes a few writes a
+//!   second: a slow device, made by the kernel's block layer.
 //!
-//! Where `cc`, root or the tools are missing they say so and the test skips visibly
-//! ([`super::skips`]); with `FG_REQUIRE_SERVICES=1` it fails instead. Whatever they start or
-//! attach (the holder, the mount, the loop device) is stopped, unmounted and detached on drop,
-//! also when the test panics.
+//! Where `cc`, root, the tools or the cgroup controller are missing they say so and the test
+//! skips visibly ([`super::skips`]); with `FG_REQUIRE_SERVICES=1` it fails instead. Whatever
+//! they start, make or attach (the holder, the mount, the loop device, the cgroup) is stopped,
+//! removed, unmounted and detached on drop, also when the test panics.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -240,6 +242,24 @@ impl Ext4 {
         cmd
     }
 
+    /// `program` inside the namespace, and in the cgroup of `throttle`.
+    pub fn throttled_command(&self, throttle: &Throttle, program: &str) -> Command {
+        let mut cmd = Command::new("sh");
+        let enter = format!(
+            "echo $$ > {}/cgroup.procs && exec nsenter -t {} -m -- \"$@\"",
+            throttle.dir.display(),
+            self.holder.id()
+        );
+        cmd.args(["-c", &enter, "sh", program]);
+        cmd
+    }
+
+    /// The loop device's `MAJOR:MINOR`.
+    pub fn device_number(&self) -> String {
+        let dev = format!("/sys/block/{}/dev", self.device);
+        std::fs::read_to_string(&dev).unwrap_or_else(|e| panic!("{dev}: {e}")).trim().to_owned()
+    }
+
     /// `path` (under the mount point) as the test reaches it: through the holder's root.
     pub fn path(&self, path: &Path) -> PathBuf {
         PathBuf::from(format!("/proc/{}/root{}", self.holder.id(), path.display()))
@@ -286,5 +306,46 @@ impl Drop for Ext4 {
         {
             let _ = Command::new("losetup").args(["-d", &format!("/dev/{}", self.device)]).output();
         }
+    }
+}
+
+/// Where cgroup v1 mounts its blkio controller.
+const BLKIO: &str = "/sys/fs/cgroup/blkio";
+
+/// A blkio cgroup whose processes may write to one block device at most a few times a second
+/// (`blkio.throttle.write_iops_device`): their writes and syncs wait in the block layer, as on
+/// a slow disk.
+pub struct Throttle {
+    dir: PathBuf,
+}
+
+impl Throttle {
+    /// Limits writes to the device `major_minor` (`7:3`) to `iops` a second; `None` (the test
+    /// skips) without cgroup v1's blkio controller.
+    pub fn new(major_minor: &str, iops: u32) -> Option<Throttle> {
+        let root = Path::new(BLKIO);
+        if !root.join("blkio.throttle.write_iops_device").exists() {
+            missing(&format!(
+                "no cgroup v1 blkio controller with throttling at {BLKIO} (cgroup v2's io.max is not tried)"
+            ));
+            return None;
+        }
+        let dir = root.join(format!("fencegate-test-{}-{}", std::process::id(), major_minor.replace(':', "-")));
+        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        let throttle = Throttle { dir };
+        std::fs::write(throttle.dir.join("blkio.throttle.write_iops_device"), format!("{major_minor} {iops}")).unwrap();
+        Some(throttle)
+    }
+}
+
+impl Drop for Throttle {
+    /// Moves whatever still runs in the cgroup to the root one, then removes it.
+    fn drop(&mut self) {
+        if let Ok(procs) = std::fs::read_to_string(self.dir.join("cgroup.procs")) {
+            for pid in procs.lines() {
+                let _ = std::fs::write(Path::new(BLKIO).join("cgroup.procs"), pid);
+            }
+        }
+        let _ = std::fs::remove_dir(&self.dir);
     }
 }

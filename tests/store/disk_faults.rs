@@ -1,7 +1,9 @@
 //! Disks that fail under the real binary (docs/faults.md, "Disk faults"): `EIO` from the log's
 //! `fdatasync`, from its writes of records and from its writes of zeros (an `LD_PRELOAD` shim,
 //! [`Shim`]), an ext4 file system the kernel turns read-only mid-load, and the restart on it
-//! ([`Ext4`]).
+//! ([`Ext4`]), and a slow device: the same ext4 on a loop device that takes eight writes a
+//! second (a blkio cgroup, [`Throttle`]; `dm-delay` needs the kernel's device-mapper, which
+//! this machine's kernel lacks: docs/faults.md).
 //!
 //! After each fault: nothing was forwarded that was not durable (the backend received exactly
 //! the acknowledged writes, each resource's in token order), readiness says why, writes are
@@ -16,7 +18,7 @@ use std::process::{Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 
 use common::builder::Deployment;
-use common::disks::{Ext4, Fault, Shim};
+use common::disks::{Ext4, Fault, Shim, Throttle};
 use common::process::{BIN, Running};
 use common::raw::put_response;
 use common::{Resp, eventually, poll_until, raw_request};
@@ -291,4 +293,110 @@ async fn a_file_system_the_kernel_turns_read_only_fails_the_store_and_a_restart_
     assert_recovered(addr, admin, &outcome.acked).await;
     // Nothing may use the file system when it goes.
     d.kill9();
+}
+
+/// [`WRITERS`] writers of fenced PUTs to the same four resources, `per_writer` writes each:
+/// at step `s` every writer writes resource `s % 4`, with a token of `4s + 1` to `4s + 4`, so
+/// that writes to one resource race each other. Each returns the writes it had acknowledged; a write may also be
+/// refused as stale (a higher token overtook it), and never otherwise.
+fn spawn_racing_writers(addr: SocketAddr, per_writer: u64) -> Vec<tokio::task::JoinHandle<Vec<Write>>> {
+    (0..WRITERS)
+        .map(|w| {
+            tokio::spawn(async move {
+                let mut acked = Vec::new();
+                for step in 0..per_writer {
+                    // The writers tend to arrive in the same order at every step: odd steps
+                    // give the first the highest token, so the others' are stale by then.
+                    let rank = if step % 2 == 0 { w + 1 } else { WRITERS - w };
+                    let write = (format!("/shared/r{}", step % 4), step * WRITERS + rank);
+                    let r = put_response(addr, &write.0, write.1).await.expect("the proxy answers");
+                    match (r.status, r.fencegate_error()) {
+                        (200, None) => acked.push(write),
+                        (409, Some("stale_token")) => {}
+                        _ => panic!("{write:?}: {} {:?}", r.status, r.body),
+                    }
+                }
+                acked
+            })
+        })
+        .collect()
+}
+
+/// The mean of a Prometheus histogram `name` in `metrics`: its `_sum` over its `_count`.
+fn mean(metrics: &str, name: &str) -> f64 {
+    let value = |suffix: &str| -> f64 {
+        let prefix = format!("{name}_{suffix} ");
+        let line =
+            metrics.lines().find(|l| l.starts_with(&prefix)).unwrap_or_else(|| panic!("no {prefix}in\n{metrics}"));
+        line[prefix.len()..].trim().parse().unwrap()
+    };
+    value("sum") / value("count")
+}
+
+#[tokio::test]
+async fn a_slow_device_keeps_each_resources_writes_in_token_order_and_readiness_reports_the_stall() {
+    let mut d = Deployment::builder().config_extra(&format!("stall_after = \"50ms\"\n{CONFIG}")).build().await;
+    let data = d.data_dir();
+    let Some(ext4) = Ext4::mount(&data, 32) else { return };
+    let init = ext4.command(BIN).args(["init", "--dir"]).arg(&data).output().unwrap();
+    assert!(init.status.success(), "{}", String::from_utf8_lossy(&init.stderr));
+    // Eight writes a second: every sync of the log waits in the block layer.
+    let Some(throttle) = Throttle::new(&ext4.device_number(), 8) else { return };
+    let mut run = ext4.throttled_command(&throttle, BIN);
+    run.args(["run", "--config"]).arg(&d.config_path);
+    d.running = Some(Running::spawn(run));
+    let (addr, admin) = (d.addr(), d.proxy().admin_addr().await);
+
+    let writers = spawn_racing_writers(addr, 8);
+    eventually("/readyz reports the stalled store", async || {
+        let ready = readyz(admin).await;
+        let problem = ready.json()["problems"][0].as_str().unwrap_or_default().to_owned();
+        ready.status == 503 && problem.starts_with("store stalled")
+    })
+    .await;
+    let mut acked = Vec::new();
+    for writer in writers {
+        acked.extend(writer.await.unwrap());
+    }
+    eventually("/readyz is ready once the load is over", async || readyz(admin).await.status == 200).await;
+    let metrics = raw_request(admin, "GET /metrics HTTP/1.1\r\nHost: x", "").await;
+    let metrics = String::from_utf8_lossy(&metrics.body).into_owned();
+    eprintln!(
+        "a slow device: {} writes acknowledged of {}, a batch's write and sync took {:.0} ms on average, {:.1} advances a batch",
+        acked.len(),
+        WRITERS * 8,
+        mean(&metrics, "fencegate_store_sync_duration_seconds") * 1000.0,
+        mean(&metrics, "fencegate_store_batch_advances")
+    );
+    assert_forwarded_exactly_the_acknowledged(&d, &acked);
+
+    // Without the throttle, a restart recovers every acknowledged write.
+    d.kill9();
+    let mut run = ext4.command(BIN);
+    run.args(["run", "--config"]).arg(&d.config_path);
+    d.running = Some(Running::spawn(run));
+    let (addr, admin) = (d.addr(), d.proxy().admin_addr().await);
+    assert_recovered(addr, admin, &acked).await;
+    d.kill9();
+    drop(throttle);
+}
+
+#[tokio::test]
+async fn a_slow_device_from_dm_delay_where_the_kernel_has_device_mapper() {
+    // dm-delay needs the kernel's device-mapper (/dev/mapper/control) and its delay target;
+    // the blkio throttle above makes a slow device without it.
+    let targets = Command::new("dmsetup").arg("targets").output();
+    let why = match targets {
+        Err(e) => format!("no dmsetup ({e}; apt-get install dmsetup)"),
+        Ok(out) if !out.status.success() => format!(
+            "the kernel has no device-mapper (dmsetup targets: {})",
+            String::from_utf8_lossy(&out.stderr).lines().next().unwrap_or_default()
+        ),
+        Ok(out) if !String::from_utf8_lossy(&out.stdout).lines().any(|l| l.starts_with("delay")) => {
+            "the kernel's device-mapper has no delay target (dm-delay)".to_owned()
+        }
+        Ok(_) => "dm-delay is here, but only the blkio throttle is tried (docs/faults.md)".to_owned(),
+    };
+    assert!(std::env::var("FG_REQUIRE_DM").as_deref() != Ok("1"), "FG_REQUIRE_DM=1 but {why}");
+    common::skips::skip(&why);
 }
