@@ -52,7 +52,7 @@ async fn load_until_refused(addr: SocketAddr, fault: impl FnOnce()) -> Outcome {
         .map(|w| {
             let acked = Arc::clone(&acked);
             tokio::spawn(async move {
-                for step in 0..100_000u64 {
+                for step in 0..2_000u64 {
                     let write = (format!("/w{w}/r{}", step % 4), step + 1);
                     let r = put_response(addr, &write.0, write.1).await.expect("the proxy answers");
                     if r.status != 200 {
