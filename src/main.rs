@@ -165,15 +165,10 @@ fn main() -> ExitCode {
 const EXIT_READ_ONLY: u8 = 74;
 
 fn exit_code(e: &anyhow::Error) -> ExitCode {
-    use fencegate::store::StoreError;
-    let read_only = e.chain().any(|cause| {
-        matches!(cause.downcast_ref::<StoreError>(), Some(StoreError::ReadOnly { .. }))
-            || matches!(
-                cause.downcast_ref::<fencegate::Error>(),
-                Some(fencegate::Error::Store(StoreError::ReadOnly { .. }))
-            )
-    });
-    if read_only { ExitCode::from(EXIT_READ_ONLY) } else { ExitCode::FAILURE }
+    match e.chain().any(|cause| cause.downcast_ref::<fencegate::Error>().is_some_and(fencegate::Error::read_only)) {
+        true => ExitCode::from(EXIT_READ_ONLY),
+        false => ExitCode::FAILURE,
+    }
 }
 
 /// `workers` = 1: one event-loop thread, which costs the least per request on a small sidecar

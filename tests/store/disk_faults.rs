@@ -378,15 +378,13 @@ async fn a_slow_device_keeps_each_resources_writes_in_token_order_and_readiness_
     let (addr, admin) = (d.addr(), d.proxy().admin_addr().await);
     assert_recovered(addr, admin, &acked).await;
     d.kill9();
-    drop(throttle);
 }
 
 #[tokio::test]
 async fn a_slow_device_from_dm_delay_where_the_kernel_has_device_mapper() {
     // dm-delay needs the kernel's device-mapper (/dev/mapper/control) and its delay target;
     // the blkio throttle above makes a slow device without it.
-    let targets = Command::new("dmsetup").arg("targets").output();
-    let why = match targets {
+    let why = match Command::new("dmsetup").arg("targets").output() {
         Err(e) => format!("no dmsetup ({e}; apt-get install dmsetup)"),
         Ok(out) if !out.status.success() => format!(
             "the kernel has no device-mapper (dmsetup targets: {})",
