@@ -165,8 +165,21 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("fencegate: {e:#}");
-            ExitCode::FAILURE
+            exit_code(&e)
         }
+    }
+}
+
+/// The exit status of `run` and `check` when the data directory's file system is read-only
+/// (sysexits' EX_IOERR): restarting cannot help until an operator repairs it, so a service
+/// manager is told not to try (systemd: `RestartPreventExitStatus=74`). Every other failure
+/// exits with 1.
+const EXIT_READ_ONLY: u8 = 74;
+
+fn exit_code(e: &anyhow::Error) -> ExitCode {
+    match e.chain().any(|cause| cause.downcast_ref::<fencegate::Error>().is_some_and(fencegate::Error::read_only)) {
+        true => ExitCode::from(EXIT_READ_ONLY),
+        false => ExitCode::FAILURE,
     }
 }
 

@@ -184,6 +184,9 @@ async fn readiness(state: &State) -> Response<Full<Bytes>> {
             settings.config.store.stall_after
         )),
         Condition::Full(why) => Some(format!("store full: {why}")),
+        Condition::RoomFailed(why) => {
+            Some(format!("store cannot make room: {why}; fenced writes are refused until the disk takes the write"))
+        }
         Condition::Failed(why) => Some(format!("store failed: {why}; fenced writes are refused until a restart")),
         Condition::Unavailable(why) => {
             Some(format!("store unavailable: {why}; fenced writes are refused until it comes back, reads go on"))

@@ -66,6 +66,14 @@ pub enum Error {
     Io(#[from] std::io::Error),
 }
 
+impl Error {
+    /// Whether the data directory's file system is read-only: restarting cannot help until an
+    /// operator repairs it (the binary exits with its own status for it).
+    pub fn read_only(&self) -> bool {
+        matches!(self, Error::Store(StoreError::ReadOnly { .. }))
+    }
+}
+
 impl From<SettingsError> for Error {
     fn from(e: SettingsError) -> Self {
         match e {

@@ -477,7 +477,7 @@ impl Refusal {
             | Refusal::Store(StoreError::Unavailable(_))
             | Refusal::Upstream(UpstreamError::Withdrawn(_) | UpstreamError::NoLeader(_))
             | Refusal::PinUnavailable { .. } => Some(1),
-            Refusal::Store(StoreError::NoSpace(_)) => Some(5),
+            Refusal::Store(StoreError::NoSpace(_) | StoreError::RoomFailed(_)) => Some(5),
             _ => None,
         };
         if let Some(secs) = retry {

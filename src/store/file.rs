@@ -135,11 +135,20 @@ fn record_keying(dir: &Path, configured: &str) -> Result<(), StoreError> {
         .map_err(|e| io_err(&path, e))
 }
 
+/// An error opening `path`, in the data directory `dir`, for writing: a read-only file system
+/// is named as such, with what to do about it.
+pub(super) fn write_err(dir: &Path, path: &Path, e: std::io::Error) -> StoreError {
+    if e.kind() == std::io::ErrorKind::ReadOnlyFilesystem {
+        return StoreError::ReadOnly { dir: dir.to_owned(), message: format!("{}: {e}", path.display()) };
+    }
+    io_err(path, e)
+}
+
 /// Takes the data directory's advisory lock; the OS releases it when the process dies.
 pub(crate) fn lock(dir: &Path, create: bool) -> Result<File, StoreError> {
     let path = dir.join(LOCK_FILE);
     let file = OpenOptions::new().create(create).truncate(false).write(true).open(&path);
-    let file = file.map_err(|e| io_err(&path, e))?;
+    let file = file.map_err(|e| write_err(dir, &path, e))?;
     match file.try_lock() {
         Ok(()) => Ok(file),
         Err(TryLockError::WouldBlock) => Err(StoreError::Locked { dir: dir.to_owned() }),

@@ -157,6 +157,18 @@ pub enum StoreError {
     /// the next one tries again.
     #[error("no room on disk for the fence log: {0}")]
     NoSpace(String),
+    /// The disk failed a write that makes room for the log (an I/O error, not a full disk):
+    /// nothing of the batch was written, and the next one tries again.
+    #[error("the disk failed to make room for the fence log (an I/O error, not a full disk): {0}")]
+    RoomFailed(String),
+    /// The data directory's file system is read-only: a store cannot open it.
+    #[error("{}", read_only(.dir, .message))]
+    ReadOnly {
+        /// The data directory.
+        dir: PathBuf,
+        /// The file that could not be opened for writing, and the OS error.
+        message: String,
+    },
     /// The table holds `store.max_resources` marks (keys and floors); new ones are refused.
     #[error("the fence table is full ({0} resources, store.max_resources); only known resources accept writes")]
     Full(usize),
@@ -295,6 +307,17 @@ fn not_initialised(dir: &std::path::Path, missing: bool) -> String {
         fencegate does not start on it. A new deployment: `fencegate init --dir {d}`. After losing the state: \
         with no fencegate serving the backend, read the lock service's current token (for etcd, its current \
         revision) and run `fencegate init --dir {d} --floor <that token>` (README: Recovering from a lost volume)"
+    )
+}
+
+fn read_only(dir: &std::path::Path, message: &str) -> String {
+    format!(
+        "data dir {} is on a read-only file system ({message}): fencegate keeps its fence log there and cannot \
+        serve without writing it. A file system the kernel made read-only after a disk error stays so until it is \
+        repaired: read the kernel log (dmesg), repair the file system (fsck) and mount it read-write, then start \
+        fencegate. Until then it exits with status 74, and restarting it cannot help (docs/operations.md: A \
+        read-only data directory)",
+        dir.display()
     )
 }
 

@@ -17,6 +17,9 @@ pub enum Condition {
     /// No room for the last batch (a full disk, etcd's space quota); advances are refused
     /// until there is.
     Full(String),
+    /// The disk failed the write that makes room for the last batch (an I/O error, not a full
+    /// disk); advances are refused until such a write succeeds.
+    RoomFailed(String),
     /// A write or sync failed; every advance is refused until a restart.
     Failed(String),
     /// The etcd store cannot make advances durable now (no leader, etcd unreachable); it comes
@@ -39,6 +42,8 @@ pub(super) struct Status {
     /// Microseconds from `epoch` to the start of the write under way, plus one; 0 when idle.
     busy_since: AtomicU64,
     full: AtomicBool,
+    /// Whether the refusal of room was an I/O error rather than a full disk.
+    room_failed: AtomicBool,
     failed: AtomicBool,
     /// Why the store is full or failed.
     reason: Mutex<String>,
@@ -50,6 +55,7 @@ impl Status {
             epoch: Instant::now(),
             busy_since: AtomicU64::new(0),
             full: AtomicBool::new(false),
+            room_failed: AtomicBool::new(false),
             failed: AtomicBool::new(false),
             reason: Mutex::new(String::new()),
         }
@@ -68,11 +74,24 @@ impl Status {
 
     /// The disk refused room (`Some(why)`), or gave it (`None`). Returns whether that changed.
     pub(super) fn set_full(&self, why: Option<String>) -> bool {
+        self.set_room(why, false)
+    }
+
+    /// The disk refused room (`Some(why)`), by an I/O error if `failed`, or gave it (`None`).
+    /// Returns whether that changed, the cause included.
+    pub(super) fn set_room(&self, why: Option<String>, failed: bool) -> bool {
         let full = why.is_some();
         if let Some(why) = why {
             *self.reason.lock().unwrap_or_else(|e| e.into_inner()) = why;
         }
-        self.full.swap(full, Ordering::Relaxed) != full
+        let cause_changed = self.room_failed.swap(full && failed, Ordering::Relaxed) != (full && failed);
+        let changed = self.full.swap(full, Ordering::Relaxed) != full;
+        changed || (full && cause_changed)
+    }
+
+    /// Whether the last refusal of room was an I/O error.
+    pub(super) fn room_failed(&self) -> bool {
+        self.room_failed.load(Ordering::Relaxed)
     }
 
     /// Whether the disk refused the last batch room.
@@ -96,7 +115,10 @@ impl Status {
             return Condition::Failed(reason());
         }
         if self.full.load(Ordering::Relaxed) {
-            return Condition::Full(reason());
+            return match self.room_failed() {
+                true => Condition::RoomFailed(reason()),
+                false => Condition::Full(reason()),
+            };
         }
         match self.busy_since.load(Ordering::Relaxed) {
             0 => Condition::Ready,

@@ -7,7 +7,7 @@ use std::path::Path;
 use rustix::fs::{Access, access};
 
 use super::StoreError;
-use super::file::{KEYING_FILE, LOCK_FILE};
+use super::file::{KEYING_FILE, LOCK_FILE, write_err};
 use super::init::{check_initialised, check_log_kept};
 use super::recovery::io_err;
 
@@ -36,12 +36,12 @@ pub fn check_usable(dir: &Path, keying: &str) -> Result<Usable, StoreError> {
     // After the key rules, in the order a store's open checks them.
     check_log_kept(dir)?;
     // New segments and snapshots are made in the directory itself.
-    access(dir, Access::WRITE_OK | Access::EXEC_OK).map_err(|e| io_err(dir, e.into()))?;
+    access(dir, Access::WRITE_OK | Access::EXEC_OK).map_err(|e| write_err(dir, dir, e.into()))?;
     let lock_path = dir.join(LOCK_FILE);
     let file = match OpenOptions::new().write(true).open(&lock_path) {
         Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Usable::Free),
-        Err(e) => return Err(io_err(&lock_path, e)),
+        Err(e) => return Err(write_err(dir, &lock_path, e)),
     };
     match file.try_lock() {
         Ok(()) => Ok(Usable::Free),

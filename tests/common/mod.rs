@@ -3,7 +3,8 @@
 //! [`Resp`] every helper returns. Beside it: `raw` (raw HTTP/1.1 connections), `backend` (stub
 //! backends), `process`, `logs` and `builder` (the real binary, its log, and a deployment of
 //! it), `wait` (waiting for a state instead of sleeping), `services`, `etcd_server` and
-//! `etcd_cluster` (real etcd and ZooKeeper for the interop and cluster tests), `etcd` (a client of etcd's JSON gateway), `cluster`
+//! `etcd_cluster` (real etcd and ZooKeeper for the interop and cluster tests), `disks` (real
+//! disk faults: an EIO shim, ext4 the kernel turns read-only), `etcd` (a client of etcd's JSON gateway), `cluster`
 //! (several instances sharing a fence in etcd), `pki` (certificates made at test time),
 //! `signing` (key files and signed tokens), `webdav` (a recording WebDAV stub), `apache` (Apache
 //! httpd with mod_dav, a backend that honours preconditions) and `relay` (a TCP relay that
@@ -36,6 +37,7 @@ pub mod apache;
 pub mod backend;
 pub mod builder;
 pub mod cluster;
+pub mod disks;
 pub mod etcd;
 pub mod etcd_cluster;
 pub mod etcd_server;

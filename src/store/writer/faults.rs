@@ -17,20 +17,42 @@ impl FileWriter {
     /// Looks for room on a disk that refused the last batch; says so once there is some.
     pub(super) fn retry_room(&mut self) {
         if self.failed.is_none() && self.status.full() && self.log.find_room().is_ok() {
-            self.status.set_full(None);
-            tracing::info!("the fence log has room again: advances are accepted");
+            self.room_again();
+        }
+    }
+
+    /// The disk gave room again: says so, naming what it refused before.
+    pub(super) fn room_again(&mut self) {
+        let failed = self.status.room_failed();
+        if self.status.set_full(None) {
+            match failed {
+                true => tracing::info!("the disk makes room for the fence log again: advances are accepted"),
+                false => tracing::info!("the fence log has room again: advances are accepted"),
+            }
         }
     }
 
     /// Refuses a batch the disk gave no room for. Nothing of it was written, so nothing is in
-    /// doubt: the next batch tries again.
+    /// doubt: the next batch tries again. A full disk (ENOSPC, a quota, a file size limit) is
+    /// told apart from an I/O error (EIO, a read-only file system) in the write of zeros that
+    /// makes the room: the operator needs to know which to fix.
     pub(super) fn no_room(&mut self, e: std::io::Error) -> StoreError {
+        use std::io::ErrorKind::{FileTooLarge, QuotaExceeded, StorageFull};
         let reason = format!("{}: {e}", self.log.path().display());
-        if self.status.set_full(Some(format!("no room on disk for the fence log ({reason})"))) {
-            tracing::error!(error = %reason,
-                "no room on disk for the fence log: fenced writes are refused until there is");
+        if matches!(e.kind(), StorageFull | QuotaExceeded | FileTooLarge) {
+            if self.status.set_room(Some(format!("no room on disk for the fence log ({reason})")), false) {
+                tracing::error!(error = %reason,
+                    "no room on disk for the fence log: fenced writes are refused until there is");
+            }
+            return StoreError::NoSpace(reason);
         }
-        StoreError::NoSpace(reason)
+        let why = format!("the disk failed to make room for the fence log, an I/O error, not a full disk ({reason})");
+        if self.status.set_room(Some(why), true) {
+            tracing::error!(error = %reason,
+                "the disk failed the write of zeros that makes room for the fence log (an I/O error, not a full \
+                disk): fenced writes are refused until it succeeds; check the device (dmesg)");
+        }
+        StoreError::RoomFailed(reason)
     }
 
     /// Fails the store for good: after a failed write or sync the kernel may have dropped

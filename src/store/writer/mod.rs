@@ -15,8 +15,8 @@
 //! A failed write or sync is final: the kernel may have dropped the dirty pages, so a later
 //! sync that "succeeds" proves nothing (PostgreSQL's fsync lesson). Every later advance fails
 //! until the process restarts and recovers from what is on disk. A disk that gives no room is
-//! not a failure: the batch is refused unwritten ([`StoreError::NoSpace`]) and the next one
-//! tries again.
+//! not a failure: the batch is refused unwritten ([`StoreError::NoSpace`]; an I/O error in the
+//! write that makes the room, [`StoreError::RoomFailed`]) and the next one tries again.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -313,9 +313,7 @@ impl FileWriter {
         }
         let outcome = match written {
             Ok(()) => {
-                if self.status.set_full(None) {
-                    tracing::info!("the fence log has room again: advances are accepted");
-                }
+                self.room_again();
                 Ok(())
             }
             Err(LogError::NoRoom(e)) => Err(self.no_room(e)),

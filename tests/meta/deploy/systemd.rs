@@ -326,6 +326,8 @@ impl Host {
             cmd.arg(format!("--groups={}", groups.join(",")));
         }
         cmd.arg("--no-new-privs").arg("--");
+        // "-" only tells systemd to go on when the command fails: the command is the same.
+        let line = line.strip_prefix('-').unwrap_or(line);
         assert!(!line.contains(['"', '\'']) && !line.starts_with(['-', '@', '+', '!', ':']), "not mirrored: {line}");
         for word in line.split_whitespace() {
             let word =
