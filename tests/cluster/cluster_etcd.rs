@@ -686,3 +686,27 @@ async fn a_prefix_without_recorded_rules_gets_the_first_instances() {
     let config = fencegate::Config::load(&c.instances[0].config, None).unwrap();
     assert_eq!(kvs.first().map(|kv| String::from_utf8_lossy(&kv.value).into_owned()), Some(config.fence_record()));
 }
+
+/// Two instances advertising one URL are told apart: the one that comes second neither leads
+/// nor follows (a write it sent to the leader's URL could reach itself), and says why in its
+/// log, its `/readyz` and its refusals.
+#[tokio::test]
+async fn an_instance_advertising_anothers_url_says_so_and_never_leads() {
+    let Some(etcd) = start_etcd().await else { return };
+    let mut c = Cluster::build(&[etcd.url()], 2, "").await;
+    c.init().await;
+    let (own, theirs) =
+        (format!("advertise = \"{}\"", c.instances[1].url()), format!("advertise = \"{}\"", c.instances[0].url()));
+    let twin = std::fs::read_to_string(&c.instances[1].config).unwrap().replace(&own, &theirs);
+    std::fs::write(&c.instances[1].config, twin).unwrap();
+    c.instances[0].start();
+    assert_eq!(c.wait_leader().await, 0);
+    c.instances[1].start();
+    let twin = c.instances[1].proxy();
+    twin.wait_for_log("another instance advertises", 1).await;
+    let ready = raw_request(twin.admin_addr().await, "GET /readyz HTTP/1.1\r\nHost: x", "").await;
+    let said = String::from_utf8_lossy(&ready.body).into_owned();
+    assert!(ready.status == 503 && said.contains("another instance advertises"), "{} {said}", ready.status);
+    put(c.instances[1].addr, "/a", 1).await.assert_refused(503, "store_unavailable");
+    assert!(ok(&put(c.instances[0].addr, "/a", 1).await), "the instance that claimed its URL first goes on");
+}

@@ -82,9 +82,17 @@ impl Campaign {
     /// epoch if it was leading when it stopped.
     async fn with_lease(&self, lease: i64) -> Option<i64> {
         let leader = self.names.leader();
+        let mut claimed = false;
         loop {
             if self.stopped() || !self.shared.lease_valid() {
                 return None;
+            }
+            if !claimed {
+                claimed = self.claim(lease).await;
+                if !claimed {
+                    self.pause().await;
+                    continue;
+                }
             }
             let put = Op::Put { key: leader.clone(), value: self.advertise.as_bytes().to_vec(), lease };
             let campaign = self
@@ -110,6 +118,35 @@ impl Campaign {
                 },
             };
             return self.lead(epoch, lease).await.then_some(epoch);
+        }
+    }
+
+    /// Claims this instance's advertised URL on `lease` (`P/instances/<advertise>`): the others
+    /// send fenced writes to the leader's URL, and one that reached another instance advertising
+    /// the same URL would be refused there, so such an instance neither leads nor follows, and
+    /// says why. Whether the URL is this lease's.
+    async fn claim(&self, lease: i64) -> bool {
+        let key = self.names.instance(&self.advertise);
+        let put = Op::Put { key: key.clone(), value: self.advertise.as_bytes().to_vec(), lease };
+        match self.client.txn(&[Compare::CreateRevision(key.clone(), 0)], &[put], &[Op::Get(key)]).await {
+            Ok(r) if r.succeeded => true,
+            Ok(r) => match r.ranges.into_iter().next().flatten() {
+                Some(kv) if kv.lease == lease => true,
+                Some(_) => {
+                    self.seek(format!(
+                        "another instance advertises {} (store.advertise), or an earlier run of this one whose lease \
+                        has not expired yet: each instance needs a URL of its own, at which the others reach it",
+                        self.advertise
+                    ));
+                    false
+                }
+                // Released meanwhile: claimed at the next try.
+                None => false,
+            },
+            Err(e) => {
+                self.seek(format!("etcd did not answer the claim of this instance's URL: {e}"));
+                false
+            }
         }
     }
 

@@ -5,6 +5,8 @@
 //! - `P/batch`: the id of the last committed batch (`<epoch>.<sequence>`), which every batch
 //!   compares and replaces: the chain that lets an unknown outcome be settled by a barrier.
 //! - `P/keying`: the key rules the fence keys were made under.
+//! - `P/instances/<advertise>`: each running instance's advertised URL, on its lease, so that
+//!   two instances advertising one URL are told apart.
 //! - `P/rules`: the settings that decide a write's fate, which every instance must share
 //!   ([`Config::fence_record`](crate::Config::fence_record)).
 //! - `P/census`: how many levels (`P/k/…` and `P/f/…` together) the prefix must hold: written
@@ -66,6 +68,10 @@ impl Names {
 
     pub(crate) fn keying(&self) -> Vec<u8> {
         self.under("keying", "")
+    }
+
+    pub(crate) fn instance(&self, advertise: &str) -> Vec<u8> {
+        self.under("instances/", advertise)
     }
 
     pub(crate) fn rules(&self) -> Vec<u8> {
