@@ -194,9 +194,16 @@ async fn readiness(state: &State) -> Response<Full<Bytes>> {
     };
     let backend = &settings.config.backend;
     let unreachable = crate::upstream::reachable(&backend.url, backend.connect_timeout).await.err();
-    let checks = json!({ "store": store.is_none(), "backend": unreachable.is_none() });
+    // A follower sends fenced writes on to the leader: one that cannot reach it is not ready
+    // for them (reads go on).
+    let leader = match state.store.role() {
+        Role::Forward(url) => crate::upstream::leader::reachable(&url, backend.connect_timeout).await.err(),
+        _ => None,
+    };
+    let checks = json!({ "store": store.is_none(), "backend": unreachable.is_none(), "leader": leader.is_none() });
     let mut problems: Vec<String> = store.into_iter().collect();
     problems.extend(unreachable);
+    problems.extend(leader);
     match problems.is_empty() {
         true => json_response(StatusCode::OK, &json!({ "status": "ready", "checks": checks })),
         false => json_response(

@@ -88,6 +88,20 @@ impl Peers {
     }
 }
 
+/// Whether the leader at `leader` (its advertised URL) takes a connection within `timeout`:
+/// a follower that cannot reach it refuses every fenced write it is sent.
+pub(crate) async fn reachable(leader: &str, timeout: Duration) -> Result<(), String> {
+    let uri: Uri = leader.parse().map_err(|e| format!("the leader's URL {leader:?} is not a URL: {e}"))?;
+    match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(super::backend_addr(&uri))).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(format!("leader unreachable: connecting to {leader} failed: {e}; fenced writes are refused")),
+        Err(_) => Err(format!(
+            "leader unreachable: no connection to {leader} within {timeout:?} (backend.connect_timeout); fenced \
+            writes are refused"
+        )),
+    }
+}
+
 /// The client a follower named when it sent this write on: the last `X-Forwarded-For` entry,
 /// which it appended; `None` if there is none that is an address.
 pub(crate) fn sent_on_for(headers: &http::HeaderMap) -> Option<std::net::IpAddr> {

@@ -710,3 +710,32 @@ async fn an_instance_advertising_anothers_url_says_so_and_never_leads() {
     put(c.instances[1].addr, "/a", 1).await.assert_refused(503, "store_unavailable");
     assert!(ok(&put(c.instances[0].addr, "/a", 1).await), "the instance that claimed its URL first goes on");
 }
+
+/// A follower that cannot reach the leader (here: the leader advertises a URL nothing listens
+/// at) is not ready for fenced writes, and its `/readyz` says so; reads go on.
+#[tokio::test]
+async fn a_follower_that_cannot_reach_the_leader_is_not_ready() {
+    let Some(etcd) = start_etcd().await else { return };
+    let mut c = Cluster::build(&[etcd.url()], 2, "").await;
+    c.init().await;
+    let nowhere = format!("http://{}", std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap());
+    let own = format!("advertise = \"{}\"", c.instances[0].url());
+    let lost =
+        std::fs::read_to_string(&c.instances[0].config).unwrap().replace(&own, &format!("advertise = \"{nowhere}\""));
+    std::fs::write(&c.instances[0].config, lost).unwrap();
+    c.instances[0].start();
+    eventually("the leader key names the unreachable URL", async || c.leader_url().await.as_deref() == Some(&nowhere))
+        .await;
+    c.instances[1].start();
+    let follower = c.instances[1].proxy();
+    let admin = follower.admin_addr().await;
+    let mut said = String::new();
+    eventually("the follower's readiness names the leader", async || {
+        let ready = raw_request(admin, "GET /readyz HTTP/1.1\r\nHost: x", "").await;
+        said = String::from_utf8_lossy(&ready.body).into_owned();
+        ready.status == 503 && said.contains("leader unreachable")
+    })
+    .await;
+    assert!(said.contains(&nowhere), "{said}");
+    put(c.instances[1].addr, "/a", 1).await.assert_refused(503, "store_unavailable");
+}
