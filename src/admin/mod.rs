@@ -197,7 +197,7 @@ async fn readiness(state: &State) -> Response<Full<Bytes>> {
     // A follower sends fenced writes on to the leader: one that cannot reach it is not ready
     // for them (reads go on).
     let leader = match state.store.role() {
-        Role::Forward(url) => crate::upstream::leader::reachable(&url, backend.connect_timeout).await.err(),
+        Role::Forward(url) => crate::upstream::leader_reachable(&url, backend.connect_timeout).await.err(),
         _ => None,
     };
     let checks = json!({ "store": store.is_none(), "backend": unreachable.is_none(), "leader": leader.is_none() });

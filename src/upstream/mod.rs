@@ -24,6 +24,7 @@ mod forwarded;
 mod gated;
 mod headers;
 pub(crate) mod leader;
+pub(crate) use leader::reachable as leader_reachable;
 mod location;
 mod pool;
 mod sent;

@@ -57,6 +57,8 @@ const RULES: &[Rule] = &[
             "crate::store::Role",
             "crate::store::StoreError",
             "crate::upstream::reachable",
+            // A follower's readiness: whether the leader takes a connection.
+            "crate::upstream::leader_reachable",
         ],
         no_crates: &[],
     },
