@@ -47,6 +47,8 @@ const AUTH_FAILED: &str = "etcdserver: authentication failed";
 /// has a Common Name, when it requires client certificates and has authentication on: it
 /// cannot pass the name on as the user, so it will not seem to.
 const COMMON_NAME: &str = "CommonName of client sending a request against gateway";
+/// A read at a revision compaction removed (`mvcc: required revision has been compacted`).
+const COMPACTED: &str = "required revision has been compacted";
 /// What `/v3/auth/authenticate` answers where etcd has authentication off.
 pub(crate) const AUTH_NOT_ENABLED: &str = "etcdserver: authentication is not enabled";
 
@@ -144,6 +146,9 @@ fn classify(endpoint: &str, call: &str, user: &str, status: u16, code: Option<i6
     if has(UNFINISHED) || code == Some(UNAVAILABLE) {
         return Failure::Unknown(EtcdError::Unavailable { endpoint, call, message });
     }
+    if message.contains(COMPACTED) {
+        return Failure::Final(EtcdError::RevisionCompacted);
+    }
     if message.contains(COMMON_NAME) {
         let message = format!("{message}: give the client a certificate without a Common Name");
         return Failure::Final(EtcdError::Refused { endpoint, call, status, message });
@@ -159,6 +164,12 @@ mod tests {
     fn unary(code: i64, message: &str) -> Failure {
         let body = json!({ "error": message, "message": message, "code": code }).to_string();
         of_body("http://m", "/v3/kv/put", "u", 503, body.as_bytes())
+    }
+
+    #[test]
+    fn a_read_at_a_compacted_revision_says_so() {
+        let failure = unary(11, "etcdserver: mvcc: required revision has been compacted");
+        assert!(matches!(failure, Failure::Final(EtcdError::RevisionCompacted)));
     }
 
     #[test]

@@ -117,6 +117,9 @@ pub enum EtcdError {
     /// A watch ended because the revision it wanted has been compacted away.
     #[error("etcd compacted the history the watch needed (up to revision {0})")]
     Compacted(i64),
+    /// A read at a revision etcd has compacted away since.
+    #[error("etcd compacted the revision the read asked for")]
+    RevisionCompacted,
     /// A watch was cancelled or its stream ended.
     #[error("the etcd watch ended: {0}")]
     WatchEnded(String),

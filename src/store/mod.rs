@@ -17,6 +17,7 @@
 
 mod compact;
 pub mod etcd;
+mod failpoint;
 mod file;
 pub(crate) mod format;
 mod init;
@@ -40,6 +41,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 pub use etcd::{Adopted, EtcdOptions, EtcdStore, Migrated, TakeoverHook};
+pub(crate) use failpoint::failpoint;
 pub use file::{CommitHook, FileStore, StoreOptions};
 pub use init::{check_initialised, init};
 pub use inspect::{Inspection, inspect};

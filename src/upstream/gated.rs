@@ -30,24 +30,6 @@ impl<B> Gated<B> {
     }
 }
 
-/// A fail point the cluster's fault tests stall a process at (the `failpoints` feature): with
-/// the action `return(MS)` it logs that it was reached (the test stops the process on that
-/// line), waits `MS` milliseconds, and logs how long it was held up. Nothing without the
-/// feature.
-pub(super) fn failpoint(name: &'static str) {
-    #[cfg(feature = "failpoints")]
-    fail::fail_point!(name, |arg: Option<String>| {
-        let ms = arg.and_then(|a| a.parse().ok()).unwrap_or(0);
-        tracing::warn!(failpoint = name, "failpoint reached");
-        let started = std::time::Instant::now();
-        std::thread::sleep(std::time::Duration::from_millis(ms));
-        let stalled_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        tracing::warn!(failpoint = name, stalled_ms, "failpoint passed");
-    });
-    #[cfg(not(feature = "failpoints"))]
-    let _ = name;
-}
-
 /// Whether sends check their permit (the self-fence). The `failpoints` feature's
 /// `upstream::no_self_fence` (action `return`) turns the check off, for the fault tests that
 /// show what else keeps a paused leader's write out (tests/cluster/cluster_faults.rs, pins).
@@ -70,7 +52,7 @@ where
             self.chunks += 1;
             // After the first chunk: the head and that chunk have gone to the backend.
             if self.chunks > 1 {
-                failpoint("upstream::mid_body");
+                crate::store::failpoint("upstream::mid_body");
             }
             if self_fenced() && !(self.permit)() {
                 return Poll::Ready(Some(Err(Box::new(Closed))));

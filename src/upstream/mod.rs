@@ -211,7 +211,7 @@ impl Upstream {
         let deadline = tokio::time::Instant::now() + self.timeout;
         let Hold { whole, permit } = hold;
         if permit.is_some() {
-            gated::failpoint("upstream::before_head");
+            crate::store::failpoint("upstream::before_head");
         }
         if gated::self_fenced() && permit.as_ref().is_some_and(|open| !open()) {
             return Err(UpstreamError::Withdrawn("the permission to send this write lapsed before it was sent".into()));

@@ -14,7 +14,7 @@ use std::process::Stdio;
 
 use common::cluster::{Cluster, PREFIX};
 use common::etcd_server::{Etcd, start_etcd};
-use common::{Resp, eventually, raw_request, try_raw_request};
+use common::{Resp, eventually, poll_until, raw_request, try_raw_request};
 use fencegate::store::{Mark, MarkBatch, MarkKind, Store, StoreFuture};
 
 async fn put(addr: SocketAddr, path: &str, token: u64) -> Resp {
@@ -738,4 +738,43 @@ async fn a_follower_that_cannot_reach_the_leader_is_not_ready() {
     .await;
     assert!(said.contains(&nowhere), "{said}");
     put(c.instances[1].addr, "/a", 1).await.assert_refused(503, "store_unavailable");
+}
+
+/// A takeover reads the fence page by page at one revision; a compaction past that revision
+/// meanwhile makes it read again at the current one, and the instance leads on the same
+/// lease, without a new election.
+#[tokio::test]
+async fn a_takeover_that_meets_a_compaction_reads_again_and_leads() {
+    let Some(etcd) = start_etcd().await else { return };
+    let mut c = Cluster::build(&[etcd.url()], 2, "").await;
+    c.init().await;
+    // More levels than one page of the takeover's read (1,000).
+    for i in 0..1200 {
+        let key = format!("{PREFIX}k//x{i}");
+        c.gateway.put(key.as_bytes(), format!("{:020}", 100 + i).as_bytes()).await.unwrap();
+    }
+    c.instances[0].start();
+    assert_eq!(c.wait_leader().await, 0);
+    c.instances[1].start();
+    assert!(c.failpoint(1, "store::takeover_page", "1*return(300)").await);
+    let pid = c.instances[1].proxy().pid();
+    c.instances[0].kill9();
+    // The follower takes over once the lease lapses, and is stopped after its first page.
+    poll_until("the new leader is stopped between two pages", || c.instances[1].stopped.lock().unwrap().contains(&pid))
+        .await;
+    // Past the read's revision: a compaction keeps the revision it is made at.
+    let revision = c.gateway.put(b"compaction", b"past the takeover's revision").await.unwrap();
+    let compact = std::process::Command::new("etcdctl")
+        .args(["--endpoints", &etcd.url(), "compact", &revision.to_string()])
+        .output()
+        .expect("etcdctl runs (Debian's etcd-client, beside etcd)");
+    assert!(compact.status.success(), "{}", String::from_utf8_lossy(&compact.stderr));
+    c.instances[1].stopped.lock().unwrap().retain(|p| *p != pid);
+    common::process::signal(pid, "CONT");
+    assert_eq!(c.wait_leader().await, 1);
+    let leader = c.instances[1].proxy();
+    assert!(leader.log_contains("reading the fence again"), "{:?}", leader.log_lines("takeover"));
+    assert!(!leader.log_contains("the takeover could not read the fence"), "{:?}", leader.log_lines("takeover"));
+    put(c.instances[1].addr, "/x1199", 1299).await.assert_refused(409, "stale_token");
+    assert!(ok(&put(c.instances[1].addr, "/x1199", 1300).await));
 }

@@ -37,6 +37,8 @@ const RULES: &[Rule] = &[
             "crate::config::HeaderRules",
             "crate::config::HeadersConfig",
             "crate::store::Permit",
+            // The fail points of the `failpoints` feature, one helper for every module.
+            "crate::store::failpoint",
             "crate::tls",
         ],
         no_crates: &[],

@@ -119,6 +119,28 @@ pub(crate) struct Read {
 /// prefix holding fewer levels than its census.
 pub(crate) async fn read(client: &Client, names: &Names, table: &Table, recorded: &Recorded) -> Result<Read, Failed> {
     let batch = initialised(client, names, recorded).await?;
+    // Every page is read at the first one's revision, so that the table is one moment's. A
+    // compaction past that revision (etcd's auto-compaction, an operator's) ends such a read:
+    // it is made again at the current revision, a few times, before the takeover gives up.
+    let mut tries = 0;
+    loop {
+        match read_at_one_revision(client, names, table).await {
+            Err(Failed::Etcd(EtcdError::RevisionCompacted)) if tries < COMPACTED_TRIES => {
+                tries += 1;
+                tracing::info!(tries, "etcd compacted the revision the takeover read at: reading the fence again");
+            }
+            Err(e) => return Err(e),
+            Ok((adopted, census)) => return Ok(Read { adopted, batch, census }),
+        }
+    }
+}
+
+/// How many times a takeover reads the fence again after a compaction.
+const COMPACTED_TRIES: u32 = 3;
+
+/// [`read`]'s pass over the prefix, every page at the first one's revision: the writes in
+/// flight and the levels loaded, and the census.
+async fn read_at_one_revision(client: &Client, names: &Names, table: &Table) -> Result<(Adopted, Option<u64>), Failed> {
     // Keys and floors are loaded and reset to what etcd holds; bindings, which another leader
     // may have dropped since this instance last led, are read afresh.
     table.clear_bindings();
@@ -156,6 +178,7 @@ pub(crate) async fn read(client: &Client, names: &Names, table: &Table, recorded
             Some(last) if page.more => {
                 from = last.key.clone();
                 from.push(0);
+                crate::store::failpoint("store::takeover_page");
             }
             _ => break,
         }
@@ -178,7 +201,7 @@ pub(crate) async fn read(client: &Client, names: &Names, table: &Table, recorded
         table.load(at, table.level(at).unwrap_or(token), true);
         reported.push((mark.name.into(), token));
     }
-    Ok(Read { adopted, batch, census })
+    Ok((adopted, census))
 }
 
 /// Makes the census `found`, the levels a takeover found, where it is absent or lower than
