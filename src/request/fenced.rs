@@ -257,9 +257,10 @@ fn route(state: &State, req: &mut Request<RequestBody>) -> Result<Routed, Refusa
     match state.store.role() {
         Role::Fences => {
             req.headers_mut().remove(&leader::FORWARDED_BY);
+            req.headers_mut().remove(&leader::FORWARDED_PROOF);
             Ok(Routed::Here)
         }
-        Role::Forward(url) if !leader::forwarded(req) => Ok(Routed::Leader(url)),
+        Role::Forward(url) if !leader::forwarded(req, state.store.peer_secret().as_deref()) => Ok(Routed::Leader(url)),
         Role::Forward(url) => Err(StoreError::Unavailable(format!(
             "the fence is led by {url}, not by this instance, which another instance took for the leader; \
             a write sent on once is not sent on again"
@@ -282,7 +283,8 @@ async fn send_to_leader(
     };
     let backend = &settings.config.backend;
     let timeout = backend.pool_timeout + backend.request_timeout + settings.config.fence.queue_timeout;
-    Ok(peers.forward(url, req, client, settings.upstream.policy(), timeout).await?)
+    let secret = state.store.peer_secret();
+    Ok(peers.forward(url, req, client, settings.upstream.policy(), timeout, secret.as_deref()).await?)
 }
 
 /// The proof's first look, before anything looks at the token.

@@ -107,7 +107,7 @@ impl Guess {
             client: Limit { burst: verify.client_refusal_burst, refill: verify.client_refusal_refill },
             key: Limit { burst: verify.key_refusal_burst, refill: verify.key_refusal_refill },
         };
-        let client = match shared && leader::forwarded(req) {
+        let client = match shared && leader::forwarded(req, state.store.peer_secret().as_deref()) {
             true => leader::sent_on_for(req.headers()),
             false => client.ip(),
         };

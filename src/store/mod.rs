@@ -123,6 +123,11 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         let _ = term;
         None
     }
+    /// The key a shared fence's instances sign the writes they send on to the leader with
+    /// (docs/cluster.md); `None` for a store of one instance, or before it was read.
+    fn peer_secret(&self) -> Option<Arc<[u8]>> {
+        None
+    }
 }
 
 /// Store failures. All of them keep fenced writes from being forwarded.

@@ -4,8 +4,18 @@
 //! refusal included, comes back unchanged. A write that arrives with the header at an
 //! instance that does not lead is refused rather than sent on again, so a write never travels
 //! twice and two instances that each think the other leads cannot bounce it between them.
+//!
+//! The header is believed only with a proof beside it: an HMAC-SHA256, under the fence's key
+//! in etcd (`P/secret`, which only the fence's instances read), of the time, the sending
+//! instance, the method and the target. Without one, the header is a client's claim: the
+//! leader takes the write as the client's own (its address, not one the client named, is the
+//! one refused proofs are counted against), and a follower sends it on as any other.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use ring::hmac;
 
 use bytes::Bytes;
 use http::header::HeaderName;
@@ -19,6 +29,13 @@ use super::{HeaderPolicy, Peer, RequestBody, ResponseBody, UpstreamError, strip_
 
 /// Names the instance that sent a write on to the leader (its advertised URL).
 pub static FORWARDED_BY: HeaderName = HeaderName::from_static("fencegate-forwarded-by");
+
+/// The proof that [`FORWARDED_BY`] was set by an instance of the fence: `<unix seconds>.<MAC>`.
+pub static FORWARDED_PROOF: HeaderName = HeaderName::from_static("fencegate-forwarded-proof");
+
+/// How far a proof's time may be from the receiver's clock: the way between instances, and
+/// their clocks' difference.
+const PROOF_WINDOW: u64 = 60;
 
 /// The client a follower sends writes to the leader with.
 #[derive(Debug, Clone)]
@@ -49,9 +66,13 @@ impl Peers {
         client: &Peer,
         policy: &HeaderPolicy,
         timeout: Duration,
+        secret: Option<&[u8]>,
     ) -> Result<Response<ResponseBody>, UpstreamError> {
         let unavailable = UpstreamError::NoLeader;
         let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
+        // What the leader verifies the proof against: the target and method it receives.
+        let proof =
+            secret.and_then(|s| HeaderValue::from_str(&prove(s, unix_now(), &self.me, req.method(), target)).ok());
         let uri: Uri = format!("{leader}{target}")
             .parse()
             .map_err(|e| unavailable(format!("the leader's URL {leader:?} cannot take this path: {e}")))?;
@@ -66,6 +87,10 @@ impl Peers {
         }
         let client_host = headers.get(http::header::HOST).cloned();
         headers.insert(FORWARDED_BY.clone(), self.me.clone());
+        match proof {
+            Some(proof) => headers.insert(FORWARDED_PROOF.clone(), proof),
+            None => headers.remove(&FORWARDED_PROOF),
+        };
         // The leader learns the client's address from the last entry; the backend learns it
         // as it would from the leader itself.
         policy.to_leader(headers, client, client_host.as_ref());
@@ -109,7 +134,70 @@ pub(crate) fn sent_on_for(headers: &http::HeaderMap) -> Option<std::net::IpAddr>
     last.to_str().ok()?.rsplit(',').next()?.trim().parse().ok()
 }
 
-/// Whether another instance sent this write on.
-pub(crate) fn forwarded<B>(req: &Request<B>) -> bool {
-    req.headers().contains_key(&FORWARDED_BY)
+/// Whether an instance of the fence whose key is `secret` sent this write on: it names one
+/// ([`FORWARDED_BY`]) and proves it ([`FORWARDED_PROOF`]).
+pub(crate) fn forwarded<B>(req: &Request<B>, secret: Option<&[u8]>) -> bool {
+    let headers = req.headers();
+    let (Some(secret), Some(by), Some(proof)) = (secret, headers.get(&FORWARDED_BY), headers.get(&FORWARDED_PROOF))
+    else {
+        return false;
+    };
+    let Some((at, mac)) = proof.to_str().ok().and_then(|p| p.split_once('.')) else { return false };
+    let (Ok(at), Ok(mac)) = (at.parse::<u64>(), URL_SAFE_NO_PAD.decode(mac)) else { return false };
+    if unix_now().abs_diff(at) > PROOF_WINDOW {
+        return false;
+    }
+    let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
+    let key = hmac::Key::new(hmac::HMAC_SHA256, secret);
+    hmac::verify(&key, &proven(at, by, req.method(), target), &mac).is_ok()
+}
+
+/// What a proof's MAC covers.
+fn proven(at: u64, by: &HeaderValue, method: &http::Method, target: &str) -> Vec<u8> {
+    let mut text = format!("{at}\n").into_bytes();
+    text.extend_from_slice(by.as_bytes());
+    text.extend_from_slice(format!("\n{method}\n{target}").as_bytes());
+    text
+}
+
+/// The value of [`FORWARDED_PROOF`] for a write of `method` to `target` sent on by `by`.
+fn prove(secret: &[u8], at: u64, by: &HeaderValue, method: &http::Method, target: &str) -> String {
+    let key = hmac::Key::new(hmac::HMAC_SHA256, secret);
+    let mac = hmac::sign(&key, &proven(at, by, method, target));
+    format!("{at}.{}", URL_SAFE_NO_PAD.encode(mac.as_ref()))
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sent(headers: &[(&HeaderName, &str)], target: &str) -> Request<()> {
+        let mut req = Request::builder().method("PUT").uri(target).body(()).unwrap();
+        for (name, value) in headers {
+            req.headers_mut().insert((*name).clone(), HeaderValue::from_str(value).unwrap());
+        }
+        req
+    }
+
+    #[test]
+    fn only_a_proof_under_the_fences_key_makes_a_write_forwarded() {
+        let (secret, me) = (b"the fence's key".as_slice(), HeaderValue::from_static("http://10.0.0.5:8080"));
+        let put = http::Method::PUT;
+        let proof = prove(secret, unix_now(), &me, &put, "/a?x=1");
+        let by = (&FORWARDED_BY, "http://10.0.0.5:8080");
+        assert!(forwarded(&sent(&[by, (&FORWARDED_PROOF, &proof)], "/a?x=1"), Some(secret)));
+        assert!(!forwarded(&sent(&[by], "/a?x=1"), Some(secret)), "a claim without a proof");
+        assert!(!forwarded(&sent(&[by, (&FORWARDED_PROOF, &proof)], "/b"), Some(secret)), "another target");
+        assert!(!forwarded(&sent(&[by, (&FORWARDED_PROOF, &proof)], "/a?x=1"), Some(b"another key")));
+        assert!(!forwarded(&sent(&[by, (&FORWARDED_PROOF, &proof)], "/a?x=1"), None));
+        let other = (&FORWARDED_BY, "http://10.0.0.6:8080");
+        assert!(!forwarded(&sent(&[other, (&FORWARDED_PROOF, &proof)], "/a?x=1"), Some(secret)), "another sender");
+        let old = prove(secret, unix_now() - 2 * PROOF_WINDOW, &me, &put, "/a?x=1");
+        assert!(!forwarded(&sent(&[by, (&FORWARDED_PROOF, &old)], "/a?x=1"), Some(secret)), "too old");
+        assert!(!forwarded(&sent(&[by, (&FORWARDED_PROOF, "12.abc")], "/a?x=1"), Some(secret)));
+    }
 }

@@ -778,3 +778,37 @@ async fn a_takeover_that_meets_a_compaction_reads_again_and_leads() {
     put(c.instances[1].addr, "/x1199", 1299).await.assert_refused(409, "stale_token");
     assert!(ok(&put(c.instances[1].addr, "/x1199", 1300).await));
 }
+
+/// A client's claim to be an instance of the fence (`fencegate-forwarded-by`, with or without a
+/// made-up proof) is not believed: a follower sends its write on as any other, the leader takes
+/// it as the client's own, and neither header reaches the backend. Instances prove the writes
+/// they send on with the fence's key in etcd.
+#[tokio::test]
+async fn a_clients_claim_to_be_an_instance_is_not_believed() {
+    let Some(etcd) = start_etcd().await else { return };
+    let c = Cluster::start(&[etcd.url()], 2, "").await;
+    let leader = c.wait_leader().await;
+    let follower = 1 - leader;
+    eventually("the follower knows the leader", async || {
+        c.instances[follower].proxy().log_contains("following the fence's leader")
+    })
+    .await;
+    let claim = |path: &str, token: u64| {
+        format!(
+            "PUT {path} HTTP/1.1\r\nHost: x\r\nFencing-Token: {token}\r\nfencegate-forwarded-by: {}\r\n\
+             fencegate-forwarded-proof: 1700000000.bm90IGEgcHJvb2Y\r\nContent-Length: 1",
+            c.instances[leader].url()
+        )
+    };
+    let via_follower = raw_request(c.instances[follower].addr, &claim("/claimed-at-follower", 1), "v").await;
+    assert!(ok(&via_follower), "sent on as any write: {} {:?}", via_follower.status, via_follower.body);
+    let at_leader = raw_request(c.instances[leader].addr, &claim("/claimed-at-leader", 1), "v").await;
+    assert!(ok(&at_leader), "{} {:?}", at_leader.status, at_leader.body);
+    for r in c.backend.applied() {
+        assert!(
+            !r.headers.contains_key("fencegate-forwarded-by") && !r.headers.contains_key("fencegate-forwarded-proof")
+        );
+    }
+    // Each applied once, as the clients sent them.
+    assert_eq!(c.backend.applied().len(), 2);
+}

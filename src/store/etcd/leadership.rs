@@ -87,6 +87,20 @@ impl Campaign {
             if self.stopped() || !self.shared.lease_valid() {
                 return None;
             }
+            if self.shared.secret().is_none() {
+                match takeover::secret(&self.client, &self.names).await {
+                    Ok(secret) => self.shared.set_secret(secret),
+                    Err(Failed::Fatal(e)) => {
+                        self.shared.stop(&e.to_string());
+                        return None;
+                    }
+                    Err(Failed::Etcd(e)) => {
+                        self.seek(format!("etcd did not give the fence's key for writes sent on: {e}"));
+                        self.pause().await;
+                        continue;
+                    }
+                }
+            }
             if !claimed {
                 claimed = self.claim(lease).await;
                 if !claimed {

@@ -11,8 +11,8 @@
 //! same term: were it let through after a change, it could have been checked against levels
 //! another leader has since raised.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -88,6 +88,8 @@ pub(crate) struct Shared {
     /// The batch id the takeover read, where the new leader's chain starts, and the levels it
     /// found, which the census counts from.
     last_batch: Mutex<(Vec<u8>, u64)>,
+    /// The fence's key for writes sent on between instances (`P/secret`), once read.
+    secret: Mutex<Option<Arc<[u8]>>>,
 }
 
 impl Shared {
@@ -106,7 +108,17 @@ impl Shared {
             margin,
             full: Mutex::new(None),
             last_batch: Mutex::new((Vec::new(), 0)),
+            secret: Mutex::new(None),
         }
+    }
+
+    /// The fence's key for writes sent on between instances, once read from etcd.
+    pub(crate) fn secret(&self) -> Option<Arc<[u8]>> {
+        self.secret.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    pub(crate) fn set_secret(&self, secret: Arc<[u8]>) {
+        *self.secret.lock().unwrap_or_else(PoisonError::into_inner) = Some(secret);
     }
 
     /// Nanoseconds now on the lease's clock: when a grant or keep-alive is sent.

@@ -97,8 +97,9 @@ impl EtcdStore {
     pub async fn open(client: Client, options: EtcdOptions) -> Result<EtcdStore, StoreError> {
         let names = Names::new(&options.prefix);
         let recorded = takeover::Recorded { keying: options.keying.clone(), rules: options.rules.clone() };
+        let mut secret = None;
         match takeover::initialised(&client, &names, &recorded).await {
-            Ok(_) => {}
+            Ok(_) => secret = takeover::secret(&client, &names).await.ok(),
             Err(takeover::Failed::Fatal(e)) => return Err(e),
             Err(takeover::Failed::Etcd(e)) => {
                 tracing::warn!(error = %e, "etcd does not answer: fenced writes are refused until it does");
@@ -106,6 +107,9 @@ impl EtcdStore {
         }
         let table = Arc::new(Table::new().with_max_bytes(options.max_table_bytes));
         let shared = Arc::new(Shared::new(options.lease_margin));
+        if let Some(secret) = secret {
+            shared.set_secret(secret);
+        }
         let mut writer = batch::EtcdWriter::new(client.clone(), names.clone(), Arc::clone(&shared), Arc::clone(&table));
         writer.max_resources = options.max_resources;
         // Two operations of each transaction are the batch id's and the census's.
@@ -190,6 +194,10 @@ impl Drop for EtcdStore {
 impl Store for EtcdStore {
     fn table(&self) -> &Arc<Table> {
         &self.table
+    }
+
+    fn peer_secret(&self) -> Option<Arc<[u8]>> {
+        self.shared.secret()
     }
 
     fn commit(&self, term: u64, mut batch: MarkBatch) -> StoreFuture<'_> {

@@ -7,6 +7,8 @@
 //! - `P/keying`: the key rules the fence keys were made under.
 //! - `P/instances/<advertise>`: each running instance's advertised URL, on its lease, so that
 //!   two instances advertising one URL are told apart.
+//! - `P/secret`: the key instances sign the writes they send on to the leader with, so that
+//!   the leader tells them from a client's claim to be one.
 //! - `P/rules`: the settings that decide a write's fate, which every instance must share
 //!   ([`Config::fence_record`](crate::Config::fence_record)).
 //! - `P/census`: how many levels (`P/k/…` and `P/f/…` together) the prefix must hold: written
@@ -72,6 +74,10 @@ impl Names {
 
     pub(crate) fn instance(&self, advertise: &str) -> Vec<u8> {
         self.under("instances/", advertise)
+    }
+
+    pub(crate) fn secret(&self) -> Vec<u8> {
+        self.under("secret", "")
     }
 
     pub(crate) fn rules(&self) -> Vec<u8> {

@@ -8,6 +8,8 @@
 //! `max_seen`. A prefix without a census (an earlier build initialised it) gets one, counted from
 //! what this read found; so does one whose census is lower than what was found.
 
+use std::sync::Arc;
+
 use super::names::{Named, Names, parse_token, token_value};
 use crate::etcd_client::{Client, Compare, EtcdError, Op, prefix_end};
 use crate::store::{MarkKind, StoreError, Table};
@@ -87,6 +89,28 @@ pub(crate) async fn initialised(client: &Client, names: &Names, recorded: &Recor
         }));
     }
     Ok(batch.value.clone())
+}
+
+/// The fence's key for writes sent on between instances (`P/secret`): read, or made (32 random
+/// bytes, put only if absent) on a prefix without one.
+pub(crate) async fn secret(client: &Client, names: &Names) -> Result<Arc<[u8]>, Failed> {
+    let key = names.secret();
+    let mut made = [0u8; 32];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut made)
+        .map_err(|_| Failed::Fatal(StoreError::Failed("no random bytes for the fence's key".into())))?;
+    let put = [Op::Put { key: key.clone(), value: made.to_vec(), lease: 0 }];
+    let done = client.txn(&[Compare::CreateRevision(key.clone(), 0)], &put, &[Op::Get(key)]).await?;
+    if done.succeeded {
+        return Ok(made.into());
+    }
+    match done.ranges.into_iter().next().flatten() {
+        Some(kv) if !kv.value.is_empty() => Ok(kv.value.into()),
+        _ => Err(Failed::Etcd(EtcdError::Unavailable {
+            endpoint: String::new(),
+            call: "the fence's key".into(),
+            message: "deleted as it was read".into(),
+        })),
+    }
 }
 
 /// Records `rules` as the fence's where none are recorded; returns the fence's rules.
