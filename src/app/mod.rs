@@ -136,7 +136,13 @@ impl Proxy {
             }
         };
         let store = Arc::clone(fence.store());
-        let peers = config.store.etcd.as_ref().map(|e| Peers::new(&e.advertise, config.backend.connect_timeout));
+        let peers = match &config.store.etcd {
+            Some(e) => Some(
+                Peers::new(&e.advertise, config.backend.connect_timeout, e.peer_ca.as_deref())
+                    .map_err(Error::Conflict)?,
+            ),
+            None => None,
+        };
         let refusals = RefusalThrottle::new();
         let locks =
             arc_swap::ArcSwap::from_pointee(crate::request::holders::mirrors(&config, None).map_err(Error::Conflict)?);

@@ -390,6 +390,10 @@ pub struct EtcdStoreConfig {
     pub prefix: String,
     /// The URL the other instances forward fenced writes to while this one leads.
     pub advertise: String,
+    /// The CA the other instances' certificates are checked against when their URLs are
+    /// `https://`; the system's roots when unset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peer_ca: Option<std::path::PathBuf>,
     /// The leader's lease (whole seconds).
     #[serde(serialize_with = "ser_duration")]
     pub lease_ttl: Duration,

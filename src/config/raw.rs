@@ -299,6 +299,8 @@ pub(super) struct RawStore {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) advertise: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) peer_ca: Option<std::path::PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) lease_ttl: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) lease_margin: Option<String>,
@@ -319,6 +321,7 @@ impl Default for RawStore {
             writer_scheduling: None,
             prefix: None,
             advertise: None,
+            peer_ca: None,
             lease_ttl: None,
             lease_margin: None,
             max_txn_ops: None,

@@ -60,6 +60,7 @@ pub(super) fn store(raw: raw::RawStore) -> Result<StoreConfig, ConfigError> {
         StoreKind::File => None,
         StoreKind::Etcd => {
             let mut settings = etcd_store(raw.prefix, raw.advertise, raw.lease_ttl, raw.lease_margin)?;
+            settings.peer_ca = raw.peer_ca;
             settings.max_txn_ops = match raw.max_txn_ops.unwrap_or(crate::store::etcd::DEFAULT_MAX_TXN_OPS) {
                 n @ 8..=1_000_000 => n,
                 n => {
@@ -111,21 +112,16 @@ fn etcd_store(
     };
     match advertise.parse::<http::Uri>() {
         Ok(uri)
-            if uri.scheme_str() == Some("http")
+            if matches!(uri.scheme_str(), Some("http" | "https"))
                 && uri.authority().is_some()
                 && uri.path_and_query().is_none_or(|p| p.as_str() == "/") => {}
-        Ok(uri) if uri.scheme_str() == Some("https") => {
-            return Err(invalid(
-                "store.advertise",
-                format!(
-                    "{advertise:?}: forwarding between instances over https is not supported yet; use http:// on a private network"
-                ),
-            ));
-        }
         _ => {
             return Err(invalid(
                 "store.advertise",
-                format!("{advertise:?}: expected http://HOST:PORT, with no path (forwarded writes keep their own)"),
+                format!(
+                    "{advertise:?}: expected http://HOST:PORT or https://HOST:PORT, with no path (forwarded writes \
+                    keep their own)"
+                ),
             ));
         }
     }
@@ -144,6 +140,7 @@ fn etcd_store(
     Ok(EtcdStoreConfig {
         prefix,
         advertise,
+        peer_ca: None,
         lease_ttl,
         lease_margin,
         max_txn_ops: crate::store::etcd::DEFAULT_MAX_TXN_OPS,

@@ -209,7 +209,7 @@ fn the_etcd_store_takes_its_own_settings_and_none_of_the_file_store_s() {
         let err = Config::from_toml_str(&store(extra)).unwrap_err().to_string();
         assert!(err.contains(refused), "{extra}: {err}");
     }
-    for advertise in ["http://127.0.0.1:8080/x", "https://127.0.0.1:8080", "127.0.0.1:8080"] {
+    for advertise in ["http://127.0.0.1:8080/x", "ftp://127.0.0.1:8080", "127.0.0.1:8080"] {
         let text = format!("{MINIMAL}{etcd}[store]\nkind = \"etcd\"\nadvertise = \"{advertise}\"\n");
         let err = Config::from_toml_str(&text).unwrap_err().to_string();
         assert!(err.contains("store.advertise"), "{advertise}: {err}");
@@ -261,4 +261,18 @@ fn s3_mode_takes_pin_rules_either_way() {
         let c = Config::from_toml_str(&format!("{s3}[[fence.rules]]\nprefix = \"/b/\"\npin = \"{pin}\"\n"));
         assert!(c.is_ok(), "{pin}: {c:?}");
     }
+}
+
+#[test]
+fn an_https_advertise_needs_the_listener_to_serve_tls() {
+    let etcd = "[backend]\nurl = \"http://127.0.0.1:9\"\n[store]\nkind = \"etcd\"\nadvertise = \"https://10.0.0.5:8443\"\n\
+                [etcd]\nendpoints = [\"http://127.0.0.1:2379\"]\n";
+    let err = Config::from_toml_str(etcd).unwrap_err().to_string();
+    assert!(err.contains("store.advertise") && err.contains("[server.tls]"), "{err}");
+    let ca = etcd.replace(
+        "advertise = \"https://10.0.0.5:8443\"",
+        "advertise = \"http://10.0.0.5:8080\"\npeer_ca = \"/nonexistent/ca.pem\"",
+    );
+    let err = Config::from_toml_str(&ca).unwrap_err().to_string();
+    assert!(err.contains("store.peer_ca"), "{err}");
 }

@@ -141,6 +141,20 @@ pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
     }
     let s3 = super::s3::s3(raw.s3, backend.protocol)?;
     let headers = super::headers::headers(raw.headers, &[&fence.header, &verify.signature_header])?;
+    if let Some(e) = &store.etcd {
+        if e.advertise.starts_with("https://") && server.tls.is_none() {
+            return Err(invalid(
+                "store.advertise",
+                format!(
+                    "{:?}: an https:// URL needs [server.tls], so that the other instances reach this one over TLS",
+                    e.advertise
+                ),
+            ));
+        }
+        if let Some(ca) = &e.peer_ca {
+            crate::tls::client_config(Some(ca), None, None).map_err(|why| invalid("store.peer_ca", why))?;
+        }
+    }
     Ok(Config { server, backend, fence, verify, store, log, paths, limits, admin, etcd, s3, headers })
 }
 

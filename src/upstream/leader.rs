@@ -11,6 +11,7 @@
 //! leader takes the write as the client's own (its address, not one the client named, is the
 //! one refused proofs are counted against), and a follower sends it on as any other.
 
+use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine;
@@ -21,6 +22,7 @@ use bytes::Bytes;
 use http::header::HeaderName;
 use http::{HeaderValue, Request, Response, Uri};
 use http_body_util::BodyExt;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -40,21 +42,28 @@ const PROOF_WINDOW: u64 = 60;
 /// The client a follower sends writes to the leader with.
 #[derive(Debug, Clone)]
 pub(crate) struct Peers {
-    http: Client<HttpConnector, RequestBody>,
+    /// `http://` and `https://` leaders alike.
+    http: Client<HttpsConnector<HttpConnector>, RequestBody>,
     /// This instance's advertised URL, for [`FORWARDED_BY`].
     me: HeaderValue,
 }
 
 impl Peers {
-    /// A client for an instance that advertises `me`.
-    pub(crate) fn new(me: &str, connect_timeout: Duration) -> Peers {
+    /// A client for an instance that advertises `me`, checking an `https://` leader's
+    /// certificate against `ca` (the system's roots without one).
+    pub(crate) fn new(me: &str, connect_timeout: Duration, ca: Option<&Path>) -> Result<Peers, String> {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(connect_timeout));
-        Peers {
+        // The TLS layer takes the https:// URLs the plain connector would refuse.
+        connector.enforce_http(false);
+        let tls = crate::tls::client_config(ca, None, None).map_err(|e| format!("store.peer_ca: {e}"))?;
+        let connector =
+            HttpsConnectorBuilder::new().with_tls_config(tls).https_or_http().enable_http1().wrap_connector(connector);
+        Ok(Peers {
             http: Client::builder(TokioExecutor::new()).build(connector),
             me: HeaderValue::from_str(me).unwrap_or_else(|_| HeaderValue::from_static("unknown")),
-        }
+        })
     }
 
     /// Sends `req` to the leader at `leader` and relays its answer; gives up on the answer's

@@ -812,3 +812,46 @@ async fn a_clients_claim_to_be_an_instance_is_not_believed() {
     // Each applied once, as the clients sent them.
     assert_eq!(c.backend.applied().len(), 2);
 }
+
+/// Instances that advertise `https://` URLs send fenced writes on to the leader over TLS,
+/// checking its certificate against `store.peer_ca`.
+#[tokio::test]
+async fn instances_with_https_urls_send_writes_on_over_tls() {
+    let Some(etcd) = start_etcd().await else { return };
+    let pki = common::pki::Pki::new();
+    let (cert, key, ca) = (pki.path("server.pem"), pki.path("server-key.pem"), pki.path("ca.pem"));
+    let tls = format!("[server.tls]\ncert = \"{}\"\nkey = \"{}\"\n", cert.display(), key.display());
+    let mut c = Cluster::build(&[etcd.url()], 2, &tls).await;
+    let urls: Vec<String> = c.instances.iter().map(|i| i.url().replace("http://", "https://")).collect();
+    let https = |i: usize| urls[i].clone();
+    for i in 0..2 {
+        let text = std::fs::read_to_string(&c.instances[i].config).unwrap().replace(
+            &format!("advertise = \"{}\"", c.instances[i].url()),
+            &format!("advertise = \"{}\"\npeer_ca = \"{}\"", https(i), ca.display()),
+        );
+        std::fs::write(&c.instances[i].config, text).unwrap();
+    }
+    c.init().await;
+    c.instances[0].start();
+    let leader = https(0);
+    eventually("the first instance leads", async || c.leader_url().await.as_deref() == Some(leader.as_str())).await;
+    c.instances[1].start();
+    eventually("the second follows", async || c.instances[1].proxy().log_contains("following the fence's leader"))
+        .await;
+    // curl on a thread of its own: the backend serves on this test's runtime.
+    let (ca, url) = (ca.display().to_string(), format!("{}/a", https(1)));
+    let put = async |token: u64| {
+        let (ca, url) = (ca.clone(), url.clone());
+        let out = tokio::task::spawn_blocking(move || {
+            std::process::Command::new("curl")
+                .args(["-sS", "--cacert", &ca, "-o", "/dev/null", "-w", "%{http_code}", "-X", "PUT"])
+                .args(["-H", &format!("Fencing-Token: {token}"), "--data", "v", &url])
+                .output()
+                .expect("curl runs")
+        });
+        String::from_utf8_lossy(&out.await.unwrap().stdout).into_owned()
+    };
+    assert!(put(2).await.starts_with('2'), "a write through the follower, sent on over TLS");
+    assert_eq!(put(1).await, "409", "the leader fenced it");
+    assert_eq!(c.applied_tokens("/a"), [2]);
+}
