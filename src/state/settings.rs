@@ -48,9 +48,19 @@ impl Settings {
         // An S3 server checks the signatures that may cover forwarded headers.
         let signed = backend.protocol == BackendProtocol::S3;
         let policy = HeaderPolicy::new(&config.headers, tls, &backend.url, signed);
+        // A write's bytes the backend has not acknowledged stop travelling within three quarters
+        // of the quarantine that covers them once its outcome is unknown: the rest leaves room
+        // for the last copy's way and the timers' grain.
+        let unacked = config.fence.quarantine * 3 / 4;
         let upstream = match previous {
-            Some(p) if !reads_files(&config) && p.config.backend == config.backend => p.upstream.with_policy(policy),
-            _ => Upstream::new(&config.backend, policy, bytes_in, previous.map(|p| &p.upstream))
+            Some(p)
+                if !reads_files(&config)
+                    && p.config.backend == config.backend
+                    && p.config.fence.quarantine == config.fence.quarantine =>
+            {
+                p.upstream.with_policy(policy)
+            }
+            _ => Upstream::new(&config.backend, policy, bytes_in, previous.map(|p| &p.upstream), unacked)
                 .map_err(SettingsError::Backend)?,
         };
         let acceptor = match &config.server.tls {

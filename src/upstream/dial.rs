@@ -30,6 +30,9 @@ pub(crate) enum Target {
 pub(super) struct Dialer {
     to: To,
     timeout: Duration,
+    /// How long the kernel may keep retransmitting what a TCP connection sent before it gives
+    /// the connection up (`TCP_USER_TIMEOUT`; see [`bound_retransmission`]).
+    unacked: Duration,
 }
 
 /// A [`Target`] with its TLS connector made once.
@@ -48,15 +51,16 @@ impl std::fmt::Debug for Dialer {
 }
 
 impl Dialer {
-    /// Connections to `target`, each opened within `timeout`.
-    pub(super) fn new(target: Target, timeout: Duration) -> Self {
+    /// Connections to `target`, each opened within `timeout`, whose bytes stop travelling
+    /// `unacked` after they were sent if the backend has not acknowledged them.
+    pub(super) fn new(target: Target, timeout: Duration, unacked: Duration) -> Self {
         let to = match target {
             Target::Tcp { host, port, tls } => {
                 To::Tcp { host, port, tls: tls.map(|(config, name)| (TlsConnector::from(config), name)) }
             }
             Target::Unix(path) => To::Unix(path),
         };
-        Dialer { to, timeout }
+        Dialer { to, timeout, unacked }
     }
 
     /// Opens a connection that holds `permit` for as long as it is open. On failure the permit
@@ -90,6 +94,7 @@ impl Dialer {
         };
         let tcp = TcpStream::connect((host.as_str(), port)).await.map_err(|e| failed("connect", &e))?;
         let _ = tcp.set_nodelay(true);
+        bound_retransmission(&tcp, self.unacked).map_err(|e| failed("TCP_USER_TIMEOUT", &e))?;
         match tls {
             None => handshake(tcp, permit).await,
             Some((connector, name)) => {
@@ -98,6 +103,16 @@ impl Dialer {
             }
         }
     }
+}
+
+/// Bounds how long the kernel retransmits what `tcp` sent and the backend did not acknowledge
+/// to `unacked`, after which it drops the connection (`TCP_USER_TIMEOUT`). Without it Linux
+/// retransmits for many minutes (`tcp_retries2`), also after fencegate closed the socket, so
+/// a write's bytes abandoned on a link that failed could reach the backend long after the
+/// quarantine meant to cover them ended (docs/faults.md, Network partitions).
+pub(crate) fn bound_retransmission(tcp: &TcpStream, unacked: Duration) -> std::io::Result<()> {
+    let ms = u32::try_from(unacked.as_millis()).unwrap_or(u32::MAX).max(1);
+    rustix::net::sockopt::set_tcp_user_timeout(tcp, ms).map_err(std::io::Error::from)
 }
 
 /// The HTTP/1.1 handshake (no I/O of its own), and the task that drives the connection.
@@ -121,4 +136,18 @@ where
         }
     });
     Ok(sender)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_backend_connection_bounds_how_long_its_bytes_are_retransmitted() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let tcp = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        assert_eq!(rustix::net::sockopt::tcp_user_timeout(&tcp).unwrap(), 0, "the kernel's default: no bound");
+        bound_retransmission(&tcp, Duration::from_millis(22_500)).unwrap();
+        assert_eq!(rustix::net::sockopt::tcp_user_timeout(&tcp).unwrap(), 22_500);
+    }
 }

@@ -127,11 +127,13 @@ impl Upstream {
         policy: HeaderPolicy,
         bytes_in: prometheus_client::metrics::counter::Counter,
         previous: Option<&Upstream>,
+        unacked: Duration,
     ) -> Result<Self, String> {
         let bounds = Bounds {
             max_connections: backend.max_connections,
             pool_timeout: backend.pool_timeout,
             idle_timeout: Duration::from_secs(60),
+            unacked,
         };
         let (target, host) = match &backend.url {
             BackendUrl::Http(url) => {

@@ -50,6 +50,9 @@ pub(crate) struct Bounds {
     pub(crate) pool_timeout: Duration,
     /// An idle connection older than this is not used again.
     pub(crate) idle_timeout: Duration,
+    /// How long a connection's kernel may retransmit unacknowledged bytes before it gives the
+    /// connection up ([`super::dial::bound_retransmission`]).
+    pub(crate) unacked: Duration,
 }
 
 /// One backend's connections.
@@ -149,7 +152,7 @@ where
             None => Arc::new(Semaphore::new(bounds.max_connections)),
         };
         Arc::new(Pool {
-            dialer: Dialer::new(target, connect_timeout),
+            dialer: Dialer::new(target, connect_timeout, bounds.unacked),
             retired: AtomicBool::new(false),
             limit,
             bounds,

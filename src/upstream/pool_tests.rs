@@ -65,8 +65,12 @@ async fn open_backend(close: bool) -> (u16, Arc<Seen>) {
 }
 
 fn pool(port: u16, max_connections: usize) -> Arc<Pool<Empty<Bytes>>> {
-    let bounds =
-        Bounds { max_connections, pool_timeout: Duration::from_secs(20), idle_timeout: Duration::from_secs(60) };
+    let bounds = Bounds {
+        max_connections,
+        pool_timeout: Duration::from_secs(20),
+        idle_timeout: Duration::from_secs(60),
+        unacked: Duration::from_secs(30),
+    };
     Pool::new(tcp(port), Duration::from_secs(5), bounds, None)
 }
 
@@ -160,8 +164,12 @@ async fn the_backend_never_has_more_connections_open_than_the_bound() {
 async fn a_request_that_finds_every_connection_in_use_for_the_pool_timeout_is_busy() {
     let (gate, opened) = watch::channel(false);
     let (port, seen) = backend(false, opened).await;
-    let bounds =
-        Bounds { max_connections: 1, pool_timeout: Duration::from_millis(50), idle_timeout: Duration::from_secs(60) };
+    let bounds = Bounds {
+        max_connections: 1,
+        pool_timeout: Duration::from_millis(50),
+        idle_timeout: Duration::from_secs(60),
+        unacked: Duration::from_secs(30),
+    };
     let pool: Arc<Pool<Empty<Bytes>>> = Pool::new(tcp(port), Duration::from_secs(5), bounds, None);
     let held = tokio::spawn({
         let pool = Arc::clone(&pool);
