@@ -60,7 +60,8 @@ struct State {
     applied: Vec<Received>,
 }
 
-/// A running in-memory store on a loopback port; stops when dropped.
+/// A running in-memory store on a port of its own (loopback unless `start_on` says otherwise);
+/// stops when dropped.
 #[derive(Debug)]
 pub struct MemBackend {
     addr: SocketAddr,
@@ -74,13 +75,22 @@ impl MemBackend {
         MemBackend::start_with(None).await
     }
 
+    /// Binds `addr` and starts serving plain HTTP: an address other than loopback, for a backend
+    /// that clients in other network namespaces reach.
+    pub async fn start_on(addr: SocketAddr) -> std::io::Result<MemBackend> {
+        MemBackend::serve_on(TcpListener::bind(addr).await?, None)
+    }
+
     /// Binds `127.0.0.1:0` and starts serving HTTPS with `tls`.
     pub async fn start_tls(tls: Arc<rustls::ServerConfig>) -> std::io::Result<MemBackend> {
         MemBackend::start_with(Some(tokio_rustls::TlsAcceptor::from(tls))).await
     }
 
     async fn start_with(acceptor: Option<tokio_rustls::TlsAcceptor>) -> std::io::Result<MemBackend> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        MemBackend::serve_on(TcpListener::bind("127.0.0.1:0").await?, acceptor)
+    }
+
+    fn serve_on(listener: TcpListener, acceptor: Option<tokio_rustls::TlsAcceptor>) -> std::io::Result<MemBackend> {
         let addr = listener.local_addr()?;
         let state = Arc::new(Mutex::new(State::default()));
         let (stop, mut stopped) = watch::channel(false);

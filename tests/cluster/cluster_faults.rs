@@ -28,6 +28,9 @@
 //! the stall rounds fail the order check: the stalled write reaches the backend after the new
 //! leader's.
 //!
+//! The world, its checker and the loop of rounds serve the partition rounds too
+//! (`partitions`), whose faults are cut links instead of stopped processes.
+//!
 //! [`DEFAULT_ROUNDS`] counted rounds (about 7 s each), or `FG_CLUSTER_ROUNDS` (`.ci/run` sets
 //! 20; a soak, hundreds); `FG_SEED` replays a run's choice and placement of faults (each round's
 //! seed is printed; the processes' own interleavings are not replayed). Skipped with a message
@@ -43,12 +46,13 @@ use std::time::{Duration, Instant};
 
 use common::cluster::Cluster;
 use common::etcd_cluster::{EtcdCluster, start_etcd_cluster};
+use common::netns::Net;
 use common::rng::Rng;
 use common::{RawConn, eventually, raw_request};
 
-const RESOURCES: [&str; 3] = ["/r0", "/r1", "/r2"];
+pub(crate) const RESOURCES: [&str; 3] = ["/r0", "/r1", "/r2"];
 /// The instances' lease (`store.lease_ttl` in `common::cluster`).
-const LEASE: Duration = Duration::from_secs(3);
+pub(crate) const LEASE: Duration = Duration::from_secs(3);
 /// Counted rounds without `FG_CLUSTER_ROUNDS`: a local `cargo test` runs a few.
 const DEFAULT_ROUNDS: usize = 3;
 
@@ -56,7 +60,7 @@ const DEFAULT_ROUNDS: usize = 3;
 /// and below a stall, which lasts until another instance has accepted newer writes after its
 /// quarantine: the gate, not the quarantine, is what keeps a stalled leader's write from
 /// landing late.
-const QUARANTINE: &str = "5s";
+pub(crate) const QUARANTINE: &str = "5s";
 /// A write the backend holds longer than a takeover takes, and less than the quarantine: in
 /// flight when its leader dies, it is applied after the next leader took over, which only the
 /// quarantine of its marker keeps ahead of newer writes.
@@ -65,7 +69,7 @@ const CLIENTS: usize = 4;
 const BARRIER: &str = "settling it with a barrier";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Fault {
+pub(crate) enum Fault {
     StallBeforeHead,
     StallMidBody,
     KillLeader,
@@ -85,29 +89,43 @@ const FAULTS: [Fault; 6] = [
 
 /// One write as a client saw it.
 #[derive(Debug, Clone)]
-struct Outcome {
-    resource: &'static str,
-    token: u64,
-    status: Option<u16>,
+pub(crate) struct Outcome {
+    pub(crate) resource: &'static str,
+    pub(crate) token: u64,
+    pub(crate) status: Option<u16>,
 }
 
-fn acked(o: &Outcome) -> bool {
+/// A kind of fault the rounds inject: `inject` waits for its window, injects it, ends it, and
+/// says which window it hit (`None`: none, the round is not counted).
+pub(crate) trait Inject: Copy + std::fmt::Debug {
+    async fn inject(self, world: &mut World, rng: &mut Rng) -> Option<String>;
+}
+
+impl Inject for Fault {
+    async fn inject(self, world: &mut World, rng: &mut Rng) -> Option<String> {
+        world.inject(self, rng).await
+    }
+}
+
+pub(crate) fn acked(o: &Outcome) -> bool {
     o.status.is_some_and(|s| (200..300).contains(&s))
 }
 
-/// Fields drop in order: the instances before etcd.
-struct World {
-    cluster: Cluster,
-    etcd: EtcdCluster,
-    counter: Arc<AtomicU64>,
-    outcomes: Arc<Mutex<Vec<Outcome>>>,
+/// Fields drop in order: the instances before etcd, both before their network.
+pub(crate) struct World {
+    pub(crate) cluster: Cluster,
+    pub(crate) etcd: EtcdCluster,
+    pub(crate) counter: Arc<AtomicU64>,
+    pub(crate) outcomes: Arc<Mutex<Vec<Outcome>>>,
     /// The instances run without the self-fence (`upstream::no_self_fence`).
-    unfenced: bool,
+    pub(crate) unfenced: bool,
+    /// The namespaces the processes run in, for the partition rounds (`partitions`).
+    pub(crate) net: Option<Arc<Net>>,
 }
 
 /// One PUT of `token` to `resource` at `addr`, its body in two chunks a moment apart (so that a
 /// fail point between chunks has something on either side).
-async fn put(addr: SocketAddr, resource: &str, token: u64, delay_ms: u64) -> Option<u16> {
+pub(crate) async fn put(addr: SocketAddr, resource: &str, token: u64, delay_ms: u64) -> Option<u16> {
     let delay = if delay_ms > 0 { format!("\r\nx-memstore-delay-ms: {delay_ms}") } else { String::new() };
     let body = "v".repeat(64);
     let head = format!(
@@ -129,7 +147,7 @@ async fn put(addr: SocketAddr, resource: &str, token: u64, delay_ms: u64) -> Opt
 }
 
 /// The next token of the shared counter.
-fn token(counter: &AtomicU64) -> u64 {
+pub(crate) fn token(counter: &AtomicU64) -> u64 {
     counter.fetch_add(1, Ordering::SeqCst) + 1
 }
 
@@ -164,7 +182,7 @@ fn load(world: &World, seed: u64, stop: Arc<AtomicBool>) -> tokio::task::JoinHan
 
 impl World {
     /// The running instance that leads, once one does.
-    async fn leader(&self) -> usize {
+    pub(crate) async fn leader(&self) -> usize {
         self.cluster.wait_leader().await
     }
 
@@ -176,7 +194,7 @@ impl World {
     /// Waits until another instance than `old` leads, then has it accept a newer write on
     /// every resource (retried through the quarantine): after this, a write of `old` reaching
     /// the backend would come after a newer one.
-    async fn newer_writes_elsewhere(&self, old: usize) -> bool {
+    pub(crate) async fn newer_writes_elsewhere(&self, old: usize) -> bool {
         let deadline = Instant::now() + Duration::from_secs(15);
         let new = loop {
             if Instant::now() > deadline {
@@ -207,8 +225,12 @@ impl World {
         true
     }
 
-    /// Every instance and member running, every fail point off, and a leader serving.
-    async fn heal(&mut self) {
+    /// Every link whole, every instance and member running, every fail point off, and a leader
+    /// serving.
+    pub(crate) async fn heal(&mut self) {
+        if let Some(net) = &self.net {
+            net.heal_all();
+        }
         let stopped: Vec<u32> = std::mem::take(&mut *self.cluster.instances[0].stopped.lock().unwrap());
         for pid in stopped {
             common::process::signal(pid, "CONT");
@@ -435,17 +457,40 @@ struct Run {
 /// rounds by the window they hit.
 async fn rounds(etcd: EtcdCluster, run: Run, seed: u64) -> (Vec<String>, BTreeMap<String, usize>) {
     let Run { faults, extra, unfenced, wanted, checked } = run;
-    println!("cluster fault rounds: seed {seed} (FG_SEED={seed} replays the faults), {wanted} counted rounds");
     let cluster = Cluster::build_with(&etcd.urls(), 3, QUARANTINE, extra).await;
-    cluster.init().await;
-    let outcomes = Arc::new(Mutex::new(Vec::new()));
-    let mut world = World { cluster, etcd, counter: Arc::new(AtomicU64::new(0)), outcomes, unfenced };
-    for i in 0..3 {
-        tokio::task::block_in_place(|| {
-            world.cluster.instances[i].start();
-        });
+    let world = World::start(cluster, etcd, unfenced, None).await;
+    run_rounds(world, faults, wanted, checked, seed).await
+}
+
+impl World {
+    /// Initialises the fence of `cluster`, starts every instance, and waits for a leader.
+    pub(crate) async fn start(cluster: Cluster, etcd: EtcdCluster, unfenced: bool, net: Option<Arc<Net>>) -> World {
+        cluster.init().await;
+        let outcomes = Arc::new(Mutex::new(Vec::new()));
+        let counter = Arc::new(AtomicU64::new(0));
+        let mut world = World { cluster, etcd, counter, outcomes, unfenced, net };
+        for i in 0..world.cluster.instances.len() {
+            tokio::task::block_in_place(|| {
+                world.cluster.instances[i].start();
+            });
+        }
+        world.heal().await;
+        world
     }
-    world.heal().await;
+}
+
+/// Runs counted rounds of `faults` on `world` under clients' load (each round one fault, then
+/// everything healed); returns what the history breaks, and the counted rounds by the window
+/// they hit. `checked`: the history is checked after every round, and by a stale write to every
+/// resource after a forced takeover at the end.
+pub(crate) async fn run_rounds<F: Inject>(
+    mut world: World,
+    faults: &[F],
+    wanted: usize,
+    checked: bool,
+    seed: u64,
+) -> (Vec<String>, BTreeMap<String, usize>) {
+    println!("fault rounds: seed {seed} (FG_SEED={seed} replays the faults), {wanted} counted rounds");
     let (mut counted, mut round) = (0, 0u64);
     let mut hits: BTreeMap<String, usize> = BTreeMap::new();
     while counted < wanted {
@@ -455,7 +500,7 @@ async fn rounds(etcd: EtcdCluster, run: Run, seed: u64) -> (Vec<String>, BTreeMa
         let fault = faults[rng.below(faults.len() as u64) as usize];
         let stop = Arc::new(AtomicBool::new(false));
         let clients = load(&world, round_seed, Arc::clone(&stop));
-        let window = world.inject(fault, &mut rng).await;
+        let window = fault.inject(&mut world, &mut rng).await;
         // The clients go on past the fault's end, so that what was held up meets newer writes.
         tokio::time::sleep(Duration::from_millis(1000)).await;
         stop.store(true, Ordering::SeqCst);
@@ -485,13 +530,13 @@ async fn rounds(etcd: EtcdCluster, run: Run, seed: u64) -> (Vec<String>, BTreeMa
     (broken, hits)
 }
 
-fn seed() -> u64 {
+pub(crate) fn seed() -> u64 {
     std::env::var("FG_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
     })
 }
 
-fn wanted(var: &str, default: usize) -> usize {
+pub(crate) fn wanted(var: &str, default: usize) -> usize {
     std::env::var(var).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 

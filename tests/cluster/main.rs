@@ -1,10 +1,11 @@
 //! The shared fence and the lock services: several instances through a real etcd, its fault
-//! rounds and its model check, the model check of pinned writes, the etcd client and mirror,
+//! rounds, its network partitions and its model check, the model check of pinned writes, the etcd client and mirror,
 //! verified tokens, and tokens from a real etcd and ZooKeeper. One test binary, with the harness in `common`. Tests that need
 //! etcd or ZooKeeper skip with a message where they are not installed (`FG_REQUIRE_SERVICES=1`
 //! makes that a failure).
 //!
-//! `FG_CLUSTER_ROUNDS` sets the counted rounds of `cluster_faults` (see that module).
+//! `FG_CLUSTER_ROUNDS` sets the counted rounds of `cluster_faults`, `FG_PARTITION_ROUNDS` those
+//! of `partitions` (see those modules).
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -16,5 +17,6 @@ mod etcd_mirror;
 mod etcd_secure;
 mod interop_etcd;
 mod interop_zookeeper;
+mod partitions;
 mod pin_model;
 mod verify_etcd;

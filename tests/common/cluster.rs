@@ -28,6 +28,9 @@ pub struct Instance {
     /// Pids stopped (SIGSTOP) the moment their log said a fail point was reached, shared by
     /// every instance of a cluster.
     pub stopped: Arc<Mutex<Vec<u32>>>,
+    /// What its command line starts with before the binary's path (`ip netns exec NS` for an
+    /// instance in a namespace of its own; nothing on loopback).
+    pub prefix: Vec<String>,
 }
 
 impl Instance {
@@ -39,7 +42,14 @@ impl Instance {
     /// Starts it. A log line saying a fail point was reached stops it on the spot (SIGSTOP),
     /// from the thread that reads its log, and records its pid in `stopped`.
     pub fn start(&mut self) -> &Running {
-        let mut cmd = Command::new(BIN);
+        let mut cmd = match self.prefix.split_first() {
+            Some((program, args)) => {
+                let mut cmd = Command::new(program);
+                cmd.args(args).arg(BIN);
+                cmd
+            }
+            None => Command::new(BIN),
+        };
         cmd.arg("run").arg("--config").arg(&self.config);
         let stopped = Arc::clone(&self.stopped);
         self.running = Some(Running::spawn_with(cmd, move |line, pid| {
@@ -61,6 +71,14 @@ impl Instance {
     pub fn proxy(&self) -> &Running {
         self.running.as_ref().expect("the instance runs")
     }
+}
+
+/// Where an instance runs: its listening address (also the URL it advertises), its admin
+/// API's, and what its command line starts with.
+pub struct Place {
+    pub listen: SocketAddr,
+    pub admin: SocketAddr,
+    pub prefix: Vec<String>,
 }
 
 /// Fields drop in order: the instances before the backend, etcd and their directory.
@@ -85,23 +103,36 @@ impl Cluster {
     /// [`Cluster::build`] with `fence.quarantine` set to `quarantine`.
     pub async fn build_with(endpoints: &[String], n: usize, quarantine: &str, extra: &str) -> Cluster {
         let backend = MemBackend::start().await.unwrap();
+        let places =
+            (0..n).map(|_| Place { listen: free_port(), admin: "127.0.0.1:0".parse().unwrap(), prefix: Vec::new() });
+        Cluster::build_placed(endpoints, places.collect(), backend, quarantine, extra)
+    }
+
+    /// One instance at each of `places`, in front of `backend`; otherwise as
+    /// [`Cluster::build_with`].
+    pub fn build_placed(
+        endpoints: &[String],
+        places: Vec<Place>,
+        backend: MemBackend,
+        quarantine: &str,
+        extra: &str,
+    ) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let stopped = Arc::new(Mutex::new(Vec::new()));
         let listed: Vec<String> = endpoints.iter().map(|e| format!("\"{e}\"")).collect();
         let mut instances = Vec::new();
-        for i in 0..n {
-            let addr = free_port();
+        for (i, Place { listen: addr, admin, prefix }) in places.into_iter().enumerate() {
             let config = dir.path().join(format!("fencegate-{i}.toml"));
             let text = format!(
                 "[server]\nlisten = \"{addr}\"\n[backend]\nurl = \"{}\"\n[store]\nkind = \"etcd\"\nprefix = \"{PREFIX}\"\n\
                  advertise = \"http://{addr}\"\nlease_ttl = \"3s\"\nlease_margin = \"1s\"\n[etcd]\nendpoints = [{}]\n\
                  request_timeout = \"500ms\"\n[fence]\nquarantine = \"{quarantine}\"\n\
-                 [admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{ADMIN_TOKEN}\"\n{extra}\n",
+                 [admin]\nlisten = \"{admin}\"\ntoken = \"{ADMIN_TOKEN}\"\n{extra}\n",
                 backend.url(),
                 listed.join(", ")
             );
             std::fs::write(&config, text).unwrap();
-            instances.push(Instance { running: None, addr, config, stopped: Arc::clone(&stopped) });
+            instances.push(Instance { running: None, addr, config, stopped: Arc::clone(&stopped), prefix });
         }
         let gateway = Gateway::new(endpoints, std::time::Duration::from_secs(2));
         Cluster { instances, backend, gateway, dir }
@@ -200,6 +231,13 @@ impl Cluster {
         })
         .await;
         found
+    }
+
+    /// The token of the write whose in-flight marker etcd holds for `key`, if any.
+    pub async fn in_flight_token(&self, key: &str) -> Option<u64> {
+        let name = format!("{PREFIX}i/{key}");
+        let (kvs, _) = self.gateway.range(name.as_bytes(), None).await.ok()?;
+        kvs.first().and_then(|kv| std::str::from_utf8(&kv.value).ok()?.parse().ok())
     }
 
     /// Tokens the backend applied to `path`, in the order it applied them.

@@ -18,17 +18,28 @@ pub struct EtcdCluster {
     members: Vec<Option<Process>>,
     /// Each member's client address.
     pub endpoints: Vec<SocketAddr>,
-    peers: Vec<u16>,
+    peers: Vec<SocketAddr>,
+    /// What each member's command line starts with before etcd's path (`ip netns exec NS`
+    /// for a member in a namespace; nothing on loopback).
+    prefixes: Vec<Vec<String>>,
     data: Vec<PathBuf>,
     starts: usize,
     dir: tempfile::TempDir,
 }
 
-fn member_command(i: usize, clients: &[SocketAddr], peers: &[u16], data: &Path, state: &str) -> Command {
-    let client_url = format!("http://{}", clients[i]);
-    let peer_url = format!("http://127.0.0.1:{}", peers[i]);
-    let initial: Vec<String> = peers.iter().enumerate().map(|(j, p)| format!("m{j}=http://127.0.0.1:{p}")).collect();
-    let mut cmd = Command::new(ETCD);
+fn member_command(i: usize, cluster: &EtcdCluster, state: &str) -> Command {
+    let client_url = format!("http://{}", cluster.endpoints[i]);
+    let peer_url = format!("http://{}", cluster.peers[i]);
+    let initial: Vec<String> = cluster.peers.iter().enumerate().map(|(j, p)| format!("m{j}=http://{p}")).collect();
+    let data = &cluster.data[i];
+    let mut cmd = match cluster.prefixes[i].split_first() {
+        Some((program, args)) => {
+            let mut cmd = Command::new(program);
+            cmd.args(args).arg(ETCD);
+            cmd
+        }
+        None => Command::new(ETCD),
+    };
     cmd.arg("--name")
         .arg(format!("m{i}"))
         .arg("--data-dir")
@@ -107,7 +118,7 @@ impl EtcdCluster {
     pub fn restart(&mut self, i: usize) {
         self.starts += 1;
         let log = self.dir.path().join(format!("etcd-m{i}-{}.log", self.starts));
-        let cmd = member_command(i, &self.endpoints, &self.peers, &self.data[i], "existing");
+        let cmd = member_command(i, self, "existing");
         self.members[i] = Some(Process::spawn("etcd member", cmd, log));
     }
 }
@@ -115,21 +126,33 @@ impl EtcdCluster {
 /// Starts a three-member etcd cluster, or returns `None` (the test skips) where etcd is not
 /// installed. Resolves once every member is healthy.
 pub async fn start_etcd_cluster() -> Option<EtcdCluster> {
+    let ports: [u16; 6] = free_ports();
+    let at = |p: &u16| -> SocketAddr { format!("127.0.0.1:{p}").parse().unwrap() };
+    let endpoints: Vec<SocketAddr> = ports[..3].iter().map(at).collect();
+    let peers: Vec<SocketAddr> = ports[3..].iter().map(at).collect();
+    start_placed(endpoints, peers, vec![Vec::new(); 3]).await
+}
+
+/// A three-member etcd cluster whose member `i` listens for clients on `endpoints[i]` and for
+/// its peers on `peers[i]`, its command line starting with `prefixes[i]` (`ip netns exec NS`,
+/// for a member in a namespace of its own); `None` where etcd is not installed.
+pub async fn start_placed(
+    endpoints: Vec<SocketAddr>,
+    peers: Vec<SocketAddr>,
+    prefixes: Vec<Vec<String>>,
+) -> Option<EtcdCluster> {
     if !installed("etcd", "etcd-server etcd-client", &[ETCD, ETCDCTL]) {
         return None;
     }
     let shm = Path::new("/dev/shm");
     let dir = if shm.is_dir() { tempfile::tempdir_in(shm).unwrap() } else { tempfile::tempdir().unwrap() };
-    let ports: [u16; 6] = free_ports();
-    let endpoints: Vec<SocketAddr> = ports[..3].iter().map(|p| format!("127.0.0.1:{p}").parse().unwrap()).collect();
-    let peers = ports[3..].to_vec();
     let data: Vec<PathBuf> = (0..3).map(|i| dir.path().join(format!("m{i}"))).collect();
-    let mut members = Vec::new();
-    for (i, data) in data.iter().enumerate() {
-        let cmd = member_command(i, &endpoints, &peers, data, "new");
-        members.push(Some(Process::spawn("etcd member", cmd, dir.path().join(format!("etcd-m{i}.log")))));
+    let mut cluster = EtcdCluster { members: Vec::new(), endpoints, peers, prefixes, data, starts: 0, dir };
+    for i in 0..3 {
+        let cmd = member_command(i, &cluster, "new");
+        let log = cluster.dir.path().join(format!("etcd-m{i}.log"));
+        cluster.members.push(Some(Process::spawn("etcd member", cmd, log)));
     }
-    let mut cluster = EtcdCluster { members, endpoints, peers, data, starts: 0, dir };
     for i in 0..3 {
         let endpoint = cluster.endpoints[i];
         let member = cluster.members[i].as_mut().unwrap();

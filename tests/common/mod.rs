@@ -4,8 +4,9 @@
 //! backends), `process`, `logs` and `builder` (the real binary, its log, and a deployment of
 //! it), `wait` (waiting for a state instead of sleeping), `services`, `etcd_server` and
 //! `etcd_cluster` (real etcd and ZooKeeper for the interop and cluster tests), `disks` (real
-//! disk faults: an EIO shim, ext4 the kernel turns read-only), `etcd` (a client of etcd's JSON gateway), `cluster`
-//! (several instances sharing a fence in etcd), `pki` (certificates made at test time),
+//! disk faults: an EIO shim, ext4 the kernel turns read-only), `etcd` (a client of etcd's JSON
+//! gateway), `cluster` (several instances sharing a fence in etcd), `netns` (a network of
+//! namespaces to partition), `pki` (certificates made at test time),
 //! `signing` (key files and signed tokens), `webdav` (a recording WebDAV stub), `apache` (Apache
 //! httpd with mod_dav, a backend that honours preconditions) and `relay` (a TCP relay that
 //! holds a chosen request and delivers it late).
@@ -42,6 +43,7 @@ pub mod etcd;
 pub mod etcd_cluster;
 pub mod etcd_server;
 pub mod logs;
+pub mod netns;
 pub mod nginx;
 pub mod pki;
 pub mod process;
