@@ -124,4 +124,43 @@ mod tests {
             config("[fence]\nunfenced_methods = [\"GET\", \"HEAD\", \"OPTIONS\", \"DELETE\"]\n").fence_record();
         assert!(unfenced.contains("fence.unfenced_methods = [\"DELETE\",\"GET\",\"HEAD\",\"OPTIONS\"]"), "{unfenced}");
     }
+
+    /// A config whose `/a` writes are signed, with `[verify]` and the keys named by `ids`.
+    fn signed(verify: &str, ids: &[&str]) -> String {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("k");
+        std::fs::write(&secret, "a-secret-of-32-bytes-for-tests!!").unwrap();
+        let mut text = format!("[[fence.rules]]\nprefix = \"/a\"\nverify = \"hmac\"\n[verify]\n{verify}\n");
+        for id in ids {
+            text.push_str(&format!(
+                "[[verify.hmac_keys]]\nid = \"{id}\"\nsecret_file = {:?}\n",
+                secret.display().to_string()
+            ));
+        }
+        config(&text).fence_record()
+    }
+
+    #[test]
+    fn the_record_names_how_a_signature_is_read_and_how_late_it_holds() {
+        let base = signed("clock_skew = \"30s\"", &["k"]);
+        assert_ne!(base, signed("clock_skew = \"1h\"", &["k"]), "how long past expiry a signature holds");
+        assert_ne!(base, signed("clock_skew = \"30s\"\nsignature_header = \"x-sig\"", &["k"]), "where it is read");
+    }
+
+    #[test]
+    fn the_record_names_how_s3_requests_name_their_objects() {
+        let s3 = |s3: &str| {
+            let text = format!(
+                "[backend]\nurl = \"http://127.0.0.1:9\"\nprotocol = \"s3\"\n[store]\ndir = \"/tmp/x\"\n[s3]\n{s3}\n"
+            );
+            Config::from_toml_str(&text).unwrap()
+        };
+        let (flat, resolved) = (s3("flat_keys = true"), s3("flat_keys = false"));
+        // One refuses a key with `..` segments that the other fences and sends on; the keying
+        // (request::protocol::keying) names neither.
+        assert_ne!(flat.fence_record(), resolved.fence_record(), "s3.flat_keys decides a write's fate");
+        // One refuses a virtual-host request that the other fences and sends on.
+        let hosted = s3("virtual_host_suffixes = [\"s3.example.com\"]");
+        assert_ne!(flat.fence_record(), hosted.fence_record(), "s3.virtual_host_suffixes decides it too");
+    }
 }
