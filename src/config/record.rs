@@ -14,12 +14,20 @@ use serde_json::Value;
 
 use super::{BackendProtocol, Config, EqualToken, FenceConfig, MissingToken, Rule};
 
-/// The settings of `[fence]` and `[s3]` that decide a write's fate.
+/// The settings of `[fence]`, `[verify]` and `[s3]` that decide a write's fate.
 #[derive(Serialize)]
 struct Record<'a> {
     fence: Fenced<'a>,
+    verify: Verified<'a>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    s3: Option<S3Fenced>,
+    s3: Option<S3Fenced<'a>>,
+}
+
+/// How a signature is read and how long past its expiry it holds.
+#[derive(Serialize)]
+struct Verified<'a> {
+    signature_header: &'a str,
+    clock_skew: String,
 }
 
 /// `[fence]` without what only bounds waiting (`queue_timeout`) and without the scopes, which
@@ -36,9 +44,13 @@ struct Fenced<'a> {
     rules: BTreeMap<&'a str, &'a Rule>,
 }
 
+/// Whether a delete is pinned, and how a request names its object: which keys are refused
+/// and which hosts name buckets.
 #[derive(Serialize)]
-struct S3Fenced {
+struct S3Fenced<'a> {
     conditional_deletes: bool,
+    flat_keys: bool,
+    virtual_host_suffixes: Vec<&'a str>,
 }
 
 impl Config {
@@ -55,8 +67,15 @@ impl Config {
                 quarantine: humantime::format_duration(fence.quarantine).to_string(),
                 rules: fence.rules.iter().map(|r| (r.prefix.as_str(), r)).collect(),
             },
-            s3: (self.backend.protocol == BackendProtocol::S3)
-                .then_some(S3Fenced { conditional_deletes: self.s3.conditional_deletes }),
+            verify: Verified {
+                signature_header: self.verify.signature_header.as_str(),
+                clock_skew: humantime::format_duration(self.verify.clock_skew).to_string(),
+            },
+            s3: (self.backend.protocol == BackendProtocol::S3).then(|| S3Fenced {
+                conditional_deletes: self.s3.conditional_deletes,
+                flat_keys: self.s3.flat_keys,
+                virtual_host_suffixes: sorted(self.s3.virtual_host_suffixes.iter().map(String::as_str)),
+            }),
         };
         let mut lines = Vec::new();
         match serde_json::to_value(&record) {
