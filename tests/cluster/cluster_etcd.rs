@@ -914,3 +914,33 @@ async fn a_follower_sends_writes_on_to_a_leader_that_asks_for_client_certificate
     assert!(status.starts_with('2'), "a write through the follower, sent on over TLS: {status}");
     assert_eq!(c.applied_tokens("/a"), [2]);
 }
+
+/// An instance that opened while etcd did not answer has not been checked against the fence's
+/// rules: it is once etcd answers, before it follows (a follower passes unchecked what its own
+/// rules leave unfenced) or leads.
+#[tokio::test]
+async fn an_instance_that_opened_without_etcd_is_held_to_the_fences_rules() {
+    let Some(etcd) = start_etcd().await else { return };
+    let mut c = Cluster::build(&[etcd.url()], 2, "").await;
+    let mut text = std::fs::read_to_string(&c.instances[1].config).unwrap();
+    text.push_str("[[fence.rules]]\nprefix = \"/x\"\nmax_jump = 5\n");
+    std::fs::write(&c.instances[1].config, text).unwrap();
+    c.init().await;
+    c.instances[0].start();
+    c.wait_leader().await;
+    common::process::signal(etcd.pid(), "STOP");
+    c.instances[1].start();
+    eventually("the second opens while etcd does not answer", async || {
+        c.instances[1].proxy().log_contains("etcd does not answer")
+    })
+    .await;
+    common::process::signal(etcd.pid(), "CONT");
+    let (following, differs) = ("following the fence's leader", "otherwise than the fence's recorded rules");
+    eventually("the second follows or is refused", async || {
+        let log = c.instances[1].proxy();
+        log.log_contains(following) || log.log_contains(differs)
+    })
+    .await;
+    assert!(!c.instances[1].proxy().log_contains(following), "it followed under rules of its own");
+    assert!(c.instances[1].proxy().log_contains(differs));
+}
