@@ -137,10 +137,16 @@ impl Proxy {
         };
         let store = Arc::clone(fence.store());
         let peers = match &config.store.etcd {
-            Some(e) => Some(
-                Peers::new(&e.advertise, config.backend.connect_timeout, e.peer_ca.as_deref())
-                    .map_err(Error::Conflict)?,
-            ),
+            Some(e) => {
+                // A leader whose listener asks clients for a certificate (they share the config)
+                // is shown this instance's own.
+                let tls = config.server.tls.as_ref().filter(|t| t.client_ca.is_some());
+                let identity = tls.map(|t| (t.cert.as_path(), t.key.as_path()));
+                Some(
+                    Peers::new(&e.advertise, config.backend.connect_timeout, e.peer_ca.as_deref(), identity)
+                        .map_err(Error::Conflict)?,
+                )
+            }
             None => None,
         };
         let refusals = RefusalThrottle::new();

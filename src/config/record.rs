@@ -14,12 +14,20 @@ use serde_json::Value;
 
 use super::{BackendProtocol, Config, EqualToken, FenceConfig, MissingToken, Rule};
 
-/// The settings of `[fence]` and `[s3]` that decide a write's fate.
+/// The settings of `[fence]`, `[verify]` and `[s3]` that decide a write's fate.
 #[derive(Serialize)]
 struct Record<'a> {
     fence: Fenced<'a>,
+    verify: Verified<'a>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    s3: Option<S3Fenced>,
+    s3: Option<S3Fenced<'a>>,
+}
+
+/// How a signature is read and how long past its expiry it holds.
+#[derive(Serialize)]
+struct Verified<'a> {
+    signature_header: &'a str,
+    clock_skew: String,
 }
 
 /// `[fence]` without what only bounds waiting (`queue_timeout`) and without the scopes, which
@@ -36,9 +44,13 @@ struct Fenced<'a> {
     rules: BTreeMap<&'a str, &'a Rule>,
 }
 
+/// Whether a delete is pinned, and how a request names its object: which keys are refused
+/// and which hosts name buckets.
 #[derive(Serialize)]
-struct S3Fenced {
+struct S3Fenced<'a> {
     conditional_deletes: bool,
+    flat_keys: bool,
+    virtual_host_suffixes: Vec<&'a str>,
 }
 
 impl Config {
@@ -55,8 +67,15 @@ impl Config {
                 quarantine: humantime::format_duration(fence.quarantine).to_string(),
                 rules: fence.rules.iter().map(|r| (r.prefix.as_str(), r)).collect(),
             },
-            s3: (self.backend.protocol == BackendProtocol::S3)
-                .then_some(S3Fenced { conditional_deletes: self.s3.conditional_deletes }),
+            verify: Verified {
+                signature_header: self.verify.signature_header.as_str(),
+                clock_skew: humantime::format_duration(self.verify.clock_skew).to_string(),
+            },
+            s3: (self.backend.protocol == BackendProtocol::S3).then(|| S3Fenced {
+                conditional_deletes: self.s3.conditional_deletes,
+                flat_keys: self.s3.flat_keys,
+                virtual_host_suffixes: sorted(self.s3.virtual_host_suffixes.iter().map(String::as_str)),
+            }),
         };
         let mut lines = Vec::new();
         match serde_json::to_value(&record) {
@@ -123,5 +142,44 @@ mod tests {
         let unfenced =
             config("[fence]\nunfenced_methods = [\"GET\", \"HEAD\", \"OPTIONS\", \"DELETE\"]\n").fence_record();
         assert!(unfenced.contains("fence.unfenced_methods = [\"DELETE\",\"GET\",\"HEAD\",\"OPTIONS\"]"), "{unfenced}");
+    }
+
+    /// A config whose `/a` writes are signed, with `[verify]` and the keys named by `ids`.
+    fn signed(verify: &str, ids: &[&str]) -> String {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("k");
+        std::fs::write(&secret, "a-secret-of-32-bytes-for-tests!!").unwrap();
+        let mut text = format!("[[fence.rules]]\nprefix = \"/a\"\nverify = \"hmac\"\n[verify]\n{verify}\n");
+        for id in ids {
+            text.push_str(&format!(
+                "[[verify.hmac_keys]]\nid = \"{id}\"\nsecret_file = {:?}\n",
+                secret.display().to_string()
+            ));
+        }
+        config(&text).fence_record()
+    }
+
+    #[test]
+    fn the_record_names_how_a_signature_is_read_and_how_late_it_holds() {
+        let base = signed("clock_skew = \"30s\"", &["k"]);
+        assert_ne!(base, signed("clock_skew = \"1h\"", &["k"]), "how long past expiry a signature holds");
+        assert_ne!(base, signed("clock_skew = \"30s\"\nsignature_header = \"x-sig\"", &["k"]), "where it is read");
+    }
+
+    #[test]
+    fn the_record_names_how_s3_requests_name_their_objects() {
+        let s3 = |s3: &str| {
+            let text = format!(
+                "[backend]\nurl = \"http://127.0.0.1:9\"\nprotocol = \"s3\"\n[store]\ndir = \"/tmp/x\"\n[s3]\n{s3}\n"
+            );
+            Config::from_toml_str(&text).unwrap()
+        };
+        let (flat, resolved) = (s3("flat_keys = true"), s3("flat_keys = false"));
+        // One refuses a key with `..` segments that the other fences and sends on; the keying
+        // (request::protocol::keying) names neither.
+        assert_ne!(flat.fence_record(), resolved.fence_record(), "s3.flat_keys decides a write's fate");
+        // One refuses a virtual-host request that the other fences and sends on.
+        let hosted = s3("virtual_host_suffixes = [\"s3.example.com\"]");
+        assert_ne!(flat.fence_record(), hosted.fence_record(), "s3.virtual_host_suffixes decides it too");
     }
 }

@@ -293,7 +293,7 @@ pub enum StoreError {
     /// The configuration decides writes otherwise than the fence's other instances.
     #[error(
         "etcd prefix {prefix:?}: this configuration fences writes otherwise than the fence's recorded rules, which \
-        every instance shares ({differences}). Make [fence] (and [s3] conditional_deletes) match them, or change \
+        every instance shares ({differences}). Make [fence] (and [verify]'s and [s3]'s settings named) match them, or change \
         the fence's rules: stop every instance on the prefix, run `fencegate rules --config FILE --set` with the \
         new config, and start them all with it"
     )]

@@ -50,14 +50,21 @@ pub(crate) struct Peers {
 
 impl Peers {
     /// A client for an instance that advertises `me`, checking an `https://` leader's
-    /// certificate against `ca` (the system's roots without one).
-    pub(crate) fn new(me: &str, connect_timeout: Duration, ca: Option<&Path>) -> Result<Peers, String> {
+    /// certificate against `ca` (the system's roots without one) and showing it `identity`
+    /// (a certificate and its key), which a leader whose listener asks clients for one takes.
+    pub(crate) fn new(
+        me: &str,
+        connect_timeout: Duration,
+        ca: Option<&Path>,
+        identity: Option<(&Path, &Path)>,
+    ) -> Result<Peers, String> {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(connect_timeout));
         // The TLS layer takes the https:// URLs the plain connector would refuse.
         connector.enforce_http(false);
-        let tls = crate::tls::client_config(ca, None, None).map_err(|e| format!("store.peer_ca: {e}"))?;
+        let (cert, key) = identity.unzip();
+        let tls = crate::tls::client_config(ca, cert, key).map_err(|e| format!("store.peer_ca: {e}"))?;
         let connector =
             HttpsConnectorBuilder::new().with_tls_config(tls).https_or_http().enable_http1().wrap_connector(connector);
         Ok(Peers {

@@ -855,3 +855,92 @@ async fn instances_with_https_urls_send_writes_on_over_tls() {
     assert_eq!(put(1).await, "409", "the leader fenced it");
     assert_eq!(c.applied_tokens("/a"), [2]);
 }
+
+/// Instances whose listener asks clients for a certificate (`server.tls.client_ca`) and that
+/// advertise `https://` URLs: a follower sends a fenced write on to the leader as any client
+/// of the leader, so the leader must take it.
+#[tokio::test]
+async fn a_follower_sends_writes_on_to_a_leader_that_asks_for_client_certificates() {
+    let Some(etcd) = start_etcd().await else { return };
+    let pki = common::pki::Pki::new();
+    let (cert, key, ca) = (pki.path("server.pem"), pki.path("server-key.pem"), pki.path("ca.pem"));
+    let tls = format!(
+        "[server.tls]\ncert = \"{}\"\nkey = \"{}\"\nclient_ca = \"{}\"\n",
+        cert.display(),
+        key.display(),
+        ca.display()
+    );
+    let mut c = Cluster::build(&[etcd.url()], 2, &tls).await;
+    let urls: Vec<String> = c.instances.iter().map(|i| i.url().replace("http://", "https://")).collect();
+    for (i, url) in urls.iter().enumerate() {
+        let text = std::fs::read_to_string(&c.instances[i].config).unwrap().replace(
+            &format!("advertise = \"{}\"", c.instances[i].url()),
+            &format!("advertise = \"{url}\"\npeer_ca = \"{}\"", ca.display()),
+        );
+        std::fs::write(&c.instances[i].config, text).unwrap();
+    }
+    c.init().await;
+    c.instances[0].start();
+    let leader = urls[0].clone();
+    eventually("the first instance leads", async || c.leader_url().await.as_deref() == Some(leader.as_str())).await;
+    c.instances[1].start();
+    eventually("the second follows", async || c.instances[1].proxy().log_contains("following the fence's leader"))
+        .await;
+    // The client holds a certificate the CA signed; curl on a thread of its own.
+    let args: Vec<String> = [
+        "-sS",
+        "--cacert",
+        &ca.display().to_string(),
+        "--cert",
+        &pki.path("client.pem").display().to_string(),
+        "--key",
+        &pki.path("client-key.pem").display().to_string(),
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "-X",
+        "PUT",
+        "-H",
+        "Fencing-Token: 2",
+        "--data",
+        "v",
+        &format!("{}/a", urls[1]),
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let out = tokio::task::spawn_blocking(move || std::process::Command::new("curl").args(&args).output().unwrap());
+    let status = String::from_utf8_lossy(&out.await.unwrap().stdout).into_owned();
+    assert!(status.starts_with('2'), "a write through the follower, sent on over TLS: {status}");
+    assert_eq!(c.applied_tokens("/a"), [2]);
+}
+
+/// An instance that opened while etcd did not answer has not been checked against the fence's
+/// rules: it is once etcd answers, before it follows (a follower passes unchecked what its own
+/// rules leave unfenced) or leads.
+#[tokio::test]
+async fn an_instance_that_opened_without_etcd_is_held_to_the_fences_rules() {
+    let Some(etcd) = start_etcd().await else { return };
+    let mut c = Cluster::build(&[etcd.url()], 2, "").await;
+    let mut text = std::fs::read_to_string(&c.instances[1].config).unwrap();
+    text.push_str("[[fence.rules]]\nprefix = \"/x\"\nmax_jump = 5\n");
+    std::fs::write(&c.instances[1].config, text).unwrap();
+    c.init().await;
+    c.instances[0].start();
+    c.wait_leader().await;
+    common::process::signal(etcd.pid(), "STOP");
+    c.instances[1].start();
+    eventually("the second opens while etcd does not answer", async || {
+        c.instances[1].proxy().log_contains("etcd does not answer")
+    })
+    .await;
+    common::process::signal(etcd.pid(), "CONT");
+    let (following, differs) = ("following the fence's leader", "otherwise than the fence's recorded rules");
+    eventually("the second follows or is refused", async || {
+        let log = c.instances[1].proxy();
+        log.log_contains(following) || log.log_contains(differs)
+    })
+    .await;
+    assert!(!c.instances[1].proxy().log_contains(following), "it followed under rules of its own");
+    assert!(c.instances[1].proxy().log_contains(differs));
+}

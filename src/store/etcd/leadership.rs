@@ -82,10 +82,27 @@ impl Campaign {
     /// epoch if it was leading when it stopped.
     async fn with_lease(&self, lease: i64) -> Option<i64> {
         let leader = self.names.leader();
-        let mut claimed = false;
+        let (mut checked, mut claimed) = (false, false);
         loop {
             if self.stopped() || !self.shared.lease_valid() {
                 return None;
+            }
+            // Before it follows as before it leads: a follower's own rules decide which writes
+            // it sends on and which it passes unchecked. (`open` checks them only if etcd answers.)
+            if !checked {
+                match takeover::initialised(&self.client, &self.names, &self.recorded).await {
+                    Ok(_) => checked = true,
+                    Err(Failed::Fatal(e)) => {
+                        tracing::error!(error = %e, "the etcd store cannot serve: fenced writes are refused");
+                        self.shared.stop(&e.to_string());
+                        return None;
+                    }
+                    Err(Failed::Etcd(e)) => {
+                        self.seek(format!("etcd did not give the fence's rules: {e}"));
+                        self.pause().await;
+                        continue;
+                    }
+                }
             }
             if self.shared.secret().is_none() {
                 match takeover::secret(&self.client, &self.names).await {
