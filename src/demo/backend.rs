@@ -109,7 +109,10 @@ impl MemBackend {
                 let acceptor = acceptor.clone();
                 tokio::spawn(async move {
                     let service = service_fn(move |req| serve(Arc::clone(&state), req));
-                    let builder = auto::Builder::new(TokioExecutor::new());
+                    let mut builder = auto::Builder::new(TokioExecutor::new());
+                    // A request that arrived whole is applied even if the client's FIN came
+                    // right behind it, as nginx and Apache do.
+                    builder.http1().half_close(true);
                     match acceptor {
                         Some(acceptor) => {
                             let Ok(tls) = acceptor.accept(stream).await else { return };

@@ -345,3 +345,49 @@ fn a_leader_cut_from_etcd_breaks_the_order_without_the_self_fence() {
         );
     });
 }
+
+/// A write whose bytes are cut off on the way to the backend, and then abandoned (its answer
+/// does not come within `backend.request_timeout`, so its resource is quarantined), never
+/// reaches the backend after the quarantine: the kernel stops retransmitting a backend
+/// connection's bytes within it (`TCP_USER_TIMEOUT`). Without that bound Linux retransmits for
+/// minutes, and the link's return delivers the abandoned write after newer ones (the soak's
+/// violation in docs/faults.md). One instance, a file store; about 16 s.
+#[test]
+fn an_abandoned_writes_bytes_stop_travelling_within_its_quarantine() {
+    let Some(net) = Net::create(&["fg"]) else { return };
+    let enter = net.enter_hub();
+    enter();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let backend = MemBackend::start_on(SocketAddr::new(net.hub_addr().into(), 0)).await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        fencegate::app::init_data_dir(&data, 0).unwrap();
+        let listen = SocketAddr::new(net.addr("fg").into(), 8080);
+        let config = dir.path().join("fencegate.toml");
+        let text = format!(
+            "[server]\nlisten = \"{listen}\"\n[backend]\nurl = \"http://{}\"\nrequest_timeout = \"1s\"\n\
+             [store]\ndir = \"{}\"\n[fence]\nquarantine = \"3s\"\n",
+            backend.addr(),
+            data.display()
+        );
+        std::fs::write(&config, text).unwrap();
+        let mut cmd = net.command("fg", common::process::BIN);
+        cmd.arg("run").arg("--config").arg(&config);
+        let _proxy = common::process::Running::spawn(cmd);
+        let put = async |token: u64| common::raw::put_response(listen, "/r", token).await.map(|r| r.status);
+        assert!(put(1).await.is_some_and(|s| (200..300).contains(&s)), "the backend connection is open");
+        // What fencegate sends the backend is dropped; the write's outcome becomes unknown.
+        net.cut("fg", &Peer::Service(net.hub_addr(), backend.addr().port()), Way::Out);
+        let sent = Instant::now();
+        assert_eq!(put(2).await, Some(504), "no answer within request_timeout");
+        // Past the quarantine, the link comes back and a newer write goes.
+        tokio::time::sleep(Duration::from_secs(4).saturating_sub(sent.elapsed())).await;
+        net.heal("fg");
+        assert!(put(3).await.is_some_and(|s| (200..300).contains(&s)), "the quarantine is over");
+        // Linux's retransmissions of the first bytes would come 6.2 and 12.6 s after they left.
+        tokio::time::sleep(Duration::from_secs(14).saturating_sub(sent.elapsed())).await;
+        let applied: Vec<u64> = backend.applied().iter().filter(|r| r.path == "/r").filter_map(|r| r.token()).collect();
+        assert_eq!(applied, [1, 3], "the abandoned write's bytes reached the backend after the quarantine");
+    });
+}
