@@ -442,16 +442,22 @@ async fn leading_store_on(c: &Cluster, etcd: &Etcd) -> fencegate::store::EtcdSto
     store
 }
 
-#[tokio::test]
-async fn a_followers_admin_api_says_it_does_not_lead_and_names_the_leader() {
-    let Some(etcd) = start_etcd().await else { return };
-    let c = Cluster::start(&[etcd.url()], 2, "").await;
+/// The leader of a two-instance cluster and its follower, once the follower knows the leader.
+async fn leader_and_follower(c: &Cluster) -> (usize, usize) {
     let leader = c.wait_leader().await;
     let follower = 1 - leader;
     eventually("the follower knows the leader", async || {
         c.instances[follower].proxy().log_contains("following the fence's leader")
     })
     .await;
+    (leader, follower)
+}
+
+#[tokio::test]
+async fn a_followers_admin_api_says_it_does_not_lead_and_names_the_leader() {
+    let Some(etcd) = start_etcd().await else { return };
+    let c = Cluster::start(&[etcd.url()], 2, "").await;
+    let (leader, follower) = leader_and_follower(&c).await;
     assert!(ok(&put(c.instances[follower].addr, "/r", 7).await), "sent on to the leader");
     let admin = async |i: usize, head: &str, body: &str| {
         let addr = c.instances[i].proxy().admin_addr().await;
@@ -484,12 +490,7 @@ async fn a_client_cannot_forge_forwarded_headers_through_a_follower() {
     let Some(etcd) = start_etcd().await else { return };
     let extra = "[headers]\ntrusted_proxies = [\"127.0.0.1\"]\nx_forwarded_host = \"append\"\nforwarded = \"append\"\n";
     let c = Cluster::start(&[etcd.url()], 2, extra).await;
-    let leader = c.wait_leader().await;
-    let follower = 1 - leader;
-    eventually("the follower knows the leader", async || {
-        c.instances[follower].proxy().log_contains("following the fence's leader")
-    })
-    .await;
+    let (leader, follower) = leader_and_follower(&c).await;
     // The client comes from 127.0.0.2: not a trusted proxy.
     let send = async |addr: SocketAddr, path: &str, token: u64| {
         let socket = tokio::net::TcpSocket::new_v4().unwrap();
@@ -787,12 +788,7 @@ async fn a_takeover_that_meets_a_compaction_reads_again_and_leads() {
 async fn a_clients_claim_to_be_an_instance_is_not_believed() {
     let Some(etcd) = start_etcd().await else { return };
     let c = Cluster::start(&[etcd.url()], 2, "").await;
-    let leader = c.wait_leader().await;
-    let follower = 1 - leader;
-    eventually("the follower knows the leader", async || {
-        c.instances[follower].proxy().log_contains("following the fence's leader")
-    })
-    .await;
+    let (leader, follower) = leader_and_follower(&c).await;
     let claim = |path: &str, token: u64| {
         format!(
             "PUT {path} HTTP/1.1\r\nHost: x\r\nFencing-Token: {token}\r\nfencegate-forwarded-by: {}\r\n\
