@@ -88,31 +88,21 @@ impl Campaign {
                 return None;
             }
             // Before it follows as before it leads: a follower's own rules decide which writes
-            // it sends on and which it passes unchecked. (`open` checks them only if etcd answers.)
+            // it sends on and which it passes unchecked, and its key proves what it sends on.
+            // (`open` checks and reads them only if etcd answers.)
             if !checked {
-                match takeover::initialised(&self.client, &self.names, &self.recorded).await {
-                    Ok(_) => checked = true,
+                match takeover::admitted(&self.client, &self.names, &self.recorded).await {
+                    Ok(secret) => {
+                        self.shared.set_secret(secret);
+                        checked = true;
+                    }
                     Err(Failed::Fatal(e)) => {
                         tracing::error!(error = %e, "the etcd store cannot serve: fenced writes are refused");
                         self.shared.stop(&e.to_string());
                         return None;
                     }
                     Err(Failed::Etcd(e)) => {
-                        self.seek(format!("etcd did not give the fence's rules: {e}"));
-                        self.pause().await;
-                        continue;
-                    }
-                }
-            }
-            if self.shared.secret().is_none() {
-                match takeover::secret(&self.client, &self.names).await {
-                    Ok(secret) => self.shared.set_secret(secret),
-                    Err(Failed::Fatal(e)) => {
-                        self.shared.stop(&e.to_string());
-                        return None;
-                    }
-                    Err(Failed::Etcd(e)) => {
-                        self.seek(format!("etcd did not give the fence's key for writes sent on: {e}"));
+                        self.seek(format!("etcd did not give the fence's rules or key: {e}"));
                         self.pause().await;
                         continue;
                     }

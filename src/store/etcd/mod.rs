@@ -98,8 +98,8 @@ impl EtcdStore {
         let names = Names::new(&options.prefix);
         let recorded = takeover::Recorded { keying: options.keying.clone(), rules: options.rules.clone() };
         let mut secret = None;
-        match takeover::initialised(&client, &names, &recorded).await {
-            Ok(_) => secret = takeover::secret(&client, &names).await.ok(),
+        match takeover::admitted(&client, &names, &recorded).await {
+            Ok(key) => secret = Some(key),
             Err(takeover::Failed::Fatal(e)) => return Err(e),
             Err(takeover::Failed::Etcd(e)) => {
                 tracing::warn!(error = %e, "etcd does not answer: fenced writes are refused until it does");

@@ -91,6 +91,13 @@ pub(crate) async fn initialised(client: &Client, names: &Names, recorded: &Recor
     Ok(batch.value.clone())
 }
 
+/// What an instance checks and reads before it follows or leads: the prefix initialised under
+/// `recorded` ([`initialised`]), and the fence's key for writes sent on ([`secret`]).
+pub(crate) async fn admitted(client: &Client, names: &Names, recorded: &Recorded) -> Result<Arc<[u8]>, Failed> {
+    initialised(client, names, recorded).await?;
+    secret(client, names).await
+}
+
 /// The fence's key for writes sent on between instances (`P/secret`): read, or made (32 random
 /// bytes, put only if absent) on a prefix without one.
 pub(crate) async fn secret(client: &Client, names: &Names) -> Result<Arc<[u8]>, Failed> {
