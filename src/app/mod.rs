@@ -196,14 +196,14 @@ impl Proxy {
         // A shared fence's instances decide writes alike: this one's rules are the fence's
         // recorded ones (checked when it started and whenever it takes the lead).
         if config.store.kind == StoreKind::Etcd {
-            let differences =
-                crate::store::etcd::record_differences(&current.config.fence_record(), &config.fence_record());
+            let (running, configured) = (current.config.fence_record(), config.fence_record());
+            let differences = crate::store::etcd::differences(("running", &running), ("configured", &configured));
             if !differences.is_empty() {
                 return Err(Error::Conflict(format!(
                     "reload refused: the fence's instances share its rules, and this config decides writes otherwise \
                     ({}). To change them: stop every instance on the prefix, run `fencegate rules --config FILE --set`, \
                     and start them all with the new config",
-                    differences.join("; ").replace("recorded", "running")
+                    differences.join("; ")
                 )));
             }
         }

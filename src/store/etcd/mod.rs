@@ -29,7 +29,7 @@ use batch::Msg;
 pub use leadership::TakeoverHook;
 use lease::{Shared, Standing};
 use names::Names;
-pub use provision::{Migrated, init, migrate, record_differences, rules};
+pub use provision::{Migrated, differences, init, migrate, record_differences, rules};
 pub use takeover::Adopted;
 
 /// How an [`EtcdStore`] behaves.

@@ -183,22 +183,28 @@ fn read_census(names: &Names, kv: Option<crate::etcd_client::Kv>) -> Result<Opti
 /// What differs between two records, one setting a line: `name: recorded X, configured Y`,
 /// `unset` for a setting one of them lacks.
 pub fn record_differences(recorded: &str, configured: &str) -> Vec<String> {
+    differences(("recorded", recorded), ("configured", configured))
+}
+
+/// What differs between two records, each named by its label (`recorded`, `running`,
+/// `configured`): `name: <label> X, <label> Y` a setting, `unset` for one a record lacks.
+pub fn differences((one, first): (&str, &str), (other, second): (&str, &str)) -> Vec<String> {
     let parse = |text: &str| -> BTreeMap<String, String> {
         text.lines()
             .filter_map(|line| line.split_once(" = "))
             .map(|(name, value)| (name.to_owned(), value.to_owned()))
             .collect()
     };
-    let (recorded, configured) = (parse(recorded), parse(configured));
-    let mut names: Vec<&String> = recorded.keys().chain(configured.keys()).collect();
+    let (first, second) = (parse(first), parse(second));
+    let mut names: Vec<&String> = first.keys().chain(second.keys()).collect();
     names.sort();
     names.dedup();
     names
         .into_iter()
-        .filter(|name| recorded.get(*name) != configured.get(*name))
+        .filter(|name| first.get(*name) != second.get(*name))
         .map(|name| {
             let said = |v: Option<&String>| v.cloned().unwrap_or_else(|| "unset".to_owned());
-            format!("{name}: recorded {}, configured {}", said(recorded.get(name)), said(configured.get(name)))
+            format!("{name}: {one} {}, {other} {}", said(first.get(name)), said(second.get(name)))
         })
         .collect()
 }
