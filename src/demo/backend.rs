@@ -161,6 +161,14 @@ impl MemBackend {
         self.lock().applied.clone()
     }
 
+    /// Every request received since the last take, in arrival order, and forgets them and
+    /// the applied order: for runs too long to keep a record of everything.
+    pub fn take_requests(&self) -> Vec<Received> {
+        let mut state = self.lock();
+        state.applied.clear();
+        std::mem::take(&mut state.requests)
+    }
+
     /// The stored object at `path`.
     pub fn object(&self, path: &str) -> Option<Bytes> {
         self.lock().objects.get(path).map(|(body, _)| body.clone())

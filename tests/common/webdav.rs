@@ -221,6 +221,11 @@ impl WebDavStub {
         lock(&self.state).records.clone()
     }
 
+    /// The records from the `first`th on: for a long run that reads them as they come.
+    pub fn records_from(&self, first: usize) -> Vec<Record> {
+        lock(&self.state).records.get(first..).unwrap_or_default().to_vec()
+    }
+
     pub fn violations(&self) -> Vec<Violation> {
         lock(&self.state).violations.clone()
     }
