@@ -19,4 +19,5 @@ mod interop_etcd;
 mod interop_zookeeper;
 mod partitions;
 mod pin_model;
+mod pipeline_model;
 mod verify_etcd;

@@ -1,0 +1,567 @@
+//! Pipelined batches of the shared fence's leader (docs/cluster.md, "Pipelined batches"),
+//! model-checked with stateright: several guarded transactions in flight to etcd at once,
+//! etcd applying them in any order, answers lost, a barrier settling every unknown outcome,
+//! and a crash of the leader followed by a takeover.
+//!
+//! The leader's writer gathers queued advances and answers into a batch and sends it as one
+//! transaction, `If(leader key's epoch, P/batch == guard) Then(levels, markers, P/batch = id)`,
+//! with up to `window` batches in flight. Each batch's guard is the id of the batch sent before
+//! it, so that etcd can apply a batch only after every earlier one (the chain). The writer reads
+//! the outcomes in the order it sent the batches:
+//! - committed: the table is raised and the batch's writes may go to the backend;
+//! - the compare failed and `P/batch` held an earlier id of this leader's own chain: etcd took the
+//!   batch before its predecessor (it orders concurrent requests as it likes). The batch did not
+//!   apply, and no later one can (each names an id that will never be written): all of them are
+//!   sent again under new ids;
+//! - the compare failed otherwise: another leader moved the chain on; this one steps down;
+//! - unknown (the answer was lost; the transaction may still apply): a barrier,
+//!   `If(epoch, P/batch == the id before the lost batch) Then(P/batch = barrier)`. If it commits,
+//!   the lost batch and all after it can never apply: the lost batch's writes are refused, the
+//!   later ones sent again. If its compare fails, `P/batch` names how far the chain got: every
+//!   batch up to the one it names committed (settling walks the chain).
+//!
+//! etcd keeps the leader key (an epoch), `P/batch`, each resource's level and in-flight marker.
+//! A crashed leader's transactions stay on their way to etcd and its writes on their way to the
+//! backend; the next leader takes over with a new epoch (the old lease expired), reads the
+//! table, and keeps each resource with a marker closed until the old leader's writes to it
+//! have landed (the quarantine's time bound, as in `pin_model`). A write's turn is its
+//! resource's from its check until the backend answered; the answer then joins a later batch,
+//! where it deletes the marker, so a resource's answer and its next write's advance can be in
+//! two batches in flight at once.
+//!
+//! The properties: per resource the backend applies tokens in strictly increasing order, a
+//! level in etcd never goes down, and a write reaches the network only with its advance in
+//! etcd. The variants that must fail: batches guarded by the epoch alone (etcd applies the next
+//! write's marker before the last answer's delete, the marker is lost and a takeover lets a
+//! newer write overtake), and a barrier that takes a later id of its own chain for an earlier
+//! try of itself instead of walking the chain (a committed batch is refused, its level unknown
+//! to the table, and a lower token lowers etcd's level).
+
+use std::time::{Duration, Instant};
+
+use stateright::{Checker, Model, Property};
+
+const ORDER: &str = "the backend applies each resource's writes in token order";
+const CLIMBS: &str = "a level in etcd never goes down";
+const DURABLE: &str = "a write is sent only with its advance in etcd";
+const RESENT: &str = "etcd takes a batch before its predecessor, and it is sent again";
+const WALKED: &str = "a barrier finds the chain past the lost batch";
+
+/// A transaction's id in `P/batch`: (epoch, sequence). `(0, 0)` is what `init` wrote.
+type Id = (u8, u8);
+
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+enum Msg {
+    Advance { r: usize, token: u8 },
+    Answered { r: usize, token: u8 },
+}
+
+#[derive(Clone, Copy, Debug, Default, Hash, PartialEq, Eq)]
+enum Outcome {
+    /// No answer read yet.
+    #[default]
+    Pending,
+    Committed,
+    /// The compare failed; `P/batch` held this.
+    Failed(Id),
+    /// The answer is lost: the transaction may apply, now or later.
+    Unknown,
+}
+
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+enum Stage {
+    /// Its advance is queued or in a batch in flight.
+    Queued,
+    /// Its batch committed: it may go.
+    Ready,
+    Sent,
+    Delivered,
+}
+
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+enum Key {
+    Level(usize),
+    Marker(usize),
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct Txn {
+    epoch: u8,
+    /// The `P/batch` compare; `None` for the variant guarded by the epoch alone.
+    guard: Option<Id>,
+    id: Id,
+    /// Final value per key (`None`: delete).
+    ops: Vec<(Key, Option<u8>)>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct Batch {
+    id: Id,
+    guard: Id,
+    msgs: Vec<Msg>,
+    outcome: Outcome,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct Leader {
+    epoch: u8,
+    /// The last sequence used in this epoch.
+    seq: u8,
+    /// `P/batch` as the takeover read it.
+    start: Id,
+    /// `P/batch` after the last batch known to have committed.
+    committed: Id,
+    /// The id of the last batch sent: the next one's guard.
+    tail: Id,
+    table: Vec<Option<u8>>,
+    /// Closed until the previous leader's writes to it have landed.
+    quarantined: Vec<bool>,
+    busy: Vec<Option<(u8, Stage)>>,
+    queue: Vec<Msg>,
+    /// Batches in flight, in the order sent.
+    pipeline: Vec<Batch>,
+    /// The barrier settling the first batch's unknown outcome.
+    barrier: Option<Barrier>,
+}
+
+/// The tries of a barrier, each with an id of its own, and the last one's outcome.
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq)]
+struct Barrier {
+    tries: Vec<Id>,
+    outcome: Outcome,
+}
+
+impl Leader {
+    /// Whether `read` is an id this leader's chain passed before reaching `guard`: the takeover's,
+    /// or an earlier one of its own epoch.
+    fn before(&self, read: Id, guard: Id) -> bool {
+        read != guard && (read == self.start || guard.0 == self.epoch && read.0 == self.epoch && read.1 < guard.1)
+    }
+
+    /// A barrier try `id` committed: the lost first batch can never apply, nor any after it.
+    /// Its writes are refused (nothing was sent), the later batches sent again.
+    fn cancel(&mut self, id: Id) {
+        self.barrier = None;
+        self.committed = id;
+        let lost = self.pipeline.remove(0);
+        for m in lost.msgs {
+            if let Msg::Advance { r, token } = m
+                && self.busy[r] == Some((token, Stage::Queued))
+            {
+                self.busy[r] = None;
+            }
+        }
+        self.resend_from(0);
+    }
+
+    fn new_id(&mut self) -> Id {
+        self.seq += 1;
+        (self.epoch, self.seq)
+    }
+
+    /// Every batch from the `from`th on goes back to the front of the queue, in order: none of
+    /// them applied, and none can.
+    fn resend_from(&mut self, from: usize) {
+        let mut msgs: Vec<Msg> = self.pipeline.drain(from..).flat_map(|b| b.msgs).collect();
+        msgs.append(&mut self.queue);
+        self.queue = msgs;
+        self.tail = self.committed;
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct State {
+    /// etcd: the leader key's epoch, `P/batch`, levels and in-flight markers.
+    epoch: u8,
+    batch: Id,
+    level: Vec<Option<u8>>,
+    marker: Vec<Option<u8>>,
+    /// Transactions on their way to etcd, applied in any order.
+    to_etcd: Vec<Txn>,
+    leader: Option<Leader>,
+    /// Client writes not yet checked: (resource, token).
+    pending: Vec<(usize, u8)>,
+    /// Writes on their way to the backend: (resource, token, sender's epoch).
+    network: Vec<(usize, u8, u8)>,
+    applied: Vec<Vec<u8>>,
+    crashes: u8,
+    lost_answers: u8,
+    lowered: bool,
+    sent_uncommitted: bool,
+    seen: Seen,
+}
+
+/// The paths the checker must reach, or it proves nothing about them.
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq)]
+struct Seen {
+    /// etcd took a batch before its predecessor, and it was sent again.
+    resent: bool,
+    /// A barrier found the chain past the lost batch and walked it.
+    walked: bool,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+enum Action {
+    Check(usize),
+    Flush,
+    Apply(usize),
+    LoseAnswer,
+    Read,
+    Send(usize),
+    Deliver(usize),
+    Answer(usize),
+    Lift(usize),
+    Crash,
+    Campaign,
+}
+
+struct Pipeline {
+    resources: usize,
+    writes: Vec<(usize, u8)>,
+    /// Batches in flight at most.
+    window: usize,
+    /// Each batch's guard names its predecessor's id.
+    chained: bool,
+    /// A barrier that fails on a later id of this leader's chain walks the chain to it.
+    walk: bool,
+    /// Answers etcd may lose.
+    lost_answers: u8,
+}
+
+impl Pipeline {
+    fn takeover(&self, s: &State) -> Leader {
+        Leader {
+            epoch: s.epoch,
+            seq: 0,
+            start: s.batch,
+            committed: s.batch,
+            tail: s.batch,
+            table: s.level.clone(),
+            quarantined: s.marker.iter().map(Option::is_some).collect(),
+            busy: vec![None; self.resources],
+            queue: Vec::new(),
+            pipeline: Vec::new(),
+            barrier: None,
+        }
+    }
+
+    /// Reads the first batch's outcome, or settles it; `None` when there is nothing to read.
+    fn read(&self, s: &mut State) -> Option<()> {
+        let l = s.leader.as_mut()?;
+        let head = l.pipeline.first()?.clone();
+        match head.outcome {
+            Outcome::Pending => return None,
+            Outcome::Committed => {
+                l.pipeline.remove(0);
+                l.committed = head.id;
+                for m in head.msgs {
+                    if let Msg::Advance { r, token } = m {
+                        l.table[r] = Some(token);
+                        if l.busy[r] == Some((token, Stage::Queued)) {
+                            l.busy[r] = Some((token, Stage::Ready));
+                        }
+                    }
+                }
+            }
+            Outcome::Failed(read) if l.before(read, head.guard) => {
+                // etcd took it before its predecessor, which committed since.
+                l.resend_from(0);
+                s.seen.resent = true;
+            }
+            Outcome::Failed(_) => s.leader = None,
+            Outcome::Unknown => {
+                let Barrier { tries, outcome } = l.barrier.clone().unwrap_or_default();
+                match outcome {
+                    Outcome::Pending if !tries.is_empty() => return None,
+                    // The first try, or another after a try's answer was lost: a new id, so
+                    // that finding it in `P/batch` proves that very try committed.
+                    Outcome::Pending | Outcome::Unknown => {
+                        let id = l.new_id();
+                        let mut tries = tries;
+                        tries.push(id);
+                        l.barrier = Some(Barrier { tries, outcome: Outcome::Pending });
+                        let guard = Some(l.committed);
+                        s.to_etcd.push(Txn { epoch: l.epoch, guard, id, ops: Vec::new() });
+                    }
+                    Outcome::Committed => l.cancel(*tries.last()?),
+                    Outcome::Failed(read) if tries.contains(&read) => {
+                        // An earlier try whose answer was lost committed.
+                        l.cancel(read);
+                    }
+                    Outcome::Failed(read) => match l.pipeline.iter().position(|b| b.id == read) {
+                        Some(n) if self.walk || n == 0 => {
+                            // The chain got as far as the nth batch: it and all before it
+                            // committed.
+                            l.barrier = None;
+                            for b in &mut l.pipeline[..=n] {
+                                b.outcome = Outcome::Committed;
+                            }
+                            s.seen.walked |= n > 0;
+                        }
+                        // Taken for an earlier try of the barrier.
+                        Some(_) => l.cancel(read),
+                        None => s.leader = None,
+                    },
+                }
+            }
+        }
+        Some(())
+    }
+}
+
+impl Model for Pipeline {
+    type State = State;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<State> {
+        let mut s = State {
+            epoch: 1,
+            batch: (0, 0),
+            level: vec![None; self.resources],
+            marker: vec![None; self.resources],
+            to_etcd: Vec::new(),
+            leader: None,
+            pending: self.writes.clone(),
+            network: Vec::new(),
+            applied: vec![Vec::new(); self.resources],
+            crashes: 1,
+            lost_answers: self.lost_answers,
+            lowered: false,
+            sent_uncommitted: false,
+            seen: Seen::default(),
+        };
+        s.leader = Some(self.takeover(&s));
+        vec![s]
+    }
+
+    fn actions(&self, s: &State, actions: &mut Vec<Action>) {
+        actions.extend((0..s.to_etcd.len()).map(Action::Apply));
+        actions.extend((0..s.network.len()).map(Action::Deliver));
+        let Some(l) = &s.leader else {
+            actions.push(Action::Campaign);
+            return;
+        };
+        if s.crashes > 0 {
+            actions.push(Action::Crash);
+        }
+        for (w, &(r, _)) in s.pending.iter().enumerate() {
+            if l.busy[r].is_none() && !l.quarantined[r] {
+                actions.push(Action::Check(w));
+            }
+        }
+        let settling = l.pipeline.iter().any(|b| b.outcome == Outcome::Unknown);
+        if !l.queue.is_empty() && l.pipeline.len() < self.window && !settling {
+            actions.push(Action::Flush);
+        }
+        if let Some(head) = l.pipeline.first() {
+            if head.outcome != Outcome::Pending {
+                actions.push(Action::Read);
+            }
+            let barrier = l.barrier.as_ref().map(|b| b.outcome);
+            if s.lost_answers > 0
+                && (head.outcome != Outcome::Unknown || barrier.is_some_and(|o| o != Outcome::Unknown))
+            {
+                actions.push(Action::LoseAnswer);
+            }
+        }
+        for r in 0..self.resources {
+            match l.busy[r] {
+                Some((_, Stage::Ready)) => actions.push(Action::Send(r)),
+                Some((_, Stage::Delivered)) => actions.push(Action::Answer(r)),
+                _ => {}
+            }
+            if l.quarantined[r] && !s.network.iter().any(|&(n, _, e)| n == r && e < l.epoch) {
+                actions.push(Action::Lift(r));
+            }
+        }
+    }
+
+    fn next_state(&self, last: &State, action: Action) -> Option<State> {
+        let mut s = last.clone();
+        match action {
+            Action::Check(w) => {
+                let (r, token) = s.pending.remove(w);
+                let l = s.leader.as_mut()?;
+                if l.table[r].is_none_or(|m| m < token) {
+                    l.busy[r] = Some((token, Stage::Queued));
+                    l.queue.push(Msg::Advance { r, token });
+                }
+            }
+            Action::Flush => {
+                let l = s.leader.as_mut()?;
+                let msgs = std::mem::take(&mut l.queue);
+                // The final state of each key: etcd refuses a transaction naming one twice.
+                let mut ops: Vec<(Key, Option<u8>)> = Vec::new();
+                let mut set = |key: Key, value: Option<u8>| match ops.iter_mut().find(|(k, _)| *k == key) {
+                    Some(op) => op.1 = value,
+                    None => ops.push((key, value)),
+                };
+                for m in &msgs {
+                    match *m {
+                        Msg::Advance { r, token } => {
+                            set(Key::Level(r), Some(token));
+                            set(Key::Marker(r), Some(token));
+                        }
+                        Msg::Answered { r, .. } => set(Key::Marker(r), None),
+                    }
+                }
+                let id = l.new_id();
+                let guard = l.tail;
+                l.tail = id;
+                l.pipeline.push(Batch { id, guard, msgs, outcome: Outcome::Pending });
+                let guard = self.chained.then_some(guard);
+                s.to_etcd.push(Txn { epoch: l.epoch, guard, id, ops });
+            }
+            Action::Apply(k) => {
+                let txn = s.to_etcd.remove(k);
+                let holds = s.epoch == txn.epoch && txn.guard.is_none_or(|g| g == s.batch);
+                if holds {
+                    for &(key, value) in &txn.ops {
+                        match key {
+                            Key::Level(r) => {
+                                s.lowered |= value < s.level[r];
+                                s.level[r] = value;
+                            }
+                            Key::Marker(r) => s.marker[r] = value,
+                        }
+                    }
+                    s.batch = txn.id;
+                }
+                let outcome = if holds { Outcome::Committed } else { Outcome::Failed(s.batch) };
+                if let Some(l) = s.leader.as_mut().filter(|l| l.epoch == txn.epoch) {
+                    let mine = l.pipeline.iter_mut().map(|b| (b.id, &mut b.outcome));
+                    let barrier = l.barrier.as_mut().and_then(|b| Some((*b.tries.last()?, &mut b.outcome)));
+                    if let Some((_, o)) = mine.chain(barrier).find(|(id, _)| *id == txn.id)
+                        && *o == Outcome::Pending
+                    {
+                        *o = outcome;
+                    }
+                }
+            }
+            Action::LoseAnswer => {
+                s.lost_answers -= 1;
+                let l = s.leader.as_mut()?;
+                match &mut l.barrier {
+                    Some(b) if !b.tries.is_empty() => b.outcome = Outcome::Unknown,
+                    _ => l.pipeline.first_mut()?.outcome = Outcome::Unknown,
+                }
+            }
+            Action::Read => self.read(&mut s)?,
+            Action::Send(r) => {
+                let l = s.leader.as_mut()?;
+                let (token, _) = l.busy[r]?;
+                l.busy[r] = Some((token, Stage::Sent));
+                s.sent_uncommitted |= s.level[r].is_none_or(|m| m < token);
+                s.network.push((r, token, l.epoch));
+            }
+            Action::Deliver(k) => {
+                let (r, token, epoch) = s.network.remove(k);
+                s.applied[r].push(token);
+                if let Some(l) = s.leader.as_mut().filter(|l| l.epoch == epoch)
+                    && l.busy[r] == Some((token, Stage::Sent))
+                {
+                    l.busy[r] = Some((token, Stage::Delivered));
+                }
+            }
+            Action::Answer(r) => {
+                let l = s.leader.as_mut()?;
+                let (token, _) = l.busy[r].take()?;
+                l.queue.push(Msg::Answered { r, token });
+            }
+            Action::Lift(r) => s.leader.as_mut()?.quarantined[r] = false,
+            Action::Crash => {
+                s.crashes -= 1;
+                s.leader = None;
+            }
+            Action::Campaign => {
+                // The old lease expired and the leader key was put again: a new epoch.
+                s.epoch += 1;
+                s.leader = Some(self.takeover(&s));
+            }
+        }
+        Some(s)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        vec![
+            Property::<Self>::always(ORDER, |_, s| s.applied.iter().all(|t| t.windows(2).all(|w| w[0] < w[1]))),
+            Property::<Self>::always(CLIMBS, |_, s| !s.lowered),
+            Property::<Self>::always(DURABLE, |_, s| !s.sent_uncommitted),
+            Property::<Self>::sometimes(RESENT, |m, s| m.window < 2 || s.seen.resent),
+            Property::<Self>::sometimes(WALKED, |m, s| m.window < 2 || m.lost_answers == 0 || s.seen.walked),
+        ]
+    }
+}
+
+fn check(model: Pipeline) -> (impl Checker<Pipeline>, Duration) {
+    let started = Instant::now();
+    let checker = model.checker().spawn_bfs().join();
+    (checker, started.elapsed())
+}
+
+fn model(resources: usize, writes: &[(usize, u8)], window: usize) -> Pipeline {
+    Pipeline { resources, writes: writes.to_vec(), window, chained: true, walk: true, lost_answers: 1 }
+}
+
+fn holds(m: Pipeline) {
+    let label = format!("{} resource(s), writes {:?}, {} in flight", m.resources, m.writes, m.window);
+    let (checker, took) = check(m);
+    eprintln!("{label}: {} states in {took:?}", checker.unique_state_count());
+    checker.assert_properties();
+}
+
+/// The safety properties `m` breaks, each with the steps of one way to break it.
+fn broken(m: Pipeline) -> Vec<(&'static str, Vec<Action>)> {
+    let (checker, _) = check(m);
+    let found: Vec<_> = [ORDER, CLIMBS, DURABLE]
+        .into_iter()
+        .filter_map(|name| Some((name, checker.discovery(name)?.into_actions())))
+        .collect();
+    for (name, actions) in &found {
+        eprintln!("{name}: {actions:?}");
+    }
+    found
+}
+
+// Separate tests, so that they run side by side.
+#[test]
+fn pipelined_batches_keep_one_resources_order_through_reordering_a_lost_answer_and_a_crash() {
+    holds(model(1, &[(0, 1), (0, 2), (0, 3)], 2));
+}
+
+#[test]
+fn pipelined_batches_keep_every_level_climbing_across_two_resources() {
+    holds(model(2, &[(0, 2), (1, 3), (0, 1)], 2));
+}
+
+#[test]
+fn three_batches_in_flight_keep_the_order_of_writes_to_two_resources() {
+    holds(model(2, &[(0, 1), (1, 2), (0, 3)], 3));
+}
+
+#[test]
+fn a_barrier_whose_own_answer_is_lost_tries_again_and_keeps_the_order() {
+    holds(Pipeline { lost_answers: 2, ..model(1, &[(0, 1), (0, 2), (0, 3)], 2) });
+}
+
+#[test]
+fn batches_guarded_by_the_epoch_alone_lose_a_marker_and_a_takeover_overtakes() {
+    let unchained = Pipeline { chained: false, lost_answers: 0, ..model(1, &[(0, 1), (0, 2), (0, 3)], 2) };
+    let broken = broken(unchained);
+    let (_, actions) = broken.iter().find(|(name, _)| *name == ORDER).expect("the order breaks");
+    assert!(actions.contains(&Action::Campaign), "{actions:?}");
+}
+
+#[test]
+fn a_batch_guarded_by_the_epoch_alone_escapes_its_barrier_and_applies_late() {
+    let broken = broken(Pipeline { chained: false, ..model(1, &[(0, 1), (0, 2)], 2) });
+    let (_, actions) = broken.iter().find(|(name, _)| *name == CLIMBS).expect("a level goes down");
+    assert!(actions.contains(&Action::LoseAnswer), "{actions:?}");
+}
+
+#[test]
+fn a_barrier_that_does_not_walk_the_chain_refuses_a_committed_batch_and_a_level_goes_down() {
+    let broken = broken(Pipeline { walk: false, ..model(2, &[(0, 2), (1, 3), (0, 1)], 2) });
+    let (_, actions) = broken.iter().find(|(name, _)| *name == CLIMBS).expect("a level goes down");
+    assert!(actions.contains(&Action::LoseAnswer), "{actions:?}");
+}
