@@ -1,35 +1,43 @@
 #!/usr/bin/env bash
-# Cluster benchmark (issue 18): fenced PUTs through the etcd store against the file store, and
-# against the baseline of one compare-and-put transaction per write. Run by hand, not by CI:
+# Cluster benchmark (issues 18 and 38): fenced PUTs through the etcd store against the file
+# store, and against the baseline of one compare-and-put transaction per write. Run by hand, not
+# by CI:
 #
 #   benches/cluster.sh                           # 3 rounds of 8 s at 64 connections
-#   ROUNDS=5 SECONDS_PER_RUN=10 CONNS="16 64" benches/cluster.sh
+#   ROUNDS=5 SECONDS_PER_RUN=10 CONNS="16 64 256" benches/cluster.sh
 #   MAX_TXN_OPS=1024 benches/cluster.sh       # etcd's --max-txn-ops and store.max_txn_ops raised
+#   WINDOWS="4 1" benches/cluster.sh          # a trio per store.batches_in_flight, interleaved
+#   ETCD_DATA=shm benches/cluster.sh          # etcd's members on tmpfs: the no-disk limit
 #
 # What runs, all on loopback:
-#   etcd      three members, data on disk (/var/tmp), the Debian package's defaults   18201-18203
+#   etcd      three members, data on disk (/var/tmp; tmpfs with ETCD_DATA=shm), the Debian
+#             package's defaults                                                   18201-18203
 #   backend   nginx serving WebDAV PUTs from tmpfs, 1 worker                         127.0.0.1:18091
 #   file      fencegate with the file store, sync = "always", data on disk           127.0.0.1:18093
-#   etcd-1/3  three fencegates sharing one fence in the etcd cluster                 127.0.0.1:18094-18096
+#   trios     for each W of WINDOWS (default "4"), three fencegates sharing one fence (a prefix
+#             of their own) in the etcd cluster, store.batches_in_flight = W  127.0.0.1:18094-18105
 # Targets, in interleaved rounds so that the machine's noise falls on each alike:
-#   cas     examples/etcd_cas: CONNS clients, each write one If(value < token) Then(put)
-#           transaction against etcd, and nothing else: the per-write design's floor
-#   file    wrk against the file store's fencegate
-#   etcd-1  wrk against the leader of the three
-#   etcd-3  three wrk at once, one per instance, CONNS/3 connections each (writes that reach a
-#           follower are forwarded to the leader); req/s summed, p50 and p99 the worst of the three
+#   cas       examples/etcd_cas: CONNS clients, each write one If(value < token) Then(put)
+#             transaction against etcd, and nothing else: the per-write design's floor
+#   file      wrk against the file store's fencegate
+#   etcd-1/W  wrk against the leader of trio W
+#   etcd-f/W  wrk against a follower of trio W, which forwards every write to the leader
+#   etcd-3/W  three wrk at once, one per instance of trio W, CONNS/3 connections each; req/s
+#             summed, p50 and p99 the worst of the three
 # Every PUT is 100 bytes to one of 333 resources of the wrk's own (999 for etcd-3's three), with
 # tokens climbing per resource. It prints each run, then per target and connection count the
-# median req/s, p50 and p99 and the ratio to cas. Everything it starts, it stops, by pid. The
-# scratch dirs, the backend, put.lua and the cleanup are benches/common.sh's; it stops at once
-# if one of its ports (those above, etcd's peers on 18211-18213 and the fencegates' admin ports
-# 18193-18196) is taken.
+# median req/s, p50 and p99 and the ratios to cas and to file. Everything it starts, it stops,
+# by pid. The scratch dirs, the backend, put.lua and the cleanup are benches/common.sh's; it
+# stops at once if one of its ports (those above, etcd's peers on 18211-18213 and the
+# fencegates' admin ports 18193-18205) is taken.
 set -euo pipefail
 
 ROUNDS=${ROUNDS:-3}
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-8}
 CONNS=${CONNS:-64}
 MAX_TXN_OPS=${MAX_TXN_OPS:-128}
+read -r -a WINDOWS <<<"${WINDOWS:-4}"
+ETCD_DATA=${ETCD_DATA:-disk}
 # ROOT, TARGET_DIR, NGINX; SHM (the backend's files: tmpfs) and DISK (the data dirs and logs of
 # etcd and fencegate: a real disk); PIDS, stopped at exit; the backend and put.lua.
 source "$(dirname "$0")/common.sh" cluster
@@ -43,12 +51,21 @@ done
 [ -x "$BIN" ] && [ -x "$CAS" ] || { echo "build first: cargo build --release --bin fencegate --example etcd_cas" >&2; exit 1; }
 
 # The backend, the fencegates (and their admin ports), etcd's clients and peers.
-bench_ports_free 18091 18093 18094 18095 18096 18193 18194 18195 18196 18201 18202 18203 18211 18212 18213
+ports=(18091 18093 18193 18201 18202 18203 18211 18212 18213)
+for k in "${!WINDOWS[@]}"; do
+    for i in 0 1 2; do ports+=($((18094 + 3 * k + i)) $((18194 + 3 * k + i))); done
+done
+bench_ports_free "${ports[@]}"
+case $ETCD_DATA in
+    disk) ETCD_DIR=$DISK ;;
+    shm) ETCD_DIR=$SHM ;;
+    *) echo "ETCD_DATA is disk or shm" >&2; exit 1 ;;
+esac
 
 # etcd: three members.
 cluster="m0=http://127.0.0.1:18211,m1=http://127.0.0.1:18212,m2=http://127.0.0.1:18213"
 for i in 0 1 2; do
-    "$ETCD" --name "m$i" --data-dir "$DISK/etcd-$i" \
+    "$ETCD" --name "m$i" --data-dir "$ETCD_DIR/etcd-$i" \
         --listen-client-urls "http://127.0.0.1:1820$((i + 1))" --advertise-client-urls "http://127.0.0.1:1820$((i + 1))" \
         --listen-peer-urls "http://127.0.0.1:1821$((i + 1))" --initial-advertise-peer-urls "http://127.0.0.1:1821$((i + 1))" \
         --initial-cluster "$cluster" --initial-cluster-state new --initial-cluster-token fg-bench \
@@ -69,30 +86,38 @@ common() { # PORT ADMIN
     printf '[server]\nlisten = "127.0.0.1:%s"\n[backend]\nurl = "http://127.0.0.1:18091"\n[log]\nlevel = "warn"\n[admin]\nlisten = "127.0.0.1:%s"\n' "$1" "$2"
 }
 { common 18093 18193; printf '[store]\ndir = "%s"\nsync = "always"\n' "$DISK/file"; } >"$SHM/file.toml"
-for i in 0 1 2; do
-    port=$((18094 + i))
-    { common "$port" $((18194 + i))
-      printf '[store]\nkind = "etcd"\nprefix = "/bench/"\nadvertise = "http://127.0.0.1:%s"\nmax_txn_ops = %s\n[etcd]\nendpoints = [%s]\n' "$port" "$MAX_TXN_OPS" "$ENDPOINTS"
-    } >"$SHM/etcd-$i.toml"
-done
 "$BIN" init --dir "$DISK/file" >/dev/null
-"$BIN" init --config "$SHM/etcd-0.toml" >/dev/null
 "$BIN" run --config "$SHM/file.toml" 2>"$DISK/file.log" & FG_FILE=$!; PIDS+=($FG_FILE)
-FG_ETCD=()
-for i in 0 1 2; do "$BIN" run --config "$SHM/etcd-$i.toml" 2>"$DISK/fg-etcd-$i.log" & FG_ETCD+=($!); PIDS+=($!); done
-
-# The leader: the instance whose metrics say it is the writer.
-LEADER=""
-for _ in $(seq 200); do
-    for i in 0 1 2; do
-        curl -sf "http://127.0.0.1:$((18194 + i))/metrics" 2>/dev/null | grep -q '^fencegate_store_role{role="writer"} 1' && LEADER=$i
-    done
-    [ -n "$LEADER" ] && break
-    sleep 0.1
-done
-[ -n "$LEADER" ] || { echo "no instance leads:" >&2; for f in "$DISK"/fg-etcd-*.log "$DISK"/etcd-0.log; do tail -n 5 "$f" >&2; done; exit 1; }
 bench_wait "$FG_FILE" 18093 "$DISK/file.log"
-for i in 0 1 2; do bench_wait "${FG_ETCD[$i]}" $((18094 + i)) "$DISK/fg-etcd-$i.log"; done
+# Trio k (window W): instances on 18094+3k..18096+3k, prefix /bench-W/. LEADER[k] and
+# FOLLOWER[k] are the ports of its leader and of one follower.
+LEADER=(); FOLLOWER=()
+for k in "${!WINDOWS[@]}"; do
+    w=${WINDOWS[$k]}
+    pids=()
+    for i in 0 1 2; do
+        port=$((18094 + 3 * k + i))
+        { common "$port" $((18194 + 3 * k + i))
+          printf '[store]\nkind = "etcd"\nprefix = "/bench-%s/"\nadvertise = "http://127.0.0.1:%s"\nmax_txn_ops = %s\nbatches_in_flight = %s\n[etcd]\nendpoints = [%s]\n' \
+              "$w" "$port" "$MAX_TXN_OPS" "$w" "$ENDPOINTS"
+        } >"$SHM/etcd-$k-$i.toml"
+    done
+    "$BIN" init --config "$SHM/etcd-$k-0.toml" >/dev/null
+    for i in 0 1 2; do "$BIN" run --config "$SHM/etcd-$k-$i.toml" 2>"$DISK/fg-etcd-$k-$i.log" & pids+=($!); PIDS+=($!); done
+    # The leader: the instance whose metrics say it is the writer.
+    leader=""
+    for _ in $(seq 200); do
+        for i in 0 1 2; do
+            curl -sf "http://127.0.0.1:$((18194 + 3 * k + i))/metrics" 2>/dev/null | grep -q '^fencegate_store_role{role="writer"} 1' && leader=$i
+        done
+        [ -n "$leader" ] && break
+        sleep 0.1
+    done
+    [ -n "$leader" ] || { echo "no instance of trio $w leads:" >&2; for f in "$DISK"/fg-etcd-$k-*.log "$DISK"/etcd-0.log; do tail -n 5 "$f" >&2; done; exit 1; }
+    for i in 0 1 2; do bench_wait "${pids[$i]}" $((18094 + 3 * k + i)) "$DISK/fg-etcd-$k-$i.log"; done
+    LEADER[k]=$((18094 + 3 * k + leader))
+    FOLLOWER[k]=$((18094 + 3 * k + (leader + 1) % 3))
+done
 
 # put.lua over 333 resources of the part PART, so that each concurrent wrk has resources of its
 # own; the tokens, from the clock and a counter, climb per resource across runs.
@@ -105,39 +130,51 @@ wrk_run() { # PORT CONNS SECONDS PART -> "req/s p50_us p99_us non2xx"
 }
 
 run() { # TARGET CONNS SECONDS -> "req/s p50 p99 failures"
+    local k
     case $1 in
         cas) "$CAS" "http://127.0.0.1:18201,http://127.0.0.1:18202,http://127.0.0.1:18203" "$2" "$3" ;;
         file) wrk_run 18093 "$2" "$3" 0 ;;
-        etcd-1) wrk_run $((18094 + LEADER)) "$2" "$3" 1 ;;
-        etcd-3)
-            per=$(( ($2 + 2) / 3 ))
-            parts=()
-            for i in 0 1 2; do wrk_run $((18094 + i)) "$per" "$3" "$((i + 2))" >"$SHM/part-$i" & parts+=($!); done
-            for j in "${parts[@]}"; do wait "$j"; done
-            cat "$SHM"/part-* | awk '{ r += $1; if ($2 > p50) p50 = $2; if ($3 > p99) p99 = $3; b += $4 }
-                END { printf "%.0f %s %s %d\n", r, p50, p99, b }' ;;
+        etcd-*)
+            k=$(window_index "${1#*/}")
+            case ${1%/*} in
+                etcd-1) wrk_run "${LEADER[$k]}" "$2" "$3" 1 ;;
+                etcd-f) wrk_run "${FOLLOWER[$k]}" "$2" "$3" 1 ;;
+                etcd-3)
+                    per=$(( ($2 + 2) / 3 ))
+                    parts=()
+                    for i in 0 1 2; do wrk_run $((18094 + 3 * k + i)) "$per" "$3" "$((i + 2))" >"$SHM/part-$i" & parts+=($!); done
+                    for j in "${parts[@]}"; do wait "$j"; done
+                    cat "$SHM"/part-* | awk '{ r += $1; if ($2 > p50) p50 = $2; if ($3 > p99) p99 = $3; b += $4 }
+                        END { printf "%.0f %s %s %d\n", r, p50, p99, b }' ;;
+            esac ;;
     esac
 }
 
-TARGETS=(cas file etcd-1 etcd-3)
+window_index() { # W -> its index in WINDOWS
+    local k
+    for k in "${!WINDOWS[@]}"; do [ "${WINDOWS[$k]}" = "$1" ] && { echo "$k"; return; }; done
+}
+
+TARGETS=(cas file)
+for w in "${WINDOWS[@]}"; do TARGETS+=("etcd-1/$w" "etcd-f/$w" "etcd-3/$w"); done
 RESULTS="$SHM/results.tsv"
 : >"$RESULTS"
-echo "cluster benchmark: $(nproc) CPUs, $(uname -r), rounds=$ROUNDS x ${SECONDS_PER_RUN}s, max_txn_ops=$MAX_TXN_OPS, leader etcd-$LEADER" >&2
+echo "cluster benchmark: $(nproc) CPUs, $(uname -r), rounds=$ROUNDS x ${SECONDS_PER_RUN}s, max_txn_ops=$MAX_TXN_OPS, windows ${WINDOWS[*]}, etcd data on $ETCD_DATA" >&2
 for conns in $CONNS; do
     for target in "${TARGETS[@]}"; do run "$target" "$conns" 2 >/dev/null; done # warm-up
     for round in $(seq "$ROUNDS"); do
         for target in "${TARGETS[@]}"; do
             read -r rps p50 p99 bad < <(run "$target" "$conns" "$SECONDS_PER_RUN")
             printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$target" "$conns" "$round" "$rps" "$p50" "$p99" "$bad" >>"$RESULTS"
-            printf '  c=%-3s round %s %-7s %8.0f req/s  p50 %7.0f us  p99 %7.0f us  failed %s\n' \
+            printf '  c=%-3s round %s %-9s %8.0f req/s  p50 %7.0f us  p99 %7.0f us  failed %s\n' \
                 "$conns" "$round" "$target" "$rps" "$p50" "$p99" "$bad" >&2
         done
     done
 done
 
 echo
-printf '| conns | target | req/s (median) | p50 µs | p99 µs | failed | × cas |\n|---:|---|---:|---:|---:|---:|---:|\n'
-python3 - "$RESULTS" <<'EOF'
+printf '| conns | target | req/s (median) | p50 µs | p99 µs | failed | × cas | × file |\n|---:|---|---:|---:|---:|---:|---:|---:|\n'
+python3 - "$RESULTS" "${TARGETS[@]}" <<'EOF'
 import statistics, sys
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
 by = {}
@@ -145,12 +182,13 @@ for target, conns, _round, rps, p50, p99, bad in rows:
     by.setdefault((int(conns), target), []).append((float(rps), float(p50), float(p99), int(float(bad))))
 for conns in sorted({c for c, _ in by}):
     cas = statistics.median(r[0] for r in by[(conns, "cas")])
-    for target in ["cas", "file", "etcd-1", "etcd-3"]:
+    file = statistics.median(r[0] for r in by[(conns, "file")])
+    for target in sys.argv[2:]:
         runs = by.get((conns, target), [])
         if not runs: continue
         rps = statistics.median(r[0] for r in runs)
         p50 = statistics.median(r[1] for r in runs)
         p99 = statistics.median(r[2] for r in runs)
         bad = sum(r[3] for r in runs)
-        print(f"| {conns} | {target} | {rps:,.0f} | {p50:,.0f} | {p99:,.0f} | {bad} | {rps / cas:.2f} |")
+        print(f"| {conns} | {target} | {rps:,.0f} | {p50:,.0f} | {p99:,.0f} | {bad} | {rps / cas:.2f} | {rps / file:.2f} |")
 EOF

@@ -44,6 +44,7 @@ pub(super) async fn open(
         keying,
         rules: config.fence_record(),
         max_txn_ops: settings.max_txn_ops,
+        batches_in_flight: settings.batches_in_flight,
         on_commit,
     };
     tracing::info!(prefix = %options.prefix, endpoints = %config.etcd.endpoints.join(","), advertise = %options.advertise,

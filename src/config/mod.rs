@@ -402,6 +402,8 @@ pub struct EtcdStoreConfig {
     pub lease_margin: Duration,
     /// The most operations etcd takes in one transaction (its `--max-txn-ops`).
     pub max_txn_ops: usize,
+    /// Batches the leader has in flight to etcd at once.
+    pub batches_in_flight: usize,
 }
 
 /// `[log]`

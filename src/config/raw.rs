@@ -306,6 +306,8 @@ pub(super) struct RawStore {
     pub(super) lease_margin: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) max_txn_ops: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) batches_in_flight: Option<usize>,
 }
 
 impl Default for RawStore {
@@ -325,6 +327,7 @@ impl Default for RawStore {
             lease_ttl: None,
             lease_margin: None,
             max_txn_ops: None,
+            batches_in_flight: None,
         }
     }
 }

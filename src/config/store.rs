@@ -25,6 +25,7 @@ pub(super) fn store(raw: raw::RawStore) -> Result<StoreConfig, ConfigError> {
         ("store.lease_ttl", raw.lease_ttl.is_some()),
         ("store.lease_margin", raw.lease_margin.is_some()),
         ("store.max_txn_ops", raw.max_txn_ops.is_some()),
+        ("store.batches_in_flight", raw.batches_in_flight.is_some()),
     ];
     let (other, why): (&[(&str, bool)], _) = match kind {
         StoreKind::File => (&etcd_keys, "an etcd store's setting: only with store.kind = \"etcd\""),
@@ -70,6 +71,11 @@ pub(super) fn store(raw: raw::RawStore) -> Result<StoreConfig, ConfigError> {
                     ));
                 }
             };
+            settings.batches_in_flight =
+                match raw.batches_in_flight.unwrap_or(crate::store::etcd::DEFAULT_BATCHES_IN_FLIGHT) {
+                    n @ 1..=64 => n,
+                    n => return Err(invalid("store.batches_in_flight", format!("{n}: between 1 and 64"))),
+                };
             Some(settings)
         }
     };
@@ -144,5 +150,6 @@ fn etcd_store(
         lease_ttl,
         lease_margin,
         max_txn_ops: crate::store::etcd::DEFAULT_MAX_TXN_OPS,
+        batches_in_flight: crate::store::etcd::DEFAULT_BATCHES_IN_FLIGHT,
     })
 }

@@ -197,6 +197,12 @@ pub(crate) struct Room {
 }
 
 impl Room {
+    /// Adds what `other` took: the room of batches in flight together.
+    pub(crate) fn add(&mut self, other: &Room) {
+        self.marks += other.marks;
+        self.bytes = self.bytes.saturating_add(other.bytes);
+    }
+
     /// Counts the marks of `batch` the table does not hold if they fit beside the table and
     /// the group's other new marks; counting every new mark as distinct can only refuse early,
     /// never late. Returns how many new marks the batch names, and whether they fit.

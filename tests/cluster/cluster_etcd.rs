@@ -269,20 +269,7 @@ async fn leading_store(c: &Cluster, etcd: &Etcd) -> fencegate::store::EtcdStore 
 /// An etcd store on `c`'s prefix, opened in this process (not campaigning yet), with a lease
 /// of 30 s.
 async fn open_store(c: &Cluster, etcd: &Etcd) -> Result<fencegate::store::EtcdStore, fencegate::store::StoreError> {
-    let config = fencegate::Config::load(&c.instances[0].config, None).unwrap();
-    let options = fencegate::store::EtcdOptions {
-        prefix: PREFIX.into(),
-        advertise: "http://127.0.0.1:9".into(),
-        lease_ttl: std::time::Duration::from_secs(30),
-        lease_margin: std::time::Duration::from_secs(1),
-        max_resources: 1000,
-        max_table_bytes: 1 << 20,
-        keying: fencegate::fence::keys::keying(&config.paths, &config.fence.scopes),
-        rules: config.fence_record(),
-        max_txn_ops: fencegate::store::etcd::DEFAULT_MAX_TXN_OPS,
-        on_commit: None,
-    };
-    fencegate::store::EtcdStore::open(fencegate::etcd_client::Client::single(&etcd.url()), options).await
+    c.open_store(fencegate::etcd_client::Client::single(&etcd.url())).await
 }
 
 /// A store dropped without `close` (an open that failed later) resigns and gives its lease up,

@@ -13,6 +13,7 @@ mod common;
 mod cluster_etcd;
 mod cluster_faults;
 mod cluster_model;
+mod etcd_batches;
 mod etcd_mirror;
 mod etcd_secure;
 mod interop_etcd;

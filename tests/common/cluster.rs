@@ -138,6 +138,29 @@ impl Cluster {
         Cluster { instances, backend, gateway, dir }
     }
 
+    /// An etcd store on the prefix as instance 0's config makes it, opened in this process on
+    /// `client` (not campaigning yet), with a lease of 30 s.
+    pub async fn open_store(
+        &self,
+        client: fencegate::etcd_client::Client,
+    ) -> Result<fencegate::store::EtcdStore, fencegate::store::StoreError> {
+        let config = fencegate::Config::load(&self.instances[0].config, None).unwrap();
+        let options = fencegate::store::EtcdOptions {
+            prefix: PREFIX.into(),
+            advertise: "http://127.0.0.1:9".into(),
+            lease_ttl: std::time::Duration::from_secs(30),
+            lease_margin: std::time::Duration::from_secs(1),
+            max_resources: 1000,
+            max_table_bytes: 1 << 20,
+            keying: fencegate::fence::keys::keying(&config.paths, &config.fence.scopes),
+            rules: config.fence_record(),
+            max_txn_ops: fencegate::store::etcd::DEFAULT_MAX_TXN_OPS,
+            batches_in_flight: fencegate::store::etcd::DEFAULT_BATCHES_IN_FLIGHT,
+            on_commit: None,
+        };
+        fencegate::store::EtcdStore::open(client, options).await
+    }
+
     /// Initialises the prefix, as `fencegate init --config` does.
     pub async fn init(&self) {
         let config = fencegate::Config::load(&self.instances[0].config, None).unwrap();

@@ -18,6 +18,7 @@
 //! addition for [`Hold::release`], so a test decides what happens before the late delivery
 //! instead of racing it.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -94,6 +95,8 @@ struct Shared {
     armed: Mutex<Vec<Armed>>,
     seen: Mutex<Vec<Request>>,
     sent: Mutex<Vec<Request>>,
+    /// Per client connection, the whole answers relayed back on it.
+    answers: Mutex<HashMap<usize, usize>>,
     /// The late deliveries, aborted with the relay.
     deliveries: Mutex<JoinSet<()>>,
 }
@@ -116,6 +119,7 @@ impl Relay {
             armed: Mutex::new(Vec::new()),
             seen: Mutex::new(Vec::new()),
             sent: Mutex::new(Vec::new()),
+            answers: Mutex::new(HashMap::new()),
             deliveries: Mutex::new(JoinSet::new()),
         });
         let accepting = Arc::clone(&shared);
@@ -148,6 +152,15 @@ impl Relay {
     /// ones relayed as they came, and each held one when it is delivered.
     pub fn sent(&self) -> Vec<Request> {
         self.shared.sent.lock().unwrap().clone()
+    }
+
+    /// Whether the backend's whole answer to `request` (relayed as it came, not held) has gone
+    /// back to the client: a client sends its next request on a connection only after the
+    /// answer to the last one.
+    pub fn answered(&self, request: &Request) -> bool {
+        let on_it: Vec<Request> = self.requests().into_iter().filter(|r| r.connection == request.connection).collect();
+        let Some(nth) = on_it.iter().position(|r| r.raw == request.raw) else { return false };
+        self.shared.answers.lock().unwrap().get(&request.connection).is_some_and(|&n| n > nth)
     }
 
     /// Holds the next request `matches` accepts, and delivers it `duration` after it was
@@ -241,7 +254,8 @@ async fn relay(client: TcpStream, connection: usize, shared: Arc<Shared>) {
     let (mut client_rx, client_tx) = client.into_split();
     let (mut backend_rx, mut backend_tx) = backend.into_split();
     // Answers flow back untouched.
-    let answers = tokio::spawn(async move { copy_answers(&mut backend_rx, client_tx).await });
+    let counting = Arc::clone(&shared);
+    let answers = tokio::spawn(async move { copy_answers(&mut backend_rx, client_tx, connection, &counting).await });
     let mut pending = Vec::new();
     let mut buf = vec![0u8; 64 << 10];
     let held = 'connection: loop {
@@ -275,8 +289,25 @@ async fn relay(client: TcpStream, connection: usize, shared: Arc<Shared>) {
     }
 }
 
-async fn copy_answers(from: &mut tokio::net::tcp::OwnedReadHalf, mut to: OwnedWriteHalf) {
-    let _ = tokio::io::copy(from, &mut to).await;
+/// Copies answers back as they come, counting each whole one in [`Shared::answers`].
+async fn copy_answers(
+    from: &mut tokio::net::tcp::OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    connection: usize,
+    shared: &Shared,
+) {
+    let mut buf = vec![0u8; 64 << 10];
+    let mut pending = Vec::new();
+    while let Ok(n) = from.read(&mut buf).await {
+        if n == 0 || to.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+        pending.extend_from_slice(&buf[..n]);
+        while let Some(len) = response_len(&pending, false) {
+            pending.drain(..len);
+            *shared.answers.lock().unwrap().entry(connection).or_default() += 1;
+        }
+    }
     let _ = to.shutdown().await;
 }
 

@@ -1,38 +1,56 @@
 //! [`EtcdWriter`]: the leader's group commit to etcd. Every change and answer queued while the
-//! previous transaction was under way joins the next one, and a batch is one transaction,
+//! window of batches in flight is full joins the next batch, and a batch is one transaction,
 //! guarded by the leader's epoch and the batch chain:
-//! `If(create_revision(P/leader) == epoch, value(P/batch) == last) Then(puts, deletes,
+//! `If(create_revision(P/leader) == epoch, value(P/batch) == previous) Then(puts, deletes,
 //! P/batch = next)`. Only once etcd has committed it (a quorum has it) is the table raised and
 //! are the writes answered.
 //!
-//! A batch that creates levels (a key or floor the table does not hold, which it would if etcd
-//! did: the takeover loaded every level, and only this leader has written since) also puts the
-//! new count in `P/census`, in the same transaction, so the census never counts a level etcd
-//! does not hold.
+//! Up to `window` batches are in flight at once, each guarded by the id of the one sent before
+//! it, so etcd applies a batch only after all earlier ones, whatever order it takes them in
+//! (tests/cluster/pipeline_model.rs checks the protocol). Their answers are read in the order
+//! the batches were sent:
+//! - committed: the table is raised and the batch's writes go;
+//! - the compare failed and `P/batch` held an earlier id of this leader's chain: etcd took the
+//!   batch before its predecessor. It did not apply, and no batch after it can (each names an id
+//!   that will never be written): all of them are sent again, under new ids;
+//! - a refusal certain to have applied nothing (`outcome`): the batch's writes are refused, the
+//!   batches after it sent again;
+//! - the compare failed otherwise: another instance leads, and this one steps down.
+//!
+//! A batch that creates levels (a key or floor the table does not hold, nor a batch in flight
+//! before it, which they would if etcd did: the takeover loaded every level, and only this
+//! leader has written since) also puts the new count in `P/census`, in the same transaction, so
+//! the census never counts a level etcd does not hold.
 //!
 //! An outcome that is not known (a timeout, a lost connection) is never taken as a failure: the
-//! transaction may still apply. A barrier settles it: `If(same guard) Then(P/batch = barrier)`.
-//! If the barrier commits, the lost batch can never apply (its compare on `P/batch` fails for
-//! ever) and its writes are refused, their tokens unused. If the barrier's compare fails and
-//! `P/batch` holds the lost batch's id, the batch committed and its writes go. Otherwise the
-//! leadership is gone, and the writes are refused (sending nothing is always safe).
+//! transaction may still apply. A barrier settles it: `If(same epoch, P/batch == the id before
+//! the lost batch) Then(P/batch = barrier)`. If the barrier commits, the lost batch can never
+//! apply (its compare on `P/batch` fails for ever), nor any after it: its writes are refused,
+//! their tokens unused, and the later batches sent again. If the barrier's compare fails and
+//! `P/batch` holds the lost batch's id or a later one of the batches in flight, the chain got
+//! that far: every batch up to that one committed. Otherwise the leadership is gone, and the
+//! writes are refused (sending nothing is always safe).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
+use tokio::task::{JoinError, JoinHandle};
 
 use super::lease::{Shared, Standing};
 use super::names::{Names, batch_id, parse_batch_id, token_value};
 use super::outcome::refusal;
-use crate::etcd_client::{Client, Compare, EtcdError, Op};
+use crate::etcd_client::{Client, Compare, EtcdError, Op, TxnResult};
 use crate::store::file::CommitHook;
 use crate::store::mark_batch::Room;
 use crate::store::{Change, Mark, MarkBatch, StoreError, Table};
 
 /// etcd's default `--max-txn-ops`: the operations one transaction may hold.
 pub const DEFAULT_MAX_TXN_OPS: usize = 128;
+/// Batches in flight to etcd at once, by default.
+pub const DEFAULT_BATCHES_IN_FLIGHT: usize = 4;
 /// Bytes of keys and values one transaction may carry, well under etcd's default request limit
 /// (1.5 MiB).
 const MAX_BYTES: usize = 1 << 20;
@@ -85,9 +103,11 @@ pub(crate) struct EtcdWriter {
     /// Operations of changes and answers one batch may hold: etcd's `--max-txn-ops` less the
     /// batch id's and the census's.
     pub(crate) max_ops: usize,
+    /// Batches in flight at most.
+    pub(crate) window: usize,
     pub(crate) on_commit: Option<CommitHook>,
-    /// Taken from the queue and not yet in a batch: it did not fit the last one.
-    carry: Option<Msg>,
+    /// Batches sent again because etcd took them before the batch sent ahead of them.
+    pub(crate) overtaken: Arc<AtomicU64>,
     /// The batch chain of the epoch this writer last wrote in.
     chain: Option<Chain>,
 }
@@ -95,22 +115,71 @@ pub(crate) struct EtcdWriter {
 /// Where a leader's batches stand in etcd.
 struct Chain {
     epoch: i64,
-    /// The id `P/batch` holds after this leader's last committed batch (or what the takeover
-    /// read): the next batch's guard.
+    /// What the takeover read in `P/batch`: where this leader's chain starts.
+    start: Vec<u8>,
+    /// The id `P/batch` holds after this leader's last batch known to have committed (or what
+    /// the takeover read): the guard of a barrier.
     last: Vec<u8>,
+    /// The id of the last batch sent: the next batch's guard. `last` when none is in flight.
+    tail: Vec<u8>,
     /// The sequence number of the last transaction sent, batch or barrier, whatever became of
     /// it: every transaction gets an id never used before, so that reading it back in
     /// `P/batch` proves that very transaction committed.
     sent: u64,
     /// The levels etcd holds after this leader's last committed batch (the takeover's count
-    /// to start with): what the census becomes with the next batch that creates any.
+    /// to start with).
     census: u64,
+    /// The levels etcd holds once every batch in flight commits: what the census becomes with
+    /// the next batch that creates any.
+    tail_census: u64,
 }
 
-/// One change of a batch, applied to the table once the batch commits.
-enum Applied {
-    Commit { batch: MarkBatch, done: Done },
-    Answered(MarkBatch),
+impl Chain {
+    /// Whether `read`, found in `P/batch` by a batch guarded by `guard`, is an id this chain
+    /// passed before it reached `guard`: the takeover's, or an earlier one of this epoch. Then
+    /// etcd took the batch before its predecessor.
+    fn passed(&self, read: &[u8], guard: &[u8]) -> bool {
+        if read == guard {
+            return false;
+        }
+        if read == self.start {
+            return true;
+        }
+        match (parse_batch_id(read), parse_batch_id(guard)) {
+            (Some((e, seq)), Some((g, guard_seq))) => e == self.epoch && g == self.epoch && seq < guard_seq,
+            _ => false,
+        }
+    }
+}
+
+/// A batch sent to etcd whose answer is not read yet.
+struct InFlight {
+    epoch: i64,
+    term: u64,
+    /// Its id, and its guard's: the id of the batch sent before it.
+    id: Vec<u8>,
+    guard: Vec<u8>,
+    /// Its changes and answers, as queued.
+    msgs: Vec<Msg>,
+    /// The highest advance of each mark in it, which batches behind it check against.
+    levels: HashMap<Mark, u64>,
+    /// The levels it creates, which batches behind it do not count again.
+    created: HashSet<Mark>,
+    room: Room,
+    /// What `P/census` holds once it commits, when it moves it.
+    census: Option<u64>,
+    /// A barrier found the chain past it: it committed, whatever its answer says.
+    committed: bool,
+    started: Instant,
+    answer: JoinHandle<Result<TxnResult, EtcdError>>,
+}
+
+/// How a batch ended that did not commit.
+enum Ended {
+    /// Certain not to have applied; its writes are refused with the error.
+    Refused(StoreError),
+    /// etcd took it before its predecessor: it is sent again.
+    Overtaken,
 }
 
 impl EtcdWriter {
@@ -122,85 +191,143 @@ impl EtcdWriter {
             table,
             max_resources: usize::MAX,
             max_ops: DEFAULT_MAX_TXN_OPS - 2,
+            window: DEFAULT_BATCHES_IN_FLIGHT,
             on_commit: None,
-            carry: None,
+            overtaken: Arc::default(),
             chain: None,
         }
     }
 
     /// Runs until closed, or until every sender is gone.
     pub(crate) async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Msg>) {
+        let mut pipeline: VecDeque<InFlight> = VecDeque::new();
+        // Taken from the channel and not yet in a batch: sent-again batches' messages first.
+        let mut queue: VecDeque<Msg> = VecDeque::new();
+        let mut closing = None;
+        let mut open = true;
         loop {
-            let first = match self.carry.take() {
-                Some(m) => m,
-                None => match rx.recv().await {
-                    Some(m) => m,
-                    None => break,
-                },
-            };
-            let mut batch = Vec::new();
-            let mut closing = None;
-            let (mut ops, mut bytes) = (0, 0);
-            let mut next = Some(first);
-            while let Some(msg) = next.take() {
-                if let Msg::Close(done) = msg {
-                    closing = Some(done);
+            // Send while the window has room. A batch goes only in the epoch of those in flight:
+            // a new leadership starts its chain once the old one's batches are read.
+            while pipeline.len() < self.window.max(1) && self.same_epoch(&pipeline) {
+                if open && closing.is_none() {
+                    take(&mut rx, &mut queue, &mut closing, &mut open);
+                }
+                let group = self.group(&mut queue);
+                if group.is_empty() {
                     break;
                 }
-                let (o, b) = msg.cost();
-                if !batch.is_empty() && (ops + o > self.max_ops || bytes + b > MAX_BYTES) {
-                    self.carry = Some(msg);
-                    break;
+                if let Some(sent) = self.send(group, &pipeline) {
+                    pipeline.push_back(sent);
                 }
-                ops += o;
-                bytes += b;
-                batch.push(msg);
-                next = rx.try_recv().ok();
             }
-            self.commit(batch).await;
-            if let Some(done) = closing {
-                rx.close();
-                while let Ok(msg) = rx.try_recv() {
-                    if let Msg::Commit { done, .. } = msg {
-                        let _ = done.send(Err(StoreError::Closed));
+            let room = pipeline.len() < self.window && open && closing.is_none();
+            let Some(head) = pipeline.front_mut() else {
+                if !queue.is_empty() {
+                    continue;
+                }
+                if let Some(done) = closing.take() {
+                    rx.close();
+                    while let Ok(msg) = rx.try_recv() {
+                        if let Msg::Commit { done, .. } = msg {
+                            let _ = done.send(Err(StoreError::Closed));
+                        }
                     }
+                    let _ = done.send(Ok(()));
+                    return;
                 }
-                let _ = done.send(Ok(()));
-                return;
-            }
+                if !open {
+                    return;
+                }
+                match rx.recv().await {
+                    Some(Msg::Close(done)) => closing = Some(done),
+                    Some(msg) => queue.push_back(msg),
+                    None => open = false,
+                }
+                continue;
+            };
+            let answer = tokio::select! {
+                biased;
+                answer = &mut head.answer => answer,
+                msg = rx.recv(), if room => {
+                    match msg {
+                        Some(Msg::Close(done)) => closing = Some(done),
+                        Some(msg) => queue.push_back(msg),
+                        None => open = false,
+                    }
+                    continue;
+                }
+            };
+            self.read(answer, &mut pipeline, &mut queue).await;
         }
+    }
+
+    /// Whether a batch sent now would be in the epoch of the batches in flight.
+    fn same_epoch(&self, pipeline: &VecDeque<InFlight>) -> bool {
+        let Some(last) = pipeline.back() else { return true };
+        self.shared.leading_in(self.shared.term()).is_some_and(|(epoch, _)| epoch == last.epoch)
+    }
+
+    /// The messages of the next batch, from the front of `queue`: as many as one transaction
+    /// holds (the first one always).
+    fn group(&self, queue: &mut VecDeque<Msg>) -> Vec<Msg> {
+        let mut group = Vec::new();
+        let (mut ops, mut bytes) = (0, 0);
+        while let Some(msg) = queue.front() {
+            let (o, b) = msg.cost();
+            if !group.is_empty() && (ops + o > self.max_ops || bytes + b > MAX_BYTES) {
+                break;
+            }
+            ops += o;
+            bytes += b;
+            group.extend(queue.pop_front());
+        }
+        group
     }
 
     /// The chain of `epoch`: from what the takeover read, the first time.
     fn chain(&mut self, epoch: i64) -> &mut Chain {
         if self.chain.as_ref().is_none_or(|c| c.epoch != epoch) {
             let (last, census) = self.shared.last_batch();
-            self.chain = Some(Chain { epoch, last, sent: 0, census });
+            let chain =
+                Chain { epoch, start: last.clone(), tail: last.clone(), last, sent: 0, census, tail_census: census };
+            self.chain = Some(chain);
         }
-        self.chain.get_or_insert_with(|| Chain { epoch, last: Vec::new(), sent: 0, census: 0 })
+        self.chain.get_or_insert_with(|| Chain {
+            epoch,
+            start: Vec::new(),
+            last: Vec::new(),
+            tail: Vec::new(),
+            sent: 0,
+            census: 0,
+            tail_census: 0,
+        })
     }
 
-    /// The guard's last id, and a new id and its sequence for the next transaction of `epoch`.
-    fn next_id(&mut self, epoch: i64) -> (Vec<u8>, Vec<u8>, u64) {
+    /// A new id and its sequence number, for the next transaction of `epoch`.
+    fn next_id(&mut self, epoch: i64) -> (Vec<u8>, u64) {
         let chain = self.chain(epoch);
         chain.sent += 1;
-        (chain.last.clone(), batch_id(epoch, chain.sent), chain.sent)
+        (batch_id(epoch, chain.sent), chain.sent)
     }
 
-    async fn commit(&mut self, group: Vec<Msg>) {
-        if group.is_empty() {
-            return;
-        }
+    /// Makes `group` one transaction, guarded by the batch sent before it, and sends it.
+    /// Answers at once what cannot go: every change when this instance does not lead, one
+    /// that would lower a level or that does not fit the table. `None` when nothing goes to
+    /// etcd.
+    fn send(&mut self, group: Vec<Msg>, pipeline: &VecDeque<InFlight>) -> Option<InFlight> {
         let term = self.shared.term();
         let guard = self.shared.leading_in(term);
         let not_leader = || StoreError::Unavailable(not_leading(&self.shared.standing()));
         // The final state of every key the batch writes, in key order: etcd refuses a
         // transaction that names a key twice.
         let mut writes: BTreeMap<Vec<u8>, Option<Vec<u8>>> = BTreeMap::new();
-        let mut applied = Vec::with_capacity(group.len());
+        let mut msgs = Vec::with_capacity(group.len());
         let mut room = Room::default();
-        // The highest advance of each mark so far in this batch.
-        let mut batch_levels: HashMap<Mark, u64> = HashMap::new();
+        for sent in pipeline {
+            room.add(&sent.room);
+        }
+        // The highest advance of each mark in this batch so far.
+        let mut levels: HashMap<Mark, u64> = HashMap::new();
         // The levels this batch creates, each once however many of its changes name it.
         let mut created: HashSet<Mark> = HashSet::new();
         for msg in group {
@@ -213,39 +340,44 @@ impl EtcdWriter {
                             writes.insert(self.names.in_flight(mark.borrowed()), None);
                         }
                     }
-                    applied.push(Applied::Answered(batch));
+                    msgs.push(Msg::Answered { batch, term: answered_in });
                 }
                 Msg::Commit { done, term: checked, .. } if guard.is_none() || checked != term => {
                     let _ = done.send(Err(not_leader()));
                 }
-                Msg::Commit { batch, done, .. } => {
+                Msg::Commit { batch, done, term: checked } => {
                     let (marks, token, change) = (batch.marks(), batch.token(), batch.change());
                     // Levels only climb here, whatever the caller checked: an advance below a
-                    // mark's level, or below an advance of it earlier in this batch, is refused
-                    // (a change whose caller stopped waiting may still be queued ahead of it).
+                    // mark's level, or below an advance of it in flight or earlier in this
+                    // batch, is refused (a change whose caller stopped waiting may still be
+                    // queued ahead of it).
                     let level = |mark: &Mark| self.table.level(mark.borrowed());
+                    let queued = |mark: &Mark| {
+                        let in_flight = pipeline.iter().filter_map(|f| f.levels.get(mark).copied()).max();
+                        in_flight.max(levels.get(mark).copied())
+                    };
                     if change == Change::Advance
-                        && marks.iter().any(|m| {
-                            let queued = batch_levels.get(m).copied();
-                            level(m).max(queued).is_some_and(|l| token < l)
-                        })
+                        && marks.iter().any(|m| level(m).max(queued(m)).is_some_and(|l| token < l))
                     {
                         let why = "a higher level of one of its marks was committed or is being committed";
                         let _ = done.send(Err(StoreError::Unavailable(why.into())));
                         continue;
                     }
-                    if change == Change::Advance {
-                        for m in marks {
-                            let e = batch_levels.entry(m.clone()).or_insert(token);
-                            *e = (*e).max(token);
-                        }
-                    }
                     if let (_, Err(e)) = room.take(&self.table, self.max_resources, &batch) {
                         let _ = done.send(Err(e));
                         continue;
                     }
+                    if change == Change::Advance {
+                        for m in marks {
+                            let e = levels.entry(m.clone()).or_insert(token);
+                            *e = (*e).max(token);
+                        }
+                    }
                     // The census counts levels, which are never lost; a binding is not one.
-                    created.extend(marks.iter().filter(|m| m.kind.is_level() && level(m).is_none()).cloned());
+                    let new = |m: &&Mark| {
+                        m.kind.is_level() && level(m).is_none() && !pipeline.iter().any(|f| f.created.contains(*m))
+                    };
+                    created.extend(marks.iter().filter(new).cloned());
                     for mark in marks {
                         if change == Change::Drop {
                             writes.insert(self.names.level(mark.borrowed()), None);
@@ -256,7 +388,7 @@ impl EtcdWriter {
                             writes.insert(self.names.in_flight(mark.borrowed()), Some(token_value(token)));
                         }
                     }
-                    applied.push(Applied::Commit { batch, done });
+                    msgs.push(Msg::Commit { batch, term: checked, done });
                 }
                 Msg::Close(done) => {
                     let _ = done.send(Ok(()));
@@ -266,16 +398,22 @@ impl EtcdWriter {
         let Some((epoch, _lease)) = guard else {
             // Not leading: answers stay in flight in etcd, which costs the next leader a
             // quarantine at most.
-            self.apply(applied, Ok(()), true);
-            return;
+            self.answer(msgs, Err(not_leader()));
+            return None;
         };
-        if applied.iter().all(|a| matches!(a, Applied::Answered(_))) && writes.is_empty() {
+        if writes.is_empty() {
             // Answers of an earlier term only: nothing for etcd, but the table hears of them.
-            self.apply(applied, Ok(()), true);
-            return;
+            self.answer(msgs, Err(not_leader()));
+            return None;
         }
-        let (last, next, seq) = self.next_id(epoch);
-        let advances = applied.iter().filter(|a| matches!(a, Applied::Commit { .. })).count();
+        let (id, _) = self.next_id(epoch);
+        let chain = self.chain(epoch);
+        let previous = std::mem::replace(&mut chain.tail, id.clone());
+        // Counted from the census the batches in flight leave.
+        let census = (!created.is_empty()).then(|| chain.tail_census + created.len() as u64);
+        if let Some(count) = census {
+            chain.tail_census = count;
+        }
         let mut success: Vec<Op> = writes
             .into_iter()
             .map(|(key, value)| match value {
@@ -283,87 +421,171 @@ impl EtcdWriter {
                 None => Op::Delete(key),
             })
             .collect();
-        success.push(Op::Put { key: self.names.batch(), value: next.clone(), lease: 0 });
-        // Counted from the chain's census, which only committed batches move.
-        let census = (!created.is_empty()).then(|| self.chain(epoch).census + created.len() as u64);
+        success.push(Op::Put { key: self.names.batch(), value: id.clone(), lease: 0 });
         if let Some(count) = census {
             success.push(Op::Put { key: self.names.census(), value: token_value(count), lease: 0 });
         }
-        let guard =
-            [Compare::CreateRevision(self.names.leader(), epoch), Compare::Value(self.names.batch(), last.clone())];
+        let compare =
+            [Compare::CreateRevision(self.names.leader(), epoch), Compare::Value(self.names.batch(), previous.clone())];
         let failure = [Op::Get(self.names.batch())];
-        let started = Instant::now();
-        let outcome = match self.client.txn(&guard, &success, &failure).await {
-            Ok(r) if r.succeeded => Ok(()),
-            Ok(_) => Err(self.lost(epoch, "the leader key or the batch chain in etcd changed: another instance leads")),
-            Err(e) => match refusal(&e) {
-                Some(definite) => Err(definite),
-                None => self.settle(term, epoch, (&next, seq), &e).await,
-            },
+        let client = self.client.clone();
+        let answer = tokio::spawn(async move { client.txn(&compare, &success, &failure).await });
+        Some(InFlight {
+            epoch,
+            term,
+            id,
+            guard: previous,
+            msgs,
+            levels,
+            created,
+            room,
+            census,
+            committed: false,
+            started: Instant::now(),
+            answer,
+        })
+    }
+
+    /// Reads the answer of the first batch in flight, settling it if it is unknown, and acts
+    /// on it (module docs).
+    async fn read(
+        &mut self,
+        answer: Result<Result<TxnResult, EtcdError>, JoinError>,
+        pipeline: &mut VecDeque<InFlight>,
+        queue: &mut VecDeque<Msg>,
+    ) {
+        let Some(head) = pipeline.pop_front() else { return };
+        let ended = if head.committed {
+            None
+        } else {
+            match answer {
+                Ok(Ok(r)) if r.succeeded => None,
+                Ok(Ok(r)) => {
+                    let read =
+                        r.ranges.first().and_then(Option::as_ref).map(|kv| kv.value.as_slice()).unwrap_or_default();
+                    if self.chain(head.epoch).passed(read, &head.guard) {
+                        Some(Ended::Overtaken)
+                    } else {
+                        let why = "the leader key or the batch chain in etcd changed: another instance leads";
+                        Some(Ended::Refused(self.lost(head.epoch, why)))
+                    }
+                }
+                Ok(Err(e)) => match refusal(&e) {
+                    Some(definite) => Some(Ended::Refused(definite)),
+                    None => self.settle(&head, pipeline, &e.to_string()).await.err().map(Ended::Refused),
+                },
+                Err(e) => self.settle(&head, pipeline, &e.to_string()).await.err().map(Ended::Refused),
+            }
         };
-        match &outcome {
-            Ok(()) => {
-                let chain = self.chain(epoch);
-                chain.last = next;
-                if let Some(count) = census {
+        match ended {
+            None => {
+                let chain = self.chain(head.epoch);
+                chain.last = head.id;
+                if let Some(count) = head.census {
                     chain.census = count;
                 }
                 self.shared.set_full(None);
+                let advances = head.msgs.iter().filter(|m| matches!(m, Msg::Commit { .. })).count();
                 if let (Some(hook), true) = (&self.on_commit, advances > 0) {
-                    hook(started.elapsed(), advances);
+                    hook(head.started.elapsed(), advances);
                 }
+                self.answer(head.msgs, Ok(()));
             }
-            Err(StoreError::NoSpace(why)) => self.shared.set_full(Some(why.clone())),
-            Err(_) => {}
+            Some(Ended::Refused(e)) => {
+                if let StoreError::NoSpace(why) = &e {
+                    self.shared.set_full(Some(why.clone()));
+                }
+                self.answer(head.msgs, Err(e));
+                self.send_again(head.epoch, pipeline, queue);
+            }
+            Some(Ended::Overtaken) => {
+                tracing::debug!(
+                    batches = pipeline.len() + 1,
+                    "etcd took a batch before the one sent ahead of it: sending them again"
+                );
+                self.overtaken.fetch_add(1, Ordering::Relaxed);
+                pipeline.push_front(head);
+                self.send_again(head_epoch(pipeline), pipeline, queue);
+            }
         }
-        self.apply(applied, outcome, false);
     }
 
-    /// Settles a batch whose outcome etcd did not tell, with a barrier (module docs).
-    async fn settle(&mut self, term: u64, epoch: i64, lost: (&[u8], u64), error: &EtcdError) -> Result<(), StoreError> {
-        tracing::warn!(error = %error, "etcd did not answer a batch; settling it with a barrier");
-        let (lost, lost_seq) = lost;
+    /// Puts every batch in flight back at the front of the queue, in order, to be sent again
+    /// under new ids: none of them applied, and none can, since the chain they name was
+    /// broken before them. Their answers, when they come, are not read.
+    fn send_again(&mut self, epoch: i64, pipeline: &mut VecDeque<InFlight>, queue: &mut VecDeque<Msg>) {
+        if pipeline.is_empty() {
+            return;
+        }
+        let again: Vec<Msg> = pipeline.drain(..).flat_map(|f| f.msgs).collect();
+        for msg in again.into_iter().rev() {
+            queue.push_front(msg);
+        }
+        let chain = self.chain(epoch);
+        chain.tail = chain.last.clone();
+        chain.tail_census = chain.census;
+    }
+
+    /// Settles `lost`, a batch whose outcome etcd did not tell, with a barrier (module docs):
+    /// `Ok` when it committed, and with it every batch in flight up to the one `P/batch` names.
+    async fn settle(
+        &mut self,
+        lost: &InFlight,
+        pipeline: &mut VecDeque<InFlight>,
+        error: &str,
+    ) -> Result<(), StoreError> {
+        tracing::warn!(error, "etcd did not answer a batch; settling it with a barrier");
+        let epoch = lost.epoch;
         let cancelled = || {
             StoreError::Unavailable(format!(
                 "etcd did not answer ({error}); the batch was cancelled and nothing was sent"
             ))
         };
+        // The ids of this barrier's tries: each try has a new one, so that a try whose answer
+        // is lost too is not taken for the batch, nor for another try.
+        let mut tries: Vec<Vec<u8>> = Vec::new();
         loop {
-            // A new id for every try: a barrier whose answer is lost too must not be taken for
-            // the batch, nor for another try of itself.
-            let (last, barrier, _) = self.next_id(epoch);
-            let guard = [Compare::CreateRevision(self.names.leader(), epoch), Compare::Value(self.names.batch(), last)];
+            let (barrier, _) = self.next_id(epoch);
+            tries.push(barrier.clone());
+            let guard = [
+                Compare::CreateRevision(self.names.leader(), epoch),
+                Compare::Value(self.names.batch(), lost.guard.clone()),
+            ];
             let success = [Op::Put { key: self.names.batch(), value: barrier.clone(), lease: 0 }];
             let failure = [Op::Get(self.names.batch())];
-            let read = |r: &crate::etcd_client::TxnResult| {
-                r.ranges.first().and_then(Option::as_ref).map(|kv| kv.value.clone())
-            };
             match self.client.txn(&guard, &success, &failure).await {
                 Ok(r) if r.succeeded => {
                     self.chain(epoch).last = barrier;
                     return Err(cancelled());
                 }
-                Ok(r) if read(&r).as_deref() == Some(lost) => {
-                    tracing::info!("the batch etcd did not answer had committed");
-                    return Ok(());
-                }
-                Ok(r)
-                    if read(&r)
-                        .and_then(|id| parse_batch_id(&id))
-                        .is_some_and(|(e, seq)| e == epoch && seq > lost_seq && seq <= self.chain(epoch).sent) =>
-                {
-                    // An earlier try of this barrier, whose answer was lost, committed.
-                    self.chain(epoch).last = read(&r).unwrap_or_default();
-                    return Err(cancelled());
-                }
-                Ok(_) => {
+                Ok(r) => {
+                    let read = r.ranges.first().and_then(Option::as_ref).map(|kv| kv.value.clone()).unwrap_or_default();
+                    if read == lost.id {
+                        tracing::info!("the batch etcd did not answer had committed");
+                        return Ok(());
+                    }
+                    if let Some(n) = pipeline.iter().position(|f| f.id == read) {
+                        tracing::info!(
+                            batches = n + 2,
+                            "the batch etcd did not answer had committed, and those after it"
+                        );
+                        for f in pipeline.iter_mut().take(n + 1) {
+                            f.committed = true;
+                        }
+                        return Ok(());
+                    }
+                    if tries.contains(&read) {
+                        // An earlier try of this barrier, whose answer was lost, committed.
+                        self.chain(epoch).last = read;
+                        return Err(cancelled());
+                    }
                     let why = "the leader key or the batch chain in etcd changed while a batch was unsettled";
                     return Err(self.lost(epoch, why));
                 }
                 // Only while this leadership lasts: a definite refusal, or a lease that lapsed,
                 // ends it (the writes are refused; a batch that did commit is in etcd for the
                 // next takeover).
-                Err(e) if refusal(&e).is_none() && self.shared.leading_in(term).is_some() => {
+                Err(e) if refusal(&e).is_none() && self.shared.leading_in(lost.term).is_some() => {
                     tokio::time::sleep(BARRIER_RETRY).await;
                 }
                 Err(e) => {
@@ -382,20 +604,45 @@ impl EtcdWriter {
         StoreError::Unavailable(format!("this instance stopped leading: {why}"))
     }
 
-    /// Raises the table for what committed, and answers every change with `outcome`.
-    fn apply(&self, applied: Vec<Applied>, outcome: Result<(), StoreError>, answers_only: bool) {
-        for a in applied {
-            match a {
-                Applied::Answered(answered) => self.table.apply(&answered),
-                Applied::Commit { done, .. } if answers_only => {
-                    let _ = done.send(Err(StoreError::Unavailable(not_leading(&self.shared.standing()))));
-                }
-                Applied::Commit { batch, done } => {
+    /// Answers every change of a batch with `outcome`, raising the table for what committed;
+    /// answered writes reach the table whatever the outcome.
+    fn answer(&self, msgs: Vec<Msg>, outcome: Result<(), StoreError>) {
+        for msg in msgs {
+            match msg {
+                Msg::Answered { batch, .. } => self.table.apply(&batch),
+                Msg::Commit { batch, done, .. } => {
                     if outcome.is_ok() {
                         self.table.apply(&batch);
                     }
                     let _ = done.send(outcome.clone());
                 }
+                Msg::Close(done) => {
+                    let _ = done.send(Ok(()));
+                }
+            }
+        }
+    }
+}
+
+/// The epoch of the first batch in `pipeline` (0 when empty: then nothing is sent again).
+fn head_epoch(pipeline: &VecDeque<InFlight>) -> i64 {
+    pipeline.front().map_or(0, |f| f.epoch)
+}
+
+/// Moves what the channel holds now into `queue`, up to a `Close`, which it keeps in
+/// `closing`; `open` becomes false once every sender is gone.
+fn take(rx: &mut mpsc::UnboundedReceiver<Msg>, queue: &mut VecDeque<Msg>, closing: &mut Option<Done>, open: &mut bool) {
+    loop {
+        match rx.try_recv() {
+            Ok(Msg::Close(done)) => {
+                *closing = Some(done);
+                return;
+            }
+            Ok(msg) => queue.push_back(msg),
+            Err(mpsc::error::TryRecvError::Empty) => return,
+            Err(mpsc::error::TryRecvError::Disconnected) => {
+                *open = false;
+                return;
             }
         }
     }

@@ -14,6 +14,7 @@ mod outcome;
 mod provision;
 mod takeover;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -24,8 +25,8 @@ use super::file::CommitHook;
 use super::mark_batch::{noted, refused};
 use super::{Change, Condition, MarkBatch, Permit, Role, Store, StoreError, StoreFuture, Table};
 use crate::etcd_client::Client;
-pub use batch::DEFAULT_MAX_TXN_OPS;
 use batch::Msg;
+pub use batch::{DEFAULT_BATCHES_IN_FLIGHT, DEFAULT_MAX_TXN_OPS};
 pub use leadership::TakeoverHook;
 use lease::{Shared, Standing};
 use names::Names;
@@ -56,6 +57,9 @@ pub struct EtcdOptions {
     /// The most operations one transaction may hold: etcd's `--max-txn-ops` (128 by default),
     /// which bounds how many writes one batch commits.
     pub max_txn_ops: usize,
+    /// Batches in flight to etcd at once, each guarded by the one before it
+    /// ([`DEFAULT_BATCHES_IN_FLIGHT`]).
+    pub batches_in_flight: usize,
     /// Called after each batch that made advances durable (metrics).
     pub on_commit: Option<CommitHook>,
 }
@@ -87,6 +91,8 @@ pub struct EtcdStore {
     /// neither way while the lease holds). The change may still commit after that: the writer
     /// never lowers a level, so a later write checked against the older level is refused there.
     answer_within: Duration,
+    /// Batches etcd took before the batch sent ahead of them, which were sent again.
+    overtaken: Arc<AtomicU64>,
 }
 
 impl EtcdStore {
@@ -114,13 +120,21 @@ impl EtcdStore {
         writer.max_resources = options.max_resources;
         // Two operations of each transaction are the batch id's and the census's.
         writer.max_ops = options.max_txn_ops.max(3) - 2;
+        writer.window = options.batches_in_flight.max(1);
+        let overtaken = Arc::clone(&writer.overtaken);
         writer.on_commit = options.on_commit.clone();
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(writer.run(rx));
         let answer_within = options.lease_ttl * 2;
         let max_ops = options.max_txn_ops.max(3) - 2;
         let pending = Mutex::new(Some((client, names, options)));
-        Ok(EtcdStore { tx, table, shared, campaign: Mutex::new(None), pending, max_ops, answer_within })
+        Ok(EtcdStore { tx, table, shared, campaign: Mutex::new(None), pending, max_ops, answer_within, overtaken })
+    }
+
+    /// How many times etcd took a batch before the one sent ahead of it, so that it (and
+    /// those behind it) were sent again.
+    pub fn batches_overtaken(&self) -> u64 {
+        self.overtaken.load(Ordering::Relaxed)
     }
 
     /// Starts campaigning; `hook` hears of each takeover before this instance leads. Once.

@@ -1,0 +1,122 @@
+//! The leader's batches in flight to a real etcd (`store.batches_in_flight`), through a relay
+//! that holds a transaction and delivers it late with its answer lost: etcd taking a batch
+//! before the one sent ahead of it, a lost answer settled by a barrier that finds the chain
+//! past it, and a lost batch cancelled while the one behind it is sent again
+//! (tests/cluster/pipeline_model.rs checks the protocol; these check the code).
+
+use crate::common;
+
+use std::time::Duration;
+
+use common::cluster::Cluster;
+use common::etcd_server::start_etcd;
+use common::eventually;
+use common::relay::{Relay, Request};
+use fencegate::store::{EtcdStore, Mark, MarkBatch, Store, StoreFuture};
+
+/// How long the store's etcd client waits for an answer: a held transaction's outcome is
+/// unknown after this.
+const ANSWER_WITHIN: Duration = Duration::from_secs(2);
+
+fn is_txn(r: &Request) -> bool {
+    r.method == "POST" && r.target == "/v3/kv/txn"
+}
+
+fn advance<'a>(store: &'a EtcdStore, key: &str, token: u64) -> StoreFuture<'a> {
+    store.commit(store.term(), MarkBatch::advance([Mark::key(key)], token))
+}
+
+/// A store on an initialised prefix of `c`, leading, that reaches etcd through `relay`.
+async fn leading_through(c: &Cluster, relay: &Relay) -> EtcdStore {
+    c.init().await;
+    let client = fencegate::etcd_client::Client::new(&[relay.url()], ANSWER_WITHIN);
+    let store = c.open_store(client).await.unwrap();
+    store.start(std::sync::Arc::new(|_| {}));
+    eventually("it leads", async || store.leading()).await;
+    store
+}
+
+/// etcd takes the second batch first: its guard names the first batch's id, which `P/batch`
+/// does not hold yet, so the compare fails. The first then commits (late, its answer lost: a
+/// barrier finds it committed), and the second is sent again under a new id and commits.
+#[tokio::test]
+async fn a_batch_etcd_takes_before_the_one_sent_ahead_of_it_is_sent_again() {
+    let Some(etcd) = start_etcd().await else { return };
+    let c = Cluster::build(&[etcd.url()], 1, "").await;
+    let relay = Relay::start(etcd.client).await;
+    let store = leading_through(&c, &relay).await;
+    let mut first = relay.hold_next_gated(is_txn, Duration::ZERO);
+    let a = advance(&store, "/a", 10);
+    first.held().await;
+    let b = advance(&store, "/b", 20);
+    // The second batch went on at once, and etcd has answered it.
+    let mut second = None;
+    eventually("etcd answers the second batch", async || {
+        second = relay.sent().into_iter().rfind(is_txn);
+        second.as_ref().is_some_and(|r| relay.answered(r))
+    })
+    .await;
+    first.release();
+    assert!(first.delivered().await.response.is_some_and(|r| r.status == 200));
+    a.await.unwrap();
+    b.await.unwrap();
+    assert_eq!(store.batches_overtaken(), 1);
+    assert_eq!(c.max_seen_in_etcd("/a").await, Some(10));
+    assert_eq!(c.max_seen_in_etcd("/b").await, Some(20));
+    store.close().await.unwrap();
+}
+
+/// Both batches are held and delivered in order, both answers lost. The barrier settling the
+/// first finds `P/batch` holding the second's id: the chain got past the first, so both
+/// committed, and both writes go.
+#[tokio::test]
+async fn a_lost_answer_is_settled_by_walking_the_chain_to_the_batch_after_it() {
+    let Some(etcd) = start_etcd().await else { return };
+    let c = Cluster::build(&[etcd.url()], 1, "").await;
+    let relay = Relay::start(etcd.client).await;
+    let store = leading_through(&c, &relay).await;
+    let txns = || relay.sent().into_iter().filter(is_txn).count();
+    let before = txns();
+    let mut first = relay.hold_next_gated(is_txn, Duration::ZERO);
+    let mut second = relay.hold_next_gated(is_txn, Duration::ZERO);
+    let a = advance(&store, "/a", 10);
+    first.held().await;
+    let b = advance(&store, "/b", 20);
+    second.held().await;
+    first.release();
+    assert!(first.delivered().await.response.is_some_and(|r| r.status == 200));
+    second.release();
+    assert!(second.delivered().await.response.is_some_and(|r| r.status == 200));
+    a.await.unwrap();
+    b.await.unwrap();
+    assert_eq!(store.batches_overtaken(), 0);
+    let barriers = txns() - before - 2;
+    assert_eq!(barriers, 1, "one barrier settled both");
+    assert_eq!(c.max_seen_in_etcd("/a").await, Some(10));
+    assert_eq!(c.max_seen_in_etcd("/b").await, Some(20));
+    store.close().await.unwrap();
+}
+
+/// The first batch is held past its answer's time: a barrier commits ahead of it, so it can
+/// never apply, and its write is refused. The second, whose guard named the first, is sent
+/// again behind the barrier and commits; the first, delivered at last, changes nothing.
+#[tokio::test]
+async fn a_lost_batch_is_cancelled_and_the_one_behind_it_is_sent_again() {
+    let Some(etcd) = start_etcd().await else { return };
+    let c = Cluster::build(&[etcd.url()], 1, "").await;
+    let relay = Relay::start(etcd.client).await;
+    let store = leading_through(&c, &relay).await;
+    let mut first = relay.hold_next_gated(is_txn, Duration::ZERO);
+    let a = advance(&store, "/a", 10);
+    first.held().await;
+    let b = advance(&store, "/b", 20);
+    let refused = a.await.unwrap_err().to_string();
+    assert!(refused.contains("the batch was cancelled and nothing was sent"), "{refused}");
+    b.await.unwrap();
+    first.release();
+    let late = first.delivered().await.response.expect("etcd answers the late batch");
+    assert!(!String::from_utf8_lossy(&late.body).contains("\"succeeded\":true"), "{late:?}");
+    assert_eq!(c.max_seen_in_etcd("/a").await, None, "the cancelled batch never applied");
+    assert_eq!(c.max_seen_in_etcd("/b").await, Some(20));
+    store.close().await.unwrap();
+}
