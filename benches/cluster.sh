@@ -29,7 +29,7 @@
 # median req/s, p50 and p99 and the ratios to cas and to file. Everything it starts, it stops,
 # by pid. The scratch dirs, the backend, put.lua and the cleanup are benches/common.sh's; it
 # stops at once if one of its ports (those above, etcd's peers on 18211-18213 and the
-# fencegates' admin ports 18193-18205) is taken.
+# fencegates' admin ports 19093-19105) is taken.
 set -euo pipefail
 
 ROUNDS=${ROUNDS:-3}
@@ -51,9 +51,9 @@ done
 [ -x "$BIN" ] && [ -x "$CAS" ] || { echo "build first: cargo build --release --bin fencegate --example etcd_cas" >&2; exit 1; }
 
 # The backend, the fencegates (and their admin ports), etcd's clients and peers.
-ports=(18091 18093 18193 18201 18202 18203 18211 18212 18213)
+ports=(18091 18093 19093 18201 18202 18203 18211 18212 18213)
 for k in "${!WINDOWS[@]}"; do
-    for i in 0 1 2; do ports+=($((18094 + 3 * k + i)) $((18194 + 3 * k + i))); done
+    for i in 0 1 2; do ports+=($((18094 + 3 * k + i)) $((19094 + 3 * k + i))); done
 done
 bench_ports_free "${ports[@]}"
 case $ETCD_DATA in
@@ -85,7 +85,7 @@ bench_backend 18091
 common() { # PORT ADMIN
     printf '[server]\nlisten = "127.0.0.1:%s"\n[backend]\nurl = "http://127.0.0.1:18091"\n[log]\nlevel = "warn"\n[admin]\nlisten = "127.0.0.1:%s"\n' "$1" "$2"
 }
-{ common 18093 18193; printf '[store]\ndir = "%s"\nsync = "always"\n' "$DISK/file"; } >"$SHM/file.toml"
+{ common 18093 19093; printf '[store]\ndir = "%s"\nsync = "always"\n' "$DISK/file"; } >"$SHM/file.toml"
 "$BIN" init --dir "$DISK/file" >/dev/null
 "$BIN" run --config "$SHM/file.toml" 2>"$DISK/file.log" & FG_FILE=$!; PIDS+=($FG_FILE)
 bench_wait "$FG_FILE" 18093 "$DISK/file.log"
@@ -97,7 +97,7 @@ for k in "${!WINDOWS[@]}"; do
     pids=()
     for i in 0 1 2; do
         port=$((18094 + 3 * k + i))
-        { common "$port" $((18194 + 3 * k + i))
+        { common "$port" $((19094 + 3 * k + i))
           printf '[store]\nkind = "etcd"\nprefix = "/bench-%s/"\nadvertise = "http://127.0.0.1:%s"\nmax_txn_ops = %s\nbatches_in_flight = %s\n[etcd]\nendpoints = [%s]\n' \
               "$w" "$port" "$MAX_TXN_OPS" "$w" "$ENDPOINTS"
         } >"$SHM/etcd-$k-$i.toml"
@@ -108,7 +108,7 @@ for k in "${!WINDOWS[@]}"; do
     leader=""
     for _ in $(seq 200); do
         for i in 0 1 2; do
-            curl -sf "http://127.0.0.1:$((18194 + 3 * k + i))/metrics" 2>/dev/null | grep -q '^fencegate_store_role{role="writer"} 1' && leader=$i
+            curl -sf "http://127.0.0.1:$((19094 + 3 * k + i))/metrics" 2>/dev/null | grep -q '^fencegate_store_role{role="writer"} 1' && leader=$i
         done
         [ -n "$leader" ] && break
         sleep 0.1
@@ -172,6 +172,13 @@ for conns in $CONNS; do
     done
 done
 
+# Each trio's leader: its batches, the advances per batch, and the batches etcd took out of order.
+for k in "${!WINDOWS[@]}"; do
+    curl -sf "http://127.0.0.1:$((LEADER[k] + 1000))/metrics" | awk -v w="${WINDOWS[$k]}" '
+        /^fencegate_store_batch_advances_sum/ { sum = $2 } /^fencegate_store_batch_advances_count/ { n = $2 }
+        /^fencegate_store_batches_overtaken_total/ { over = $2 }
+        END { printf "trio %s: %d batches, %.1f advances each, %d overtaken\n", w, n, (n ? sum / n : 0), over }' >&2
+done
 echo
 printf '| conns | target | req/s (median) | p50 µs | p99 µs | failed | × cas | × file |\n|---:|---|---:|---:|---:|---:|---:|---:|\n'
 python3 - "$RESULTS" "${TARGETS[@]}" <<'EOF'

@@ -125,6 +125,7 @@ async fn route(state: &State, req: Request<Incoming>, caller: Remote) -> Result<
             let (table, limit) = state.fence.table_bytes();
             state.metrics.table(table.keys, table.floors, table.held, limit);
             state.metrics.log_dropped(crate::logging::dropped_lines());
+            state.metrics.batches_overtaken(state.store.batches_overtaken());
             state.metrics.process();
             state.metrics.quarantined(state.fence.quarantined());
             state.metrics.lock_views(state.locks.load().ages());

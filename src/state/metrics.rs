@@ -143,6 +143,7 @@ pub struct Metrics {
     /// Log lines dropped: a queue to stderr was full, or stderr refused access lines (brought up
     /// to date when scraped).
     log_dropped: Counter,
+    batches_overtaken: Counter,
     ops: Operations,
 }
 
@@ -190,6 +191,7 @@ impl Default for Metrics {
             bytes_in: Counter::default(),
             bytes_out: Counter::default(),
             log_dropped: Counter::default(),
+            batches_overtaken: Counter::default(),
             ops: Operations::default(),
             registry: Registry::default(),
         };
@@ -315,6 +317,11 @@ impl Default for Metrics {
             "Log lines dropped: a queue to stderr was full, or stderr refused access lines",
             m.log_dropped.clone(),
         );
+        registry.register(
+            "store_batches_overtaken",
+            "etcd store: batches etcd took before the batch sent ahead of them, sent again with those behind",
+            m.batches_overtaken.clone(),
+        );
         Metrics { registry, ..m }
     }
 }
@@ -340,6 +347,11 @@ impl Metrics {
     /// Brings the count of dropped log lines up to `dropped`, the process's count so far.
     pub fn log_dropped(&self, dropped: u64) {
         self.log_dropped.inc_by(dropped.saturating_sub(self.log_dropped.get()));
+    }
+
+    /// Sets the batches the store sent again because etcd took them out of order.
+    pub fn batches_overtaken(&self, overtaken: u64) {
+        self.batches_overtaken.inc_by(overtaken.saturating_sub(self.batches_overtaken.get()));
     }
 
     /// Sets the fence table's bytes by part, and their limit.

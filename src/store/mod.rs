@@ -128,6 +128,11 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     fn peer_secret(&self) -> Option<Arc<[u8]>> {
         None
     }
+    /// Batches sent again because the store's backing service took them out of order (the
+    /// etcd store's batches in flight); 0 for a store that has none.
+    fn batches_overtaken(&self) -> u64 {
+        0
+    }
 }
 
 /// Store failures. All of them keep fenced writes from being forwarded.

@@ -83,6 +83,7 @@ const RULES: &[Rule] = &[
             "crate::store::SyncMode",
             "crate::store::WriterScheduling",
             "crate::store::etcd::DEFAULT_MAX_TXN_OPS",
+            "crate::store::etcd::DEFAULT_BATCHES_IN_FLIGHT",
             "crate::tls",
         ],
         no_crates: &["hyper", "tokio"],

@@ -131,12 +131,6 @@ impl EtcdStore {
         Ok(EtcdStore { tx, table, shared, campaign: Mutex::new(None), pending, max_ops, answer_within, overtaken })
     }
 
-    /// How many times etcd took a batch before the one sent ahead of it, so that it (and
-    /// those behind it) were sent again.
-    pub fn batches_overtaken(&self) -> u64 {
-        self.overtaken.load(Ordering::Relaxed)
-    }
-
     /// Starts campaigning; `hook` hears of each takeover before this instance leads. Once.
     pub fn start(&self, hook: TakeoverHook) {
         let Some((client, names, options)) = self.pending.lock().unwrap_or_else(|e| e.into_inner()).take() else {
@@ -212,6 +206,10 @@ impl Store for EtcdStore {
 
     fn peer_secret(&self) -> Option<Arc<[u8]>> {
         self.shared.secret()
+    }
+
+    fn batches_overtaken(&self) -> u64 {
+        self.overtaken.load(Ordering::Relaxed)
     }
 
     fn commit(&self, term: u64, mut batch: MarkBatch) -> StoreFuture<'_> {
