@@ -38,6 +38,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::{JoinError, JoinHandle};
+use tokio::time;
 
 use super::lease::{Shared, Standing};
 use super::names::{Names, batch_id, parse_batch_id, token_value};
@@ -205,10 +206,15 @@ impl EtcdWriter {
         let mut queue: VecDeque<Msg> = VecDeque::new();
         let mut closing = None;
         let mut open = true;
+        let mut pace = Pace::default();
         loop {
-            // Send while the window has room. A batch goes only in the epoch of those in flight:
-            // a new leadership starts its chain once the old one's batches are read.
-            while pipeline.len() < self.window.max(1) && self.same_epoch(&pipeline) {
+            // Send while the window has room and the pace allows. A batch goes only in the
+            // epoch of those in flight: a new leadership starts its chain once the old one's
+            // batches are read.
+            while pipeline.len() < self.window.max(1)
+                && self.same_epoch(&pipeline)
+                && (pipeline.is_empty() || pace.allows(time::Instant::now()))
+            {
                 if open && closing.is_none() {
                     take(&mut rx, &mut queue, &mut closing, &mut open);
                 }
@@ -217,10 +223,13 @@ impl EtcdWriter {
                     break;
                 }
                 if let Some(sent) = self.send(group, &pipeline) {
+                    pace.sent(time::Instant::now(), self.window);
                     pipeline.push_back(sent);
                 }
             }
             let room = pipeline.len() < self.window && open && closing.is_none();
+            // Queued messages wait for the pace, not for an answer or a new message.
+            let paced = (room && !queue.is_empty()).then(|| pace.next());
             let Some(head) = pipeline.front_mut() else {
                 if !queue.is_empty() {
                     continue;
@@ -248,6 +257,7 @@ impl EtcdWriter {
             let answer = tokio::select! {
                 biased;
                 answer = &mut head.answer => answer,
+                () = time::sleep_until(paced.unwrap_or_else(time::Instant::now)), if paced.is_some() => continue,
                 msg = rx.recv(), if room => {
                     match msg {
                         Some(Msg::Close(done)) => closing = Some(done),
@@ -257,7 +267,15 @@ impl EtcdWriter {
                     continue;
                 }
             };
-            self.read(answer, &mut pipeline, &mut queue).await;
+            let took = self.read(answer, &mut pipeline, &mut queue).await;
+            pace.answered(took);
+            // Answers etcd sent together are read together, so that they free the window for
+            // one batch, not several sent back to back.
+            while let Some(head) = pipeline.front_mut().filter(|f| f.answer.is_finished()) {
+                let answer = (&mut head.answer).await;
+                let took = self.read(answer, &mut pipeline, &mut queue).await;
+                pace.answered(took);
+            }
         }
     }
 
@@ -447,14 +465,15 @@ impl EtcdWriter {
     }
 
     /// Reads the answer of the first batch in flight, settling it if it is unknown, and acts
-    /// on it (module docs).
+    /// on it (module docs). Returns how long the batch took when it committed.
     async fn read(
         &mut self,
         answer: Result<Result<TxnResult, EtcdError>, JoinError>,
         pipeline: &mut VecDeque<InFlight>,
         queue: &mut VecDeque<Msg>,
-    ) {
-        let Some(head) = pipeline.pop_front() else { return };
+    ) -> Option<Duration> {
+        let head = pipeline.pop_front()?;
+        let took = head.started.elapsed();
         let ended = if head.committed {
             None
         } else {
@@ -490,6 +509,7 @@ impl EtcdWriter {
                     hook(head.started.elapsed(), advances);
                 }
                 self.answer(head.msgs, Ok(()));
+                return Some(took);
             }
             Some(Ended::Refused(e)) => {
                 if let StoreError::NoSpace(why) = &e {
@@ -508,6 +528,7 @@ impl EtcdWriter {
                 self.send_again(head_epoch(pipeline), pipeline, queue);
             }
         }
+        None
     }
 
     /// Puts every batch in flight back at the front of the queue, in order, to be sent again
@@ -624,6 +645,42 @@ impl EtcdWriter {
     }
 }
 
+/// When the next batch may go while others are in flight: batches in flight are spread over
+/// the time one takes (its latency, smoothed, over the window), so that each carries what
+/// arrived since the last, and no two leave so close together that etcd takes them in the
+/// wrong order (the later one is then refused and sent again). With nothing in flight a batch
+/// goes at once.
+#[derive(Debug, Default)]
+struct Pace {
+    /// The smoothed time from a batch's send to its answer.
+    latency: Duration,
+    last_sent: Option<time::Instant>,
+    gap: Duration,
+}
+
+impl Pace {
+    fn sent(&mut self, at: time::Instant, window: usize) {
+        self.last_sent = Some(at);
+        self.gap = self.latency / u32::try_from(window.max(1)).unwrap_or(u32::MAX);
+    }
+
+    fn answered(&mut self, took: Option<Duration>) {
+        if let Some(took) = took {
+            // An exponentially weighted average, an eighth for the newest.
+            self.latency = if self.latency.is_zero() { took } else { (self.latency * 7 + took) / 8 };
+        }
+    }
+
+    /// When the next batch may go.
+    fn next(&self) -> time::Instant {
+        self.last_sent.map_or_else(time::Instant::now, |at| at + self.gap)
+    }
+
+    fn allows(&self, now: time::Instant) -> bool {
+        now >= self.next()
+    }
+}
+
 /// The epoch of the first batch in `pipeline` (0 when empty: then nothing is sent again).
 fn head_epoch(pipeline: &VecDeque<InFlight>) -> i64 {
     pipeline.front().map_or(0, |f| f.epoch)
@@ -656,5 +713,30 @@ pub(crate) fn not_leading(standing: &Standing) -> String {
         Standing::TakingOver => "this instance is taking over the fence and reading it from etcd".into(),
         Standing::Leading { .. } => "this instance's lease is not trusted now".into(),
         Standing::Stopped(why) => format!("the etcd store stopped: {why}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn batches_in_flight_are_spread_over_one_batchs_latency() {
+        let mut pace = Pace::default();
+        // Nothing measured yet: no wait.
+        pace.sent(time::Instant::now(), 4);
+        assert!(pace.allows(time::Instant::now()));
+        pace.answered(Some(Duration::from_millis(8)));
+        pace.answered(None); // a batch that did not commit says nothing of the latency
+        let start = time::Instant::now();
+        pace.sent(start, 4);
+        assert_eq!(pace.next(), start + Duration::from_millis(2));
+        time::advance(Duration::from_millis(1)).await;
+        assert!(!pace.allows(time::Instant::now()));
+        time::advance(Duration::from_millis(1)).await;
+        assert!(pace.allows(time::Instant::now()));
+        // The newest answer moves the average by an eighth of the difference.
+        pace.answered(Some(Duration::from_millis(16)));
+        assert_eq!(pace.latency, Duration::from_millis(9));
     }
 }
