@@ -165,6 +165,7 @@ struct InFlight {
     levels: HashMap<Mark, u64>,
     /// The levels it creates, which batches behind it do not count again.
     created: HashSet<Mark>,
+    /// The room its own new marks take (not the batches' ahead of it).
     room: Room,
     /// What `P/census` holds once it commits, when it moves it.
     census: Option<u64>,
@@ -322,10 +323,13 @@ impl EtcdWriter {
         // transaction that names a key twice.
         let mut writes: BTreeMap<Vec<u8>, Option<Vec<u8>>> = BTreeMap::new();
         let mut msgs = Vec::with_capacity(group.len());
+        // The room of the batches in flight, each its own: this batch's new marks fit beside
+        // them, and its own room is what it adds.
         let mut room = Room::default();
         for sent in pipeline {
             room.add(&sent.room);
         }
+        let in_flight = room.clone();
         // The highest advance of each mark in this batch so far.
         let mut levels: HashMap<Mark, u64> = HashMap::new();
         // The levels this batch creates, each once however many of its changes name it.
@@ -438,7 +442,7 @@ impl EtcdWriter {
             msgs,
             levels,
             created,
-            room,
+            room: room.since(&in_flight),
             census,
             committed: false,
             started: Instant::now(),
