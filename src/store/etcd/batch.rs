@@ -217,8 +217,17 @@ impl EtcdWriter {
                 if group.is_empty() {
                     break;
                 }
-                if let Some(sent) = self.send(group, &pipeline) {
-                    pipeline.push_back(sent);
+                match self.send(group, &pipeline) {
+                    Ok(Some(sent)) => pipeline.push_back(sent),
+                    Ok(None) => {}
+                    Err(group) => {
+                        // The leadership changed since `same_epoch` looked: this group waits
+                        // until the old epoch's batches are read.
+                        for msg in group.into_iter().rev() {
+                            queue.push_front(msg);
+                        }
+                        break;
+                    }
                 }
             }
             let room = pipeline.len() < self.window && open && closing.is_none();
@@ -314,10 +323,16 @@ impl EtcdWriter {
     /// Makes `group` one transaction, guarded by the batch sent before it, and sends it.
     /// Answers at once what cannot go: every change when this instance does not lead, one
     /// that would lower a level or that does not fit the table. `None` when nothing goes to
-    /// etcd.
-    fn send(&mut self, group: Vec<Msg>, pipeline: &VecDeque<InFlight>) -> Option<InFlight> {
+    /// etcd; the group itself, untouched, when this instance leads in another epoch than the
+    /// batches in flight (one chain at a time: their ids and guards are of theirs).
+    fn send(&mut self, group: Vec<Msg>, pipeline: &VecDeque<InFlight>) -> Result<Option<InFlight>, Vec<Msg>> {
         let term = self.shared.term();
         let guard = self.shared.leading_in(term);
+        if let (Some((epoch, _)), Some(last)) = (guard, pipeline.back())
+            && epoch != last.epoch
+        {
+            return Err(group);
+        }
         let not_leader = || StoreError::Unavailable(not_leading(&self.shared.standing()));
         // The final state of every key the batch writes, in key order: etcd refuses a
         // transaction that names a key twice.
@@ -403,12 +418,12 @@ impl EtcdWriter {
             // Not leading: answers stay in flight in etcd, which costs the next leader a
             // quarantine at most.
             self.answer(msgs, Err(not_leader()));
-            return None;
+            return Ok(None);
         };
         if writes.is_empty() {
             // Answers of an earlier term only: nothing for etcd, but the table hears of them.
             self.answer(msgs, Err(not_leader()));
-            return None;
+            return Ok(None);
         }
         let (id, _) = self.next_id(epoch);
         let chain = self.chain(epoch);
@@ -434,7 +449,7 @@ impl EtcdWriter {
         let failure = [Op::Get(self.names.batch())];
         let client = self.client.clone();
         let answer = tokio::spawn(async move { client.txn(&compare, &success, &failure).await });
-        Some(InFlight {
+        Ok(Some(InFlight {
             epoch,
             term,
             id,
@@ -447,7 +462,7 @@ impl EtcdWriter {
             committed: false,
             started: Instant::now(),
             answer,
-        })
+        }))
     }
 
     /// Reads the answer of the first batch in flight, settling it if it is unknown, and acts
@@ -660,5 +675,49 @@ pub(crate) fn not_leading(standing: &Standing) -> String {
         Standing::TakingOver => "this instance is taking over the fence and reading it from etcd".into(),
         Standing::Leading { .. } => "this instance's lease is not trusted now".into(),
         Standing::Stopped(why) => format!("the etcd store stopped: {why}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::etcd::lease::Standing;
+
+    /// A writer whose instance leads in epoch 2 while a batch of epoch 1 is still in flight
+    /// (a step down and a new takeover came between the writer's look at the epoch and its
+    /// send): the group waits, whole and unanswered, instead of starting epoch 2's chain
+    /// beside epoch 1's, which would replace the one chain the writer keeps and reuse ids.
+    #[tokio::test]
+    async fn a_group_is_not_sent_in_another_epoch_than_the_batches_in_flight() {
+        let client = Client::new(&["http://127.0.0.1:9".to_owned()], Duration::from_secs(1));
+        let shared = Arc::new(Shared::new(Duration::ZERO));
+        shared.acknowledged(shared.now(), Duration::from_secs(60));
+        shared.set(Standing::Leading { epoch: 2, lease: 7 });
+        let mut writer = EtcdWriter::new(client, Names::new("/p/"), Arc::clone(&shared), Arc::new(Table::new()));
+        let old = InFlight {
+            epoch: 1,
+            term: shared.term() - 1,
+            id: batch_id(1, 1),
+            guard: b"start".to_vec(),
+            msgs: Vec::new(),
+            levels: HashMap::new(),
+            created: HashSet::new(),
+            room: Room::default(),
+            census: None,
+            committed: false,
+            started: Instant::now(),
+            answer: tokio::spawn(std::future::pending()),
+        };
+        let pipeline = VecDeque::from([old]);
+        let (done, mut answered) = oneshot::channel();
+        let batch = MarkBatch::advance([Mark::key("/a")], 5);
+        let group = vec![Msg::Commit { batch, term: shared.term(), done }];
+        let kept = writer.send(group, &pipeline).err().expect("not sent in epoch 2");
+        assert_eq!(kept.len(), 1);
+        assert!(
+            matches!(answered.try_recv(), Err(oneshot::error::TryRecvError::Empty)),
+            "the change waits for its batch"
+        );
+        assert!(writer.chain.is_none(), "no chain of epoch 2 yet");
     }
 }
