@@ -190,7 +190,7 @@ pub(crate) fn refused(error: StoreError) -> StoreFuture<'static> {
 /// The room the new marks (keys and floors) of a group of batches take beside the table, for
 /// the bounds `max_resources` (keys and floors together) and `max_table_bytes`
 /// ([`Table::bytes`]).
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct Room {
     marks: usize,
     bytes: u64,
@@ -201,6 +201,12 @@ impl Room {
     pub(crate) fn add(&mut self, other: &Room) {
         self.marks += other.marks;
         self.bytes = self.bytes.saturating_add(other.bytes);
+    }
+
+    /// What this room took beyond `earlier`, a copy of it made before: the room of the one
+    /// batch taken since.
+    pub(crate) fn since(&self, earlier: &Room) -> Room {
+        Room { marks: self.marks.saturating_sub(earlier.marks), bytes: self.bytes.saturating_sub(earlier.bytes) }
     }
 
     /// Counts the marks of `batch` the table does not hold if they fit beside the table and

@@ -12,7 +12,7 @@ use common::cluster::Cluster;
 use common::etcd_server::start_etcd;
 use common::eventually;
 use common::relay::{Relay, Request};
-use fencegate::store::{EtcdStore, Mark, MarkBatch, Store, StoreFuture};
+use fencegate::store::{EtcdStore, Mark, MarkBatch, MarkKind, Store, StoreFuture};
 
 /// How long the store's etcd client waits for an answer: a held transaction's outcome is
 /// unknown after this.
@@ -45,14 +45,15 @@ async fn a_batch_etcd_takes_before_the_one_sent_ahead_of_it_is_sent_again() {
     let c = Cluster::build(&[etcd.url()], 1, "").await;
     let relay = Relay::start(etcd.client).await;
     let store = leading_through(&c, &relay).await;
+    // The transactions of the election are sent before these.
+    let before = relay.sent().into_iter().filter(is_txn).count();
     let mut first = relay.hold_next_gated(is_txn, Duration::ZERO);
     let a = advance(&store, "/a", 10);
     first.held().await;
     let b = advance(&store, "/b", 20);
     // The second batch went on at once, and etcd has answered it.
-    let mut second = None;
     eventually("etcd answers the second batch", async || {
-        second = relay.sent().into_iter().rfind(is_txn);
+        let second = relay.sent().into_iter().filter(is_txn).nth(before);
         second.as_ref().is_some_and(|r| relay.answered(r))
     })
     .await;
@@ -118,5 +119,40 @@ async fn a_lost_batch_is_cancelled_and_the_one_behind_it_is_sent_again() {
     assert!(!String::from_utf8_lossy(&late.body).contains("\"succeeded\":true"), "{late:?}");
     assert_eq!(c.max_seen_in_etcd("/a").await, None, "the cancelled batch never applied");
     assert_eq!(c.max_seen_in_etcd("/b").await, Some(20));
+    store.close().await.unwrap();
+}
+
+/// Each new key of the batches in flight takes room against `max_resources` once: with room
+/// for three keys, three new keys in three batches in flight together all commit (counting the
+/// first batch's key once more for each batch behind it refused the third with `Full`).
+#[tokio::test]
+async fn new_keys_of_batches_in_flight_count_once_against_max_resources() {
+    let Some(etcd) = start_etcd().await else { return };
+    let c = Cluster::build(&[etcd.url()], 1, "").await;
+    let relay = Relay::start(etcd.client).await;
+    c.init().await;
+    let client = fencegate::etcd_client::Client::new(&[relay.url()], ANSWER_WITHIN);
+    let store = c.open_store_with(client, |o| o.max_resources = 3).await.unwrap();
+    store.start(std::sync::Arc::new(|_| {}));
+    eventually("it leads", async || store.leading()).await;
+    let table = store.table();
+    assert_eq!(table.len() + table.count(MarkKind::Floor), 0, "room for three keys");
+    let txns = || relay.sent().into_iter().filter(is_txn).count();
+    let before = txns();
+    let mut first = relay.hold_next_gated(is_txn, Duration::ZERO);
+    let a = advance(&store, "/a", 10);
+    first.held().await;
+    let b = advance(&store, "/b", 20);
+    // The second batch is in flight behind the held one before the third is made.
+    eventually("the second batch goes out", async || txns() > before).await;
+    let c3 = advance(&store, "/c", 30);
+    first.release();
+    first.delivered().await;
+    a.await.unwrap();
+    b.await.unwrap();
+    c3.await.unwrap();
+    assert_eq!(c.max_seen_in_etcd("/a").await, Some(10));
+    assert_eq!(c.max_seen_in_etcd("/b").await, Some(20));
+    assert_eq!(c.max_seen_in_etcd("/c").await, Some(30));
     store.close().await.unwrap();
 }

@@ -27,7 +27,10 @@
 //! have landed (the quarantine's time bound, as in `pin_model`). A write's turn is its
 //! resource's from its check until the backend answered; the answer then joins a later batch,
 //! where it deletes the marker, so a resource's answer and its next write's advance can be in
-//! two batches in flight at once.
+//! two batches in flight at once. A caller may also stop waiting for its advance (the store's
+//! answer did not come in time): its write is refused and its turn ends, but the advance stays
+//! queued or in flight and may still commit, so the writer refuses an advance below its mark's
+//! level in the table, in a batch in flight or earlier in its own batch.
 //!
 //! The properties: per resource the backend applies tokens in strictly increasing order, a
 //! level in etcd never goes down, and a write reaches the network only with its advance in
@@ -35,7 +38,9 @@
 //! write's marker before the last answer's delete, the marker is lost and a takeover lets a
 //! newer write overtake), and a barrier that takes a later id of its own chain for an earlier
 //! try of itself instead of walking the chain (a committed batch is refused, its level unknown
-//! to the table, and a lower token lowers etcd's level).
+//! to the table, and a lower token lowers etcd's level); and a writer that checks an advance
+//! against the table and its own batch only (the advance of a caller that stopped waiting is
+//! in flight, and a lower one checked against the table follows it into etcd).
 
 use std::time::{Duration, Instant};
 
@@ -186,6 +191,8 @@ struct State {
     applied: Vec<Vec<u8>>,
     crashes: u8,
     lost_answers: u8,
+    /// Callers that may still stop waiting for their advance.
+    abandons: u8,
     lowered: bool,
     sent_uncommitted: bool,
     seen: Seen,
@@ -203,6 +210,10 @@ struct Seen {
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
 enum Action {
     Check(usize),
+    /// The caller of resource `r`'s queued advance stops waiting (the store's answer did not
+    /// come in time): the write is refused and its turn ends, but the advance stays queued or
+    /// in flight and may still commit.
+    Abandon(usize),
     Flush,
     Apply(usize),
     LoseAnswer,
@@ -226,6 +237,11 @@ struct Pipeline {
     walk: bool,
     /// Answers etcd may lose.
     lost_answers: u8,
+    /// Callers that may stop waiting for their advance.
+    abandons: u8,
+    /// The writer refuses an advance below a level of its mark in a batch in flight, not only
+    /// below the table's and the batch's own (`batch::EtcdWriter::send`).
+    climb_in_flight: bool,
 }
 
 impl Pipeline {
@@ -326,6 +342,7 @@ impl Model for Pipeline {
             applied: vec![Vec::new(); self.resources],
             crashes: 1,
             lost_answers: self.lost_answers,
+            abandons: self.abandons,
             lowered: false,
             sent_uncommitted: false,
             seen: Seen::default(),
@@ -366,6 +383,7 @@ impl Model for Pipeline {
         }
         for r in 0..self.resources {
             match l.busy[r] {
+                Some((_, Stage::Queued)) if s.abandons > 0 => actions.push(Action::Abandon(r)),
                 Some((_, Stage::Ready)) => actions.push(Action::Send(r)),
                 Some((_, Stage::Delivered)) => actions.push(Action::Answer(r)),
                 _ => {}
@@ -389,7 +407,31 @@ impl Model for Pipeline {
             }
             Action::Flush => {
                 let l = s.leader.as_mut()?;
-                let msgs = std::mem::take(&mut l.queue);
+                let mut msgs = std::mem::take(&mut l.queue);
+                // Levels only climb in the writer: an advance below its mark's level in the
+                // table, in a batch in flight, or earlier in this batch is refused.
+                let mut levels: Vec<Option<u8>> = l.table.clone();
+                if self.climb_in_flight {
+                    for m in l.pipeline.iter().flat_map(|b| &b.msgs) {
+                        if let Msg::Advance { r, token } = *m {
+                            levels[r] = levels[r].max(Some(token));
+                        }
+                    }
+                }
+                let busy = &mut l.busy;
+                msgs.retain(|m| match *m {
+                    Msg::Advance { r, token } if levels[r].is_some_and(|l| token < l) => {
+                        if busy[r] == Some((token, Stage::Queued)) {
+                            busy[r] = None;
+                        }
+                        false
+                    }
+                    Msg::Advance { r, token } => {
+                        levels[r] = levels[r].max(Some(token));
+                        true
+                    }
+                    Msg::Answered { .. } => true,
+                });
                 // The final state of each key: etcd refuses a transaction naming one twice.
                 let mut ops: Vec<(Key, Option<u8>)> = Vec::new();
                 let mut set = |key: Key, value: Option<u8>| match ops.iter_mut().find(|(k, _)| *k == key) {
@@ -447,6 +489,10 @@ impl Model for Pipeline {
                 }
             }
             Action::Read => self.read(&mut s)?,
+            Action::Abandon(r) => {
+                s.abandons -= 1;
+                s.leader.as_mut()?.busy[r] = None;
+            }
             Action::Send(r) => {
                 let l = s.leader.as_mut()?;
                 let (token, _) = l.busy[r]?;
@@ -500,7 +546,16 @@ fn check(model: Pipeline) -> (impl Checker<Pipeline>, Duration) {
 }
 
 fn model(resources: usize, writes: &[(usize, u8)], window: usize) -> Pipeline {
-    Pipeline { resources, writes: writes.to_vec(), window, chained: true, walk: true, lost_answers: 1 }
+    Pipeline {
+        resources,
+        writes: writes.to_vec(),
+        window,
+        chained: true,
+        walk: true,
+        lost_answers: 1,
+        abandons: 0,
+        climb_in_flight: true,
+    }
 }
 
 fn holds(m: Pipeline) {
@@ -564,4 +619,17 @@ fn a_barrier_that_does_not_walk_the_chain_refuses_a_committed_batch_and_a_level_
     let broken = broken(Pipeline { walk: false, ..model(2, &[(0, 2), (1, 3), (0, 1)], 2) });
     let (_, actions) = broken.iter().find(|(name, _)| *name == CLIMBS).expect("a level goes down");
     assert!(actions.contains(&Action::LoseAnswer), "{actions:?}");
+}
+
+#[test]
+fn an_abandoned_advance_in_flight_keeps_a_lower_one_out() {
+    holds(Pipeline { abandons: 1, ..model(1, &[(0, 3), (0, 2), (0, 4)], 2) });
+}
+
+#[test]
+fn a_writer_that_checks_only_the_table_lets_a_lower_advance_follow_an_abandoned_one() {
+    let m = Pipeline { abandons: 1, lost_answers: 0, climb_in_flight: false, ..model(1, &[(0, 3), (0, 2)], 2) };
+    let broken = broken(m);
+    let (_, actions) = broken.iter().find(|(name, _)| *name == CLIMBS).expect("a level goes down");
+    assert!(actions.contains(&Action::Abandon(0)), "{actions:?}");
 }

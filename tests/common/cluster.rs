@@ -144,8 +144,17 @@ impl Cluster {
         &self,
         client: fencegate::etcd_client::Client,
     ) -> Result<fencegate::store::EtcdStore, fencegate::store::StoreError> {
+        self.open_store_with(client, |_| {}).await
+    }
+
+    /// [`Cluster::open_store`], with its options changed by `change` first.
+    pub async fn open_store_with(
+        &self,
+        client: fencegate::etcd_client::Client,
+        change: impl FnOnce(&mut fencegate::store::EtcdOptions),
+    ) -> Result<fencegate::store::EtcdStore, fencegate::store::StoreError> {
         let config = fencegate::Config::load(&self.instances[0].config, None).unwrap();
-        let options = fencegate::store::EtcdOptions {
+        let mut options = fencegate::store::EtcdOptions {
             prefix: PREFIX.into(),
             advertise: "http://127.0.0.1:9".into(),
             lease_ttl: std::time::Duration::from_secs(30),
@@ -158,6 +167,7 @@ impl Cluster {
             batches_in_flight: fencegate::store::etcd::DEFAULT_BATCHES_IN_FLIGHT,
             on_commit: None,
         };
+        change(&mut options);
         fencegate::store::EtcdStore::open(client, options).await
     }
 

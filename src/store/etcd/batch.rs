@@ -166,6 +166,7 @@ struct InFlight {
     levels: HashMap<Mark, u64>,
     /// The levels it creates, which batches behind it do not count again.
     created: HashSet<Mark>,
+    /// The room its own new marks take (not the batches' ahead of it).
     room: Room,
     /// What `P/census` holds once it commits, when it moves it.
     census: Option<u64>,
@@ -222,14 +223,26 @@ impl EtcdWriter {
                 if group.is_empty() {
                     break;
                 }
-                if let Some(sent) = self.send(group, &pipeline) {
-                    pace.sent(time::Instant::now(), self.window);
-                    pipeline.push_back(sent);
+                match self.send(group, &pipeline) {
+                    Ok(Some(sent)) => {
+                        pace.sent(time::Instant::now(), self.window);
+                        pipeline.push_back(sent);
+                    }
+                    Ok(None) => {}
+                    Err(group) => {
+                        // The leadership changed since `same_epoch` looked: this group waits
+                        // until the old epoch's batches are read.
+                        for msg in group.into_iter().rev() {
+                            queue.push_front(msg);
+                        }
+                        break;
+                    }
                 }
             }
             let room = pipeline.len() < self.window && open && closing.is_none();
             // Queued messages wait for the pace, not for an answer or a new message.
-            let paced = (room && !queue.is_empty()).then(|| pace.next());
+            let paced = (room && !queue.is_empty() && self.same_epoch(&pipeline) && !pace.allows(time::Instant::now()))
+                .then(|| pace.next());
             let Some(head) = pipeline.front_mut() else {
                 if !queue.is_empty() {
                     continue;
@@ -331,19 +344,28 @@ impl EtcdWriter {
     /// Makes `group` one transaction, guarded by the batch sent before it, and sends it.
     /// Answers at once what cannot go: every change when this instance does not lead, one
     /// that would lower a level or that does not fit the table. `None` when nothing goes to
-    /// etcd.
-    fn send(&mut self, group: Vec<Msg>, pipeline: &VecDeque<InFlight>) -> Option<InFlight> {
+    /// etcd; the group itself, untouched, when this instance leads in another epoch than the
+    /// batches in flight (one chain at a time: their ids and guards are of theirs).
+    fn send(&mut self, group: Vec<Msg>, pipeline: &VecDeque<InFlight>) -> Result<Option<InFlight>, Vec<Msg>> {
         let term = self.shared.term();
         let guard = self.shared.leading_in(term);
+        if let (Some((epoch, _)), Some(last)) = (guard, pipeline.back())
+            && epoch != last.epoch
+        {
+            return Err(group);
+        }
         let not_leader = || StoreError::Unavailable(not_leading(&self.shared.standing()));
         // The final state of every key the batch writes, in key order: etcd refuses a
         // transaction that names a key twice.
         let mut writes: BTreeMap<Vec<u8>, Option<Vec<u8>>> = BTreeMap::new();
         let mut msgs = Vec::with_capacity(group.len());
+        // The room of the batches in flight, each its own: this batch's new marks fit beside
+        // them, and its own room is what it adds.
         let mut room = Room::default();
         for sent in pipeline {
             room.add(&sent.room);
         }
+        let in_flight = room.clone();
         // The highest advance of each mark in this batch so far.
         let mut levels: HashMap<Mark, u64> = HashMap::new();
         // The levels this batch creates, each once however many of its changes name it.
@@ -417,12 +439,12 @@ impl EtcdWriter {
             // Not leading: answers stay in flight in etcd, which costs the next leader a
             // quarantine at most.
             self.answer(msgs, Err(not_leader()));
-            return None;
+            return Ok(None);
         };
         if writes.is_empty() {
             // Answers of an earlier term only: nothing for etcd, but the table hears of them.
             self.answer(msgs, Err(not_leader()));
-            return None;
+            return Ok(None);
         }
         let (id, _) = self.next_id(epoch);
         let chain = self.chain(epoch);
@@ -448,7 +470,7 @@ impl EtcdWriter {
         let failure = [Op::Get(self.names.batch())];
         let client = self.client.clone();
         let answer = tokio::spawn(async move { client.txn(&compare, &success, &failure).await });
-        Some(InFlight {
+        Ok(Some(InFlight {
             epoch,
             term,
             id,
@@ -456,12 +478,12 @@ impl EtcdWriter {
             msgs,
             levels,
             created,
-            room,
+            room: room.since(&in_flight),
             census,
             committed: false,
             started: Instant::now(),
             answer,
-        })
+        }))
     }
 
     /// Reads the answer of the first batch in flight, settling it if it is unknown, and acts
@@ -719,6 +741,7 @@ pub(crate) fn not_leading(standing: &Standing) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::etcd::lease::Standing;
 
     #[tokio::test(start_paused = true)]
     async fn batches_in_flight_are_spread_over_one_batchs_latency() {
@@ -738,5 +761,43 @@ mod tests {
         // The newest answer moves the average by an eighth of the difference.
         pace.answered(Some(Duration::from_millis(16)));
         assert_eq!(pace.latency, Duration::from_millis(9));
+    }
+
+    /// A writer whose instance leads in epoch 2 while a batch of epoch 1 is still in flight
+    /// (a step down and a new takeover came between the writer's look at the epoch and its
+    /// send): the group waits, whole and unanswered, instead of starting epoch 2's chain
+    /// beside epoch 1's, which would replace the one chain the writer keeps and reuse ids.
+    #[tokio::test]
+    async fn a_group_is_not_sent_in_another_epoch_than_the_batches_in_flight() {
+        let client = Client::new(&["http://127.0.0.1:9".to_owned()], Duration::from_secs(1));
+        let shared = Arc::new(Shared::new(Duration::ZERO));
+        shared.acknowledged(shared.now(), Duration::from_secs(60));
+        shared.set(Standing::Leading { epoch: 2, lease: 7 });
+        let mut writer = EtcdWriter::new(client, Names::new("/p/"), Arc::clone(&shared), Arc::new(Table::new()));
+        let old = InFlight {
+            epoch: 1,
+            term: shared.term() - 1,
+            id: batch_id(1, 1),
+            guard: b"start".to_vec(),
+            msgs: Vec::new(),
+            levels: HashMap::new(),
+            created: HashSet::new(),
+            room: Room::default(),
+            census: None,
+            committed: false,
+            started: Instant::now(),
+            answer: tokio::spawn(std::future::pending()),
+        };
+        let pipeline = VecDeque::from([old]);
+        let (done, mut answered) = oneshot::channel();
+        let batch = MarkBatch::advance([Mark::key("/a")], 5);
+        let group = vec![Msg::Commit { batch, term: shared.term(), done }];
+        let kept = writer.send(group, &pipeline).err().expect("not sent in epoch 2");
+        assert_eq!(kept.len(), 1);
+        assert!(
+            matches!(answered.try_recv(), Err(oneshot::error::TryRecvError::Empty)),
+            "the change waits for its batch"
+        );
+        assert!(writer.chain.is_none(), "no chain of epoch 2 yet");
     }
 }
