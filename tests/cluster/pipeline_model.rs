@@ -1,4 +1,4 @@
-//! Pipelined batches of the shared fence's leader (docs/cluster.md, "Pipelined batches"),
+//! Pipelined batches of the shared fence's leader (docs/cluster.md, "Batches in flight"),
 //! model-checked with stateright: several guarded transactions in flight to etcd at once,
 //! etcd applying them in any order, answers lost, a barrier settling every unknown outcome,
 //! and a crash of the leader followed by a takeover.
