@@ -9,7 +9,7 @@ use crate::common;
 use std::time::Duration;
 
 use common::cluster::Cluster;
-use common::etcd_server::start_etcd;
+use common::etcd_server::{Etcd, start_etcd};
 use common::eventually;
 use common::relay::{Relay, Request};
 use fencegate::store::{EtcdStore, Mark, MarkBatch, MarkKind, Store, StoreFuture};
@@ -26,6 +26,16 @@ fn advance<'a>(store: &'a EtcdStore, key: &str, token: u64) -> StoreFuture<'a> {
     store.commit(store.term(), MarkBatch::advance([Mark::key(key)], token))
 }
 
+/// An etcd, a cluster's prefix on it, a relay in front of it, and a store leading that prefix
+/// through the relay; `None` without etcd (skipped).
+async fn leading_world() -> Option<(Etcd, Cluster, Relay, EtcdStore)> {
+    let etcd = start_etcd().await?;
+    let c = Cluster::build(&[etcd.url()], 1, "").await;
+    let relay = Relay::start(etcd.client).await;
+    let store = leading_through(&c, &relay).await;
+    Some((etcd, c, relay, store))
+}
+
 /// A store on an initialised prefix of `c`, leading, that reaches etcd through `relay`.
 async fn leading_through(c: &Cluster, relay: &Relay) -> EtcdStore {
     c.init().await;
@@ -36,15 +46,22 @@ async fn leading_through(c: &Cluster, relay: &Relay) -> EtcdStore {
     store
 }
 
+/// Both advances, `/a` to 10 and `/b` to 20, committed, `overtaken` batches having been sent
+/// again on the way.
+async fn both_commit(c: &Cluster, store: &EtcdStore, a: StoreFuture<'_>, b: StoreFuture<'_>, overtaken: u64) {
+    a.await.unwrap();
+    b.await.unwrap();
+    assert_eq!(store.batches_overtaken(), overtaken);
+    assert_eq!(c.max_seen_in_etcd("/a").await, Some(10));
+    assert_eq!(c.max_seen_in_etcd("/b").await, Some(20));
+}
+
 /// etcd takes the second batch first: its guard names the first batch's id, which `P/batch`
 /// does not hold yet, so the compare fails. The first then commits (late, its answer lost: a
 /// barrier finds it committed), and the second is sent again under a new id and commits.
 #[tokio::test]
 async fn a_batch_etcd_takes_before_the_one_sent_ahead_of_it_is_sent_again() {
-    let Some(etcd) = start_etcd().await else { return };
-    let c = Cluster::build(&[etcd.url()], 1, "").await;
-    let relay = Relay::start(etcd.client).await;
-    let store = leading_through(&c, &relay).await;
+    let Some((_etcd, c, relay, store)) = leading_world().await else { return };
     // The transactions of the election are sent before these.
     let before = relay.sent().into_iter().filter(is_txn).count();
     let mut first = relay.hold_next_gated(is_txn, Duration::ZERO);
@@ -59,11 +76,7 @@ async fn a_batch_etcd_takes_before_the_one_sent_ahead_of_it_is_sent_again() {
     .await;
     first.release();
     assert!(first.delivered().await.response.is_some_and(|r| r.status == 200));
-    a.await.unwrap();
-    b.await.unwrap();
-    assert_eq!(store.batches_overtaken(), 1);
-    assert_eq!(c.max_seen_in_etcd("/a").await, Some(10));
-    assert_eq!(c.max_seen_in_etcd("/b").await, Some(20));
+    both_commit(&c, &store, a, b, 1).await;
     store.close().await.unwrap();
 }
 
@@ -72,10 +85,7 @@ async fn a_batch_etcd_takes_before_the_one_sent_ahead_of_it_is_sent_again() {
 /// committed, and both writes go.
 #[tokio::test]
 async fn a_lost_answer_is_settled_by_walking_the_chain_to_the_batch_after_it() {
-    let Some(etcd) = start_etcd().await else { return };
-    let c = Cluster::build(&[etcd.url()], 1, "").await;
-    let relay = Relay::start(etcd.client).await;
-    let store = leading_through(&c, &relay).await;
+    let Some((_etcd, c, relay, store)) = leading_world().await else { return };
     let txns = || relay.sent().into_iter().filter(is_txn).count();
     let before = txns();
     let mut first = relay.hold_next_gated(is_txn, Duration::ZERO);
@@ -88,13 +98,8 @@ async fn a_lost_answer_is_settled_by_walking_the_chain_to_the_batch_after_it() {
     assert!(first.delivered().await.response.is_some_and(|r| r.status == 200));
     second.release();
     assert!(second.delivered().await.response.is_some_and(|r| r.status == 200));
-    a.await.unwrap();
-    b.await.unwrap();
-    assert_eq!(store.batches_overtaken(), 0);
-    let barriers = txns() - before - 2;
-    assert_eq!(barriers, 1, "one barrier settled both");
-    assert_eq!(c.max_seen_in_etcd("/a").await, Some(10));
-    assert_eq!(c.max_seen_in_etcd("/b").await, Some(20));
+    both_commit(&c, &store, a, b, 0).await;
+    assert_eq!(txns() - before - 2, 1, "one barrier settled both");
     store.close().await.unwrap();
 }
 
@@ -103,10 +108,7 @@ async fn a_lost_answer_is_settled_by_walking_the_chain_to_the_batch_after_it() {
 /// again behind the barrier and commits; the first, delivered at last, changes nothing.
 #[tokio::test]
 async fn a_lost_batch_is_cancelled_and_the_one_behind_it_is_sent_again() {
-    let Some(etcd) = start_etcd().await else { return };
-    let c = Cluster::build(&[etcd.url()], 1, "").await;
-    let relay = Relay::start(etcd.client).await;
-    let store = leading_through(&c, &relay).await;
+    let Some((_etcd, c, relay, store)) = leading_world().await else { return };
     let mut first = relay.hold_next_gated(is_txn, Duration::ZERO);
     let a = advance(&store, "/a", 10);
     first.held().await;
