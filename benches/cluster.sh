@@ -179,6 +179,14 @@ for k in "${!WINDOWS[@]}"; do
         /^fencegate_store_batches_overtaken_total/ { over = $2 }
         END { printf "trio %s: %d batches, %.1f advances each, %d overtaken\n", w, n, (n ? sum / n : 0), over }' >&2
 done
+# etcd's members over the whole run: WAL fsyncs (count and mean), and proposals committed per
+# fsync, which says how many transactions one Raft round carried.
+for i in 0 1 2; do
+    curl -sf "http://127.0.0.1:1820$((i + 1))/metrics" | awk -v m="$i" '
+        /^etcd_disk_wal_fsync_duration_seconds_sum/ { sum = $2 } /^etcd_disk_wal_fsync_duration_seconds_count/ { n = $2 }
+        /^etcd_server_proposals_committed_total/ { p = $2 }
+        END { printf "etcd member %s: %d WAL fsyncs, %.2f ms each, %.1f proposals committed per fsync\n", m, n, (n ? sum / n * 1000 : 0), (n ? p / n : 0) }' >&2
+done
 echo
 printf '| conns | target | req/s (median) | p50 µs | p99 µs | failed | × cas | × file |\n|---:|---|---:|---:|---:|---:|---:|---:|\n'
 python3 - "$RESULTS" "${TARGETS[@]}" <<'EOF'

@@ -269,7 +269,8 @@ impl EtcdWriter {
             };
             let answer = tokio::select! {
                 biased;
-                answer = &mut head.answer => answer,
+                answer = &mut head.answer, if !head.committed => Some(answer),
+                () = std::future::ready(()), if head.committed => None,
                 () = time::sleep_until(paced.unwrap_or_else(time::Instant::now)), if paced.is_some() => continue,
                 msg = rx.recv(), if room => {
                     match msg {
@@ -283,9 +284,9 @@ impl EtcdWriter {
             let took = self.read(answer, &mut pipeline, &mut queue).await;
             pace.answered(took);
             // Answers etcd sent together are read together, so that they free the window for
-            // one batch, not several sent back to back.
-            while let Some(head) = pipeline.front_mut().filter(|f| f.answer.is_finished()) {
-                let answer = (&mut head.answer).await;
+            // one batch, not several sent back to back; so are batches a barrier found committed.
+            while let Some(head) = pipeline.front_mut().filter(|f| f.committed || f.answer.is_finished()) {
+                let answer = if head.committed { None } else { Some((&mut head.answer).await) };
                 let took = self.read(answer, &mut pipeline, &mut queue).await;
                 pace.answered(took);
             }
@@ -487,10 +488,11 @@ impl EtcdWriter {
     }
 
     /// Reads the answer of the first batch in flight, settling it if it is unknown, and acts
-    /// on it (module docs). Returns how long the batch took when it committed.
+    /// on it (module docs); `None` for a batch a barrier found committed, whose own answer is
+    /// not waited for. Returns how long the batch took when it committed.
     async fn read(
         &mut self,
-        answer: Result<Result<TxnResult, EtcdError>, JoinError>,
+        answer: Option<Result<Result<TxnResult, EtcdError>, JoinError>>,
         pipeline: &mut VecDeque<InFlight>,
         queue: &mut VecDeque<Msg>,
     ) -> Option<Duration> {
@@ -500,8 +502,8 @@ impl EtcdWriter {
             None
         } else {
             match answer {
-                Ok(Ok(r)) if r.succeeded => None,
-                Ok(Ok(r)) => {
+                Some(Ok(Ok(r))) if r.succeeded => None,
+                Some(Ok(Ok(r))) => {
                     let read =
                         r.ranges.first().and_then(Option::as_ref).map(|kv| kv.value.as_slice()).unwrap_or_default();
                     if self.chain(head.epoch).passed(read, &head.guard) {
@@ -511,11 +513,12 @@ impl EtcdWriter {
                         Some(Ended::Refused(self.lost(head.epoch, why)))
                     }
                 }
-                Ok(Err(e)) => match refusal(&e) {
+                Some(Ok(Err(e))) => match refusal(&e) {
                     Some(definite) => Some(Ended::Refused(definite)),
                     None => self.settle(&head, pipeline, &e.to_string()).await.err().map(Ended::Refused),
                 },
-                Err(e) => self.settle(&head, pipeline, &e.to_string()).await.err().map(Ended::Refused),
+                Some(Err(e)) => self.settle(&head, pipeline, &e.to_string()).await.err().map(Ended::Refused),
+                None => self.settle(&head, pipeline, "its answer was not read").await.err().map(Ended::Refused),
             }
         };
         match ended {
