@@ -18,6 +18,10 @@ use fencegate::store::{EtcdStore, Mark, MarkBatch, MarkKind, Store, StoreFuture}
 /// unknown after this.
 const ANSWER_WITHIN: Duration = Duration::from_secs(2);
 
+/// A `max_txn_ops` that one advance fills (two operations, and two for the batch id and the
+/// census): beside a batch in flight only a full one goes, so each write here is one.
+const ONE_WRITE: usize = 4;
+
 fn is_txn(r: &Request) -> bool {
     r.method == "POST" && r.target == "/v3/kv/txn"
 }
@@ -40,7 +44,7 @@ async fn leading_world() -> Option<(Etcd, Cluster, Relay, EtcdStore)> {
 async fn leading_through(c: &Cluster, relay: &Relay) -> EtcdStore {
     c.init().await;
     let client = fencegate::etcd_client::Client::new(&[relay.url()], ANSWER_WITHIN);
-    let store = c.open_store(client).await.unwrap();
+    let store = c.open_store_with(client, |o| o.max_txn_ops = ONE_WRITE).await.unwrap();
     store.start(std::sync::Arc::new(|_| {}));
     eventually("it leads", async || store.leading()).await;
     store
@@ -134,7 +138,13 @@ async fn new_keys_of_batches_in_flight_count_once_against_max_resources() {
     let relay = Relay::start(etcd.client).await;
     c.init().await;
     let client = fencegate::etcd_client::Client::new(&[relay.url()], ANSWER_WITHIN);
-    let store = c.open_store_with(client, |o| o.max_resources = 3).await.unwrap();
+    let store = c
+        .open_store_with(client, |o| {
+            o.max_resources = 3;
+            o.max_txn_ops = ONE_WRITE;
+        })
+        .await
+        .unwrap();
     store.start(std::sync::Arc::new(|_| {}));
     eventually("it leads", async || store.leading()).await;
     let table = store.table();

@@ -212,13 +212,13 @@ impl EtcdWriter {
             // Send while the window has room and the pace allows. A batch goes only in the
             // epoch of those in flight: a new leadership starts its chain once the old one's
             // batches are read.
+            if open && closing.is_none() {
+                take(&mut rx, &mut queue, &mut closing, &mut open);
+            }
             while pipeline.len() < self.window.max(1)
                 && self.same_epoch(&pipeline)
-                && (pipeline.is_empty() || pace.allows(time::Instant::now()))
+                && (pipeline.is_empty() || (self.holds_a_full_batch(&queue) && pace.allows(time::Instant::now())))
             {
-                if open && closing.is_none() {
-                    take(&mut rx, &mut queue, &mut closing, &mut open);
-                }
                 let group = self.group(&mut queue);
                 if group.is_empty() {
                     break;
@@ -241,8 +241,11 @@ impl EtcdWriter {
             }
             let room = pipeline.len() < self.window && open && closing.is_none();
             // Queued messages wait for the pace, not for an answer or a new message.
-            let paced = (room && !queue.is_empty() && self.same_epoch(&pipeline) && !pace.allows(time::Instant::now()))
-                .then(|| pace.next());
+            let paced = (room
+                && self.holds_a_full_batch(&queue)
+                && self.same_epoch(&pipeline)
+                && !pace.allows(time::Instant::now()))
+            .then(|| pace.next());
             let Some(head) = pipeline.front_mut() else {
                 if !queue.is_empty() {
                     continue;
@@ -297,6 +300,20 @@ impl EtcdWriter {
     fn same_epoch(&self, pipeline: &VecDeque<InFlight>) -> bool {
         let Some(last) = pipeline.back() else { return true };
         self.shared.leading_in(self.shared.term()).is_some_and(|(epoch, _)| epoch == last.epoch)
+    }
+
+    /// Whether `queue` holds at least as much as one transaction takes. Beside batches in
+    /// flight only a full batch goes: a partial one waits for the answer ahead of it and
+    /// gathers what arrives meanwhile, since etcd commits one transaction of many writes for
+    /// about the cost of one of few.
+    fn holds_a_full_batch(&self, queue: &VecDeque<Msg>) -> bool {
+        let (mut ops, mut bytes) = (0, 0);
+        queue.iter().any(|msg| {
+            let (o, b) = msg.cost();
+            ops += o;
+            bytes += b;
+            ops >= self.max_ops || bytes >= MAX_BYTES
+        })
     }
 
     /// The messages of the next batch, from the front of `queue`: as many as one transaction
