@@ -12,6 +12,8 @@
 #   PUT_KEYS=20 benches/callgrind.sh   # PUTs over 20 resources instead of 1,000: with pins,
 #                                      # a resource's first write learns its tag by a HEAD
 #   S3=1 benches/callgrind.sh   # S3 mode in front of s3s-fs (S3S_FS), as benches/s3.sh runs it
+#   FLOOR=1 benches/callgrind.sh   # and the least durable proxy (examples/hyper_floor/ with a log
+#                                  # on disk, as load.sh's DURABLE_FLOOR=1) measured the same way
 #   KEEP=/tmp/cg benches/callgrind.sh   # and keep the profiles there, N-BINARY-WORKLOAD.out, to
 #                                       # compare with callgrind_annotate
 set -euo pipefail
@@ -27,6 +29,10 @@ command -v valgrind >/dev/null || {
 if [ -z "${BINS:-}" ]; then
     (cd "$ROOT" && cargo build --release --bin fencegate)
     BINS=$TARGET_DIR/release/fencegate
+fi
+if [ "${FLOOR:-0}" = 1 ]; then
+    (cd "$ROOT" && cargo build --release --quiet --example hyper_floor)
+    BINS="$BINS $TARGET_DIR/release/examples/hyper_floor"
 fi
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-10}
 CONNS=${CONNS:-8}
@@ -57,9 +63,15 @@ fi
 # REQUESTS (what wrk counted, all answered 2xx).
 measure() { # BIN WORKLOAD
     local name="cg-$2-$RANDOM" pid out
-    bench_fencegate_config "$name" "$1" "$PORT" "" "$BACKEND_LINES" "$TABLES"$'\n'"${FG_EXTRA_CONFIG:-}"
-    valgrind --tool=callgrind --callgrind-out-file="$SHM/$name.out" "$1" run --config "$SHM/$name.toml" \
-        2>"$SHM/logs/$name.log" &
+    if [ "$(basename "$1")" = hyper_floor ]; then
+        rm -f "$DISK/floor.log"
+        valgrind --tool=callgrind --callgrind-out-file="$SHM/$name.out" "$1" "127.0.0.1:$PORT" \
+            127.0.0.1:18081 "$DISK/floor.log" 2>"$SHM/logs/$name.log" &
+    else
+        bench_fencegate_config "$name" "$1" "$PORT" "" "$BACKEND_LINES" "$TABLES"$'\n'"${FG_EXTRA_CONFIG:-}"
+        valgrind --tool=callgrind --callgrind-out-file="$SHM/$name.out" "$1" run --config "$SHM/$name.toml" \
+            2>"$SHM/logs/$name.log" &
+    fi
     pid=$!
     PIDS+=("$pid")
     # Serving, not only bound: under valgrind start-up takes seconds, and the signal handlers

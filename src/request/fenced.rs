@@ -27,7 +27,7 @@ use crate::fence::{BindError, Outcome, PinSlot, Policy, Touch};
 use crate::refusal::Refusal;
 use crate::state::{Settings, State};
 use crate::store::{Permit, Role, StoreError};
-use crate::upstream::{Hold, Peer, RequestBody, UpstreamError, full_body, leader};
+use crate::upstream::{Hold, Peer, RequestBody, UpstreamError, full_body, leader, remove_held};
 
 /// `fut` in a new pinned box, built in place (`Box::write`) rather than built and then moved
 /// there: a fenced write's futures are large, and a move is a copy of all of it.
@@ -94,7 +94,9 @@ pub(super) fn fence(
                 let resp = waiting.finish().await?;
                 created.bind(protocol, token, resp).await
             }
-            Next::Part(waiting) => waiting.send_without_turn().await,
+            // Boxed: a part of an upload is the exception, and its send inline would double
+            // the room every fenced write's future takes.
+            Next::Part(waiting) => Box::pin(waiting.send_without_turn()).await,
         }
     }
 }
@@ -256,8 +258,8 @@ struct Ends {
 fn route(state: &State, req: &mut Request<RequestBody>) -> Result<Routed, Refusal> {
     match state.store.role() {
         Role::Fences => {
-            req.headers_mut().remove(&leader::FORWARDED_BY);
-            req.headers_mut().remove(&leader::FORWARDED_PROOF);
+            remove_held(req.headers_mut(), &leader::FORWARDED_BY);
+            remove_held(req.headers_mut(), &leader::FORWARDED_PROOF);
             Ok(Routed::Here)
         }
         Role::Forward(url) if !leader::forwarded(req, state.store.peer_secret().as_deref()) => Ok(Routed::Leader(url)),

@@ -16,7 +16,7 @@ pub(crate) mod rules;
 use std::sync::Arc;
 use std::time::Instant;
 
-use http::header::{CONNECTION, EXPECT, HeaderValue};
+use http::header::{CONNECTION, EXPECT, HeaderName, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{Request, Response, Version};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
@@ -26,10 +26,13 @@ use hyper::body::Incoming;
 use crate::refusal::{ERROR_HEADER, Refusal, throttle};
 use crate::state::{Metrics, Settings, State};
 pub use crate::upstream::ResponseBody;
-use crate::upstream::{Connection, Hold, Peer, RequestBody, full_body};
+use crate::upstream::{Connection, Hold, Peer, RequestBody, full_body, remove_held};
 use classify::{Head, Plan};
 use proof::Guess;
 use protocol::Protocol as _;
+
+/// The header that says a response is fencegate's own, named once.
+static ERROR_NAME: HeaderName = HeaderName::from_static(ERROR_HEADER);
 
 /// Handles one request; every refusal becomes fencegate's own answer, in the backend's
 /// protocol.
@@ -175,7 +178,7 @@ async fn send(
     let mut resp = result?;
     state.metrics.backend_response(resp.status());
     // Only fencegate may say a response is fencegate's own.
-    resp.headers_mut().remove(ERROR_HEADER);
+    remove_held(resp.headers_mut(), &ERROR_NAME);
     Ok(resp)
 }
 

@@ -7,7 +7,7 @@ use std::net::IpAddr;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
-use super::headers::Peer;
+use super::headers::{Peer, remove_held};
 use super::location::{self, Origin};
 use crate::config::{BackendUrl, Forwarding, HeaderRules, HeadersConfig};
 
@@ -84,7 +84,7 @@ impl HeaderPolicy {
         // so that a client cannot forge one through fencegate.
         let off = |headers: &mut HeaderMap, name: &HeaderName| {
             if !trusted && !signed(name) {
-                headers.remove(name);
+                remove_held(headers, name);
             }
         };
         match x_forwarded_for {
@@ -107,9 +107,7 @@ impl HeaderPolicy {
                     Some(value) => {
                         headers.insert(name.clone(), value.clone());
                     }
-                    None => {
-                        headers.remove(name);
-                    }
+                    None => remove_held(headers, name),
                 },
             }
         }
@@ -172,9 +170,7 @@ fn set_forwarded_for(headers: &mut HeaderMap, client: &Peer, append: bool) {
             headers.insert(X_FORWARDED_FOR.clone(), client.ip_value().clone());
         }
         (None, true) => {}
-        (None, false) => {
-            headers.remove(&X_FORWARDED_FOR);
-        }
+        (None, false) => remove_held(headers, &X_FORWARDED_FOR),
     }
 }
 

@@ -171,7 +171,9 @@ where
         }
         let permit = match Arc::clone(&self.limit).try_acquire_owned() {
             Ok(permit) => permit,
-            Err(_) => match self.wait().await? {
+            // Boxed, as the dial below: a full pool is the exception, and the wait's timer and
+            // semaphore would otherwise be room in every request's future.
+            Err(_) => match Box::pin(self.wait()).await? {
                 Free::Idle(sender) => return Ok(Checkout::new(self, sender, true)),
                 Free::Permit(permit) => permit,
             },
@@ -226,7 +228,9 @@ where
                     Some(unsent) if conn.reused => {
                         req = unsent;
                         conn.discard();
-                        conn = self.checkout().await?;
+                        // Boxed: the exception, whose checkout would otherwise be room in
+                        // every request's future.
+                        conn = Box::pin(self.checkout()).await?;
                     }
                     _ => {
                         conn.discard();

@@ -138,15 +138,29 @@ fn already_canonical(raw: &str, policy: &PathPolicy) -> bool {
     if bytes.first() != Some(&b'/') || bytes.len() > MAX_PATH_LEN || (bytes.len() > 1 && bytes.ends_with(b"/")) {
         return false;
     }
-    let allowed = |b: &u8| match b {
+    let allowed = |b: u8| match b {
         b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'~' | b'.' => true,
         b'A'..=b'Z' => policy.case_sensitive,
         _ => false,
     };
-    raw.len() == 1
-        || raw[1..]
-            .split('/')
-            .all(|seg| !seg.is_empty() && seg != "." && seg != ".." && seg.bytes().all(|b| allowed(&b)))
+    // One pass over the bytes after the leading slash: every segment is non-empty, neither
+    // `.` nor `..`, and of allowed bytes only.
+    let dot_segment = |len: usize, dots: usize| dots == len && len <= 2;
+    let (mut len, mut dots) = (0, 0);
+    for &b in &bytes[1..] {
+        if b == b'/' {
+            if len == 0 || dot_segment(len, dots) {
+                return false;
+            }
+            (len, dots) = (0, 0);
+        } else if allowed(b) {
+            len += 1;
+            dots += usize::from(b == b'.');
+        } else {
+            return false;
+        }
+    }
+    bytes.len() == 1 || !dot_segment(len, dots)
 }
 
 /// The full route of [`canonicalize`], which the fast check bypasses.
