@@ -30,7 +30,7 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
 const FEW_NAMES: usize = 16;
 
 /// Whether `headers` hold `name`.
-pub fn holds(headers: &HeaderMap, name: &HeaderName) -> bool {
+fn holds(headers: &HeaderMap, name: &HeaderName) -> bool {
     match headers.keys_len() <= FEW_NAMES {
         true => headers.keys().any(|held| held == name),
         false => headers.contains_key(name),

@@ -36,7 +36,7 @@ use checkout::Checkout;
 use dial::Target;
 pub(crate) use forwarded::HeaderPolicy;
 use gated::Gated;
-pub use headers::{Peer, PeerAddr, append_forwarded_for, holds, remove_held, strip_hop_by_hop};
+pub use headers::{Peer, PeerAddr, append_forwarded_for, remove_held, strip_hop_by_hop};
 use pool::{Bounds, Pool, SendError};
 use sent::{Ended, Sent};
 
