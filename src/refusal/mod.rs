@@ -7,7 +7,7 @@
 //! is where they meet HTTP.
 
 use bytes::Bytes;
-use http::header::{ALLOW, CONTENT_TYPE, HeaderValue, RETRY_AFTER, WWW_AUTHENTICATE};
+use http::header::{ALLOW, CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{Response, StatusCode};
 use http_body_util::Full;
 use serde_json::{Value, json};
@@ -23,6 +23,8 @@ use crate::upstream::UpstreamError;
 
 /// Header naming the reason on every response fencegate makes itself.
 pub const ERROR_HEADER: &str = "fencegate-error";
+/// [`ERROR_HEADER`] as a header name, made once.
+pub static ERROR_NAME: HeaderName = HeaderName::from_static(ERROR_HEADER);
 
 /// Why fencegate answered a request itself.
 #[derive(Debug, thiserror::Error)]
@@ -466,7 +468,7 @@ impl Refusal {
         *resp.status_mut() = self.status();
         let headers = resp.headers_mut();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
-        headers.insert(ERROR_HEADER, HeaderValue::from_static(self.code()));
+        headers.insert(ERROR_NAME.clone(), HeaderValue::from_static(self.code()));
         let retry = match self {
             Refusal::Fence(FenceError::Quarantined { retry_after, .. })
             | Refusal::TooManyRefusals { retry_after, .. } => Some(retry_after.as_secs_f64().ceil().max(1.0) as u64),

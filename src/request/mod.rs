@@ -16,23 +16,20 @@ pub(crate) mod rules;
 use std::sync::Arc;
 use std::time::Instant;
 
-use http::header::{CONNECTION, EXPECT, HeaderName, HeaderValue};
+use http::header::{CONNECTION, EXPECT, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{Request, Response, Version};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Body as _;
 use hyper::body::Incoming;
 
-use crate::refusal::{ERROR_HEADER, Refusal, throttle};
+use crate::refusal::{ERROR_NAME, Refusal, throttle};
 use crate::state::{Metrics, Settings, State};
 pub use crate::upstream::ResponseBody;
 use crate::upstream::{Connection, Hold, Peer, RequestBody, full_body, remove_held};
 use classify::{Head, Plan};
 use proof::Guess;
 use protocol::Protocol as _;
-
-/// The header that says a response is fencegate's own, named once.
-static ERROR_NAME: HeaderName = HeaderName::from_static(ERROR_HEADER);
 
 /// Handles one request; every refusal becomes fencegate's own answer, in the backend's
 /// protocol.
