@@ -6,6 +6,7 @@ mod check;
 mod cluster;
 mod inspection;
 pub mod notify;
+mod processing;
 mod proxying;
 pub mod supervised;
 
@@ -17,9 +18,9 @@ use tokio::sync::watch;
 
 use crate::admin;
 use crate::config::ConfigError;
-use crate::config::StoreKind;
 use crate::config::reload::{self, Reload};
 use crate::config::{Config, MissingToken};
+use crate::config::{ServerMode, StoreKind};
 use crate::fence::Fence;
 pub use crate::listener::{BindError, Listener};
 use crate::refusal::throttle::RefusalThrottle;
@@ -287,7 +288,11 @@ impl Proxy {
         let heartbeat = tokio::spawn(heartbeat(Arc::clone(&self.state)));
         // On this runtime, so that a wedged serving loop stops the pings.
         let watchdog = self.supervisor.watchdog().map(tokio::spawn);
-        proxying::serve(Arc::clone(&self.state), listener.into(), shutdown).await;
+        let mode = self.state.settings.get().config.server.mode;
+        match mode {
+            ServerMode::Proxy => proxying::serve(Arc::clone(&self.state), listener.into(), shutdown).await,
+            ServerMode::ExtProc => processing::serve(Arc::clone(&self.state), listener.into(), shutdown).await,
+        }
         heartbeat.abort();
         if let Some(watchdog) = watchdog {
             watchdog.abort();

@@ -168,9 +168,22 @@ pub struct ServerConfig {
     /// Threads serving requests: 1 is a single-threaded event loop (like one nginx worker),
     /// 0 one thread per CPU.
     pub workers: usize,
+    /// What `listen` serves: the proxy, or Envoy's external processor; restart-only.
+    pub mode: ServerMode,
     /// Serve HTTPS with these files (PEM); plain HTTP when unset.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls: Option<ServerTls>,
+}
+
+/// `server.mode`: what fencegate is to its clients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ServerMode {
+    /// A reverse proxy in front of the backend (the default).
+    Proxy,
+    /// Envoy's external processor (`envoy.filters.http.ext_proc`), a gRPC service: Envoy
+    /// forwards, fencegate decides and holds each write's turn (docs/envoy.md).
+    ExtProc,
 }
 
 /// `[server.tls]`

@@ -122,6 +122,7 @@ pub(super) struct RawServer {
     pub(super) listen_mode: Option<String>,
     pub(super) shutdown_grace: String,
     pub(super) workers: usize,
+    pub(super) mode: String,
     pub(super) tls: Option<RawServerTls>,
 }
 
@@ -143,7 +144,14 @@ pub(super) struct RawBackendTls {
 
 impl Default for RawServer {
     fn default() -> Self {
-        Self { listen: "127.0.0.1:8080".into(), listen_mode: None, shutdown_grace: "30s".into(), workers: 1, tls: None }
+        Self {
+            listen: "127.0.0.1:8080".into(),
+            listen_mode: None,
+            shutdown_grace: "30s".into(),
+            workers: 1,
+            mode: "proxy".into(),
+            tls: None,
+        }
     }
 }
 

@@ -10,10 +10,11 @@ type Keep = fn(&mut Config, &Config);
 
 /// Settings a reload cannot apply: they decide keys, storage or sockets already bound. Each
 /// entry is a dotted key or a whole section (`store`), with what puts the running value back.
-pub const RESTART_ONLY: [(&str, Keep); 15] = [
+pub const RESTART_ONLY: [(&str, Keep); 16] = [
     ("server.listen", |new, old| new.server.listen = old.server.listen.clone()),
     ("server.listen_mode", |new, old| new.server.listen_mode = old.server.listen_mode),
     ("server.workers", |new, old| new.server.workers = old.server.workers),
+    ("server.mode", |new, old| new.server.mode = old.server.mode),
     ("admin.listen", |new, old| new.admin.listen = old.admin.listen.clone()),
     ("admin.listen_mode", |new, old| new.admin.listen_mode = old.admin.listen_mode),
     ("store", |new, old| new.store = old.store.clone()),

@@ -27,6 +27,11 @@ pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
             n if n > 1024 => return Err(invalid("server.workers", format!("{n}: at most 1024"))),
             n => n,
         },
+        mode: choice(
+            "server.mode",
+            &raw.server.mode,
+            [("proxy", ServerMode::Proxy), ("ext_proc", ServerMode::ExtProc)],
+        )?,
         tls: match raw.server.tls {
             Some(t) => {
                 // Load them now, so `check` and start-up fail on a file that does not parse.

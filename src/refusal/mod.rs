@@ -151,6 +151,10 @@ pub enum Refusal {
     /// A request that cannot be understood or served as asked.
     #[error("invalid request: {0}")]
     BadRequest(String),
+    /// A write fencegate cannot fence where it runs (Envoy's external processor cannot hold a
+    /// request whose resources are named in its body): refused, never passed unfenced.
+    #[error("{0}")]
+    NotImplemented(String),
     /// The fence refused the write (stale token, busy or quarantined resource).
     #[error(transparent)]
     Fence(FenceError),
@@ -277,6 +281,7 @@ impl Refusal {
             Refusal::TooManyRefusals { .. } => (S::TOO_MANY_REQUESTS, "too_many_refusals"),
             Refusal::NotFound(_) => (S::NOT_FOUND, "not_found"),
             Refusal::BadRequest(_) => (S::BAD_REQUEST, "invalid_request"),
+            Refusal::NotImplemented(_) => (S::NOT_IMPLEMENTED, "not_implemented"),
             Refusal::Fence(FenceError::Stale { .. }) => (S::CONFLICT, "stale_token"),
             Refusal::Fence(FenceError::Jump { .. }) => (S::CONFLICT, "token_jump"),
             Refusal::Fence(FenceError::WouldLower { .. }) => (S::CONFLICT, "would_lower"),

@@ -21,6 +21,7 @@ fn examples() -> Vec<(Refusal, u16, &'static str)> {
         ),
         (Refusal::NotFound("/x".into()), 404, "not_found"),
         (Refusal::BadRequest("x".into()), 400, "invalid_request"),
+        (Refusal::NotImplemented("x".into()), 501, "not_implemented"),
         (fence(FenceError::WouldLower { resource: "/a".into(), max_seen: 5, to: 4 }), 409, "would_lower"),
         (fence(FenceError::WouldRaise { resource: "/a".into(), max_seen: 4, to: 5 }), 409, "would_raise"),
         (fence(FenceError::NoFence { resource: "/a".into() }), 404, "not_found"),

@@ -44,19 +44,19 @@ enum Routed {
 }
 
 /// What a write must prove, and what proving it takes at its first and its second look.
-struct Proven {
+pub(super) struct Proven {
     token: u64,
     proof: Proof,
     /// The etcd locks whose holder the token must be.
     locks: Vec<String>,
     /// The first key, which a refusal at the second look names (kept only for a write that
     /// has a proof, so that the others pay no copy).
-    first: Option<Touch>,
+    pub(super) first: Option<Touch>,
 }
 
 impl Proven {
     /// The proof against the keys and the locks' holders in force now.
-    fn check(
+    pub(super) fn check(
         &self,
         touches: &[Touch],
         hmac: &crate::fence::signature::HmacKeys,
@@ -290,7 +290,7 @@ async fn send_to_leader(
 }
 
 /// The proof's first look, before anything looks at the token.
-fn prove(
+pub(super) fn prove(
     state: &State,
     settings: &Settings,
     token: u64,
@@ -421,7 +421,7 @@ async fn ended(
 }
 
 /// Whether the backend may still apply a write that got this result.
-fn outcome(result: &Result<Response<ResponseBody>, Refusal>) -> Outcome {
+pub(super) fn outcome<T>(result: &Result<T, Refusal>) -> Outcome {
     match result {
         Err(Refusal::Upstream(
             UpstreamError::Timeout(_) | UpstreamError::Failed(_) | UpstreamError::BodyTooLarge { .. },

@@ -6,6 +6,7 @@
 
 mod access;
 pub mod classify;
+pub(crate) mod envoy;
 mod fenced;
 pub mod holders;
 mod pinned;

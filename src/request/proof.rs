@@ -124,7 +124,14 @@ impl Guess {
 
     /// Counts the write's result if its proof was checked and refused: what a guess gets.
     pub(super) fn count(&self, state: &State, result: &Result<Response<ResponseBody>, Refusal>) {
-        if let Err(Refusal::Lock(LockError::NotHolder { .. })) = result {
+        if let Err(refusal) = result {
+            self.count_refusal(state, refusal);
+        }
+    }
+
+    /// Counts `refusal` of the write if its proof was checked and refused.
+    pub(super) fn count_refusal(&self, state: &State, refusal: &Refusal) {
+        if let Refusal::Lock(LockError::NotHolder { .. }) = refusal {
             state.guesses.refused(self.client, &self.lock, self.limits);
         }
     }

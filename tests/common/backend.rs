@@ -216,3 +216,52 @@ async fn serve(
         nth += 1;
     }
 }
+
+/// A backend that answers each request as soon as it has read the head, then reads the body.
+/// It logs `head T` and `body T` for the token T of each request, in the order it sees them.
+pub async fn early_answering_backend() -> (SocketAddr, Arc<std::sync::Mutex<Vec<String>>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = Arc::clone(&log);
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            let log = Arc::clone(&seen);
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    let head_end = loop {
+                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break i + 4;
+                        }
+                        let mut chunk = [0u8; 4096];
+                        match tcp.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+                    let field = |name: &str| {
+                        head.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim().to_owned()).unwrap_or_default()
+                    };
+                    let (token, length) = (field("fencing-token:"), field("content-length:").parse().unwrap_or(0));
+                    log.lock().unwrap().push(format!("head {token}"));
+                    buf.drain(..head_end);
+                    if tcp.write_all(b"HTTP/1.1 201 Created\r\ncontent-length: 0\r\n\r\n").await.is_err() {
+                        return;
+                    }
+                    while buf.len() < length {
+                        let mut chunk = [0u8; 4096];
+                        match tcp.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    buf.drain(..length);
+                    log.lock().unwrap().push(format!("body {token}"));
+                }
+            });
+        }
+    });
+    (addr, log)
+}

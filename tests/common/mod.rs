@@ -39,6 +39,7 @@ pub mod backend;
 pub mod builder;
 pub mod cluster;
 pub mod disks;
+pub mod envoy;
 pub mod etcd;
 pub mod etcd_cluster;
 pub mod etcd_server;
@@ -201,7 +202,20 @@ impl Harness {
 
     /// Sends a request through the proxy with the given headers.
     pub async fn send(&self, method: &str, path: &str, headers: &[(&str, &str)], body: impl Into<Bytes>) -> Resp {
-        let mut req = Request::builder().method(Method::from_bytes(method.as_bytes()).unwrap()).uri(self.url(path));
+        self.send_to(self.addr, method, path, headers, body).await
+    }
+
+    /// Sends a request to `addr` (a proxy in front of this one: Envoy) with the given headers.
+    pub async fn send_to(
+        &self,
+        addr: SocketAddr,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: impl Into<Bytes>,
+    ) -> Resp {
+        let url = format!("http://{addr}{path}");
+        let mut req = Request::builder().method(Method::from_bytes(method.as_bytes()).unwrap()).uri(url);
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
@@ -247,6 +261,28 @@ impl Harness {
     pub fn applied_tokens(&self, path: &str) -> Vec<u64> {
         self.backend.applied().iter().filter(|r| r.path == path).filter_map(|r| r.token()).collect()
     }
+}
+
+/// A pooling HTTP/1.1 client, as the harness uses.
+pub fn client() -> Client<HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+/// Sends a request to `addr` with `client`, with the given headers.
+pub async fn send_headers(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(String, String)],
+    body: impl Into<Bytes>,
+) -> Resp {
+    let url = format!("http://{addr}{path}");
+    let mut req = Request::builder().method(Method::from_bytes(method.as_bytes()).unwrap()).uri(url);
+    for (k, v) in headers {
+        req = req.header(k, v);
+    }
+    send_with(client, req.body(Full::new(body.into())).unwrap()).await
 }
 
 pub async fn send_with(client: &Client<HttpConnector, Full<Bytes>>, req: Request<Full<Bytes>>) -> Resp {

@@ -11,6 +11,7 @@ mod access_log;
 mod admin;
 mod admin_changes;
 mod backend_connections;
+mod envoy;
 mod fencing;
 mod limits;
 mod nginx;

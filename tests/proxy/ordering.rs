@@ -181,60 +181,10 @@ async fn on_a_multi_thread_runtime_writers_racing_one_resource_are_applied_in_or
     h.shutdown().await;
 }
 
-/// A backend that answers each request as soon as it has read the head, then reads the body.
-/// It logs `head T` and `body T` for the token T of each request, in the order it sees them.
-async fn early_answering_backend() -> (std::net::SocketAddr, Arc<std::sync::Mutex<Vec<String>>>) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let log = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let seen = Arc::clone(&log);
-    tokio::spawn(async move {
-        while let Ok((mut tcp, _)) = listener.accept().await {
-            let log = Arc::clone(&seen);
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                loop {
-                    let head_end = loop {
-                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                            break i + 4;
-                        }
-                        let mut chunk = [0u8; 4096];
-                        match tcp.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                    };
-                    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
-                    let field = |name: &str| {
-                        head.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim().to_owned()).unwrap_or_default()
-                    };
-                    let (token, length) = (field("fencing-token:"), field("content-length:").parse().unwrap_or(0));
-                    log.lock().unwrap().push(format!("head {token}"));
-                    buf.drain(..head_end);
-                    if tcp.write_all(b"HTTP/1.1 201 Created\r\ncontent-length: 0\r\n\r\n").await.is_err() {
-                        return;
-                    }
-                    while buf.len() < length {
-                        let mut chunk = [0u8; 4096];
-                        match tcp.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                    }
-                    buf.drain(..length);
-                    log.lock().unwrap().push(format!("body {token}"));
-                }
-            });
-        }
-    });
-    (addr, log)
-}
-
 /// fencegate in front of an early-answering backend, and a write of token 10 to `/r` of which
 /// the client has sent half the body; the backend has answered its head.
 async fn a_write_half_sent() -> (Harness, RawConn, Arc<std::sync::Mutex<Vec<String>>>) {
-    let (backend, log) = early_answering_backend().await;
+    let (backend, log) = common::backend::early_answering_backend().await;
     let h = Harness::start_with(|c| c.backend.url = format!("http://{backend}").parse().unwrap()).await;
     let mut first = RawConn::open(h.addr).await;
     first.send(b"PUT /r HTTP/1.1\r\nHost: x\r\nFencing-Token: 10\r\nContent-Length: 10\r\n\r\nhalf-").await;

@@ -1,0 +1,334 @@
+//! One exchange: the gRPC stream Envoy opens for one request. fencegate reads the request's
+//! head, classifies it as the proxy does, and for a fenced write answers the head only once the
+//! write holds its turn and its advance is durable. Envoy sends nothing to the backend before
+//! that answer, and holds each body chunk until fencegate answers it too, so the turn is held
+//! until the request's end has been let go and Envoy reports the backend's answer; a stream
+//! that ends before both leaves the outcome unknown and quarantines what the write touches.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::service::ext_proc::v3::processing_request::Request as Asked;
+use envoy_types::pb::envoy::service::ext_proc::v3::{ProcessingRequest, ProcessingResponse};
+use http::Method;
+use tokio::sync::mpsc::Sender;
+use tonic::{Status, Streaming};
+
+use super::wire::{self, Head};
+use crate::fence::Policy;
+use crate::refusal::{ERROR_HEADER, Refusal, throttle};
+use crate::request::InFlight;
+use crate::request::classify::{Plan, UploadStep, Write};
+use crate::request::fenced::{outcome, prove};
+use crate::request::proof::Guess;
+use crate::request::protocol::{self, Chosen, Protocol as _};
+use crate::state::{Settings, State};
+use crate::store::{Permit, Role, StoreError};
+use crate::upstream::{Peer, UpstreamError};
+
+/// Where fencegate's answers to Envoy go.
+type Out = Sender<Result<ProcessingResponse, Status>>;
+
+/// How an exchange ended, as far as fencegate's own answer goes.
+enum Ended {
+    /// The request went on to the backend, which answered with this status.
+    Forwarded(u16),
+    /// The request went on unfenced.
+    Passed,
+}
+
+/// Runs one exchange to its end.
+pub(super) async fn run(state: Arc<State>, client: Peer, mut inbound: Streaming<ProcessingRequest>, out: Out) {
+    let started = Instant::now();
+    let Ok(Some(first)) = inbound.message().await else { return };
+    let Some(Asked::RequestHeaders(headers)) = &first.request else {
+        // Envoy is configured not to send request heads: nothing here is fencegate's to decide.
+        if let Some(answer) = wire::continue_any(&first) {
+            let _ = out.send(Ok(answer)).await;
+        }
+        pass_on(inbound, &out).await;
+        return;
+    };
+    let settings = state.settings.get();
+    let protocol = protocol::for_backend(&settings.config.backend);
+    let head = match Head::read(headers) {
+        Ok(head) => head,
+        Err(refusal) => {
+            refuse(&state, &settings, protocol, &Method::GET, "", &client, refusal, &out).await;
+            return;
+        }
+    };
+    let method = head.request.method().clone();
+    let path = head.request.uri().path().to_owned();
+    match decide(&state, &settings, protocol, &client, head, inbound, &out).await {
+        Ok(Ended::Forwarded(status)) => {
+            state.metrics.request(&method, "forwarded");
+            if let Ok(status) = http::StatusCode::from_u16(status) {
+                state.metrics.backend_response(status);
+            }
+        }
+        Ok(Ended::Passed) => state.metrics.request(&method, "forwarded"),
+        // The request was let go to the backend: Envoy answers the client itself.
+        Err(refusal @ Refusal::Upstream(_)) => {
+            state.metrics.request(&method, refusal.code());
+            let interval = settings.config.log.refusal_interval;
+            throttle::log(&state.refusals, interval, &refusal, &method, &path, &client);
+        }
+        Err(refusal) => refuse(&state, &settings, protocol, &method, &path, &client, refusal, &out).await,
+    }
+    state.metrics.request_latency.observe(started.elapsed().as_secs_f64());
+}
+
+/// Answers Envoy with fencegate's own refusal, in the protocol's form, in place of the backend's.
+#[allow(clippy::too_many_arguments)]
+async fn refuse(
+    state: &State,
+    settings: &Settings,
+    protocol: Chosen,
+    method: &Method,
+    path: &str,
+    client: &Peer,
+    refusal: Refusal,
+    out: &Out,
+) {
+    state.metrics.request(method, refusal.code());
+    throttle::log(&state.refusals, settings.config.log.refusal_interval, &refusal, method, path, client);
+    let withhold =
+        refusal.names_a_level() && refusal.resource().is_some_and(|key| settings.config.fence.withholds(key));
+    let answer = wire::immediate(protocol.refuse(&refusal, withhold), refusal.code()).await;
+    let _ = out.send(Ok(answer)).await;
+}
+
+/// Carries out what the request's classification says.
+async fn decide(
+    state: &Arc<State>,
+    settings: &Arc<Settings>,
+    protocol: Chosen,
+    client: &Peer,
+    head: Head,
+    inbound: Streaming<ProcessingRequest>,
+    out: &Out,
+) -> Result<Ended, Refusal> {
+    let plan = protocol.classify(&head.classified(), &settings.config)?;
+    let guess = Guess::of(&plan, &head.request, client, settings, state);
+    if let Some(guess) = &guess {
+        guess.admit(state)?;
+    }
+    let sent = head.request.uri().path_and_query().map_or("/", |pq| pq.as_str());
+    let result = match plan {
+        Plan::Pass { .. } => pass(Vec::new(), inbound, out).await,
+        // Forwarded as the proxy forwards a write, at the target it would send, unchecked.
+        Plan::Unchecked { target, .. } => pass(set_target(sent, target.as_str()), inbound, out).await,
+        Plan::ReadBody { .. } => Err(Refusal::NotImplemented(format!(
+            "{} {} names its resources in its body, which Envoy's external processor cannot read before it \
+             must decide; send it to fencegate as a proxy",
+            head.request.method(),
+            head.request.uri().path()
+        ))),
+        Plan::Write(write) => {
+            let set = set_target(sent, write.target.as_str());
+            fence(state, settings, head, write, set, inbound, out).await
+        }
+    };
+    if let (Some(guess), Err(refusal)) = (&guess, &result) {
+        guess.count_refusal(state, refusal);
+    }
+    result
+}
+
+/// The `:path` to set, when what is forwarded is not what was sent.
+fn set_target(sent: &str, target: &str) -> Vec<(String, Vec<u8>)> {
+    if sent == target { Vec::new() } else { vec![(":path".to_owned(), target.as_bytes().to_vec())] }
+}
+
+/// Lets an unfenced request go, asking Envoy for nothing more of it.
+async fn pass(set: Vec<(String, Vec<u8>)>, inbound: Streaming<ProcessingRequest>, out: &Out) -> Result<Ended, Refusal> {
+    if out.send(Ok(wire::continue_head(set, Some(wire::nothing_more())))).await.is_ok() {
+        pass_on(inbound, out).await;
+    }
+    Ok(Ended::Passed)
+}
+
+/// Answers whatever else Envoy sends with "go on", until it ends the stream.
+async fn pass_on(mut inbound: Streaming<ProcessingRequest>, out: &Out) {
+    while let Ok(Some(message)) = inbound.message().await {
+        let Some(answer) = wire::continue_any(&message) else { continue };
+        if out.send(Ok(answer)).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// A fenced write: its checks before the turn, then the turn, in which the head is let go once
+/// the advance is durable, and which is held until the backend answered the whole request.
+async fn fence(
+    state: &Arc<State>,
+    settings: &Arc<Settings>,
+    head: Head,
+    write: Write,
+    set: Vec<(String, Vec<u8>)>,
+    inbound: Streaming<ProcessingRequest>,
+    out: &Out,
+) -> Result<Ended, Refusal> {
+    match state.store.role() {
+        Role::Fences => {}
+        Role::Forward(url) => {
+            return Err(StoreError::Unavailable(format!(
+                "the shared fence is led by {url}, not by this instance; Envoy's external processor cluster must \
+                 reach the leader"
+            ))
+            .into());
+        }
+        Role::Unavailable(why) => return Err(StoreError::Unavailable(why).into()),
+    }
+    let Write { token, touches, target: _, set_headers, body_limit, equal, max_jump, proof, locks, upload, pin: _ } =
+        write;
+    let proven = prove(state, settings, token, proof, locks, &touches)?;
+    let mut set = set;
+    set.extend(set_headers.iter().map(|(name, value)| (name.as_str().to_owned(), value.as_bytes().to_vec())));
+    match upload.map(|step| *step) {
+        None => {}
+        // A part changes no object, only its upload, which the token was bound to.
+        Some(UploadStep::Part { object, id }) => {
+            state.fence.check_upload(&object, &id, token)?;
+            state.fence.precheck(&touches, token, Policy { equal, max_jump, pinned: false })?;
+            return pass(set, inbound, out).await;
+        }
+        Some(UploadStep::Create { object } | UploadStep::End { object, .. }) => {
+            return Err(Refusal::NotImplemented(format!(
+                "a multipart upload of {object} is bound to its token from the backend's answer body, which \
+                 Envoy's external processor does not read; send uploads to fencegate as a proxy"
+            )));
+        }
+    }
+    let policy = Policy { equal, max_jump, pinned: false };
+    state.fence.precheck(&touches, token, policy)?;
+    let fence = &settings.config.fence;
+    let (queue_timeout, quarantine) = (fence.queue_timeout, fence.quarantine);
+    let waiting = Instant::now();
+    let turn = state.fence.acquire(touches, queue_timeout).await;
+    state.metrics.queue_wait.observe(waiting.elapsed().as_secs_f64());
+    let turn = turn?;
+    let held = Held {
+        state: Arc::clone(state),
+        protocol: protocol::for_backend(&settings.config.backend),
+        set,
+        ends: head.ends,
+        body_limit,
+        timeout: settings.config.backend.request_timeout,
+        inbound,
+        out: out.clone(),
+    };
+    let prepare = move |permit: Option<Permit>| async move {
+        // The proof's authoritative look, now that the turn has come.
+        let state = &held.state;
+        proven.check(proven.first.as_slice(), &state.settings.get().hmac, &state.locks.load())?;
+        Ok::<_, Refusal>(held.let_go(permit))
+    };
+    let (status, inbound) = turn.finish_after(token, policy, quarantine, prepare, outcome).await?;
+    pass_on(inbound, out).await;
+    Ok(Ended::Forwarded(status))
+}
+
+/// What a write's turn holds once it is the write's.
+struct Held {
+    state: Arc<State>,
+    protocol: Chosen,
+    /// Headers set on the request's head as it goes on.
+    set: Vec<(String, Vec<u8>)>,
+    /// Whether the request ends with its head.
+    ends: bool,
+    body_limit: Option<u64>,
+    /// How long the backend has to answer once the head is let go.
+    timeout: Duration,
+    inbound: Streaming<ProcessingRequest>,
+    out: Out,
+}
+
+/// The backend's answer to a write: its status, and the stream, for what Envoy still sends.
+type Answered = (u16, Streaming<ProcessingRequest>);
+
+impl Held {
+    /// Lets the head go, then each body chunk while `permit` holds, until the request has been
+    /// let go whole and Envoy reports the backend's answer.
+    async fn let_go(self, permit: Option<Permit>) -> Result<Answered, Refusal> {
+        let Held { state, protocol, set, ends, body_limit, timeout, mut inbound, out } = self;
+        let _flying = InFlight::new(&state.metrics);
+        let gone = || UpstreamError::Unreachable("Envoy's stream ended before the write was let go".into());
+        out.send(Ok(wire::continue_head(set, None))).await.map_err(|_| gone())?;
+        let started = Instant::now();
+        let deadline = tokio::time::Instant::now() + timeout;
+        let (mut whole, mut answer, mut sent) = (ends, None, 0u64);
+        loop {
+            let message = match tokio::time::timeout_at(deadline, inbound.message()).await {
+                Err(_) => return Err(UpstreamError::Timeout(timeout).into()),
+                Ok(Err(status)) => return Err(failed(format!("Envoy's stream failed: {status}"))),
+                Ok(Ok(None)) => {
+                    return Err(failed(
+                        "Envoy's stream ended before the backend answered the whole request".to_owned(),
+                    ));
+                }
+                Ok(Ok(Some(message))) => message,
+            };
+            match &message.request {
+                Some(Asked::RequestBody(body)) => {
+                    sent += body.body.len() as u64;
+                    if let Some(limit) = body_limit.filter(|&limit| sent > limit) {
+                        let refusal = Refusal::BodyTooLarge { limit };
+                        let _ = out.send(Ok(too_late(protocol, &refusal).await)).await;
+                        return Err(UpstreamError::BodyTooLarge { limit }.into());
+                    }
+                    // The self-fence: a leader whose lease lapsed lets no more of the write go.
+                    if permit.as_ref().is_some_and(|permit| !permit()) {
+                        let why = "the shared fence's lease lapsed while the write was being sent".to_owned();
+                        let _ = out
+                            .send(Ok(too_late(protocol, &Refusal::Store(StoreError::Unavailable(why.clone()))).await))
+                            .await;
+                        return Err(failed(why));
+                    }
+                    whole |= body.end_of_stream;
+                }
+                Some(Asked::RequestTrailers(_)) => whole = true,
+                Some(Asked::ResponseHeaders(headers)) => {
+                    answer = Some(wire::answer_of(headers, &message));
+                    state.metrics.backend_latency.observe(started.elapsed().as_secs_f64());
+                    out.send(Ok(wire::continue_answer(ERROR_HEADER))).await.map_err(|_| gone())?;
+                    if whole {
+                        break;
+                    }
+                    continue;
+                }
+                Some(Asked::RequestHeaders(_)) => return Err(failed("Envoy sent a second request head".to_owned())),
+                Some(Asked::ResponseBody(_) | Asked::ResponseTrailers(_)) | None => {}
+            }
+            if let Some(answer) = wire::continue_any(&message) {
+                out.send(Ok(answer)).await.map_err(|_| gone())?;
+            }
+            if whole && answer.is_some() {
+                break;
+            }
+        }
+        let Some((status, details)) = answer else { unreachable!("the loop ends only with an answer") };
+        match details.as_deref() {
+            Some("via_upstream") => Ok((status, inbound)),
+            Some(details) => Err(failed(format!("Envoy answered {status} itself ({details})"))),
+            // Without the attribute, Envoy's own answers to a failed or late backend look like
+            // the backend's: those statuses are taken for Envoy's.
+            None if matches!(status, 502..=504) => Err(failed(format!(
+                "Envoy answered {status}, and did not say whether the backend did (response_attributes lacks {})",
+                wire::CODE_DETAILS
+            ))),
+            None => Ok((status, inbound)),
+        }
+    }
+}
+
+fn failed(why: String) -> Refusal {
+    UpstreamError::Failed(why).into()
+}
+
+/// fencegate's own answer to a write cut off after its head was let go: Envoy resets the
+/// backend's request and answers the client with this.
+async fn too_late(protocol: Chosen, refusal: &Refusal) -> ProcessingResponse {
+    wire::immediate(protocol.refuse(refusal, false), refusal.code()).await
+}

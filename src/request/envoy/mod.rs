@@ -1,0 +1,82 @@
+//! fencegate as Envoy's external processor (`server.mode = "ext_proc"`, docs/envoy.md). Envoy
+//! forwards every request itself and, for each one its filter sends, opens a gRPC stream on
+//! which it reports the request's head, body chunks and the backend's answer, each waiting for
+//! fencegate's word. What a request names, its token's checks, its turn and the durable advance
+//! are the proxy's ([`super::classify`], [`super::fenced`], the fence and the store); what
+//! differs is only who forwards ([`exchange`]) and the messages it is said in ([`wire`]).
+
+mod exchange;
+mod wire;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::{
+    ExternalProcessor, ExternalProcessorServer,
+};
+use envoy_types::pb::envoy::service::ext_proc::v3::{ProcessingRequest, ProcessingResponse};
+use http::{Request, Response};
+use hyper::body::Incoming;
+use tokio::sync::mpsc;
+use tonic::codegen::Service as _;
+use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
+use tonic::{Status, Streaming};
+
+use crate::state::State;
+use crate::upstream::Peer;
+
+/// The gRPC body of the processor's answers.
+pub type GrpcBody = tonic::body::Body;
+
+/// Envoy's `ExternalProcessor` service, served by fencegate.
+#[derive(Clone)]
+pub(crate) struct Processor {
+    server: ExternalProcessorServer<Exchanges>,
+}
+
+/// What each stream of the service runs on.
+struct Exchanges {
+    state: Arc<State>,
+}
+
+/// Answers Envoy on one stream; a handful is enough, since Envoy waits for each answer.
+const ANSWERS_QUEUED: usize = 4;
+
+#[tonic::async_trait]
+impl ExternalProcessor for Exchanges {
+    type ProcessStream = ReceiverStream<Result<ProcessingResponse, Status>>;
+
+    async fn process(
+        &self,
+        request: tonic::Request<Streaming<ProcessingRequest>>,
+    ) -> Result<tonic::Response<Self::ProcessStream>, Status> {
+        let client = request.extensions().get::<Peer>().cloned().unwrap_or_else(Peer::unix);
+        let (out, answers) = mpsc::channel(ANSWERS_QUEUED);
+        // A task of its own: the exchange runs to its end (a write's turn, its quarantine)
+        // whatever becomes of the stream.
+        tokio::spawn(exchange::run(Arc::clone(&self.state), client, request.into_inner(), out));
+        Ok(tonic::Response::new(ReceiverStream::new(answers)))
+    }
+}
+
+impl Processor {
+    /// The service over `state`.
+    pub(crate) fn new(state: Arc<State>) -> Self {
+        Processor { server: ExternalProcessorServer::new(Exchanges { state }) }
+    }
+
+    /// Answers one HTTP/2 request of Envoy's gRPC client, from `client`.
+    pub(crate) fn handle(
+        &self,
+        mut req: Request<Incoming>,
+        client: Peer,
+    ) -> impl Future<Output = Response<GrpcBody>> + Send + use<> {
+        req.extensions_mut().insert(client);
+        let answered = self.server.clone().call(req);
+        async move {
+            let answered: Result<_, Infallible> = answered.await;
+            answered.unwrap_or_else(|never| match never {})
+        }
+    }
+}

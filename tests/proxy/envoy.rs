@@ -1,0 +1,224 @@
+//! fencegate as Envoy's external processor (`server.mode = "ext_proc"`), behind a real Envoy
+//! (`common::envoy`), each test judged by what the backend applied.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::common;
+
+use bytes::Bytes;
+use common::envoy::{Envoy, EnvoyOptions};
+use common::{Harness, Resp};
+use fencegate::config::ServerMode;
+
+/// fencegate serving Envoy's external processor, the in-memory backend, and Envoy in front of
+/// both.
+struct Mesh {
+    h: Harness,
+    envoy: Envoy,
+}
+
+impl Mesh {
+    async fn start() -> Option<Mesh> {
+        Mesh::start_with(EnvoyOptions::default(), |_| {}).await
+    }
+
+    async fn start_with(options: EnvoyOptions, tweak: impl FnOnce(&mut fencegate::Config)) -> Option<Mesh> {
+        let h = Harness::start_with(|c| {
+            c.server.mode = ServerMode::ExtProc;
+            tweak(c);
+        })
+        .await;
+        let envoy = Envoy::start(h.addr, h.backend.addr(), &options).await?;
+        Some(Mesh { h, envoy })
+    }
+
+    async fn send(&self, method: &str, path: &str, headers: &[(&str, &str)], body: impl Into<Bytes>) -> Resp {
+        self.h.send_to(self.envoy.addr, method, path, headers, body).await
+    }
+
+    async fn put(&self, path: &str, token: u64, body: &str) -> Resp {
+        self.send("PUT", path, &[("fencing-token", &token.to_string())], body.to_owned()).await
+    }
+}
+
+#[tokio::test]
+async fn the_zombie_write_is_refused_through_envoy() {
+    let Some(m) = Mesh::start().await else { return };
+    // t3: Client2 acquires 34 and writes.
+    let r = m.put("/accounts/42", 34, "client2").await;
+    assert_eq!((r.status, r.fencegate_error()), (200, None), "{r:?}");
+    // t6: Client1 wakes with 33.
+    let r = m.put("/accounts/42", 33, "client1").await;
+    r.assert_refused(409, "stale_token");
+    assert_eq!(r.json()["max_seen"], 34);
+    assert_eq!(m.h.applied_tokens("/accounts/42"), [34]);
+    assert_eq!(m.h.backend.object("/accounts/42").unwrap(), "client2");
+    assert_eq!(m.h.proxy.max_seen("/accounts/42"), Some(34));
+}
+
+#[tokio::test]
+async fn reads_are_not_sent_to_the_processor_and_writes_never_pass_without_it() {
+    let Some(mut m) = Mesh::start().await else { return };
+    assert_eq!(m.put("/doc", 1, "v1").await.status, 200);
+    m.h.shutdown().await;
+    let r = m.send("GET", "/doc", &[], "").await;
+    assert_eq!((r.status, &r.body[..]), (200, &b"v1"[..]), "a GET reaches the backend without the processor");
+    let r = m.put("/doc", 2, "v2").await;
+    assert_eq!(r.status, 500, "Envoy fails a write it cannot ask about: {r:?}");
+    assert_eq!(m.h.applied_tokens("/doc"), [1], "no write passed unfenced");
+}
+
+#[tokio::test]
+async fn the_backend_receives_the_canonical_path_that_was_fenced() {
+    let Some(m) = Mesh::start().await else { return };
+    let r = m.put("/a//b/./c", 5, "x").await;
+    assert_eq!(r.status, 200, "{r:?}");
+    let paths: Vec<String> = m.h.backend.applied().iter().map(|r| r.path.clone()).collect();
+    assert_eq!(paths, ["/a/b/c"]);
+    m.put("/a/b/c", 5, "again").await.assert_refused(409, "stale_token");
+}
+
+#[tokio::test]
+async fn a_move_is_fenced_at_its_destination_too() {
+    let Some(m) = Mesh::start().await else { return };
+    assert_eq!(m.put("/dst", 10, "newer").await.status, 200);
+    assert_eq!(m.put("/src", 3, "old").await.status, 200);
+    let destination = format!("http://{}/dst", m.envoy.addr);
+    let r = m.send("MOVE", "/src", &[("fencing-token", "5"), ("destination", &destination)], "").await;
+    r.assert_refused(409, "stale_token");
+    assert_eq!(r.json()["resource"], "/dst");
+    let r = m.send("MOVE", "/src", &[("fencing-token", "11"), ("destination", &destination)], "").await;
+    assert_eq!(r.fencegate_error(), None, "the MOVE reached the backend: {r:?}");
+    let moves: Vec<_> = m.h.backend.requests().into_iter().filter(|r| r.method == "MOVE").collect();
+    assert_eq!(moves.len(), 1, "only the fresh MOVE reached the backend");
+    assert_eq!(moves[0].token(), Some(11));
+    // A MOVE covers the subtrees at both ends: neither takes 11 again.
+    m.put("/dst", 11, "equal").await.assert_refused(409, "stale_token");
+    m.put("/src", 11, "equal").await.assert_refused(409, "stale_token");
+}
+
+#[tokio::test]
+async fn a_write_envoy_answers_itself_quarantines_its_resource() {
+    let options = EnvoyOptions { route_timeout: Duration::from_millis(500), ..Default::default() };
+    let Some(m) = Mesh::start_with(options, |_| {}).await else { return };
+    let (token, delay) = ("7", "2000");
+    let r = m.send("PUT", "/slow", &[("fencing-token", token), (common::DELAY_HEADER, delay)], "late").await;
+    assert_eq!((r.status, r.fencegate_error()), (504, None), "Envoy's own timeout: {r:?}");
+    // The backend still holds the write and applies it late: the resource stays closed.
+    m.put("/slow", 8, "next").await.assert_refused(503, "resource_quarantined");
+    common::poll_until("the backend applies the late write", || m.h.applied_tokens("/slow") == [7]).await;
+    m.put("/slow", 9, "after").await.assert_refused(503, "resource_quarantined");
+    assert_eq!(m.h.applied_tokens("/slow"), [7]);
+}
+
+/// Envoy in front of a backend that answers a head at once and reads the body after, and a
+/// write of token 10 to `/r` of which the client has sent half the body.
+async fn a_write_half_sent() -> Option<(Mesh, common::RawConn, Arc<Mutex<Vec<String>>>)> {
+    let (backend, log) = common::backend::early_answering_backend().await;
+    let h = Harness::start_with(|c| {
+        c.server.mode = ServerMode::ExtProc;
+        c.backend.url = format!("http://{backend}").parse().unwrap();
+    })
+    .await;
+    let envoy = Envoy::start(h.addr, backend, &EnvoyOptions::default()).await?;
+    let mut first = common::RawConn::open(envoy.addr).await;
+    first.send(b"PUT /r HTTP/1.1\r\nHost: x\r\nFencing-Token: 10\r\nContent-Length: 10\r\n\r\nhalf-").await;
+    common::poll_until("the backend has the first write's head", || log.lock().unwrap().len() == 1).await;
+    Some((Mesh { h, envoy }, first, log))
+}
+
+/// Envoy ends a request whose backend answered before taking the whole body: it relays the
+/// answer and resets the backend's request. The backend may hold part of it, so the resource
+/// is quarantined, and the rest of the body never reaches the backend.
+#[tokio::test]
+async fn an_early_answer_ends_the_write_and_quarantines_its_resource() {
+    let Some((m, mut first, log)) = a_write_half_sent().await else { return };
+    let answer = first.read_response().await;
+    assert_eq!(answer.status, 201, "the early answer is relayed: {answer:?}");
+    common::poll_until("the write gives its turn back", || m.h.proxy.queue_len("/r") == 0).await;
+    let _ = first.try_send(b"whole").await;
+    let next = common::raw_request(m.envoy.addr, "PUT /r HTTP/1.1\r\nHost: x\r\nFencing-Token: 20", "v").await;
+    next.assert_refused(503, "resource_quarantined");
+    assert_eq!(*log.lock().unwrap(), ["head 10"], "nothing more reached the backend");
+}
+
+#[tokio::test]
+async fn a_client_that_leaves_mid_body_quarantines_the_resource() {
+    let Some((m, first, log)) = a_write_half_sent().await else { return };
+    drop(first);
+    common::poll_until("the abandoned write gives its turn back", || m.h.proxy.queue_len("/r") == 0).await;
+    let next = common::raw_request(m.envoy.addr, "PUT /r HTTP/1.1\r\nHost: x\r\nFencing-Token: 20", "v").await;
+    next.assert_refused(503, "resource_quarantined");
+    assert_eq!(*log.lock().unwrap(), ["head 10"], "nothing more reached the backend");
+}
+
+#[tokio::test]
+async fn writes_to_one_resource_reach_the_backend_in_token_order() {
+    let Some(m) = Mesh::start().await else { return };
+    let m = Arc::new(m);
+    // A slow first write holds the resource's turn; the later ones wait for it, and a lower
+    // token that gets its turn after a higher one is stale.
+    let slow = {
+        let m = Arc::clone(&m);
+        tokio::spawn(async move {
+            let headers = [("fencing-token", "10"), (common::DELAY_HEADER, "300")];
+            m.send("PUT", "/hot", &headers, "10").await
+        })
+    };
+    common::poll_until("the slow write holds the turn", || m.h.proxy.queue_len("/hot") == 1).await;
+    let writers: Vec<_> = (11..=22u64)
+        .rev()
+        .map(|token| {
+            let m = Arc::clone(&m);
+            tokio::spawn(async move { m.put("/hot", token, &token.to_string()).await })
+        })
+        .collect();
+    assert_eq!(slow.await.unwrap().status, 200);
+    for writer in writers {
+        let r = writer.await.unwrap();
+        assert!(r.status == 200 || r.fencegate_error() == Some("stale_token"), "{r:?}");
+    }
+    let applied = m.h.applied_tokens("/hot");
+    assert_eq!(applied.first(), Some(&10), "{applied:?}");
+    assert!(applied.windows(2).all(|w| w[0] < w[1]), "applied out of token order: {applied:?}");
+    assert!(applied.contains(&22), "{applied:?}");
+}
+
+/// The real binary as the processor, killed with SIGKILL while a write it let go is still at
+/// the backend: the restarted processor finds the write in flight in its log and quarantines
+/// its resource, so the next holder's write cannot land before the late one.
+#[tokio::test]
+async fn a_processor_killed_mid_exchange_quarantines_the_write_after_its_restart() {
+    let mut d = common::builder::Deployment::builder().config_extra("[fence]\nquarantine = \"2s\"").build().await;
+    let port = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap().port();
+    let setup = format!("export FENCEGATE_SERVER__MODE=ext_proc FENCEGATE_SERVER__LISTEN=127.0.0.1:{port}");
+    let processor = d.start_in_shell(&setup).addr;
+    let Some(envoy) = Envoy::start(processor, d.backend.addr(), &EnvoyOptions::default()).await else { return };
+    let client = common::client();
+    let put = |token: u64, delay: &'static str| {
+        let (client, addr) = (client.clone(), envoy.addr);
+        let headers =
+            [("fencing-token".to_owned(), token.to_string()), (common::DELAY_HEADER.to_owned(), delay.to_owned())];
+        async move { common::send_headers(&client, addr, "PUT", "/k", &headers, token.to_string()).await }
+    };
+    assert_eq!(put(5, "0").await.status, 200);
+    let late = tokio::spawn(put(10, "1500"));
+    let backend = &d.backend;
+    common::poll_until("the backend holds the write of 10", || {
+        backend.requests().iter().any(|r| r.path == "/k" && r.token() == Some(10))
+    })
+    .await;
+    d.kill9();
+    d.start_in_shell(&setup);
+    let _ = late.await;
+    let next = put(11, "0").await;
+    next.assert_refused(503, "resource_quarantined");
+    common::poll_until("the backend applies the late write", || {
+        d.backend.applied().iter().filter(|r| r.path == "/k").count() == 2
+    })
+    .await;
+    common::eventually("the quarantine ends", async || put(12, "0").await.status == 200).await;
+    let applied: Vec<u64> = d.backend.applied().iter().filter(|r| r.path == "/k").filter_map(|r| r.token()).collect();
+    assert_eq!(applied, [5, 10, 12]);
+}
