@@ -78,6 +78,10 @@ enum Command {
         /// Print nothing when the file is valid (for ExecStartPre=); errors still go to stderr.
         #[arg(long, short)]
         quiet: bool,
+        /// Also check Envoy's bootstrap (YAML or JSON) for `server.mode = "ext_proc"`: that no
+        /// route lets a write past the processor, retries it or mirrors it.
+        #[arg(long)]
+        envoy: Option<PathBuf>,
     },
     /// Wait for a while, then exit: a Kubernetes preStop hook in an image without `sleep`.
     Sleep {
@@ -133,7 +137,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Check { config, quiet } => check(&config, quiet),
+        Command::Check { config, quiet, envoy } => check(&config, quiet, envoy.as_deref()),
         Command::Sleep { duration } => {
             std::thread::sleep(duration);
             Ok(())
@@ -199,9 +203,18 @@ fn runtime(workers: usize) -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 /// `check`; with `quiet`, only errors are printed (`run` logs the warnings again).
-fn check(path: &std::path::Path, quiet: bool) -> anyhow::Result<()> {
+fn check(path: &std::path::Path, quiet: bool, envoy: Option<&std::path::Path>) -> anyhow::Result<()> {
     let config = Config::load(path, None).with_context(|| format!("invalid config {}", path.display()))?;
-    let notes = fencegate::app::check(&config).with_context(|| format!("{} would not run", path.display()))?;
+    let mut notes = fencegate::app::check(&config).with_context(|| format!("{} would not run", path.display()))?;
+    if let Some(envoy) = envoy {
+        let text = std::fs::read_to_string(envoy).with_context(|| format!("cannot read {}", envoy.display()))?;
+        let found = fencegate::app::check_envoy(&config, &text).with_context(|| envoy.display().to_string())?;
+        if !found.refusals.is_empty() {
+            let all = found.refusals.iter().map(|r| format!("\n  - {r}")).collect::<String>();
+            anyhow::bail!("{} would let writes past the fence or repeat them:{all}", envoy.display());
+        }
+        notes.extend(found.warnings.iter().map(|w| format!("warning: {}: {w}", envoy.display())));
+    }
     if quiet {
         return Ok(());
     }

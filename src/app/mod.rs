@@ -4,6 +4,7 @@
 mod bind;
 mod check;
 mod cluster;
+mod envoy_check;
 mod inspection;
 pub mod notify;
 mod processing;
@@ -31,6 +32,7 @@ use crate::upstream::leader::Peers;
 pub use bind::bind;
 pub use check::check;
 pub use cluster::{RulesReport, init_etcd, migrate_to_etcd, rules_etcd};
+pub use envoy_check::{EnvoyCheck, check_envoy};
 pub use inspection::inspection_report;
 pub use supervised::{Reloading, Supervisor};
 
@@ -62,6 +64,9 @@ pub enum Error {
     /// Settings that cannot work together (two listeners on one address).
     #[error("{0}")]
     Conflict(String),
+    /// An Envoy bootstrap (`check --envoy`) cannot be read.
+    #[error("the Envoy configuration {0}")]
+    Envoy(String),
     /// Other I/O outside the store failed.
     #[error(transparent)]
     Io(#[from] std::io::Error),

@@ -140,6 +140,26 @@ fn check_prints_the_effective_settings_of_a_valid_file() {
     }
 }
 
+#[test]
+fn check_with_envoy_passes_the_shipped_bootstrap_and_names_what_lets_a_write_by() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "http://127.0.0.1:9000", "");
+    init_data_dir(dir.path());
+    let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/envoy/envoy.yaml");
+    let env = [("FENCEGATE_SERVER__MODE", "ext_proc")];
+    let out = run(&["check", "--config", config.to_str().unwrap(), "--envoy", shipped], &env);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("mode = \"ext_proc\""));
+    let open =
+        std::fs::read_to_string(shipped).unwrap().replace("failure_mode_allow: false", "failure_mode_allow: true");
+    let bad = dir.path().join("envoy.yaml");
+    std::fs::write(&bad, open).unwrap();
+    let out = run(&["check", "--config", config.to_str().unwrap(), "--envoy", bad.to_str().unwrap()], &env);
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("failure_mode_allow is true"), "{said}");
+}
+
 /// `fencegate init` of the data dir `write_config` names.
 fn init_data_dir(dir: &std::path::Path) {
     let data = dir.join("data");
