@@ -9,7 +9,7 @@ use crate::common;
 use bytes::Bytes;
 use common::envoy::{Envoy, EnvoyOptions};
 use common::{Harness, Resp};
-use fencegate::config::ServerMode;
+use fencegate::config::{EqualToken, ServerMode};
 
 /// fencegate serving Envoy's external processor, the in-memory backend, and Envoy in front of
 /// both.
@@ -221,4 +221,25 @@ async fn a_processor_killed_mid_exchange_quarantines_the_write_after_its_restart
     common::eventually("the quarantine ends", async || put(12, "0").await.status == 200).await;
     let applied: Vec<u64> = d.backend.applied().iter().filter(|r| r.path == "/k").filter_map(|r| r.token()).collect();
     assert_eq!(applied, [5, 10, 12]);
+}
+
+#[tokio::test]
+async fn metrics_the_admin_api_and_reloads_work_as_in_proxy_mode() {
+    let Some(m) = Mesh::start().await else { return };
+    let admin = m.h.start_admin().await;
+    assert_eq!(m.put("/doc", 7, "v7").await.status, 200);
+    m.put("/doc", 7, "again").await.assert_refused(409, "stale_token");
+    let fence = common::raw_request(admin, "GET /fences/doc HTTP/1.1\r\nHost: a\r\nConnection: close", "").await;
+    assert_eq!((fence.status, &fence.json()["max_seen"]), (200, &serde_json::json!(7)), "{fence:?}");
+    let metrics = common::raw_request(admin, "GET /metrics HTTP/1.1\r\nHost: a\r\nConnection: close", "").await;
+    let text = String::from_utf8_lossy(&metrics.body).into_owned();
+    let counted = |needle: &str| text.lines().any(|l| l.contains(needle) && !l.ends_with(" 0"));
+    assert!(counted("outcome=\"stale_token\""), "the refusal is counted:\n{text}");
+    assert!(counted("method=\"PUT\",outcome=\"forwarded\""), "the forwarded write is counted:\n{text}");
+    // A reload applies to the next exchange.
+    let mut config = m.h.config.clone();
+    config.fence.equal_token = EqualToken::Accept;
+    m.h.proxy.reload(config).unwrap();
+    assert_eq!(m.put("/doc", 7, "equal").await.status, 200, "an equal token passes after the reload");
+    assert_eq!(m.h.applied_tokens("/doc"), [7, 7]);
 }
