@@ -243,3 +243,24 @@ async fn metrics_the_admin_api_and_reloads_work_as_in_proxy_mode() {
     assert_eq!(m.put("/doc", 7, "equal").await.status, 200, "an equal token passes after the reload");
     assert_eq!(m.h.applied_tokens("/doc"), [7, 7]);
 }
+
+/// In S3 mode the processor sets nothing on a request (a signature covers its bytes) and
+/// refuses in S3's XML; what it cannot hold for its turn is refused, not passed.
+#[tokio::test]
+async fn in_s3_mode_the_path_is_left_alone_refusals_are_xml_and_deleteobjects_is_refused() {
+    let options = EnvoyOptions::default();
+    let Some(m) = Mesh::start_with(options, |c| c.backend.protocol = fencegate::config::BackendProtocol::S3).await
+    else {
+        return;
+    };
+    assert_eq!(m.put("/bucket/a//b", 5, "x").await.status, 200);
+    let paths: Vec<String> = m.h.backend.applied().iter().map(|r| r.path.clone()).collect();
+    assert_eq!(paths, ["/bucket/a//b"], "the key as sent, not a canonical path");
+    let stale = m.put("/bucket/a//b", 4, "old").await;
+    let body = String::from_utf8_lossy(&stale.body).into_owned();
+    assert_eq!((stale.status, body.contains("<Code>StaleToken</Code>")), (409, true), "{body}");
+    let delete = m.send("POST", "/bucket?delete", &[("fencing-token", "9")], "<Delete></Delete>").await;
+    let body = String::from_utf8_lossy(&delete.body).into_owned();
+    assert_eq!((delete.status, body.contains("<Code>NotImplemented</Code>")), (501, true), "{body}");
+    assert_eq!(m.h.backend.applied().len(), 1, "nothing else reached the backend");
+}
