@@ -21,6 +21,8 @@ impl Handler for Processing {
     type Client = Peer;
     type Body = GrpcBody;
 
+    const BUSY_UNTIL_BODY_ENDS: bool = true;
+
     fn client(&self, remote: Remote) -> Peer {
         match remote {
             Remote::Tcp(addr) => Peer::new(addr),

@@ -210,8 +210,8 @@ async fn respond<H: Handler>(
 ) -> Result<hyper::Response<ActiveBody<H::Body>>, Infallible> {
     let resp = handler.handle(req, client).await;
     let activity = Arc::clone(&busy.0);
-    drop(busy);
-    Ok(resp.map(|body| ActiveBody { body, activity, bytes_out }))
+    let busy = H::BUSY_UNTIL_BODY_ENDS.then_some(busy);
+    Ok(resp.map(|body| ActiveBody { body, activity, bytes_out, _busy: busy }))
 }
 
 impl Drop for Busy {
@@ -287,6 +287,9 @@ struct ActiveBody<B> {
     body: B,
     activity: Arc<Activity>,
     bytes_out: Option<Counter>,
+    /// The request's mark as being handled, kept until the body ends where the handler asks
+    /// for it ([`Handler::BUSY_UNTIL_BODY_ENDS`]).
+    _busy: Option<Busy>,
 }
 
 impl<B: Body<Data = Bytes> + Unpin> Body for ActiveBody<B> {

@@ -35,6 +35,12 @@ pub(crate) trait Handler: Clone + Send + Sync + 'static {
     /// Answers one request; takes its own clones, so that what it returns borrows nothing.
     fn handle(self, req: Request<Incoming>, client: Self::Client) -> impl Future<Output = Response<Self::Body>> + Send;
 
+    /// Whether a request counts as being handled until its response body ends, not only until
+    /// its response head is made: for the external processor, whose one response is a stream
+    /// that stays open while a write holds its turn, so that the keep-alive watchdog never
+    /// closes a connection under an exchange.
+    const BUSY_UNTIL_BODY_ENDS: bool = false;
+
     /// Counts the response body bytes its clients take, if it counts them.
     fn bytes_out(&self) -> Option<&Counter> {
         None

@@ -264,3 +264,15 @@ async fn in_s3_mode_the_path_is_left_alone_refusals_are_xml_and_deleteobjects_is
     assert_eq!((delete.status, body.contains("<Code>NotImplemented</Code>")), (501, true), "{body}");
     assert_eq!(m.h.backend.applied().len(), 1, "nothing else reached the backend");
 }
+
+/// An exchange outlasting `limits.keepalive_timeout` (a slow backend) keeps its connection:
+/// the watchdog closes only connections that do nothing, and one under an open stream does.
+#[tokio::test]
+async fn a_write_held_longer_than_the_keepalive_timeout_keeps_its_stream() {
+    let tweak = |c: &mut fencegate::Config| c.limits.keepalive_timeout = Duration::from_millis(300);
+    let Some(m) = Mesh::start_with(EnvoyOptions::default(), tweak).await else { return };
+    let r = m.send("PUT", "/slow", &[("fencing-token", "3"), (common::DELAY_HEADER, "1500")], "v").await;
+    assert_eq!((r.status, r.fencegate_error()), (200, None), "{r:?}");
+    assert_eq!(m.put("/slow", 4, "next").await.status, 200, "nothing was quarantined");
+    assert_eq!(m.h.applied_tokens("/slow"), [3, 4]);
+}
