@@ -276,3 +276,27 @@ async fn a_write_held_longer_than_the_keepalive_timeout_keeps_its_stream() {
     assert_eq!(m.put("/slow", 4, "next").await.status, 200, "nothing was quarantined");
     assert_eq!(m.h.applied_tokens("/slow"), [3, 4]);
 }
+
+/// A write whose client leaves while it waits for its turn stops waiting, as through the
+/// proxy: it never advances, so its token is not used up.
+#[tokio::test]
+async fn a_write_whose_client_leaves_while_it_waits_uses_no_token() {
+    let Some(m) = Mesh::start().await else { return };
+    let m = Arc::new(m);
+    let slow = {
+        let m = Arc::clone(&m);
+        tokio::spawn(
+            async move { m.send("PUT", "/q", &[("fencing-token", "10"), (common::DELAY_HEADER, "800")], "").await },
+        )
+    };
+    common::poll_until("the slow write holds the turn", || m.h.proxy.queue_len("/q") == 1).await;
+    let mut waiting = common::RawConn::open(m.envoy.addr).await;
+    waiting.send(b"PUT /q HTTP/1.1\r\nHost: x\r\nFencing-Token: 20\r\nContent-Length: 1\r\n\r\nw").await;
+    common::poll_until("the second write waits", || m.h.proxy.queue_len("/q") == 2).await;
+    drop(waiting);
+    common::poll_until("the abandoned write stops waiting", || m.h.proxy.queue_len("/q") == 1).await;
+    assert_eq!(slow.await.unwrap().status, 200);
+    assert_eq!(m.h.proxy.max_seen("/q"), Some(10), "the abandoned write advanced nothing");
+    assert_eq!(m.put("/q", 20, "again").await.status, 200, "its token is still good");
+    assert_eq!(m.h.applied_tokens("/q"), [10, 20]);
+}

@@ -26,6 +26,9 @@ use crate::state::{Settings, State};
 use crate::store::{Permit, Role, StoreError};
 use crate::upstream::{Peer, UpstreamError};
 
+/// Why a write was not let go: Envoy closed its stream first.
+const GONE: &str = "Envoy's stream ended before the write was let go";
+
 /// Where fencegate's answers to Envoy go.
 type Out = Sender<Result<ProcessingResponse, Status>>;
 
@@ -206,7 +209,13 @@ async fn fence(
     let fence = &settings.config.fence;
     let (queue_timeout, quarantine) = (fence.queue_timeout, fence.quarantine);
     let waiting = Instant::now();
-    let turn = state.fence.acquire(touches, queue_timeout).await;
+    // A write whose stream Envoy closed (its client left, its message timed out) stops waiting,
+    // as a proxied write whose client left does: it never gets the turn, so its token is not
+    // used up.
+    let turn = tokio::select! {
+        turn = state.fence.acquire(touches, queue_timeout) => turn,
+        () = out.closed() => return Err(UpstreamError::Unreachable(GONE.into()).into()),
+    };
     state.metrics.queue_wait.observe(waiting.elapsed().as_secs_f64());
     let turn = turn?;
     let held = Held {
@@ -223,6 +232,10 @@ async fn fence(
         // The proof's authoritative look, now that the turn has come.
         let state = &held.state;
         proven.check(proven.first.as_slice(), &state.settings.get().hmac, &state.locks.load())?;
+        // Before the advance: a write nobody waits for any more does not use its token up.
+        if held.out.is_closed() {
+            return Err(UpstreamError::Unreachable(GONE.into()).into());
+        }
         Ok::<_, Refusal>(held.let_go(permit))
     };
     let (status, inbound) = turn.finish_after(token, policy, quarantine, prepare, outcome).await?;
@@ -254,7 +267,7 @@ impl Held {
     async fn let_go(self, permit: Option<Permit>) -> Result<Answered, Refusal> {
         let Held { state, protocol, set, ends, body_limit, timeout, mut inbound, out } = self;
         let _flying = InFlight::new(&state.metrics);
-        let gone = || UpstreamError::Unreachable("Envoy's stream ended before the write was let go".into());
+        let gone = || UpstreamError::Unreachable(GONE.into());
         out.send(Ok(wire::continue_head(set, None))).await.map_err(|_| gone())?;
         let started = Instant::now();
         let deadline = tokio::time::Instant::now() + timeout;
