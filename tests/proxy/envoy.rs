@@ -300,3 +300,49 @@ async fn a_write_whose_client_leaves_while_it_waits_uses_no_token() {
     assert_eq!(m.put("/q", 20, "again").await.status, 200, "its token is still good");
     assert_eq!(m.h.applied_tokens("/q"), [10, 20]);
 }
+
+/// Against nginx's WebDAV: a stale MOVE or COPY never replaces its destination, however it is
+/// spelled, and a fresh one lands on the canonical destination that was fenced.
+#[tokio::test]
+async fn a_webdav_move_reaches_nginx_at_the_destination_that_was_fenced() {
+    let Some(nginx) = common::nginx::start_nginx().await else { return };
+    let h = Harness::start_with(|c| {
+        c.server.mode = ServerMode::ExtProc;
+        c.backend.url = format!("http://{}", nginx.addr).parse().unwrap();
+    })
+    .await;
+    let Some(envoy) = Envoy::start(h.addr, nginx.addr, &EnvoyOptions::default()).await else { return };
+    let m = Mesh { h, envoy };
+    let file = |path: &str| std::fs::read_to_string(nginx.root.join(path)).ok();
+    assert_eq!(m.put("/acct", 1000, "precious").await.status, 201);
+    assert_eq!(m.put("/scratch0", 10, "junk").await.status, 201);
+    for method in ["MOVE", "COPY"] {
+        for destination in ["/acct", "/%61cct", "//acct", "/x/../acct"] {
+            let r = m.send(method, "/scratch0", &[("fencing-token", "500"), ("destination", destination)], "").await;
+            r.assert_refused(409, "stale_token");
+        }
+    }
+    assert_eq!((file("acct").as_deref(), file("scratch0").as_deref()), (Some("precious"), Some("junk")));
+    let r = m.send("MOVE", "/scratch0", &[("fencing-token", "2000"), ("destination", "/%61cct")], "").await;
+    assert!(r.status == 201 || r.status == 204, "{r:?}");
+    assert_eq!((file("acct").as_deref(), file("scratch0")), (Some("junk"), None), "moved to the canonical /acct");
+    m.put("/acct", 1500, "late").await.assert_refused(409, "stale_token");
+}
+
+/// A backend that resets the connection under a write: Envoy answers `503` itself, the
+/// outcome is unknown, and the resource is quarantined.
+#[tokio::test]
+async fn a_write_whose_backend_connection_resets_quarantines_its_resource() {
+    let stub = common::backend::StubBackend::start(common::backend::Reply::Close).await;
+    let h = Harness::start_with(|c| {
+        c.server.mode = ServerMode::ExtProc;
+        c.backend.url = format!("http://{}", stub.addr()).parse().unwrap();
+    })
+    .await;
+    let Some(envoy) = Envoy::start(h.addr, stub.addr(), &EnvoyOptions::default()).await else { return };
+    let m = Mesh { h, envoy };
+    let r = m.put("/r", 5, "v").await;
+    assert_eq!((r.status, r.fencegate_error()), (503, None), "Envoy's own answer: {r:?}");
+    m.put("/r", 6, "next").await.assert_refused(503, "resource_quarantined");
+    assert_eq!(stub.requests().len(), 1, "the second write never reached the backend");
+}
