@@ -10,7 +10,7 @@ use http::Method;
 use yaml_rust2::{Yaml, YamlLoader};
 
 use super::Error;
-use crate::config::Config;
+use crate::config::{BackendProtocol, Config};
 
 /// The filter's name, which per-route settings are keyed by.
 const FILTER: &str = "envoy.filters.http.ext_proc";
@@ -133,6 +133,15 @@ impl EnvoyCheck {
                 "{at}: response_attributes lacks {CODE_DETAILS}: every 502, 503 and 504 is taken for Envoy's own, and \
                  quarantines"
             ));
+        }
+        if p["allow_mode_override"].as_bool() != Some(true) {
+            let why = "fencegate cannot ask for a DeleteObjects body or a multipart upload's answer whole";
+            match config.backend.protocol {
+                BackendProtocol::S3 => self.refusals.push(format!("{at}: allow_mode_override is not true: {why}")),
+                BackendProtocol::Http => self.warnings.push(format!(
+                    "{at}: allow_mode_override is not true: Envoy sends every message of an unfenced request"
+                )),
+            }
         }
         if p["allow_content_length_header"].as_bool() != Some(true) {
             self.warnings.push(format!(

@@ -1,4 +1,5 @@
 use super::*;
+use crate::config::BackendProtocol;
 
 /// The Envoy bootstrap docs/envoy.md shows, which the tests run Envoy on.
 const SHIPPED: &str = include_str!("../../deploy/envoy/envoy.yaml");
@@ -97,6 +98,17 @@ fn what_only_costs_quarantines_or_chunked_bodies_is_a_warning() {
     assert!(check.warnings.iter().any(|w| w.contains("response.code_details")), "{check:?}");
     let check = checked(&changed("allow_content_length_header: true", ""));
     assert!(check.warnings.iter().any(|w| w.contains("allow_content_length_header")), "{check:?}");
+    let check = checked(&changed("allow_mode_override: true", ""));
+    assert!(check.refusals.is_empty() && check.warnings.iter().any(|w| w.contains("allow_mode_override")), "{check:?}");
+}
+
+#[test]
+fn in_s3_mode_the_mode_override_is_required() {
+    let mut s3 = config();
+    s3.backend.protocol = BackendProtocol::S3;
+    let check = check_envoy(&s3, &changed("allow_mode_override: true", "")).unwrap();
+    assert!(check.refusals.iter().any(|r| r.contains("allow_mode_override")), "{check:?}");
+    assert_eq!(check_envoy(&s3, SHIPPED).unwrap(), EnvoyCheck::default());
 }
 
 #[test]

@@ -151,8 +151,8 @@ pub enum Refusal {
     /// A request that cannot be understood or served as asked.
     #[error("invalid request: {0}")]
     BadRequest(String),
-    /// A write fencegate cannot fence where it runs (Envoy's external processor cannot hold a
-    /// request whose resources are named in its body): refused, never passed unfenced.
+    /// A write fencegate cannot fence where it runs (Envoy's external processor, when Envoy
+    /// streams a body that names the request's resources): refused, never passed unfenced.
     #[error("{0}")]
     NotImplemented(String),
     /// The fence refused the write (stale token, busy or quarantined resource).

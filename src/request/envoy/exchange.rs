@@ -15,7 +15,7 @@ use tokio::sync::mpsc::Sender;
 use tonic::{Status, Streaming};
 
 use super::wire::{self, Head};
-use crate::fence::Policy;
+use crate::fence::{BindError, Policy};
 use crate::refusal::{ERROR_HEADER, Refusal, throttle};
 use crate::request::InFlight;
 use crate::request::classify::{Plan, UploadStep, Write};
@@ -109,28 +109,37 @@ async fn decide(
     protocol: Chosen,
     client: &Peer,
     head: Head,
-    inbound: Streaming<ProcessingRequest>,
+    mut inbound: Streaming<ProcessingRequest>,
     out: &Out,
 ) -> Result<Ended, Refusal> {
-    let plan = protocol.classify(&head.classified(), &settings.config)?;
+    let mut plan = protocol.classify(&head.classified(), &settings.config)?;
+    let mut release = Release::Head;
+    if let Plan::ReadBody { limit } = plan {
+        // The request names its resources in its body: Envoy is asked for all of it in one
+        // message, and holds the request until that message is answered.
+        let body = match head.ends {
+            true => Vec::new(),
+            false => {
+                release = Release::Body;
+                out.send(Ok(wire::continue_head(Vec::new(), Some(wire::whole_body())))).await.map_err(|_| gone())?;
+                whole_body(&mut inbound, limit).await?
+            }
+        };
+        plan = protocol.classify_read(&head.classified(), &body, &settings.config)?;
+    }
     let guess = Guess::of(&plan, &head.request, client, settings, state);
     if let Some(guess) = &guess {
         guess.admit(state)?;
     }
     let sent = head.request.uri().path_and_query().map_or("/", |pq| pq.as_str());
     let result = match plan {
-        Plan::Pass { .. } => pass(Vec::new(), inbound, out).await,
+        Plan::Pass { .. } => pass(release, Vec::new(), inbound, out).await,
         // Forwarded as the proxy forwards a write, at the target it would send, unchecked.
-        Plan::Unchecked { target, .. } => pass(set_target(sent, target.as_str()), inbound, out).await,
-        Plan::ReadBody { .. } => Err(Refusal::NotImplemented(format!(
-            "{} {} names its resources in its body, which Envoy's external processor cannot read before it \
-             must decide; send it to fencegate as a proxy",
-            head.request.method(),
-            head.request.uri().path()
-        ))),
+        Plan::Unchecked { target, .. } => pass(release, set_target(sent, target.as_str()), inbound, out).await,
+        Plan::ReadBody { .. } => Err(Refusal::BadRequest("the body was read already".into())),
         Plan::Write(write) => {
             let set = set_target(sent, write.target.as_str());
-            fence(state, settings, head, write, set, inbound, out).await
+            fence(state, settings, head.ends, release, write, set, inbound, out).await
         }
     };
     if let (Some(guess), Err(refusal)) = (&guess, &result) {
@@ -144,12 +153,47 @@ fn set_target(sent: &str, target: &str) -> Vec<(String, Vec<u8>)> {
     if sent == target { Vec::new() } else { vec![(":path".to_owned(), target.as_bytes().to_vec())] }
 }
 
-/// Lets an unfenced request go, asking Envoy for nothing more of it.
-async fn pass(set: Vec<(String, Vec<u8>)>, inbound: Streaming<ProcessingRequest>, out: &Out) -> Result<Ended, Refusal> {
-    if out.send(Ok(wire::continue_head(set, Some(wire::nothing_more())))).await.is_ok() {
+/// Lets an unfenced request go from where Envoy holds it, asking for nothing more of it.
+async fn pass(
+    release: Release,
+    set: Vec<(String, Vec<u8>)>,
+    inbound: Streaming<ProcessingRequest>,
+    out: &Out,
+) -> Result<Ended, Refusal> {
+    let answer = match release {
+        Release::Head => wire::continue_head(set, Some(wire::nothing_more())),
+        Release::Body => wire::continue_body(),
+    };
+    if out.send(Ok(answer)).await.is_ok() {
         pass_on(inbound, out).await;
     }
     Ok(Ended::Passed)
+}
+
+/// Where Envoy holds a request until fencegate answers: at its head, or (for one that names
+/// its resources in its body) at its whole body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Release {
+    Head,
+    Body,
+}
+
+/// The whole body Envoy was asked for, at most `limit` bytes, in the one message a buffered
+/// body comes in.
+async fn whole_body(inbound: &mut Streaming<ProcessingRequest>, limit: usize) -> Result<Vec<u8>, Refusal> {
+    let message = inbound.message().await.map_err(|e| failed(format!("Envoy's stream failed: {e}")))?;
+    match message.and_then(|m| m.request) {
+        Some(Asked::RequestBody(body)) if body.end_of_stream => match body.body.len() > limit {
+            true => Err(Refusal::BodyTooLarge { limit: limit as u64 }),
+            false => Ok(body.body),
+        },
+        Some(Asked::RequestBody(_)) => Err(Refusal::NotImplemented(
+            "a request that names its resources in its body needs the whole body at once: set \
+             allow_mode_override: true on Envoy's ext_proc filter"
+                .into(),
+        )),
+        _ => Err(failed("Envoy's stream ended before the request's body came".into())),
+    }
 }
 
 /// Answers whatever else Envoy sends with "go on", until it ends the stream.
@@ -164,10 +208,12 @@ async fn pass_on(mut inbound: Streaming<ProcessingRequest>, out: &Out) {
 
 /// A fenced write: its checks before the turn, then the turn, in which the head is let go once
 /// the advance is durable, and which is held until the backend answered the whole request.
+#[allow(clippy::too_many_arguments)]
 async fn fence(
     state: &Arc<State>,
     settings: &Arc<Settings>,
-    head: Head,
+    ends: bool,
+    release: Release,
     write: Write,
     set: Vec<(String, Vec<u8>)>,
     inbound: Streaming<ProcessingRequest>,
@@ -189,21 +235,20 @@ async fn fence(
     let proven = prove(state, settings, token, proof, locks, &touches)?;
     let mut set = set;
     set.extend(set_headers.iter().map(|(name, value)| (name.as_str().to_owned(), value.as_bytes().to_vec())));
-    match upload.map(|step| *step) {
-        None => {}
+    let answered = match upload.map(|step| *step) {
+        None => None,
         // A part changes no object, only its upload, which the token was bound to.
         Some(UploadStep::Part { object, id }) => {
             state.fence.check_upload(&object, &id, token)?;
             state.fence.precheck(&touches, token, Policy { equal, max_jump, pinned: false })?;
-            return pass(set, inbound, out).await;
+            return pass(release, set, inbound, out).await;
         }
-        Some(UploadStep::Create { object } | UploadStep::End { object, .. }) => {
-            return Err(Refusal::NotImplemented(format!(
-                "a multipart upload of {object} is bound to its token from the backend's answer body, which \
-                 Envoy's external processor does not read; send uploads to fencegate as a proxy"
-            )));
+        Some(UploadStep::End { object, id }) => {
+            state.fence.check_upload(&object, &id, token)?;
+            Some(AnswerBody::Ends { object, id })
         }
-    }
+        Some(UploadStep::Create { object }) => Some(AnswerBody::Binds { object }),
+    };
     let policy = Policy { equal, max_jump, pinned: false };
     state.fence.precheck(&touches, token, policy)?;
     let fence = &settings.config.fence;
@@ -214,15 +259,19 @@ async fn fence(
     // used up.
     let turn = tokio::select! {
         turn = state.fence.acquire(touches, queue_timeout) => turn,
-        () = out.closed() => return Err(UpstreamError::Unreachable(GONE.into()).into()),
+        () = out.closed() => return Err(gone()),
     };
     state.metrics.queue_wait.observe(waiting.elapsed().as_secs_f64());
     let turn = turn?;
     let held = Held {
         state: Arc::clone(state),
+        settings: Arc::clone(settings),
         protocol: protocol::for_backend(&settings.config.backend),
+        token,
+        release,
+        answered,
         set,
-        ends: head.ends,
+        ends,
         body_limit,
         timeout: settings.config.backend.request_timeout,
         inbound,
@@ -234,7 +283,7 @@ async fn fence(
         proven.check(proven.first.as_slice(), &state.settings.get().hmac, &state.locks.load())?;
         // Before the advance: a write nobody waits for any more does not use its token up.
         if held.out.is_closed() {
-            return Err(UpstreamError::Unreachable(GONE.into()).into());
+            return Err(gone());
         }
         Ok::<_, Refusal>(held.let_go(permit))
     };
@@ -246,7 +295,13 @@ async fn fence(
 /// What a write's turn holds once it is the write's.
 struct Held {
     state: Arc<State>,
+    settings: Arc<Settings>,
     protocol: Chosen,
+    token: u64,
+    /// Where Envoy holds the request.
+    release: Release,
+    /// What the backend's answer body is read for, when the write needs it.
+    answered: Option<AnswerBody>,
     /// Headers set on the request's head as it goes on.
     set: Vec<(String, Vec<u8>)>,
     /// Whether the request ends with its head.
@@ -258,6 +313,17 @@ struct Held {
     out: Out,
 }
 
+/// What a write of a multipart upload reads in the backend's answer body, under its turn, as
+/// the proxy does: S3 names a created upload's id there, and a completion's result.
+enum AnswerBody {
+    /// The upload of `object` the answer creates is bound to the write's token before the
+    /// client hears of it.
+    Binds { object: String },
+    /// Upload `id` of `object` ended, unless the answer says it failed late: its binding is
+    /// dropped.
+    Ends { object: String, id: String },
+}
+
 /// The backend's answer to a write: its status, and the stream, for what Envoy still sends.
 type Answered = (u16, Streaming<ProcessingRequest>);
 
@@ -265,13 +331,31 @@ impl Held {
     /// Lets the head go, then each body chunk while `permit` holds, until the request has been
     /// let go whole and Envoy reports the backend's answer.
     async fn let_go(self, permit: Option<Permit>) -> Result<Answered, Refusal> {
-        let Held { state, protocol, set, ends, body_limit, timeout, mut inbound, out } = self;
+        let Held {
+            state,
+            settings,
+            protocol,
+            token,
+            release,
+            mut answered,
+            set,
+            ends,
+            body_limit,
+            timeout,
+            mut inbound,
+            out,
+        } = self;
         let _flying = InFlight::new(&state.metrics);
-        let gone = || UpstreamError::Unreachable(GONE.into());
-        out.send(Ok(wire::continue_head(set, None))).await.map_err(|_| gone())?;
+        let let_go = match release {
+            Release::Head => wire::continue_head(set, None),
+            Release::Body => wire::continue_body(),
+        };
+        out.send(Ok(let_go)).await.map_err(|_| gone())?;
         let started = Instant::now();
         let deadline = tokio::time::Instant::now() + timeout;
-        let (mut whole, mut answer, mut sent) = (ends, None, 0u64);
+        let (mut whole, mut answer, mut sent) = (ends || release == Release::Body, None, 0u64);
+        // Set while the answer's body is awaited (a multipart upload's), with what it is for.
+        let mut reading: Option<AnswerBody> = None;
         loop {
             let message = match tokio::time::timeout_at(deadline, inbound.message()).await {
                 Err(_) => return Err(UpstreamError::Timeout(timeout).into()),
@@ -303,13 +387,29 @@ impl Held {
                 }
                 Some(Asked::RequestTrailers(_)) => whole = true,
                 Some(Asked::ResponseHeaders(headers)) => {
-                    answer = Some(wire::answer_of(headers, &message));
+                    let (status, details) = wire::answer_of(headers, &message);
                     state.metrics.backend_latency.observe(started.elapsed().as_secs_f64());
-                    out.send(Ok(wire::continue_answer(ERROR_HEADER))).await.map_err(|_| gone())?;
-                    if whole {
+                    // Only a success names the upload or ends it.
+                    reading = answered.take().filter(|_| (200..300).contains(&status));
+                    answer = Some((status, details));
+                    let mode = reading.is_some().then(wire::answer_body);
+                    out.send(Ok(wire::continue_answer(ERROR_HEADER, mode))).await.map_err(|_| gone())?;
+                    if whole && reading.is_none() {
                         break;
                     }
                     continue;
+                }
+                Some(Asked::ResponseBody(body)) if reading.is_some() => {
+                    if !body.end_of_stream {
+                        return Err(failed(
+                            "Envoy streamed the answer to a multipart upload's write: set allow_mode_override: true \
+                             on its ext_proc filter"
+                                .to_owned(),
+                        ));
+                    }
+                    if let Some(read) = reading.take() {
+                        read.read(&state, &settings, protocol, token, &body.body).await?;
+                    }
                 }
                 Some(Asked::RequestHeaders(_)) => return Err(failed("Envoy sent a second request head".to_owned())),
                 Some(Asked::ResponseBody(_) | Asked::ResponseTrailers(_)) | None => {}
@@ -317,7 +417,7 @@ impl Held {
             if let Some(answer) = wire::continue_any(&message) {
                 out.send(Ok(answer)).await.map_err(|_| gone())?;
             }
-            if whole && answer.is_some() {
+            if whole && answer.is_some() && reading.is_none() {
                 break;
             }
         }
@@ -334,6 +434,47 @@ impl Held {
             None => Ok((status, inbound)),
         }
     }
+}
+
+impl AnswerBody {
+    /// Reads the backend's whole answer `body` to a multipart upload's write, under its turn.
+    async fn read(
+        self,
+        state: &State,
+        settings: &Settings,
+        protocol: Chosen,
+        token: u64,
+        body: &[u8],
+    ) -> Result<(), Refusal> {
+        match self {
+            AnswerBody::Binds { object } => {
+                let Some(id) = protocol.upload_id(body) else {
+                    return Err(failed(format!(
+                        "the backend created a multipart upload of {object}, but its answer names no upload id; the \
+                         upload cannot be used"
+                    )));
+                };
+                let (s3, scopes) = (&settings.config.s3, &settings.config.fence.scopes);
+                state.fence.bind_upload(&object, &id, token, s3.max_uploads, scopes).await.map_err(|e| match e {
+                    BindError::Fence(e) => Refusal::Fence(e),
+                    BindError::Store(e) => Refusal::Store(e),
+                })
+            }
+            AnswerBody::Ends { object, id } => {
+                if !protocol.failed_late(body)
+                    && let Err(e) = state.fence.drop_upload(&object, &id).await
+                {
+                    // Left behind, the binding names an upload the server has ended.
+                    tracing::warn!(object, upload = id, error = %e, "could not drop an ended upload's binding");
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+fn gone() -> Refusal {
+    UpstreamError::Unreachable(GONE.into()).into()
 }
 
 fn failed(why: String) -> Refusal {

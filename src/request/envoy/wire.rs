@@ -128,11 +128,16 @@ pub(super) fn continue_head(set: Vec<(String, Vec<u8>)>, mode: Option<Processing
 }
 
 /// Lets the backend's answer head go on to the client, without any header that would have it
-/// speak for fencegate.
-pub(super) fn continue_answer(error_header: &str) -> ProcessingResponse {
+/// speak for fencegate, and with `mode` asked for the rest of the exchange.
+pub(super) fn continue_answer(error_header: &str, mode: Option<ProcessingMode>) -> ProcessingResponse {
     let header_mutation = HeaderMutation { set_headers: Vec::new(), remove_headers: vec![error_header.to_owned()] };
     let response = CommonResponse { header_mutation: Some(header_mutation), ..Default::default() };
-    respond(Answer::ResponseHeaders(HeadersResponse { response: Some(response) }), None)
+    respond(Answer::ResponseHeaders(HeadersResponse { response: Some(response) }), mode)
+}
+
+/// Lets a request's body, which Envoy holds whole, go on unchanged.
+pub(super) fn continue_body() -> ProcessingResponse {
+    respond(Answer::RequestBody(BodyResponse { response: Some(CommonResponse::default()) }), None)
 }
 
 /// Lets whatever `request` carries go on unchanged.
@@ -152,11 +157,27 @@ pub(super) fn continue_any(request: &ProcessingRequest) -> Option<ProcessingResp
 
 /// The rest of an exchange that needs nothing more of fencegate: no body, no answer.
 pub(super) fn nothing_more() -> ProcessingMode {
+    mode(HeaderSendMode::Skip, BodySendMode::None, BodySendMode::None)
+}
+
+/// The rest of an exchange whose request names its resources in its body: the body whole, in
+/// one message, held until it is answered; then the answer's head.
+pub(super) fn whole_body() -> ProcessingMode {
+    mode(HeaderSendMode::Send, BodySendMode::Buffered, BodySendMode::None)
+}
+
+/// The rest of an exchange whose answer's body is read (a multipart upload's): that body whole,
+/// held until it is answered.
+pub(super) fn answer_body() -> ProcessingMode {
+    mode(HeaderSendMode::Send, BodySendMode::Streamed, BodySendMode::Buffered)
+}
+
+fn mode(answer: HeaderSendMode, request_body: BodySendMode, answer_body: BodySendMode) -> ProcessingMode {
     ProcessingMode {
         request_header_mode: HeaderSendMode::Send as i32,
-        response_header_mode: HeaderSendMode::Skip as i32,
-        request_body_mode: BodySendMode::None as i32,
-        response_body_mode: BodySendMode::None as i32,
+        response_header_mode: answer as i32,
+        request_body_mode: request_body as i32,
+        response_body_mode: answer_body as i32,
         request_trailer_mode: HeaderSendMode::Skip as i32,
         response_trailer_mode: HeaderSendMode::Skip as i32,
     }

@@ -131,13 +131,20 @@ pub struct S3Proxy {
 impl S3Proxy {
     /// fencegate in front of `backend`, with `extra` TOML appended to its config.
     pub async fn start(backend: &str, extra: &str) -> S3Proxy {
+        S3Proxy::start_as(backend, extra, fencegate::config::ServerMode::Proxy).await
+    }
+
+    /// Like [`S3Proxy::start`], serving `mode`: with `ServerMode::ExtProc`, Envoy's external
+    /// processor for an Envoy in front of `backend`.
+    pub async fn start_as(backend: &str, extra: &str, mode: fencegate::config::ServerMode) -> S3Proxy {
         let dir = tempfile::tempdir().unwrap();
         let text = format!(
             "[server]\nlisten = \"127.0.0.1:0\"\n[backend]\nurl = \"{backend}\"\nprotocol = \"s3\"\n\
              [store]\ndir = {:?}\n{extra}\n",
             dir.path().join("data").display().to_string()
         );
-        let config = Config::from_toml_str(&text).unwrap();
+        let mut config = Config::from_toml_str(&text).unwrap();
+        config.server.mode = mode;
         fencegate::app::init_data_dir(&config.store.dir, 0).unwrap();
         let proxy = super::open_proxy(config.clone()).await;
         let mut started =
