@@ -175,6 +175,18 @@ impl EnvoyCheck {
             };
             self.refusals.push(format!("{at}: skips {FILTER} but may carry {what}: those writes would pass unfenced"));
         }
+        if skipped && !carries_writes {
+            let open: Vec<&str> =
+                METHOD_OVERRIDES.into_iter().filter(|name| !excludes_header(&route["match"], name)).collect();
+            if !open.is_empty() {
+                self.refusals.push(format!(
+                    "{at}: skips {FILTER} but matches reads that claim another method ({}): fencegate fences those \
+                     as the method they claim; add {{ name: <header>, present_match: true, invert_match: true }} \
+                     for each",
+                    open.join(", ")
+                ));
+            }
+        }
         if skipped || !carries_writes {
             return;
         }
@@ -220,6 +232,19 @@ fn methods_matched(m: &Yaml) -> Option<Vec<Method>> {
         .into_iter()
         .map(|n| n.bytes().all(|b| b.is_ascii_alphabetic()).then(|| Method::from_bytes(n.as_bytes()).ok()).flatten())
         .collect()
+}
+
+/// The headers by which a read claims another method, which fencegate fences as that method
+/// (`request::protocol::http`'s overrides).
+const METHOD_OVERRIDES: [&str; 3] = ["x-http-method-override", "x-http-method", "x-method-override"];
+
+/// Whether a route's `match` admits only requests without header `name`.
+fn excludes_header(m: &Yaml, name: &str) -> bool {
+    list(&m["headers"]).into_iter().any(|h| {
+        h["name"].as_str().is_some_and(|n| n.eq_ignore_ascii_case(name))
+            && h["present_match"].as_bool() == Some(true)
+            && h["invert_match"].as_bool() == Some(true)
+    })
 }
 
 /// Whether a `typed_config` is of the type whose name ends with `suffix`.

@@ -72,6 +72,10 @@ fn retries_hedges_and_mirrors_on_a_write_route_are_refused() {
 fn a_route_that_skips_the_processor_while_it_may_carry_writes_is_refused() {
     refused(&changed(r#"regex: "GET|HEAD""#, r#"regex: "GET|HEAD|PUT""#), "may carry PUT");
     refused(&changed(r#"regex: "GET|HEAD""#, r#"regex: "G.T""#), "may carry any method");
+    let line = "                  - { name: x-http-method, present_match: true, invert_match: true }\n";
+    let overridable = checked(&changed(line, ""));
+    let refusal = overridable.refusals.iter().find(|r| r.contains("claim another method")).expect("refused");
+    assert!(refusal.contains("(x-http-method)"), "{refusal}");
     let inverted = r#"name: ":method", invert_match: true,"#;
     refused(&changed(r#"name: ":method","#, inverted), "may carry any method");
     // A retry on the read route is harmless: the processor never sees those requests.

@@ -12,8 +12,9 @@ use envoy_types::pb::envoy::service::ext_proc::v3::processing_request::Request a
 use envoy_types::pb::envoy::service::ext_proc::v3::{ProcessingRequest, ProcessingResponse};
 use http::Method;
 use tokio::sync::mpsc::Sender;
-use tonic::{Status, Streaming};
+use tonic::Streaming;
 
+use super::Said;
 use super::wire::{self, Head};
 use crate::fence::{BindError, Policy};
 use crate::refusal::{ERROR_HEADER, Refusal, throttle};
@@ -30,7 +31,7 @@ use crate::upstream::{Peer, UpstreamError};
 const GONE: &str = "Envoy's stream ended before the write was let go";
 
 /// Where fencegate's answers to Envoy go.
-type Out = Sender<Result<ProcessingResponse, Status>>;
+type Out = Sender<Said>;
 
 /// How an exchange ended, as far as fencegate's own answer goes.
 enum Ended {
@@ -44,16 +45,15 @@ enum Ended {
 pub(super) async fn run(state: Arc<State>, client: Peer, mut inbound: Streaming<ProcessingRequest>, out: Out) {
     let started = Instant::now();
     let Ok(Some(first)) = inbound.message().await else { return };
-    let Some(Asked::RequestHeaders(headers)) = &first.request else {
-        // Envoy is configured not to send request heads: nothing here is fencegate's to decide.
-        if let Some(answer) = wire::continue_any(&first) {
-            let _ = out.send(Ok(answer)).await;
-        }
-        pass_on(inbound, &out).await;
-        return;
-    };
     let settings = state.settings.get();
     let protocol = protocol::for_backend(&settings.config.backend);
+    let Some(Asked::RequestHeaders(headers)) = &first.request else {
+        // Envoy was told (a processing mode for this route, say) not to send the request's
+        // head: nothing can be decided, so nothing goes on.
+        let why = "Envoy sent no request head to decide on: its ext_proc processing mode must send request heads";
+        refuse(&state, &settings, protocol, &Method::GET, "", &client, Refusal::NotImplemented(why.into()), &out).await;
+        return;
+    };
     let head = match Head::read(headers) {
         Ok(head) => head,
         Err(refusal) => {
@@ -71,15 +71,20 @@ pub(super) async fn run(state: Arc<State>, client: Peer, mut inbound: Streaming<
             }
         }
         Ok(Ended::Passed) => state.metrics.request(&method, "forwarded"),
-        // The request was let go to the backend: Envoy answers the client itself.
+        // The request was let go to the backend and its write abandoned: the exchange ends
+        // without saying it finished, so the stream ends with an error, and Envoy resets the
+        // backend's request and answers the client itself (see `super::Answers`).
         Err(refusal @ Refusal::Upstream(_)) => {
             state.metrics.request(&method, refusal.code());
             let interval = settings.config.log.refusal_interval;
             throttle::log(&state.refusals, interval, &refusal, &method, &path, &client);
+            state.metrics.request_latency.observe(started.elapsed().as_secs_f64());
+            return;
         }
         Err(refusal) => refuse(&state, &settings, protocol, &method, &path, &client, refusal, &out).await,
     }
     state.metrics.request_latency.observe(started.elapsed().as_secs_f64());
+    let _ = out.send(Said::Finished).await;
 }
 
 /// Answers Envoy with fencegate's own refusal, in the protocol's form, in place of the backend's.
@@ -99,7 +104,9 @@ async fn refuse(
     let withhold =
         refusal.names_a_level() && refusal.resource().is_some_and(|key| settings.config.fence.withholds(key));
     let answer = wire::immediate(protocol.refuse(&refusal, withhold), refusal.code()).await;
-    let _ = out.send(Ok(answer)).await;
+    if out.send(Said::Answer(answer)).await.is_ok() {
+        let _ = out.send(Said::Finished).await;
+    }
 }
 
 /// Carries out what the request's classification says.
@@ -121,7 +128,9 @@ async fn decide(
             true => Vec::new(),
             false => {
                 release = Release::Body;
-                out.send(Ok(wire::continue_head(Vec::new(), Some(wire::whole_body())))).await.map_err(|_| gone())?;
+                out.send(Said::Answer(wire::continue_head(Vec::new(), Some(wire::whole_body()))))
+                    .await
+                    .map_err(|_| gone())?;
                 whole_body(&mut inbound, limit).await?
             }
         };
@@ -164,7 +173,7 @@ async fn pass(
         Release::Head => wire::continue_head(set, Some(wire::nothing_more())),
         Release::Body => wire::continue_body(),
     };
-    if out.send(Ok(answer)).await.is_ok() {
+    if out.send(Said::Answer(answer)).await.is_ok() {
         pass_on(inbound, out).await;
     }
     Ok(Ended::Passed)
@@ -200,7 +209,7 @@ async fn whole_body(inbound: &mut Streaming<ProcessingRequest>, limit: usize) ->
 async fn pass_on(mut inbound: Streaming<ProcessingRequest>, out: &Out) {
     while let Ok(Some(message)) = inbound.message().await {
         let Some(answer) = wire::continue_any(&message) else { continue };
-        if out.send(Ok(answer)).await.is_err() {
+        if out.send(Said::Answer(answer)).await.is_err() {
             return;
         }
     }
@@ -346,13 +355,26 @@ impl Held {
             out,
         } = self;
         let _flying = InFlight::new(&state.metrics);
+        // The head goes with the mode the turn relies on (each chunk held, the answer's head
+        // reported), whatever Envoy's filter says for this route.
         let let_go = match release {
-            Release::Head => wire::continue_head(set, None),
+            Release::Head => wire::continue_head(set, Some(wire::write_mode())),
             Release::Body => wire::continue_body(),
         };
-        out.send(Ok(let_go)).await.map_err(|_| gone())?;
+        out.send(Said::Answer(let_go)).await.map_err(|_| gone())?;
         let started = Instant::now();
         let deadline = tokio::time::Instant::now() + timeout;
+        // Once the head is let go, an answer that cannot be given leaves the outcome unknown.
+        let say = |answer: ProcessingResponse| {
+            let out = &out;
+            async move {
+                match tokio::time::timeout_at(deadline, out.send(Said::Answer(answer))).await {
+                    Ok(Ok(())) => Ok(()),
+                    Ok(Err(_)) => Err(failed("Envoy's stream ended while the write was at the backend".to_owned())),
+                    Err(_) => Err(Refusal::from(UpstreamError::Timeout(timeout))),
+                }
+            }
+        };
         let (mut whole, mut answer, mut sent) = (ends || release == Release::Body, None, 0u64);
         // Set while the answer's body is awaited (a multipart upload's), with what it is for.
         let mut reading: Option<AnswerBody> = None;
@@ -372,14 +394,16 @@ impl Held {
                     sent += body.body.len() as u64;
                     if let Some(limit) = body_limit.filter(|&limit| sent > limit) {
                         let refusal = Refusal::BodyTooLarge { limit };
-                        let _ = out.send(Ok(too_late(protocol, &refusal).await)).await;
+                        let _ = out.send(Said::Answer(too_late(protocol, &refusal).await)).await;
                         return Err(UpstreamError::BodyTooLarge { limit }.into());
                     }
                     // The self-fence: a leader whose lease lapsed lets no more of the write go.
                     if permit.as_ref().is_some_and(|permit| !permit()) {
                         let why = "the shared fence's lease lapsed while the write was being sent".to_owned();
                         let _ = out
-                            .send(Ok(too_late(protocol, &Refusal::Store(StoreError::Unavailable(why.clone()))).await))
+                            .send(Said::Answer(
+                                too_late(protocol, &Refusal::Store(StoreError::Unavailable(why.clone()))).await,
+                            ))
                             .await;
                         return Err(failed(why));
                     }
@@ -393,7 +417,7 @@ impl Held {
                     reading = answered.take().filter(|_| (200..300).contains(&status));
                     answer = Some((status, details));
                     let mode = reading.is_some().then(wire::answer_body);
-                    out.send(Ok(wire::continue_answer(ERROR_HEADER, mode))).await.map_err(|_| gone())?;
+                    say(wire::continue_answer(ERROR_HEADER, mode)).await?;
                     if whole && reading.is_none() {
                         break;
                     }
@@ -415,7 +439,7 @@ impl Held {
                 Some(Asked::ResponseBody(_) | Asked::ResponseTrailers(_)) | None => {}
             }
             if let Some(answer) = wire::continue_any(&message) {
-                out.send(Ok(answer)).await.map_err(|_| gone())?;
+                say(answer).await?;
             }
             if whole && answer.is_some() && reading.is_none() {
                 break;

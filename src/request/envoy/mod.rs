@@ -10,7 +10,9 @@ mod wire;
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, ready};
 
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::{
     ExternalProcessor, ExternalProcessorServer,
@@ -20,7 +22,7 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use tokio::sync::mpsc;
 use tonic::codegen::Service as _;
-use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
+use tonic::codegen::tokio_stream::Stream;
 use tonic::{Status, Streaming};
 
 use crate::state::State;
@@ -43,9 +45,51 @@ struct Exchanges {
 /// Answers Envoy on one stream; a handful is enough, since Envoy waits for each answer.
 const ANSWERS_QUEUED: usize = 4;
 
+/// What an exchange says on its stream. Unboxed: at most a handful wait in the channel, and a
+/// box would cost every answer an allocation.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Said {
+    /// An answer to one of Envoy's messages.
+    Answer(ProcessingResponse),
+    /// The exchange is over: the stream may close cleanly.
+    Finished,
+}
+
+/// One exchange's answers as its gRPC stream sends them. An exchange that ends without saying
+/// it finished (one abandoned after its write was let go, a panic) ends the stream with an
+/// error status, never a clean close: Envoy takes a clean close for "nothing more to process"
+/// and would forward the rest of the request unchecked, while on an error (with
+/// `failure_mode_allow` off) it answers the client itself and resets the backend's request.
+struct Answers {
+    said: mpsc::Receiver<Said>,
+    ended: bool,
+}
+
+impl Stream for Answers {
+    type Item = Result<ProcessingResponse, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.ended {
+            return Poll::Ready(None);
+        }
+        let said = ready!(self.said.poll_recv(cx));
+        Poll::Ready(match said {
+            Some(Said::Answer(answer)) => Some(Ok(answer)),
+            Some(Said::Finished) => {
+                self.ended = true;
+                None
+            }
+            None => {
+                self.ended = true;
+                Some(Err(Status::aborted("fencegate abandoned the exchange: Envoy must not go on with it")))
+            }
+        })
+    }
+}
+
 #[tonic::async_trait]
 impl ExternalProcessor for Exchanges {
-    type ProcessStream = ReceiverStream<Result<ProcessingResponse, Status>>;
+    type ProcessStream = Answers;
 
     async fn process(
         &self,
@@ -56,7 +100,7 @@ impl ExternalProcessor for Exchanges {
         // A task of its own: the exchange runs to its end (a write's turn, its quarantine)
         // whatever becomes of the stream.
         tokio::spawn(exchange::run(Arc::clone(&self.state), client, request.into_inner(), out));
-        Ok(tonic::Response::new(ReceiverStream::new(answers)))
+        Ok(tonic::Response::new(Answers { said: answers, ended: false }))
     }
 }
 

@@ -160,6 +160,12 @@ pub(super) fn nothing_more() -> ProcessingMode {
     mode(HeaderSendMode::Skip, BodySendMode::None, BodySendMode::None)
 }
 
+/// The rest of a fenced write's exchange: each body chunk held until it is answered, then the
+/// answer's head.
+pub(super) fn write_mode() -> ProcessingMode {
+    mode(HeaderSendMode::Send, BodySendMode::Streamed, BodySendMode::None)
+}
+
 /// The rest of an exchange whose request names its resources in its body: the body whole, in
 /// one message, held until it is answered; then the answer's head.
 pub(super) fn whole_body() -> ProcessingMode {
