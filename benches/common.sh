@@ -1,5 +1,6 @@
-# Sourced by the benchmark scripts (load.sh, callgrind.sh, cluster.sh, mixed.sh, threads.sh,
-# timeline.sh): the pieces they share, all on loopback. After `source benches/common.sh NAME`:
+# Sourced by the benchmark scripts (load.sh, callgrind.sh, cluster.sh, envoy.sh, mixed.sh,
+# threads.sh, timeline.sh): the pieces they share, all on loopback. After
+# `source benches/common.sh NAME`:
 #   $ROOT $TARGET_DIR $NGINX   the repository, cargo's target directory, nginx's binary
 #   $SHM $DISK                 scratch directories on tmpfs (the backend's files) and on disk
 #                              (fencegate's data dirs), /dev/shm/fencegate-NAME.* and
