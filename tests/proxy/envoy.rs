@@ -437,3 +437,29 @@ async fn odd_targets_and_heads_are_decided_and_sent_as_the_proxy_does() {
     assert!(diffs.is_empty(), "{}", diffs.join("\n"));
     assert_eq!(seen(&p.backend), seen(&m.h.backend), "the backends received different requests");
 }
+
+/// A write forwarded unchecked (`fence.missing_token = "forward"`) is held to the body limit,
+/// as through the proxy: a longer body is cut off and never reaches the backend whole.
+#[tokio::test]
+async fn an_unchecked_write_is_held_to_the_body_limit() {
+    let tweak = |c: &mut fencegate::Config| {
+        c.fence.missing_token = fencegate::config::MissingToken::Forward;
+        c.limits.max_body_bytes = 8;
+    };
+    let Some(m) = Mesh::start_with(EnvoyOptions::default(), tweak).await else { return };
+    let chunked = |body: &str| {
+        format!(
+            "PUT /u HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n",
+            body.len()
+        )
+    };
+    let mut small = common::RawConn::open(m.envoy.addr).await;
+    small.send(chunked("smal")).await;
+    assert_eq!(small.read_response().await.status, 200, "a body within the limit passes");
+    let mut long = common::RawConn::open(m.envoy.addr).await;
+    long.send(chunked("0123456789abcdef")).await;
+    let r = long.try_read_response().await;
+    assert_ne!(r.as_ref().map(|r| r.status), Some(200), "{r:?}");
+    let applied: Vec<_> = m.h.backend.applied().into_iter().filter(|r| r.path == "/u").map(|r| r.body).collect();
+    assert_eq!(applied, ["smal"], "the long body never reached the backend whole");
+}

@@ -142,9 +142,12 @@ async fn decide(
     }
     let sent = head.request.uri().path_and_query().map_or("/", |pq| pq.as_str());
     let result = match plan {
-        Plan::Pass { .. } => pass(release, Vec::new(), inbound, out).await,
+        Plan::Pass { .. } => pass(release, Vec::new(), None, inbound, out).await,
         // Forwarded as the proxy forwards a write, at the target it would send, unchecked.
-        Plan::Unchecked { target, .. } => pass(release, set_target(sent, target.as_str()), inbound, out).await,
+        Plan::Unchecked { target, body_limit } => {
+            let limit = body_limit.map(|limit| (limit, protocol));
+            pass(release, set_target(sent, target.as_str()), limit, inbound, out).await
+        }
         Plan::ReadBody { .. } => Err(Refusal::BadRequest("the body was read already".into())),
         Plan::Write(write) => {
             let set = set_target(sent, write.target.as_str());
@@ -163,20 +166,51 @@ fn set_target(sent: &str, target: &str) -> Vec<(String, Vec<u8>)> {
 }
 
 /// Lets an unfenced request go from where Envoy holds it, asking for nothing more of it.
+/// With `limit`, its body is counted as it goes, and one longer than that is cut off: Envoy
+/// answers fencegate's refusal and resets the backend's request.
 async fn pass(
     release: Release,
     set: Vec<(String, Vec<u8>)>,
+    limit: Option<(u64, Chosen)>,
     inbound: Streaming<ProcessingRequest>,
     out: &Out,
 ) -> Result<Ended, Refusal> {
-    let answer = match release {
-        Release::Head => wire::continue_head(set, Some(wire::nothing_more())),
-        Release::Body => wire::continue_body(),
+    let answer = match (release, limit) {
+        (Release::Head, None) => wire::continue_head(set, Some(wire::nothing_more())),
+        (Release::Head, Some(_)) => wire::continue_head(set, Some(wire::counted_body())),
+        (Release::Body, _) => wire::continue_body(),
     };
     if out.send(Said::Answer(answer)).await.is_ok() {
-        pass_on(inbound, out).await;
+        match limit {
+            None => pass_on(inbound, out).await,
+            Some((limit, protocol)) => pass_on_counted(inbound, out, limit, protocol).await?,
+        }
     }
     Ok(Ended::Passed)
+}
+
+/// [`pass_on`], cutting off a body longer than `limit`.
+async fn pass_on_counted(
+    mut inbound: Streaming<ProcessingRequest>,
+    out: &Out,
+    limit: u64,
+    protocol: Chosen,
+) -> Result<(), Refusal> {
+    let mut sent = 0u64;
+    while let Ok(Some(message)) = inbound.message().await {
+        if let Some(Asked::RequestBody(body)) = &message.request {
+            sent += body.body.len() as u64;
+            if sent > limit {
+                let _ = out.send(Said::Answer(too_late(protocol, &Refusal::BodyTooLarge { limit }).await)).await;
+                return Err(UpstreamError::BodyTooLarge { limit }.into());
+            }
+        }
+        let Some(answer) = wire::continue_any(&message) else { continue };
+        if out.send(Said::Answer(answer)).await.is_err() {
+            break;
+        }
+    }
+    Ok(())
 }
 
 /// Where Envoy holds a request until fencegate answers: at its head, or (for one that names
@@ -250,7 +284,8 @@ async fn fence(
         Some(UploadStep::Part { object, id }) => {
             state.fence.check_upload(&object, &id, token)?;
             state.fence.precheck(&touches, token, Policy { equal, max_jump, pinned: false })?;
-            return pass(release, set, inbound, out).await;
+            let limit = body_limit.map(|limit| (limit, protocol::for_backend(&settings.config.backend)));
+            return pass(release, set, limit, inbound, out).await;
         }
         Some(UploadStep::End { object, id }) => {
             state.fence.check_upload(&object, &id, token)?;

@@ -160,6 +160,12 @@ pub(super) fn nothing_more() -> ProcessingMode {
     mode(HeaderSendMode::Skip, BodySendMode::None, BodySendMode::None)
 }
 
+/// The rest of an unfenced request whose body is counted against a limit: each chunk, and no
+/// answer.
+pub(super) fn counted_body() -> ProcessingMode {
+    mode(HeaderSendMode::Skip, BodySendMode::Streamed, BodySendMode::None)
+}
+
 /// The rest of a fenced write's exchange: each body chunk held until it is answered, then the
 /// answer's head.
 pub(super) fn write_mode() -> ProcessingMode {
