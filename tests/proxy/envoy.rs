@@ -463,3 +463,46 @@ async fn an_unchecked_write_is_held_to_the_body_limit() {
     let applied: Vec<_> = m.h.backend.applied().into_iter().filter(|r| r.path == "/u").map(|r| r.body).collect();
     assert_eq!(applied, ["smal"], "the long body never reached the backend whole");
 }
+
+/// S3 answers a successful AbortMultipartUpload `204 No Content`: Envoy sends no body message,
+/// so the answer is read whole at its head. The abort was answered: its object is not
+/// quarantined, and its binding is dropped.
+#[tokio::test]
+async fn an_aborted_upload_leaves_its_object_writable() {
+    use common::backend::{Reply, StubBackend};
+    const CREATED: &str = "<InitiateMultipartUploadResult><Bucket>bk1</Bucket><Key>k</Key><UploadId>u1</UploadId></InitiateMultipartUploadResult>";
+    let stub = StubBackend::start_with(move |seen| match (seen.head.split(' ').next(), seen.head.split(' ').nth(1)) {
+        (_, Some("/bk1/k?uploads")) => Reply::Answer(200, CREATED),
+        (Some("DELETE"), _) => Reply::Answer(204, ""),
+        _ => Reply::Answer(200, ""),
+    })
+    .await;
+    let processor = common::s3::S3Proxy::start_as(&stub.url(), "", ServerMode::ExtProc).await;
+    let Some(envoy) = Envoy::start(processor.addr, stub.addr(), &EnvoyOptions::default()).await else { return };
+    let send = async |line: &str, token: u64| {
+        let head = format!("{line}\r\nHost: 127.0.0.1\r\nFencing-Token: {token}");
+        let r = common::raw_request(envoy.addr, &head, "").await;
+        (r.status, String::from_utf8_lossy(&r.body).into_owned())
+    };
+    assert_eq!(send("POST /bk1/k?uploads HTTP/1.1", 41).await.0, 200);
+    let aborted = send("DELETE /bk1/k?uploadId=u1 HTTP/1.1", 41).await;
+    assert_eq!(aborted.0, 204, "{aborted:?}");
+    let next = send("PUT /bk1/k HTTP/1.1", 42).await;
+    assert_eq!(next.0, 200, "the object is closed after a successful abort: {next:?}");
+    assert_eq!(send("DELETE /bk1/k?uploadId=u1 HTTP/1.1", 42).await.0, 404, "the binding was dropped");
+}
+
+/// A chunked write ended by trailers (which the processor is not sent) is whole when Envoy
+/// says so, and its answer ends its turn: nothing is quarantined.
+#[tokio::test]
+async fn a_write_ended_by_trailers_is_answered_and_leaves_its_resource_open() {
+    let Some(m) = Mesh::start().await else { return };
+    let mut conn = common::RawConn::open(m.envoy.addr).await;
+    let head = "PUT /t HTTP/1.1\r\nHost: x\r\nFencing-Token: 1\r\nTransfer-Encoding: chunked\r\nTrailer: x-sum\r\n\r\n";
+    conn.send(format!("{head}2\r\nv1\r\n0\r\nx-sum: 1\r\n\r\n")).await;
+    let r = conn.read_response().await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(m.h.applied_tokens("/t"), [1]);
+    let r = m.put("/t", 2, "v2").await;
+    assert_eq!((r.status, r.fencegate_error()), (200, None), "a whole, answered write left /t closed: {r:?}");
+}

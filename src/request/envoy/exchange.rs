@@ -178,7 +178,7 @@ async fn pass(
     let answer = match (release, limit) {
         (Release::Head, None) => wire::continue_head(set, Some(wire::nothing_more())),
         (Release::Head, Some(_)) => wire::continue_head(set, Some(wire::counted_body())),
-        (Release::Body, _) => wire::continue_body(),
+        (Release::Body, _) => wire::continue_body(set),
     };
     if out.send(Said::Answer(answer)).await.is_ok() {
         match limit {
@@ -394,7 +394,7 @@ impl Held {
         // reported), whatever Envoy's filter says for this route.
         let let_go = match release {
             Release::Head => wire::continue_head(set, Some(wire::write_mode())),
-            Release::Body => wire::continue_body(),
+            Release::Body => wire::continue_body(set),
         };
         out.send(Said::Answer(let_go)).await.map_err(|_| gone())?;
         let started = Instant::now();
@@ -411,6 +411,8 @@ impl Held {
             }
         };
         let (mut whole, mut answer, mut sent) = (ends || release == Release::Body, None, 0u64);
+        // Whether the backend answered before the request had been let go whole.
+        let mut early = false;
         // Set while the answer's body is awaited (a multipart upload's), with what it is for.
         let mut reading: Option<AnswerBody> = None;
         loop {
@@ -447,9 +449,19 @@ impl Held {
                 Some(Asked::RequestTrailers(_)) => whole = true,
                 Some(Asked::ResponseHeaders(headers)) => {
                     let (status, details) = wire::answer_of(headers, &message);
+                    // An answer before the request's end: Envoy resets the backend's request,
+                    // which may hold part of it, however the stream goes on.
+                    early |= !whole;
                     state.metrics.backend_latency.observe(started.elapsed().as_secs_f64());
                     // Only a success names the upload or ends it.
                     reading = answered.take().filter(|_| (200..300).contains(&status));
+                    // An answer without a body (an abort's `204`) is read whole now: no body
+                    // message will come.
+                    if headers.end_of_stream
+                        && let Some(read) = reading.take()
+                    {
+                        read.read(&state, &settings, protocol, token, &[]).await?;
+                    }
                     answer = Some((status, details));
                     let mode = reading.is_some().then(wire::answer_body);
                     say(wire::continue_answer(ERROR_HEADER, mode)).await?;
@@ -481,6 +493,9 @@ impl Held {
             }
         }
         let Some((status, details)) = answer else { unreachable!("the loop ends only with an answer") };
+        if early {
+            return Err(failed(format!("the backend answered {status} before it had the whole request")));
+        }
         match details.as_deref() {
             Some("via_upstream") => Ok((status, inbound)),
             Some(details) => Err(failed(format!("Envoy answered {status} itself ({details})"))),

@@ -135,9 +135,15 @@ pub(super) fn continue_answer(error_header: &str, mode: Option<ProcessingMode>) 
     respond(Answer::ResponseHeaders(HeadersResponse { response: Some(response) }), mode)
 }
 
-/// Lets a request's body, which Envoy holds whole, go on unchanged.
-pub(super) fn continue_body() -> ProcessingResponse {
-    respond(Answer::RequestBody(BodyResponse { response: Some(CommonResponse::default()) }), None)
+/// Lets a request's body, which Envoy holds whole with its head, go on, with `set` set on the
+/// head.
+pub(super) fn continue_body(set: Vec<(String, Vec<u8>)>) -> ProcessingResponse {
+    let header_mutation = (!set.is_empty()).then(|| HeaderMutation {
+        set_headers: set.into_iter().map(|(key, raw_value)| overwrite(key, raw_value)).collect(),
+        remove_headers: Vec::new(),
+    });
+    let response = CommonResponse { header_mutation, ..Default::default() };
+    respond(Answer::RequestBody(BodyResponse { response: Some(response) }), None)
 }
 
 /// Lets whatever `request` carries go on unchanged.
