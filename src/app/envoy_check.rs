@@ -1,8 +1,12 @@
 //! What `fencegate check --envoy FILE` reads of Envoy's bootstrap (docs/envoy.md): whether the
-//! Envoy that asks fencegate as its external processor could let a write past the fence, or
-//! send one again or twice without asking (envoyproxy/envoy#23301: the router retries and
-//! mirrors without running the filter chain again). Only what the file holds is checked:
-//! listeners from LDS and routes from RDS are named as unchecked.
+//! Envoy that asks fencegate as its external processor could let a write past the fence,
+//! change it after fencegate decided it, or send it again or twice without asking
+//! (envoyproxy/envoy#23301: the router retries and mirrors without running the filter chain
+//! again). It denies by default: a field it does not know on the processor's filter or on a
+//! route that carries writes, a filter after the processor, or a value it cannot read for
+//! certain (`yes` for `true`, a number for a mode) is refused, not trusted. Only what the file
+//! holds is checked: listeners from LDS, routes from RDS and scoped routes are named as
+//! unchecked.
 
 use std::time::Duration;
 
@@ -12,10 +16,54 @@ use yaml_rust2::{Yaml, YamlLoader};
 use super::Error;
 use crate::config::{BackendProtocol, Config};
 
-/// The filter's name, which per-route settings are keyed by.
+/// The filter's canonical name, under which per-route settings are keyed (as well as under
+/// the name a configuration gives it).
 const FILTER: &str = "envoy.filters.http.ext_proc";
 /// The attribute that tells the backend's answers from Envoy's own.
 const CODE_DETAILS: &str = "response.code_details";
+/// The headers by which a read claims another method, which fencegate fences as that method
+/// (`request::protocol::http`'s overrides).
+const METHOD_OVERRIDES: [&str; 3] = ["x-http-method-override", "x-http-method", "x-method-override"];
+
+/// The processor filter's fields whose effect the check knows; any other is refused.
+const KNOWN_FIELDS: [&str; 20] = [
+    "@type",
+    "grpc_service",
+    "failure_mode_allow",
+    "processing_mode",
+    "request_attributes",
+    "response_attributes",
+    "message_timeout",
+    "max_message_timeout",
+    "stat_prefix",
+    "allow_mode_override",
+    "allow_content_length_header",
+    "observability_mode",
+    "send_body_without_waiting_for_header_response",
+    "disable_immediate_response",
+    "route_cache_action",
+    "disable_clear_route_cache",
+    "deferred_close_timeout",
+    "metadata_options",
+    "status_on_error",
+    "emit_client_span",
+];
+
+/// What a route that carries writes must not have: Envoy would send a write again, twice, or
+/// somewhere other than what fencegate decided.
+const WRITE_ROUTE_REFUSED: [(&str, &str); 11] = [
+    ("retry_policy", "send a write again without asking fencegate"),
+    ("retry_policy_typed_config", "send a write again without asking fencegate"),
+    ("hedge_policy", "send a write twice without asking fencegate"),
+    ("request_mirror_policies", "send a write twice without asking fencegate"),
+    ("prefix_rewrite", "send a write to another path than the one fenced"),
+    ("regex_rewrite", "send a write to another path than the one fenced"),
+    ("path_rewrite_policy", "send a write to another path than the one fenced"),
+    ("host_rewrite_literal", "send a write to another host than the one fenced"),
+    ("host_rewrite_header", "send a write to another host than the one fenced"),
+    ("host_rewrite_path_regex", "send a write to another host than the one fenced"),
+    ("auto_host_rewrite", "send a write to another host than the one fenced"),
+];
 
 /// What the check found: refusals (the configuration must not be used) and warnings.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -37,12 +85,18 @@ pub fn check_envoy(config: &Config, text: &str) -> Result<EnvoyCheck, Error> {
     let mut managers = 0;
     for listener in list(&root["static_resources"]["listeners"]) {
         let name = listener["name"].as_str().unwrap_or("(unnamed)");
-        for chain in list(&listener["filter_chains"]) {
+        let chains = list(&listener["filter_chains"]).into_iter().chain(Some(&listener["default_filter_chain"]));
+        for chain in chains {
             for filter in list(&chain["filters"]) {
                 let typed = &filter["typed_config"];
                 if type_is(typed, "HttpConnectionManager") {
                     managers += 1;
                     check.manager(config, &format!("listener {name}"), typed);
+                } else {
+                    let what = filter["name"].as_str().unwrap_or("a network filter");
+                    check
+                        .warnings
+                        .push(format!("listener {name}: {what} is not an HTTP connection manager: not checked"));
                 }
             }
         }
@@ -53,30 +107,72 @@ pub fn check_envoy(config: &Config, text: &str) -> Result<EnvoyCheck, Error> {
     Ok(check)
 }
 
+/// The processor's per-route settings at one level of the route table, as they bear on a write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PerRoute {
+    /// None at this level.
+    Absent,
+    /// The processor is off.
+    Disabled,
+    /// On, with overrides of its settings.
+    Overridden,
+    /// On, as the filter says.
+    On,
+}
+
 impl EnvoyCheck {
-    /// One HTTP connection manager: its ext_proc filter, then its routes.
+    /// One HTTP connection manager: its ext_proc filter and what follows it, then its routes.
     fn manager(&mut self, config: &Config, at: &str, hcm: &Yaml) {
-        let processors: Vec<&Yaml> = list(&hcm["http_filters"])
-            .into_iter()
-            .filter(|f| type_is(&f["typed_config"], "ext_proc.v3.ExternalProcessor"))
-            .collect();
-        match processors.as_slice() {
-            [] => self.refusals.push(format!("{at}: no {FILTER} filter: every write would pass unfenced")),
+        let filters = list(&hcm["http_filters"]);
+        let is_processor = |f: &&Yaml| type_is(&f["typed_config"], "ext_proc.v3.ExternalProcessor");
+        let processors: Vec<&Yaml> = filters.iter().copied().filter(is_processor).collect();
+        let names: Vec<&str> = match processors.as_slice() {
+            [] => {
+                self.refusals.push(format!("{at}: no {FILTER} filter: every write would pass unfenced"));
+                return;
+            }
             [filter] => {
-                if filter["disabled"].as_bool() == Some(true) {
+                if self.flag(at, "the filter's disabled", &filter["disabled"]) != Some(false) {
                     self.refusals.push(format!("{at}: the {FILTER} filter is disabled"));
                 }
                 self.processor(config, at, &filter["typed_config"]);
+                [FILTER].into_iter().chain(filter["name"].as_str()).collect()
             }
-            _ => self.refusals.push(format!("{at}: more than one {FILTER} filter")),
+            _ => {
+                self.refusals.push(format!("{at}: more than one {FILTER} filter"));
+                return;
+            }
+        };
+        let after = filters.iter().skip_while(|f| !is_processor(f)).skip(1);
+        for filter in after {
+            if !type_is(&filter["typed_config"], "router.v3.Router") {
+                let name = filter["name"].as_str().unwrap_or("(unnamed)");
+                self.refusals.push(format!(
+                    "{at}: the filter {name} runs after {FILTER} and may change a write fencegate decided; put it \
+                     before"
+                ));
+            }
         }
-        if !hcm["rds"].is_badvalue() {
-            self.warnings.push(format!("{at}: routes from RDS are not checked"));
+        for (field, what) in [("rds", "routes from RDS"), ("scoped_routes", "scoped routes")] {
+            if !hcm[field].is_badvalue() {
+                self.warnings.push(format!("{at}: {what} are not checked"));
+            }
         }
-        for host in list(&hcm["route_config"]["virtual_hosts"]) {
+        let table = &hcm["route_config"];
+        let for_table = self.per_route(at, table, &names);
+        for field in ["request_mirror_policies"] {
+            if !table[field].is_badvalue() {
+                self.refusals.push(format!("{at}: route_config has {field}: Envoy would send writes twice"));
+            }
+        }
+        for host in list(&table["virtual_hosts"]) {
             let at = format!("{at}, virtual host {}", host["name"].as_str().unwrap_or("(unnamed)"));
+            let for_host = match self.per_route(&at, host, &names) {
+                PerRoute::Absent => for_table,
+                level => level,
+            };
             for (i, route) in list(&host["routes"]).into_iter().enumerate() {
-                self.route(config, &format!("{at}, route {i}"), host, route);
+                self.route(config, &format!("{at}, route {i}"), host, route, for_host, &names);
             }
         }
     }
@@ -84,27 +180,41 @@ impl EnvoyCheck {
     /// The ext_proc filter's settings.
     fn processor(&mut self, config: &Config, at: &str, p: &Yaml) {
         let at = format!("{at}, {FILTER}");
-        if p["failure_mode_allow"].as_bool() == Some(true) {
-            self.refusals.push(format!(
-                "{at}: failure_mode_allow is true: a write fencegate cannot be asked about would pass unfenced"
+        for (key, _) in p.as_hash().into_iter().flatten() {
+            let key = key.as_str().unwrap_or("");
+            if !KNOWN_FIELDS.contains(&key) {
+                self.refusals.push(format!(
+                    "{at}: {key} is set, and fencegate check does not know what it does to a write: leave it out"
+                ));
+            }
+        }
+        for (field, why) in [
+            ("failure_mode_allow", "a write fencegate cannot be asked about would pass unfenced"),
+            ("observability_mode", "Envoy would not wait for fencegate's word"),
+            ("send_body_without_waiting_for_header_response", "Envoy would send a body before its head is decided"),
+        ] {
+            if self.flag(&at, field, &p[field]) != Some(false) {
+                self.refusals.push(format!("{at}: {field} is not false: {why}"));
+            }
+        }
+        if self.flag(&at, "disable_immediate_response", &p["disable_immediate_response"]) == Some(true) {
+            self.warnings.push(format!(
+                "{at}: disable_immediate_response is true: fencegate's refusals reach clients as Envoy's 500"
             ));
-        }
-        if p["observability_mode"].as_bool() == Some(true) {
-            self.refusals.push(format!("{at}: observability_mode is true: Envoy would not wait for fencegate's word"));
-        }
-        if p["send_body_without_waiting_for_header_response"].as_bool() == Some(true) {
-            self.refusals.push(format!("{at}: send_body_without_waiting_for_header_response must be false"));
         }
         let mode = &p["processing_mode"];
         for (field, why) in [
             ("request_header_mode", "a write is decided on its head"),
             ("response_header_mode", "the backend's answer ends a write's turn"),
         ] {
-            if mode[field].as_str().is_some_and(|m| m != "SEND" && m != "DEFAULT") {
+            if let Some(m) = self.mode(&at, field, &mode[field])
+                && m != "SEND"
+                && m != "DEFAULT"
+            {
                 self.refusals.push(format!("{at}: processing_mode.{field} must be SEND: {why}"));
             }
         }
-        match mode["request_body_mode"].as_str() {
+        match self.mode(&at, "request_body_mode", &mode["request_body_mode"]).as_deref() {
             Some("STREAMED") => {}
             Some("BUFFERED") => self.warnings.push(format!(
                 "{at}: processing_mode.request_body_mode BUFFERED holds whole bodies in Envoy; STREAMED does not"
@@ -134,7 +244,7 @@ impl EnvoyCheck {
                  quarantines"
             ));
         }
-        if p["allow_mode_override"].as_bool() != Some(true) {
+        if self.flag(&at, "allow_mode_override", &p["allow_mode_override"]) != Some(true) {
             let why = "fencegate cannot ask for a DeleteObjects body or a multipart upload's answer whole";
             match config.backend.protocol {
                 BackendProtocol::S3 => self.refusals.push(format!("{at}: allow_mode_override is not true: {why}")),
@@ -143,7 +253,7 @@ impl EnvoyCheck {
                 )),
             }
         }
-        if p["allow_content_length_header"].as_bool() != Some(true) {
+        if self.flag(&at, "allow_content_length_header", &p["allow_content_length_header"]) != Some(true) {
             self.warnings.push(format!(
                 "{at}: allow_content_length_header is not true: Envoy sends streamed bodies chunked, without the \
                  client's Content-Length"
@@ -151,19 +261,43 @@ impl EnvoyCheck {
         }
     }
 
+    /// The processor's per-route settings in `y` (a route table, virtual host, route or
+    /// weighted cluster), under any of its `names`.
+    fn per_route(&mut self, at: &str, y: &Yaml, names: &[&str]) -> PerRoute {
+        let per_filter = &y["typed_per_filter_config"];
+        let Some(settings) = names.iter().map(|n| &per_filter[*n]).find(|s| !s.is_badvalue()) else {
+            return PerRoute::Absent;
+        };
+        // `FilterConfig` wraps the filter's own settings, and may turn it off by itself.
+        let (settings, wrapper_off) = match type_is(settings, "route.v3.FilterConfig") {
+            true => (&settings["config"], self.flag(at, "FilterConfig's disabled", &settings["disabled"])),
+            false => (settings, Some(false)),
+        };
+        match (wrapper_off, self.flag(at, "ExtProcPerRoute's disabled", &settings["disabled"])) {
+            (Some(false), Some(false)) if settings["overrides"].is_badvalue() => PerRoute::On,
+            (Some(false), Some(false)) => PerRoute::Overridden,
+            // Off, or not certainly on.
+            _ => PerRoute::Disabled,
+        }
+    }
+
     /// One route: whether the processor sees what it may carry, and whether Envoy may send a
-    /// write again or twice.
-    fn route(&mut self, config: &Config, at: &str, host: &Yaml, route: &Yaml) {
+    /// write again, twice, or changed.
+    fn route(&mut self, config: &Config, at: &str, host: &Yaml, route: &Yaml, inherited: PerRoute, names: &[&str]) {
         if route["route"].is_badvalue() {
             return; // a redirect or a direct response: nothing reaches the backend
         }
-        let per_route = |y: &Yaml| -> Option<bool> {
-            let settings = &y["typed_per_filter_config"][FILTER];
-            (!settings.is_badvalue()).then(|| settings["disabled"].as_bool() == Some(true))
-        };
-        let skipped = per_route(route).or_else(|| per_route(host)).unwrap_or(false);
+        let mut levels = vec![match self.per_route(at, route, names) {
+            PerRoute::Absent => inherited,
+            level => level,
+        }];
+        for cluster in list(&route["route"]["weighted_clusters"]["clusters"]) {
+            levels.push(self.per_route(at, cluster, names));
+        }
+        let skipped = levels.contains(&PerRoute::Disabled);
+        let overridden = levels.contains(&PerRoute::Overridden);
         let methods = methods_matched(&route["match"]);
-        let fenced = match &methods {
+        let fenced: Vec<&Method> = match &methods {
             Some(methods) => methods.iter().filter(|m| !config.fence.unfenced_methods.contains(m)).collect(),
             None => vec![],
         };
@@ -190,12 +324,15 @@ impl EnvoyCheck {
         if skipped || !carries_writes {
             return;
         }
+        if overridden {
+            self.refusals.push(format!(
+                "{at}: overrides {FILTER}'s settings for requests that may be writes; leave the overrides out"
+            ));
+        }
         for (owner, y) in [("the route", &route["route"]), ("its virtual host", host)] {
-            for policy in ["retry_policy", "hedge_policy", "request_mirror_policies"] {
-                if !y[policy].is_badvalue() {
-                    self.refusals.push(format!(
-                        "{at}: {owner} has a {policy}: Envoy would send a write again or twice without asking fencegate"
-                    ));
+            for (field, why) in WRITE_ROUTE_REFUSED {
+                if !y[field].is_badvalue() {
+                    self.refusals.push(format!("{at}: {owner} has {field}: Envoy would {why}"));
                 }
             }
         }
@@ -209,16 +346,46 @@ impl EnvoyCheck {
             }
         }
     }
+
+    /// A boolean field: `None` when it is not certainly `true` or `false` (refused here: YAML
+    /// readers differ on `yes`, `on` and `y`), `Some(false)` when it is absent.
+    fn flag(&mut self, at: &str, field: &str, y: &Yaml) -> Option<bool> {
+        match y {
+            Yaml::BadValue | Yaml::Null => Some(false),
+            Yaml::Boolean(b) => Some(*b),
+            other => {
+                self.refusals.push(format!("{at}: {field} is {other:?}: write true or false"));
+                None
+            }
+        }
+    }
+
+    /// A processing mode's name, upper case; `None` when absent or not a name (a number is
+    /// refused here: write the mode's name).
+    fn mode(&mut self, at: &str, field: &str, y: &Yaml) -> Option<String> {
+        match y {
+            Yaml::BadValue | Yaml::Null => None,
+            Yaml::String(name) => Some(name.to_ascii_uppercase()),
+            other => {
+                self.refusals.push(format!("{at}: processing_mode.{field} is {other:?}: write the mode's name"));
+                Some("?".into())
+            }
+        }
+    }
 }
 
 /// The methods a route's `match` admits, when a `:method` header matcher names them (an exact
-/// value, or a regex that is a plain alternation of method names); `None` when it may be any.
+/// value, or a regex that is a plain alternation of method names, matched case-sensitively);
+/// `None` when it may be any.
 fn methods_matched(m: &Yaml) -> Option<Vec<Method>> {
     let matcher = list(&m["headers"]).into_iter().find(|h| h["name"].as_str() == Some(":method"))?;
-    if matcher["invert_match"].as_bool() == Some(true) {
+    let string = &matcher["string_match"];
+    if matcher["invert_match"].as_bool() != Some(false) && !matcher["invert_match"].is_badvalue() {
         return None;
     }
-    let string = &matcher["string_match"];
+    if !string["ignore_case"].is_badvalue() && string["ignore_case"].as_bool() != Some(false) {
+        return None; // `put` is a method of its own, and fenced
+    }
     let names: Vec<&str> = if let Some(exact) = string["exact"].as_str().or(matcher["exact_match"].as_str()) {
         vec![exact]
     } else {
@@ -233,10 +400,6 @@ fn methods_matched(m: &Yaml) -> Option<Vec<Method>> {
         .map(|n| n.bytes().all(|b| b.is_ascii_alphabetic()).then(|| Method::from_bytes(n.as_bytes()).ok()).flatten())
         .collect()
 }
-
-/// The headers by which a read claims another method, which fencegate fences as that method
-/// (`request::protocol::http`'s overrides).
-const METHOD_OVERRIDES: [&str; 3] = ["x-http-method-override", "x-http-method", "x-method-override"];
 
 /// Whether a route's `match` admits only requests without header `name`.
 fn excludes_header(m: &Yaml, name: &str) -> bool {

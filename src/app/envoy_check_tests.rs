@@ -65,7 +65,7 @@ fn retries_hedges_and_mirrors_on_a_write_route_are_refused() {
     let mirrored = "route: { cluster: backend, timeout: 15s, request_mirror_policies: [{ cluster: backend }] }\n          http_filters:";
     refused(&changed(WRITE_ROUTE, mirrored), "request_mirror_policies");
     let on_the_host = "domains: [\"*\"]\n              retry_policy: { retry_on: reset }";
-    refused(&changed("domains: [\"*\"]", on_the_host), "its virtual host has a retry_policy");
+    refused(&changed("domains: [\"*\"]", on_the_host), "its virtual host has retry_policy");
 }
 
 #[test]
@@ -124,4 +124,140 @@ fn json_is_read_and_what_does_not_parse_is_an_error() {
     assert!(check.refusals.iter().any(|r| r.contains("no envoy.filters.http.ext_proc")), "{check:?}");
     assert!(matches!(check_envoy(&config(), "a: [b"), Err(Error::Envoy(_))));
     refused("admin: {}", "no HTTP connection manager");
+}
+
+/// Configurations Envoy 1.40 loads (`envoy --mode validate`) and runs with the stale write
+/// reaching the backend (tests/proxy/envoy.rs, `review`), which the check accepts.
+#[test]
+fn review_unsafe_configurations_are_refused() {
+    const W: &str =
+        "              - match: { prefix: \"/\" }\n                route: { cluster: backend, timeout: 15s }\n";
+    const PR: &str = "\"@type\": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute";
+    let on_writes = |key: &str, body: &str| {
+        changed(W, &format!("{W}                typed_per_filter_config:\n                  {key}:\n{body}"))
+    };
+    let cases: Vec<(&str, String)> = vec![
+        (
+            "per-route overrides skip heads",
+            on_writes(
+                FILTER,
+                &format!(
+                    "                    {PR}\n                    overrides:\n                      processing_mode: {{ \
+                     request_header_mode: SKIP, response_header_mode: SKIP, request_body_mode: NONE }}\n"
+                ),
+            ),
+        ),
+        (
+            "per-route overrides fail open",
+            on_writes(
+                FILTER,
+                &format!("                    {PR}\n                    overrides: {{ failure_mode_allow: true }}\n"),
+            ),
+        ),
+        (
+            "per-route disabled: yes",
+            on_writes(FILTER, &format!("                    {PR}\n                    disabled: yes\n")),
+        ),
+        (
+            "per-route under the filter's own name",
+            on_writes("fencegate", &format!("                    {PR}\n                    disabled: true\n"))
+                .replacen("          - name: envoy.filters.http.ext_proc\n", "          - name: fencegate\n", 1),
+        ),
+        (
+            "FilterConfig wrapper",
+            on_writes(
+                FILTER,
+                &format!(
+                    "                    \"@type\": type.googleapis.com/envoy.config.route.v3.FilterConfig\n                    \
+                     config:\n                      {PR}\n                      disabled: true\n"
+                ),
+            ),
+        ),
+        (
+            "weighted cluster",
+            changed(
+                W,
+                &format!(
+                    "              - match: {{ prefix: \"/\" }}\n                route:\n                  timeout: 15s\n                  \
+                     weighted_clusters:\n                    clusters:\n                    - name: backend\n                      \
+                     weight: 100\n                      typed_per_filter_config:\n                        {FILTER}:\n                          \
+                     {PR}\n                          disabled: true\n"
+                ),
+            ),
+        ),
+        (
+            "route configuration level",
+            changed(
+                "          route_config:\n",
+                &format!(
+                    "          route_config:\n            typed_per_filter_config:\n              {FILTER}:\n                \
+                     {PR}\n                disabled: true\n"
+                ),
+            ),
+        ),
+        ("failure_mode_allow: yes", changed("failure_mode_allow: false", "failure_mode_allow: yes")),
+        ("request_header_mode: 2 (SKIP)", changed("request_header_mode: SEND", "request_header_mode: 2")),
+        (
+            "forward_rules hide the override header",
+            changed(
+                "failure_mode_allow: false",
+                "failure_mode_allow: false\n              forward_rules: { disallowed_headers: { patterns: [ { exact: \
+                 x-http-method-override } ] } }",
+            ),
+        ),
+        (
+            "an alias route rewriting the path",
+            changed(
+                W,
+                &format!(
+                    "              - match: {{ prefix: \"/alias/\" }}\n                route: {{ cluster: backend, timeout: 15s, \
+                     prefix_rewrite: \"/\" }}\n{W}"
+                ),
+            ),
+        ),
+        (
+            "mutation_rules drop the canonical :path",
+            changed(
+                "failure_mode_allow: false",
+                "failure_mode_allow: false\n              mutation_rules: { disallow_system: true }",
+            ),
+        ),
+        (
+            "a filter after the processor rewrites the request",
+            changed(
+                "          - name: envoy.filters.http.router\n",
+                "          - name: envoy.filters.http.header_mutation\n            typed_config:\n              \"@type\": \
+                 type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation\n              \
+                 mutations:\n                request_mutations:\n                - append: { header: { key: \
+                 x-http-method-override, value: DELETE }, append_action: OVERWRITE_IF_EXISTS_OR_ADD }\n          - name: \
+                 envoy.filters.http.router\n",
+            ),
+        ),
+        (
+            "a read route matching methods in any case",
+            changed(r#"{ safe_regex: { regex: "GET|HEAD" } }"#, r#"{ exact: "GET", ignore_case: true }"#),
+        ),
+        (
+            "a default filter chain without the processor",
+            changed(
+                "    filter_chains:\n",
+                "    default_filter_chain:\n      filters:\n      - name: envoy.filters.network.http_connection_manager\n        \
+                 typed_config:\n          \"@type\": type.googleapis.com/envoy.extensions.filters.network.\
+                 http_connection_manager.v3.HttpConnectionManager\n          stat_prefix: other\n          http_filters: []\n    \
+                 filter_chains:\n",
+            ),
+        ),
+        (
+            "a virtual host's typed retry policy",
+            changed(
+                W,
+                &format!(
+                    "{W}              retry_policy_typed_config: {{ \"@type\": type.googleapis.com/envoy.config.route.v3.RetryPolicy, retry_on: 5xx, num_retries: 3 }}\n"
+                ),
+            ),
+        ),
+    ];
+    let accepted: Vec<&str> =
+        cases.iter().filter(|(_, text)| checked(text).refusals.is_empty()).map(|(name, _)| *name).collect();
+    assert!(accepted.is_empty(), "accepted, yet unsafe: {accepted:#?}");
 }
