@@ -11,7 +11,10 @@ use std::time::{Duration, Instant};
 use envoy_types::pb::envoy::service::ext_proc::v3::processing_request::Request as Asked;
 use envoy_types::pb::envoy::service::ext_proc::v3::{ProcessingRequest, ProcessingResponse};
 use http::Method;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use tokio::sync::mpsc::Sender;
+use tokio::sync::mpsc::error::SendError;
 use tonic::Streaming;
 
 use super::Said;
@@ -30,8 +33,39 @@ use crate::upstream::{Peer, UpstreamError};
 /// Why a write was not let go: Envoy closed its stream first.
 const GONE: &str = "Envoy's stream ended before the write was let go";
 
-/// Where fencegate's answers to Envoy go.
-type Out = Sender<Said>;
+/// Where fencegate's answers to Envoy go, and whether one of them let the request (or part of
+/// it) go on: from then on, an exchange that does not end cleanly never closes its stream
+/// cleanly (see `super::Answers`), whatever else it says.
+#[derive(Clone)]
+struct Out {
+    said: Sender<Said>,
+    released: Arc<AtomicBool>,
+}
+
+impl Out {
+    async fn send(&self, said: Said) -> Result<(), SendError<Said>> {
+        self.said.send(said).await
+    }
+
+    /// Sends `answer`, which lets the request, or part of it, go on. Noted first: once it is
+    /// sent, Envoy may act on it.
+    async fn release(&self, answer: ProcessingResponse) -> Result<(), SendError<Said>> {
+        self.released.store(true, Ordering::Relaxed);
+        self.send(Said::Answer(answer)).await
+    }
+
+    fn released(&self) -> bool {
+        self.released.load(Ordering::Relaxed)
+    }
+
+    async fn closed(&self) {
+        self.said.closed().await
+    }
+
+    fn is_closed(&self) -> bool {
+        self.said.is_closed()
+    }
+}
 
 /// How an exchange ended, as far as fencegate's own answer goes.
 enum Ended {
@@ -42,7 +76,8 @@ enum Ended {
 }
 
 /// Runs one exchange to its end.
-pub(super) async fn run(state: Arc<State>, client: Peer, mut inbound: Streaming<ProcessingRequest>, out: Out) {
+pub(super) async fn run(state: Arc<State>, client: Peer, mut inbound: Streaming<ProcessingRequest>, out: Sender<Said>) {
+    let out = Out { said: out, released: Arc::default() };
     let started = Instant::now();
     let Ok(Some(first)) = inbound.message().await else { return };
     let settings = state.settings.get();
@@ -52,18 +87,22 @@ pub(super) async fn run(state: Arc<State>, client: Peer, mut inbound: Streaming<
         // head: nothing can be decided, so nothing goes on.
         let why = "Envoy sent no request head to decide on: its ext_proc processing mode must send request heads";
         refuse(&state, &settings, protocol, &Method::GET, "", &client, Refusal::NotImplemented(why.into()), &out).await;
+        let _ = out.send(Said::Finished).await;
         return;
     };
     let head = match Head::read(headers) {
         Ok(head) => head,
         Err(refusal) => {
             refuse(&state, &settings, protocol, &Method::GET, "", &client, refusal, &out).await;
+            let _ = out.send(Said::Finished).await;
             return;
         }
     };
     let method = head.request.method().clone();
     let path = head.request.uri().path().to_owned();
-    match decide(&state, &settings, protocol, &client, head, inbound, &out).await {
+    let ended = decide(&state, &settings, protocol, &client, head, inbound, &out).await;
+    let clean = ended.is_ok();
+    match ended {
         Ok(Ended::Forwarded(status)) => {
             state.metrics.request(&method, "forwarded");
             if let Ok(status) = http::StatusCode::from_u16(status) {
@@ -71,20 +110,20 @@ pub(super) async fn run(state: Arc<State>, client: Peer, mut inbound: Streaming<
             }
         }
         Ok(Ended::Passed) => state.metrics.request(&method, "forwarded"),
-        // The request was let go to the backend and its write abandoned: the exchange ends
-        // without saying it finished, so the stream ends with an error, and Envoy resets the
-        // backend's request and answers the client itself (see `super::Answers`).
+        // A write abandoned after it was let go: Envoy answers the client itself.
         Err(refusal @ Refusal::Upstream(_)) => {
             state.metrics.request(&method, refusal.code());
             let interval = settings.config.log.refusal_interval;
             throttle::log(&state.refusals, interval, &refusal, &method, &path, &client);
-            state.metrics.request_latency.observe(started.elapsed().as_secs_f64());
-            return;
         }
         Err(refusal) => refuse(&state, &settings, protocol, &method, &path, &client, refusal, &out).await,
     }
     state.metrics.request_latency.observe(started.elapsed().as_secs_f64());
-    let _ = out.send(Said::Finished).await;
+    // Once the request was let go, only an exchange that ended cleanly says it finished; any
+    // other end closes the stream with an error, and Envoy resets the backend's request.
+    if clean || !out.released() {
+        let _ = out.send(Said::Finished).await;
+    }
 }
 
 /// Answers Envoy with fencegate's own refusal, in the protocol's form, in place of the backend's.
@@ -104,9 +143,7 @@ async fn refuse(
     let withhold =
         refusal.names_a_level() && refusal.resource().is_some_and(|key| settings.config.fence.withholds(key));
     let answer = wire::immediate(protocol.refuse(&refusal, withhold), refusal.code()).await;
-    if out.send(Said::Answer(answer)).await.is_ok() {
-        let _ = out.send(Said::Finished).await;
-    }
+    let _ = out.send(Said::Answer(answer)).await;
 }
 
 /// Carries out what the request's classification says.
@@ -128,9 +165,7 @@ async fn decide(
             true => Vec::new(),
             false => {
                 release = Release::Body;
-                out.send(Said::Answer(wire::continue_head(Vec::new(), Some(wire::whole_body()))))
-                    .await
-                    .map_err(|_| gone())?;
+                out.release(wire::continue_head(Vec::new(), Some(wire::whole_body()))).await.map_err(|_| gone())?;
                 whole_body(&mut inbound, limit).await?
             }
         };
@@ -180,7 +215,7 @@ async fn pass(
         (Release::Head, Some(_)) => wire::continue_head(set, Some(wire::counted_body())),
         (Release::Body, _) => wire::continue_body(set),
     };
-    if out.send(Said::Answer(answer)).await.is_ok() {
+    if out.release(answer).await.is_ok() {
         match limit {
             None => pass_on(inbound, out).await,
             Some((limit, protocol)) => pass_on_counted(inbound, out, limit, protocol).await?,
@@ -396,7 +431,7 @@ impl Held {
             Release::Head => wire::continue_head(set, Some(wire::write_mode())),
             Release::Body => wire::continue_body(set),
         };
-        out.send(Said::Answer(let_go)).await.map_err(|_| gone())?;
+        out.release(let_go).await.map_err(|_| gone())?;
         let started = Instant::now();
         let deadline = tokio::time::Instant::now() + timeout;
         // Once the head is let go, an answer that cannot be given leaves the outcome unknown.
@@ -460,7 +495,7 @@ impl Held {
                     if headers.end_of_stream
                         && let Some(read) = reading.take()
                     {
-                        read.read(&state, &settings, protocol, token, &[]).await?;
+                        read.within(deadline, timeout, &state, &settings, protocol, token, &[]).await?;
                     }
                     answer = Some((status, details));
                     let mode = reading.is_some().then(wire::answer_body);
@@ -479,7 +514,7 @@ impl Held {
                         ));
                     }
                     if let Some(read) = reading.take() {
-                        read.read(&state, &settings, protocol, token, &body.body).await?;
+                        read.within(deadline, timeout, &state, &settings, protocol, token, &body.body).await?;
                     }
                 }
                 Some(Asked::RequestHeaders(_)) => return Err(failed("Envoy sent a second request head".to_owned())),
@@ -511,6 +546,23 @@ impl Held {
 }
 
 impl AnswerBody {
+    /// [`AnswerBody::read`] by `deadline`, the write's own (`backend.request_timeout`, `timeout`,
+    /// from its release): a binding the store cannot make by then leaves the outcome unknown.
+    #[allow(clippy::too_many_arguments)]
+    async fn within(
+        self,
+        deadline: tokio::time::Instant,
+        timeout: Duration,
+        state: &State,
+        settings: &Settings,
+        protocol: Chosen,
+        token: u64,
+        body: &[u8],
+    ) -> Result<(), Refusal> {
+        let read = self.read(state, settings, protocol, token, body);
+        tokio::time::timeout_at(deadline, read).await.unwrap_or(Err(UpstreamError::Timeout(timeout).into()))
+    }
+
     /// Reads the backend's whole answer `body` to a multipart upload's write, under its turn.
     async fn read(
         self,
