@@ -357,10 +357,10 @@ async fn fence(
         out: out.clone(),
     };
     let prepare = move |permit: Option<Permit>| async move {
-        // The proof's authoritative look, now that the turn has come.
+        // The proof's authoritative look, once the turn has come.
         let state = &held.state;
         proven.check(proven.first.as_slice(), &state.settings.get().hmac, &state.locks.load())?;
-        // Before the advance: a write nobody waits for any more does not use its token up.
+        // Before the advance: a write whose stream closed does not use its token up.
         if held.out.is_closed() {
             return Err(gone());
         }
