@@ -495,7 +495,7 @@ impl Held {
                     if headers.end_of_stream
                         && let Some(read) = reading.take()
                     {
-                        read.within(deadline, timeout, &state, &settings, protocol, token, &[]).await?;
+                        by_deadline(deadline, timeout, read.read(&state, &settings, protocol, token, &[])).await?;
                     }
                     answer = Some((status, details));
                     let mode = reading.is_some().then(wire::answer_body);
@@ -514,7 +514,8 @@ impl Held {
                         ));
                     }
                     if let Some(read) = reading.take() {
-                        read.within(deadline, timeout, &state, &settings, protocol, token, &body.body).await?;
+                        let read = read.read(&state, &settings, protocol, token, &body.body);
+                        by_deadline(deadline, timeout, read).await?;
                     }
                 }
                 Some(Asked::RequestHeaders(_)) => return Err(failed("Envoy sent a second request head".to_owned())),
@@ -545,24 +546,17 @@ impl Held {
     }
 }
 
-impl AnswerBody {
-    /// [`AnswerBody::read`] by `deadline`, the write's own (`backend.request_timeout`, `timeout`,
-    /// from its release): a binding the store cannot make by then leaves the outcome unknown.
-    #[allow(clippy::too_many_arguments)]
-    async fn within(
-        self,
-        deadline: tokio::time::Instant,
-        timeout: Duration,
-        state: &State,
-        settings: &Settings,
-        protocol: Chosen,
-        token: u64,
-        body: &[u8],
-    ) -> Result<(), Refusal> {
-        let read = self.read(state, settings, protocol, token, body);
-        tokio::time::timeout_at(deadline, read).await.unwrap_or(Err(UpstreamError::Timeout(timeout).into()))
-    }
+/// `read` by `deadline`, the write's own (`backend.request_timeout`, `timeout`, from its
+/// release): a binding the store cannot make by then leaves the outcome unknown.
+async fn by_deadline(
+    deadline: tokio::time::Instant,
+    timeout: Duration,
+    read: impl Future<Output = Result<(), Refusal>>,
+) -> Result<(), Refusal> {
+    tokio::time::timeout_at(deadline, read).await.unwrap_or(Err(UpstreamError::Timeout(timeout).into()))
+}
 
+impl AnswerBody {
     /// Reads the backend's whole answer `body` to a multipart upload's write, under its turn.
     async fn read(
         self,
