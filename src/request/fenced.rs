@@ -140,21 +140,49 @@ impl Created {
             return Ok(resp);
         }
         let (parts, body) = resp.into_parts();
-        let failed = |why: String| {
-            Refusal::Upstream(UpstreamError::Failed(format!(
-                "the backend created a multipart upload of {object}, but {why}; the upload cannot be used"
-            )))
-        };
-        let unread = |e| failed(format!("its answer could not be read: {e}"));
+        let unread = |e| unusable(&object, format!("its answer could not be read: {e}"));
         let bytes = read_whole_answer(body, MAX_CREATED, &settings, unread).await?;
-        let id = protocol.upload_id(&bytes).ok_or_else(|| failed("its answer names no upload id".into()))?;
-        let (s3, scopes) = (&settings.config.s3, &settings.config.fence.scopes);
-        state.fence.bind_upload(&object, &id, token, s3.max_uploads, scopes).await.map_err(|e| match e {
-            BindError::Fence(e) => Refusal::Fence(e),
-            BindError::Store(e) => Refusal::Store(e),
-        })?;
+        bind_created(&state, &settings, protocol, &object, token, &bytes).await?;
         Ok(Response::from_parts(parts, full_body(Full::new(bytes))))
     }
+}
+
+/// Binds the upload that `body`, the backend's whole answer to the creation of an upload of
+/// `object`, names to `token`: durably, before the client hears of the id.
+pub(super) async fn bind_created(
+    state: &State,
+    settings: &Settings,
+    protocol: Chosen,
+    object: &str,
+    token: u64,
+    body: &[u8],
+) -> Result<(), Refusal> {
+    let id = protocol.upload_id(body).ok_or_else(|| unusable(object, "its answer names no upload id".into()))?;
+    let (s3, scopes) = (&settings.config.s3, &settings.config.fence.scopes);
+    state.fence.bind_upload(object, &id, token, s3.max_uploads, scopes).await.map_err(|e| match e {
+        BindError::Fence(e) => Refusal::Fence(e),
+        BindError::Store(e) => Refusal::Store(e),
+    })
+}
+
+/// A created upload of `object` that cannot be bound, for `why`.
+fn unusable(object: &str, why: String) -> Refusal {
+    Refusal::Upstream(UpstreamError::Failed(format!(
+        "the backend created a multipart upload of {object}, but {why}; the upload cannot be used"
+    )))
+}
+
+/// Drops the binding of upload `id` of `object` once `body`, the backend's whole success
+/// answer to its end, does not say it failed all the same; whether it ended.
+pub(super) async fn drop_ended(state: &State, protocol: Chosen, object: &str, id: &str, body: &[u8]) -> bool {
+    if protocol.failed_late(body) {
+        return false;
+    }
+    if let Err(e) = state.fence.drop_upload(object, id).await {
+        // Left behind, the binding names an upload the server has ended.
+        tracing::warn!(object, upload = id, error = %e, "could not drop an ended upload's binding");
+    }
+    true
 }
 
 /// The checks of a write fenced here before its turn: its proof, then the precheck of its
@@ -410,12 +438,8 @@ async fn ended(
     let bytes = read_whole_answer(body, MAX_ENDED, settings, unread).await?;
     let Ends { object, id } = ends;
     let mut tag = None;
-    if parts.status.is_success() && !protocol.failed_late(&bytes) {
+    if parts.status.is_success() && drop_ended(state, protocol, object, id, &bytes).await {
         tag = protocol.completed_tag(&bytes);
-        if let Err(e) = state.fence.drop_upload(object, id).await {
-            // Left behind, the binding names an upload the server has ended.
-            tracing::warn!(object, upload = id, error = %e, "could not drop an ended upload's binding");
-        }
     }
     Ok((Response::from_parts(parts, full_body(Full::new(bytes))), tag))
 }

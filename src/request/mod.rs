@@ -103,12 +103,7 @@ pub(crate) async fn handle(state: Arc<State>, req: Request<Incoming>, client: Pe
             resp
         }
         Err(refusal) => {
-            state.metrics.request(&method, refusal.code());
-            let interval = settings.config.log.refusal_interval;
-            throttle::log(&state.refusals, interval, &refusal, &method, uri.path(), &client);
-            let withhold =
-                refusal.names_a_level() && refusal.resource().is_some_and(|key| settings.config.fence.withholds(key));
-            let mut resp = protocol.refuse(&refusal, withhold);
+            let mut resp = refused(&state, &settings, protocol, &method, uri.path(), &client, &refusal);
             if closes {
                 resp.headers_mut().insert(CONNECTION, HeaderValue::from_static("close"));
             }
@@ -120,6 +115,25 @@ pub(crate) async fn handle(state: Arc<State>, req: Request<Incoming>, client: Pe
     };
     state.metrics.request_latency.observe(started.elapsed().as_secs_f64());
     resp
+}
+
+/// fencegate's own answer to `refusal` of a request (`method` at `path`, from `client`), in
+/// the protocol's form, counted and logged; the levels it would name withheld where the key's
+/// are.
+pub(crate) fn refused(
+    state: &State,
+    settings: &Settings,
+    protocol: protocol::Chosen,
+    method: &http::Method,
+    path: &str,
+    client: &Peer,
+    refusal: &Refusal,
+) -> Response<Full<bytes::Bytes>> {
+    state.metrics.request(method, refusal.code());
+    throttle::log(&state.refusals, settings.config.log.refusal_interval, refusal, method, path, client);
+    let withhold =
+        refusal.names_a_level() && refusal.resource().is_some_and(|key| settings.config.fence.withholds(key));
+    protocol.refuse(refusal, withhold)
 }
 
 /// Reads the body of a request that names its resources there, at most `limit` bytes within

@@ -19,11 +19,11 @@ use tonic::Streaming;
 
 use super::Said;
 use super::wire::{self, Head};
-use crate::fence::{BindError, Policy};
+use crate::fence::Policy;
 use crate::refusal::{ERROR_HEADER, Refusal, throttle};
 use crate::request::InFlight;
 use crate::request::classify::{Plan, UploadStep, Write};
-use crate::request::fenced::{outcome, prove};
+use crate::request::fenced::{bind_created, drop_ended, outcome, prove};
 use crate::request::proof::Guess;
 use crate::request::protocol::{self, Chosen, Protocol as _};
 use crate::state::{Settings, State};
@@ -138,11 +138,8 @@ async fn refuse(
     refusal: Refusal,
     out: &Out,
 ) {
-    state.metrics.request(method, refusal.code());
-    throttle::log(&state.refusals, settings.config.log.refusal_interval, &refusal, method, path, client);
-    let withhold =
-        refusal.names_a_level() && refusal.resource().is_some_and(|key| settings.config.fence.withholds(key));
-    let answer = wire::immediate(protocol.refuse(&refusal, withhold), refusal.code()).await;
+    let resp = crate::request::refused(state, settings, protocol, method, path, client, &refusal);
+    let answer = wire::immediate(resp, refusal.code()).await;
     let _ = out.send(Said::Answer(answer)).await;
 }
 
@@ -567,26 +564,9 @@ impl AnswerBody {
         body: &[u8],
     ) -> Result<(), Refusal> {
         match self {
-            AnswerBody::Binds { object } => {
-                let Some(id) = protocol.upload_id(body) else {
-                    return Err(failed(format!(
-                        "the backend created a multipart upload of {object}, but its answer names no upload id; the \
-                         upload cannot be used"
-                    )));
-                };
-                let (s3, scopes) = (&settings.config.s3, &settings.config.fence.scopes);
-                state.fence.bind_upload(&object, &id, token, s3.max_uploads, scopes).await.map_err(|e| match e {
-                    BindError::Fence(e) => Refusal::Fence(e),
-                    BindError::Store(e) => Refusal::Store(e),
-                })
-            }
+            AnswerBody::Binds { object } => bind_created(state, settings, protocol, &object, token, body).await,
             AnswerBody::Ends { object, id } => {
-                if !protocol.failed_late(body)
-                    && let Err(e) = state.fence.drop_upload(&object, &id).await
-                {
-                    // Left behind, the binding names an upload the server has ended.
-                    tracing::warn!(object, upload = id, error = %e, "could not drop an ended upload's binding");
-                }
+                drop_ended(state, protocol, &object, &id, body).await;
                 Ok(())
             }
         }
