@@ -24,10 +24,7 @@ impl Handler for Processing {
     const BUSY_UNTIL_BODY_ENDS: bool = true;
 
     fn client(&self, remote: Remote) -> Peer {
-        match remote {
-            Remote::Tcp(addr) => Peer::new(addr),
-            Remote::Unix => Peer::unix(),
-        }
+        super::proxying::peer(remote)
     }
 
     fn handle(self, req: Request<Incoming>, client: Peer) -> impl Future<Output = Response<GrpcBody>> + Send {

@@ -23,10 +23,7 @@ impl Handler for Proxying {
     type Body = ResponseBody;
 
     fn client(&self, remote: Remote) -> Peer {
-        match remote {
-            Remote::Tcp(addr) => Peer::new(addr),
-            Remote::Unix => Peer::unix(),
-        }
+        peer(remote)
     }
 
     fn handle(self, req: Request<Incoming>, client: Peer) -> impl Future<Output = Response<ResponseBody>> + Send {
@@ -35,6 +32,14 @@ impl Handler for Proxying {
 
     fn bytes_out(&self) -> Option<&Counter> {
         Some(&self.0.metrics.bytes_out)
+    }
+}
+
+/// The peer a connection from `remote` is, as requests see it.
+pub(super) fn peer(remote: Remote) -> Peer {
+    match remote {
+        Remote::Tcp(addr) => Peer::new(addr),
+        Remote::Unix => Peer::unix(),
     }
 }
 

@@ -183,7 +183,7 @@ async fn decide(
         Plan::ReadBody { .. } => Err(Refusal::BadRequest("the body was read already".into())),
         Plan::Write(write) => {
             let set = set_target(sent, write.target.as_str());
-            fence(state, settings, head.ends, release, write, set, inbound, out).await
+            fence(state, settings, protocol, head.ends, release, write, set, inbound, out).await
         }
     };
     if let (Some(guess), Err(refusal)) = (&guess, &result) {
@@ -213,36 +213,9 @@ async fn pass(
         (Release::Body, _) => wire::continue_body(set),
     };
     if out.release(answer).await.is_ok() {
-        match limit {
-            None => pass_on(inbound, out).await,
-            Some((limit, protocol)) => pass_on_counted(inbound, out, limit, protocol).await?,
-        }
+        pass_on(inbound, out, limit).await?;
     }
     Ok(Ended::Passed)
-}
-
-/// [`pass_on`], cutting off a body longer than `limit`.
-async fn pass_on_counted(
-    mut inbound: Streaming<ProcessingRequest>,
-    out: &Out,
-    limit: u64,
-    protocol: Chosen,
-) -> Result<(), Refusal> {
-    let mut sent = 0u64;
-    while let Ok(Some(message)) = inbound.message().await {
-        if let Some(Asked::RequestBody(body)) = &message.request {
-            sent += body.body.len() as u64;
-            if sent > limit {
-                let _ = out.send(Said::Answer(too_late(protocol, &Refusal::BodyTooLarge { limit }).await)).await;
-                return Err(UpstreamError::BodyTooLarge { limit }.into());
-            }
-        }
-        let Some(answer) = wire::continue_any(&message) else { continue };
-        if out.send(Said::Answer(answer)).await.is_err() {
-            break;
-        }
-    }
-    Ok(())
 }
 
 /// Where Envoy holds a request until fencegate answers: at its head, or (for one that names
@@ -271,14 +244,28 @@ async fn whole_body(inbound: &mut Streaming<ProcessingRequest>, limit: usize) ->
     }
 }
 
-/// Answers whatever else Envoy sends with "go on", until it ends the stream.
-async fn pass_on(mut inbound: Streaming<ProcessingRequest>, out: &Out) {
+/// Answers whatever else Envoy sends with "go on", until it ends the stream; with `limit`,
+/// cutting off a request body longer than that.
+async fn pass_on(
+    mut inbound: Streaming<ProcessingRequest>,
+    out: &Out,
+    limit: Option<(u64, Chosen)>,
+) -> Result<(), Refusal> {
+    let mut sent = 0u64;
     while let Ok(Some(message)) = inbound.message().await {
+        if let (Some(Asked::RequestBody(body)), Some((limit, protocol))) = (&message.request, limit) {
+            sent += body.body.len() as u64;
+            if sent > limit {
+                let _ = out.send(Said::Answer(too_late(protocol, &Refusal::BodyTooLarge { limit }).await)).await;
+                return Err(UpstreamError::BodyTooLarge { limit }.into());
+            }
+        }
         let Some(answer) = wire::continue_any(&message) else { continue };
         if out.send(Said::Answer(answer)).await.is_err() {
-            return;
+            break;
         }
     }
+    Ok(())
 }
 
 /// A fenced write: its checks before the turn, then the turn, in which the head is let go once
@@ -287,6 +274,7 @@ async fn pass_on(mut inbound: Streaming<ProcessingRequest>, out: &Out) {
 async fn fence(
     state: &Arc<State>,
     settings: &Arc<Settings>,
+    protocol: Chosen,
     ends: bool,
     release: Release,
     write: Write,
@@ -316,8 +304,7 @@ async fn fence(
         Some(UploadStep::Part { object, id }) => {
             state.fence.check_upload(&object, &id, token)?;
             state.fence.precheck(&touches, token, Policy { equal, max_jump, pinned: false })?;
-            let limit = body_limit.map(|limit| (limit, protocol::for_backend(&settings.config.backend)));
-            return pass(release, set, limit, inbound, out).await;
+            return pass(release, set, body_limit.map(|limit| (limit, protocol)), inbound, out).await;
         }
         Some(UploadStep::End { object, id }) => {
             state.fence.check_upload(&object, &id, token)?;
@@ -342,7 +329,7 @@ async fn fence(
     let held = Held {
         state: Arc::clone(state),
         settings: Arc::clone(settings),
-        protocol: protocol::for_backend(&settings.config.backend),
+        protocol,
         token,
         release,
         answered,
@@ -364,7 +351,7 @@ async fn fence(
         Ok::<_, Refusal>(held.let_go(permit))
     };
     let (status, inbound) = turn.finish_after(token, policy, quarantine, prepare, outcome).await?;
-    pass_on(inbound, out).await;
+    pass_on(inbound, out, None).await?;
     Ok(Ended::Forwarded(status))
 }
 

@@ -119,11 +119,7 @@ pub(super) fn answer_of(headers: &HttpHeaders, request: &ProcessingRequest) -> (
 /// Lets the request's head go on, with `set` set on it (the canonical target, a canonical
 /// `Destination`) and `mode` asked for the rest of the exchange.
 pub(super) fn continue_head(set: Vec<(String, Vec<u8>)>, mode: Option<ProcessingMode>) -> ProcessingResponse {
-    let header_mutation = (!set.is_empty()).then(|| HeaderMutation {
-        set_headers: set.into_iter().map(|(key, raw_value)| overwrite(key, raw_value)).collect(),
-        remove_headers: Vec::new(),
-    });
-    let response = CommonResponse { header_mutation, ..Default::default() };
+    let response = CommonResponse { header_mutation: setting(set), ..Default::default() };
     respond(Answer::RequestHeaders(HeadersResponse { response: Some(response) }), mode)
 }
 
@@ -138,11 +134,7 @@ pub(super) fn continue_answer(error_header: &str, mode: Option<ProcessingMode>) 
 /// Lets a request's body, which Envoy holds whole with its head, go on, with `set` set on the
 /// head.
 pub(super) fn continue_body(set: Vec<(String, Vec<u8>)>) -> ProcessingResponse {
-    let header_mutation = (!set.is_empty()).then(|| HeaderMutation {
-        set_headers: set.into_iter().map(|(key, raw_value)| overwrite(key, raw_value)).collect(),
-        remove_headers: Vec::new(),
-    });
-    let response = CommonResponse { header_mutation, ..Default::default() };
+    let response = CommonResponse { header_mutation: setting(set), ..Default::default() };
     respond(Answer::RequestBody(BodyResponse { response: Some(response) }), None)
 }
 
@@ -218,6 +210,14 @@ pub(super) async fn immediate(resp: http::Response<Full<Bytes>>, details: &str) 
         details: details.to_owned(),
     };
     respond(Answer::ImmediateResponse(immediate), None)
+}
+
+/// The mutation that sets each of `set` on a head, if there is any.
+fn setting(set: Vec<(String, Vec<u8>)>) -> Option<HeaderMutation> {
+    (!set.is_empty()).then(|| HeaderMutation {
+        set_headers: set.into_iter().map(|(key, raw_value)| overwrite(key, raw_value)).collect(),
+        remove_headers: Vec::new(),
+    })
 }
 
 fn overwrite(key: String, raw_value: Vec<u8>) -> HeaderValueOption {
