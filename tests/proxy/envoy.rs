@@ -33,6 +33,18 @@ impl Mesh {
         Some(Mesh { h, envoy })
     }
 
+    /// The same in front of a backend the test started itself at `backend` (the harness's own
+    /// in-memory backend then sees nothing).
+    async fn in_front_of(backend: std::net::SocketAddr) -> Option<Mesh> {
+        let h = Harness::start_with(|c| {
+            c.server.mode = ServerMode::ExtProc;
+            c.backend.url = format!("http://{backend}").parse().unwrap();
+        })
+        .await;
+        let envoy = Envoy::start(h.addr, backend, &EnvoyOptions::default()).await?;
+        Some(Mesh { h, envoy })
+    }
+
     async fn send(&self, method: &str, path: &str, headers: &[(&str, &str)], body: impl Into<Bytes>) -> Resp {
         self.h.send_to(self.envoy.addr, method, path, headers, body).await
     }
@@ -116,16 +128,11 @@ async fn a_write_envoy_answers_itself_quarantines_its_resource() {
 /// write of token 10 to `/r` of which the client has sent half the body.
 async fn a_write_half_sent() -> Option<(Mesh, common::RawConn, Arc<Mutex<Vec<String>>>)> {
     let (backend, log) = common::backend::early_answering_backend().await;
-    let h = Harness::start_with(|c| {
-        c.server.mode = ServerMode::ExtProc;
-        c.backend.url = format!("http://{backend}").parse().unwrap();
-    })
-    .await;
-    let envoy = Envoy::start(h.addr, backend, &EnvoyOptions::default()).await?;
-    let mut first = common::RawConn::open(envoy.addr).await;
+    let m = Mesh::in_front_of(backend).await?;
+    let mut first = common::RawConn::open(m.envoy.addr).await;
     first.send(b"PUT /r HTTP/1.1\r\nHost: x\r\nFencing-Token: 10\r\nContent-Length: 10\r\n\r\nhalf-").await;
     common::poll_until("the backend has the first write's head", || log.lock().unwrap().len() == 1).await;
-    Some((Mesh { h, envoy }, first, log))
+    Some((m, first, log))
 }
 
 /// Envoy ends a request whose backend answered before taking the whole body: it relays the
@@ -285,13 +292,7 @@ async fn a_write_whose_client_leaves_while_it_waits_uses_no_token() {
 #[tokio::test]
 async fn a_webdav_move_reaches_nginx_at_the_destination_that_was_fenced() {
     let Some(nginx) = common::nginx::start_nginx().await else { return };
-    let h = Harness::start_with(|c| {
-        c.server.mode = ServerMode::ExtProc;
-        c.backend.url = format!("http://{}", nginx.addr).parse().unwrap();
-    })
-    .await;
-    let Some(envoy) = Envoy::start(h.addr, nginx.addr, &EnvoyOptions::default()).await else { return };
-    let m = Mesh { h, envoy };
+    let Some(m) = Mesh::in_front_of(nginx.addr).await else { return };
     let file = |path: &str| std::fs::read_to_string(nginx.root.join(path)).ok();
     assert_eq!(m.put("/acct", 1000, "precious").await.status, 201);
     assert_eq!(m.put("/scratch0", 10, "junk").await.status, 201);
@@ -313,13 +314,7 @@ async fn a_webdav_move_reaches_nginx_at_the_destination_that_was_fenced() {
 #[tokio::test]
 async fn a_write_whose_backend_connection_resets_quarantines_its_resource() {
     let stub = common::backend::StubBackend::start(common::backend::Reply::Close).await;
-    let h = Harness::start_with(|c| {
-        c.server.mode = ServerMode::ExtProc;
-        c.backend.url = format!("http://{}", stub.addr()).parse().unwrap();
-    })
-    .await;
-    let Some(envoy) = Envoy::start(h.addr, stub.addr(), &EnvoyOptions::default()).await else { return };
-    let m = Mesh { h, envoy };
+    let Some(m) = Mesh::in_front_of(stub.addr()).await else { return };
     let r = m.put("/r", 5, "v").await;
     assert_eq!((r.status, r.fencegate_error()), (503, None), "Envoy's own answer: {r:?}");
     m.put("/r", 6, "next").await.assert_refused(503, "resource_quarantined");
