@@ -261,7 +261,8 @@ async fn a_file_system_the_kernel_turns_read_only_fails_the_store_and_a_restart_
         r.assert_refused(503, "store_unavailable");
     }
     let cause = ["Read-only file system", "Input/output error"];
-    assert!(cause.iter().any(|c| d.proxy().log_contains(c)), "the cause is logged");
+    // The log reaches the test through the log thread and a pipe: waited for, not raced.
+    poll_until("the cause is logged", || cause.iter().any(|c| d.proxy().log_contains(c))).await;
     let ready = readyz(admin).await;
     let problem = ready.json()["problems"][0].as_str().unwrap_or_default().to_owned();
     assert!(
