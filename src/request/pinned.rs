@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::header::{ETAG, HeaderMap, HeaderName, HeaderValue, IF_MATCH, IF_NONE_MATCH};
-use http::{Method, Request, Response, StatusCode};
+use http::uri::PathAndQuery;
+use http::{Method, Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, Full};
 
 use super::Outgoing;
@@ -17,7 +18,7 @@ use crate::fence::{FenceError, Pin, PinSlot, QuarantineCause};
 use crate::refusal::Refusal;
 use crate::state::metrics::PinHeadLabels;
 use crate::state::{Metrics, Settings};
-use crate::upstream::{Connection, Hold, RequestBody, ResponseBody};
+use crate::upstream::{Connection, Hold, Peer, RequestBody, ResponseBody};
 
 /// What a pinned write was sent with, for reading its answer.
 pub(super) struct Pinning {
@@ -63,18 +64,58 @@ pub(super) async fn pin(
     slot: PinSlot,
     kind: Pinned,
 ) -> Result<(Connection, Pinning), Refusal> {
+    let mut unused = Some(conn);
+    let asked = HeadFrom { uri: out.req.uri(), target: &out.target, headers: out.req.headers(), client: &out.client };
+    let (pinning, precondition) = choose(metrics, protocol, asked.headers, slot, kind, async |key: &str| {
+        // Taken once: `choose` learns at most once.
+        let Some(conn) = unused.take() else { return Ok(None) };
+        learn(settings, protocol, conn, &asked, key).await
+    })
+    .await?;
+    if let Some((name, value)) = precondition {
+        out.req.headers_mut().insert(name, value);
+    }
+    // The HEAD's connection is back in the pool once its answer ended.
+    let conn = match unused {
+        Some(conn) => conn,
+        None => settings.upstream.connection().await?,
+    };
+    Ok((conn, pinning))
+}
+
+/// What a `HEAD` learning a key's state is made from: the write's target as the client sent it
+/// and as it is forwarded, its headers, and its client.
+pub(super) struct HeadFrom<'a> {
+    pub(super) uri: &'a Uri,
+    pub(super) target: &'a PathAndQuery,
+    pub(super) headers: &'a HeaderMap,
+    pub(super) client: &'a Peer,
+}
+
+/// The key's state for a write with the request `headers`, under its turn and before its
+/// advance: the pin the fence keeps, or one `learn` finds (by a `HEAD`; `None` when the
+/// protocol cannot ask). Judges the write's own `If-Match` and `If-None-Match` against it, and
+/// returns the precondition naming it that the write is sent with, if the backend honours one.
+pub(super) async fn choose(
+    metrics: &Metrics,
+    protocol: Chosen,
+    headers: &HeaderMap,
+    slot: PinSlot,
+    kind: Pinned,
+    learn: impl AsyncFnOnce(&str) -> Result<Option<Pin>, Refusal>,
+) -> Result<(Pinning, Option<(HeaderName, HeaderValue)>), Refusal> {
     // A pin kept from an earlier write is out of date when the backend's state moved around
     // the fence (a write that bypassed it; in a cluster, a write of another leader): a client
     // precondition it fails is judged again against the backend's word, or a client that names
     // the real state would be refused on every retry. One a late write was pinned to is learnt
     // again too: that write may have landed meanwhile.
     // Judged only where the client sent any condition: most writes send none.
-    let own_conditions = out.req.headers().keys().any(is_condition);
-    let holds = |pin: &Pin| if own_conditions { judge(out.req.headers(), pin, slot.key()) } else { Ok(()) };
+    let own_conditions = headers.keys().any(is_condition);
+    let holds = |pin: &Pin| if own_conditions { judge(headers, pin, slot.key()) } else { Ok(()) };
     let kept = slot.get().filter(|pin| holds(pin).is_ok() && slot.late(pin).is_none());
-    let (pin, conn) = match kept {
-        Some(pin) => (pin, conn),
-        None => match count(metrics, learn(settings, protocol, conn, out, slot.key()).await)? {
+    let pin = match kept {
+        Some(pin) => pin,
+        None => match count(metrics, learn(slot.key()).await)? {
             Some(pin) => {
                 // Learnt under the turn: it holds until this write's advance.
                 slot.set(pin.clone());
@@ -86,38 +127,30 @@ pub(super) async fn pin(
                     return Err(waits(&slot, retry_after));
                 }
                 holds(&pin)?;
-                // The HEAD's connection is back in the pool once its answer ended.
-                (pin, settings.upstream.connection().await?)
+                pin
             }
             None => {
                 // Sent unpinned, it could leave behind the tag a late write was pinned to.
                 if let Some(retry_after) = slot.late_any() {
                     return Err(waits(&slot, retry_after));
                 }
-                let conn = settings.upstream.connection().await?;
-                return Ok((conn, Pinning { slot, kind, sent: None }));
+                return Ok((Pinning { slot, kind, sent: None }, None));
             }
         },
     };
-    let headers = out.req.headers_mut();
     if !protocol.honours(kind, &pin) {
         // No precondition the backend honours names this state: sent as without pins.
-        return Ok((conn, Pinning { slot, kind, sent: None }));
+        return Ok((Pinning { slot, kind, sent: None }, None));
     }
-    match &pin {
-        Pin::Tag(tag) => {
-            let value = HeaderValue::from_str(tag).map_err(|e| unreadable(slot.key(), e))?;
-            headers.insert(IF_MATCH, value);
-        }
-        Pin::Absent => {
-            headers.insert(IF_NONE_MATCH, HeaderValue::from_static("*"));
-        }
-    }
+    let precondition = match &pin {
+        Pin::Tag(tag) => (IF_MATCH, HeaderValue::from_str(tag).map_err(|e| unreadable(slot.key(), e))?),
+        Pin::Absent => (IF_NONE_MATCH, HeaderValue::from_static("*")),
+    };
     slot.sent_pinned(&pin);
     // A 412 may then be the client's own condition failing (If-Unmodified-Since, WebDAV's If):
     // relayed as the backend wrote it, not as fencegate's backend_moved.
     let sent = (!own_conditions).then_some(pin);
-    Ok((conn, Pinning { slot, kind, sent }))
+    Ok((Pinning { slot, kind, sent }, Some(precondition)))
 }
 
 /// A pinned write's answer, under its turn: a `2xx` sets the key's pin (the answer's strong
@@ -138,27 +171,33 @@ pub(super) fn answered_with_tag(
     result: Result<Response<ResponseBody>, Refusal>,
     tag: Option<Arc<str>>,
 ) -> Result<Response<ResponseBody>, Refusal> {
+    let resp = result?;
+    settle(pinning, resp.status(), tag)?;
+    Ok(resp)
+}
+
+/// A pinned write's answer `status` from the backend, under its turn: a `2xx` sets the key's
+/// pin (to `tag`, the strong entity tag a `PUT`'s answer names, none known without one; absent
+/// after a `DELETE`), and a `412` to the precondition fencegate sent is `backend_moved`. Any
+/// other answer leaves the pin unknown, as the advance left it.
+pub(super) fn settle(pinning: Pinning, status: StatusCode, tag: Option<Arc<str>>) -> Result<(), Refusal> {
     let Pinning { slot, kind, sent } = pinning;
-    match result {
-        Ok(resp)
-            if resp.status() == StatusCode::PRECONDITION_FAILED
-                && let Some(pin) = &sent =>
-        {
-            Err(Refusal::BackendMoved { resource: slot.key().to_owned(), sent: precondition(pin) })
-        }
-        Ok(resp) if resp.status().is_success() => {
-            match kind {
-                Pinned::Put => {
-                    if let Some(tag) = tag {
-                        slot.set(Pin::Tag(tag));
-                    }
-                }
-                Pinned::Delete => slot.set(Pin::Absent),
-            }
-            Ok(resp)
-        }
-        other => other,
+    if status == StatusCode::PRECONDITION_FAILED
+        && let Some(pin) = &sent
+    {
+        return Err(Refusal::BackendMoved { resource: slot.key().to_owned(), sent: precondition(pin) });
     }
+    if status.is_success() {
+        match kind {
+            Pinned::Put => {
+                if let Some(tag) = tag {
+                    slot.set(Pin::Tag(tag));
+                }
+            }
+            Pinned::Delete => slot.set(Pin::Absent),
+        }
+    }
+    Ok(())
 }
 
 /// Counts a `HEAD`'s finding in `fencegate_pin_heads_total`.
@@ -173,23 +212,23 @@ fn count(metrics: &Metrics, learnt: Result<Option<Pin>, Refusal>) -> Result<Opti
     learnt
 }
 
-/// The backend's state of the key `out` writes, from a `HEAD` of its target on `conn`; `None`
-/// when the protocol cannot ask (conn is then given back unused).
-async fn learn(
+/// The backend's state of the key a write `asked` for changes, from a `HEAD` of its target on
+/// `conn`; `None` when the protocol cannot ask (conn is then given back unused).
+pub(super) async fn learn(
     settings: &Settings,
     protocol: Chosen,
     conn: Connection,
-    out: &Outgoing,
+    asked: &HeadFrom<'_>,
     key: &str,
 ) -> Result<Option<Pin>, Refusal> {
     let mut head = Request::new(RequestBody::Read(Full::new(Bytes::new())));
     *head.method_mut() = Method::HEAD;
-    *head.uri_mut() = out.req.uri().clone();
-    let mut target = out.target.clone();
-    if !protocol.learning_head(&mut head, &mut target, out.req.headers(), &settings.config) {
+    *head.uri_mut() = asked.uri.clone();
+    let mut target = asked.target.clone();
+    if !protocol.learning_head(&mut head, &mut target, asked.headers, &settings.config) {
         return Ok(None);
     }
-    let resp = settings.upstream.forward(conn, head, target, &out.client, None, Hold::default()).await;
+    let resp = settings.upstream.forward(conn, head, target, asked.client, None, Hold::default()).await;
     let unavailable = |why: String| Refusal::PinUnavailable { resource: key.to_owned(), why };
     let resp = resp.map_err(|e| unavailable(format!("its HEAD failed: {e}")))?;
     let (parts, body) = resp.into_parts();
@@ -213,9 +252,17 @@ async fn learn(
 /// The strong entity tag of one `ETag` field, with its quotes; `None` for a weak, malformed or
 /// repeated one.
 fn strong_tag(headers: &HeaderMap) -> Option<Arc<str>> {
-    let mut values = headers.get_all(ETAG).iter();
+    strong_tag_of(headers.get_all(ETAG).iter().map(HeaderValue::as_bytes))
+}
+
+/// [`strong_tag`] of the `ETag` field `values`.
+pub(super) fn strong_tag_of<'a>(mut values: impl Iterator<Item = &'a [u8]>) -> Option<Arc<str>> {
     let (Some(value), None) = (values.next(), values.next()) else { return None };
-    let tag = value.to_str().ok()?.trim();
+    // Visible ASCII only, as `HeaderValue::to_str` reads it.
+    if !value.iter().all(|&b| b == b'\t' || (0x20..0x7f).contains(&b)) {
+        return None;
+    }
+    let tag = std::str::from_utf8(value).ok()?.trim();
     let inner = tag.strip_prefix('"')?.strip_suffix('"')?;
     (!inner.contains('"')).then(|| tag.into())
 }

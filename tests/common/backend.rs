@@ -220,6 +220,11 @@ async fn serve(
 /// A backend that answers each request as soon as it has read the head, then reads the body.
 /// It logs `head T` and `body T` for the token T of each request, in the order it sees them.
 pub async fn early_answering_backend() -> (SocketAddr, Arc<std::sync::Mutex<Vec<String>>>) {
+    early_answering_backend_with("201 Created").await
+}
+
+/// [`early_answering_backend`], answering `status` (`"409 Conflict"`).
+pub async fn early_answering_backend_with(status: &'static str) -> (SocketAddr, Arc<std::sync::Mutex<Vec<String>>>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let log = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -247,7 +252,8 @@ pub async fn early_answering_backend() -> (SocketAddr, Arc<std::sync::Mutex<Vec<
                     let (token, length) = (field("fencing-token:"), field("content-length:").parse().unwrap_or(0));
                     log.lock().unwrap().push(format!("head {token}"));
                     buf.drain(..head_end);
-                    if tcp.write_all(b"HTTP/1.1 201 Created\r\ncontent-length: 0\r\n\r\n").await.is_err() {
+                    let answer = format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\n\r\n");
+                    if tcp.write_all(answer.as_bytes()).await.is_err() {
                         return;
                     }
                     while buf.len() < length {

@@ -127,7 +127,12 @@ async fn a_write_envoy_answers_itself_quarantines_its_resource() {
 /// Envoy in front of a backend that answers a head at once and reads the body after, and a
 /// write of token 10 to `/r` of which the client has sent half the body.
 async fn a_write_half_sent() -> Option<(Mesh, common::RawConn, Arc<Mutex<Vec<String>>>)> {
-    let (backend, log) = common::backend::early_answering_backend().await;
+    a_write_half_sent_to("201 Created").await
+}
+
+/// [`a_write_half_sent`], to a backend that answers `status`.
+async fn a_write_half_sent_to(status: &'static str) -> Option<(Mesh, common::RawConn, Arc<Mutex<Vec<String>>>)> {
+    let (backend, log) = common::backend::early_answering_backend_with(status).await;
     let m = Mesh::in_front_of(backend).await?;
     let mut first = common::RawConn::open(m.envoy.addr).await;
     first.send(b"PUT /r HTTP/1.1\r\nHost: x\r\nFencing-Token: 10\r\nContent-Length: 10\r\n\r\nhalf-").await;
@@ -148,6 +153,20 @@ async fn an_early_answer_ends_the_write_and_quarantines_its_resource() {
     let next = common::raw_request(m.envoy.addr, "PUT /r HTTP/1.1\r\nHost: x\r\nFencing-Token: 20", "v").await;
     next.assert_refused(503, "resource_quarantined");
     assert_eq!(*log.lock().unwrap(), ["head 10"], "nothing more reached the backend");
+}
+
+/// A backend that refuses a write (4xx) before it has the whole body applied nothing: its
+/// refusal is the write's answer, as through the proxy, and the resource stays open.
+#[tokio::test]
+async fn an_early_refusal_by_the_backend_ends_the_write_without_quarantine() {
+    let Some((m, mut first, log)) = a_write_half_sent_to("409 Conflict").await else { return };
+    let answer = first.read_response().await;
+    assert_eq!(answer.status, 409, "the backend's refusal is relayed: {answer:?}");
+    common::poll_until("the write gives its turn back", || m.h.proxy.queue_len("/r") == 0).await;
+    let next = common::raw_request(m.envoy.addr, "PUT /r HTTP/1.1\r\nHost: x\r\nFencing-Token: 20", "v").await;
+    assert_eq!((next.status, next.fencegate_error()), (409, None), "not quarantined: {next:?}");
+    assert_eq!(log.lock().unwrap().first().map(String::as_str), Some("head 10"));
+    assert!(log.lock().unwrap().iter().any(|l| l == "head 20"), "{:?}", log.lock().unwrap());
 }
 
 #[tokio::test]
@@ -500,4 +519,74 @@ async fn a_write_ended_by_trailers_is_answered_and_leaves_its_resource_open() {
     assert_eq!(m.h.applied_tokens("/t"), [1]);
     let r = m.put("/t", 2, "v2").await;
     assert_eq!((r.status, r.fencegate_error()), (200, None), "a whole, answered write left /t closed: {r:?}");
+}
+
+/// Pins through Envoy (docs/pins.md): a write Envoy gave up on (its route timeout, so the
+/// resource is quarantined) reaches Apache late, through a relay the test holds it in, after a
+/// newer holder's write. It was sent with the precondition naming the state it was ordered
+/// after, so Apache refuses it and the newer write stays. Once for a file that did not exist
+/// (`If-None-Match: *`, learnt by fencegate's own `HEAD` to `backend.url`) and once for one
+/// that did (`If-Match`). (A `412` answered as `backend_moved` through Envoy is in
+/// `s3_pins.rs`: Apache names no tag in a `PUT`'s answer, so its next write learns anew.)
+#[tokio::test]
+async fn a_delayed_write_fails_at_the_backend_with_pins_through_envoy() {
+    use common::apache::start_apache;
+    use common::relay::{Relay, Request};
+    let Some(apache) = start_apache().await else { return };
+    let relay = Relay::start(apache.addr).await;
+    let timeout = Duration::from_secs(1);
+    let quarantine = Duration::from_millis(200);
+    let hold = timeout + quarantine * 3;
+    let url = relay.url();
+    let h = Harness::start_with(|c| {
+        *c = common::signing::with_rules(c, "[[fence.rules]]\nprefix = \"/\"\npin = \"etag\"\n");
+        c.server.mode = ServerMode::ExtProc;
+        c.backend.url = url.parse().unwrap();
+        c.fence.quarantine = quarantine;
+    })
+    .await;
+    let options = EnvoyOptions { route_timeout: timeout, ..Default::default() };
+    let Some(envoy) = Envoy::start(h.addr, relay.addr(), &options).await else { return };
+    let m = Mesh { h, envoy };
+    let put_of = |path: &'static str, token: u64| {
+        move |r: &Request| r.method == "PUT" && r.target == path && r.token() == Some(token)
+    };
+    // Sends until the quarantine lets the write through.
+    let after_quarantine = async |path: &str, token: u64, body: &str| {
+        let mut answer = None;
+        common::eventually("the quarantine ends", async || {
+            let r = m.put(path, token, body).await;
+            let through = r.fencegate_error() != Some("resource_quarantined");
+            answer = Some(r);
+            through
+        })
+        .await;
+        answer.expect("a write went through")
+    };
+
+    assert_eq!(m.put("/old", 1, "zero").await.status, 201);
+    for (path, precondition) in [("/new", "if-none-match"), ("/old", "if-match")] {
+        let mut held_write = relay.hold_next_gated(put_of(path, 2), hold);
+        let r = m.put(path, 2, "one").await;
+        assert_eq!((r.status, r.fencegate_error()), (504, None), "{path}: Envoy's own timeout: {r:?}");
+        let held = held_write.held().await;
+        assert!(held.header(precondition).is_some(), "{path}: the held write is pinned: {:?}", held.headers);
+
+        let two = match path {
+            // Learnt absent by a HEAD: pinned to that, it need not wait for the quarantine.
+            "/new" => m.put(path, 3, "two").await,
+            // The tag the held write was pinned to: it waits the quarantine out.
+            _ => {
+                m.put(path, 3, "two").await.assert_refused(503, "resource_quarantined");
+                after_quarantine(path, 3, "two").await
+            }
+        };
+        assert!(two.status == 201 || two.status == 204, "{path}: {two:?}");
+        assert_eq!(apache.file(path).as_deref(), Some(&b"two"[..]));
+
+        held_write.release();
+        let late = held_write.delivered().await;
+        assert_eq!(late.response.expect("Apache answered the late write").status, 412, "{path}");
+        assert_eq!(apache.file(path).as_deref(), Some(&b"two"[..]), "{path}: the newer write stays");
+    }
 }

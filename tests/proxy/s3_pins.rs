@@ -5,14 +5,29 @@
 
 use std::net::SocketAddr;
 
+use fencegate::config::ServerMode;
 use serde_json::Value;
 
+use crate::common::envoy::{Envoy, EnvoyOptions};
 use crate::common::s3::tap::Tap;
 use crate::common::s3::{S3Proxy, S3Server, python, start_moto, start_s3s, succeeded};
 
 /// fencegate in front of `server` through a tap, pins on (S3 mode's default), with `extra`
 /// TOML under `[s3]`, and the server's key as `[s3.credentials]` when `signed`.
 async fn pinned_proxy(server: &S3Server, signed: bool, extra: &str, secrets: &tempfile::TempDir) -> (S3Proxy, Tap) {
+    let (proxy, tap, _) = pinned_as(server, signed, extra, secrets, ServerMode::Proxy).await;
+    (proxy, tap)
+}
+
+/// [`pinned_proxy`] serving `mode`: with `ServerMode::ExtProc`, as the external processor of an
+/// Envoy in front of the tap, which is returned with it (`None` where Envoy is missing).
+async fn pinned_as(
+    server: &S3Server,
+    signed: bool,
+    extra: &str,
+    secrets: &tempfile::TempDir,
+    mode: ServerMode,
+) -> (S3Proxy, Tap, Option<Envoy>) {
     let addr: SocketAddr = server.url.trim_start_matches("http://").parse().unwrap();
     let tap = Tap::start(addr).await;
     // s3s-fs stores objects as files (tests/proxy/s3.rs).
@@ -26,12 +41,22 @@ async fn pinned_proxy(server: &S3Server, signed: bool, extra: &str, secrets: &te
             file.display().to_string()
         ));
     }
-    (S3Proxy::start(&tap.url(), &config).await, tap)
+    let proxy = S3Proxy::start_as(&tap.url(), &config, mode).await;
+    let envoy = match mode {
+        ServerMode::ExtProc => Envoy::start(proxy.addr, tap.addr, &EnvoyOptions::default()).await,
+        ServerMode::Proxy => None,
+    };
+    (proxy, tap, envoy)
 }
 
 /// Runs the scenario `name` of pins.py through `proxy` and returns the tags it printed.
 async fn scenario(name: &str, server: &S3Server, proxy: &S3Proxy) -> Value {
-    let args = [name, server.kind, &proxy.url(), &server.url, &server.access_key, &server.secret].map(str::to_owned);
+    scenario_at(name, server, &proxy.url()).await
+}
+
+/// Runs the scenario `name` of pins.py with its writes sent to `url`.
+async fn scenario_at(name: &str, server: &S3Server, url: &str) -> Value {
+    let args = [name, server.kind, url, &server.url, &server.access_key, &server.secret].map(str::to_owned);
     let out = succeeded(name, server, &python("pins.py", args.to_vec()).await);
     serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{name} printed {out:?}: {e}"))
 }
@@ -85,11 +110,21 @@ fn carried(tap: &Tap, marker: &str, precondition: &str, kind: &str) {
     assert!(!signed.contains("if-match") && !signed.contains("if-none-match"), "{kind}: signed {signed}");
 }
 
-async fn preconditions_against(server: Option<S3Server>) {
+/// Where the scenarios' clients send in `mode`: fencegate's own address, or Envoy's; `None`
+/// when Envoy is missing (skipped).
+fn front(proxy: &S3Proxy, envoy: Option<&Envoy>, mode: ServerMode) -> Option<String> {
+    match mode {
+        ServerMode::Proxy => Some(proxy.url()),
+        ServerMode::ExtProc => envoy.map(|e| format!("http://{}", e.addr)),
+    }
+}
+
+async fn preconditions_against(server: Option<S3Server>, mode: ServerMode) {
     let Some(server) = server else { return };
     let secrets = tempfile::tempdir().unwrap();
-    let (proxy, tap) = pinned_proxy(&server, true, "", &secrets).await;
-    let tags = scenario("preconditions", &server, &proxy).await;
+    let (proxy, tap, envoy) = pinned_as(&server, true, "", &secrets, mode).await;
+    let Some(url) = front(&proxy, envoy.as_ref(), mode) else { return };
+    let tags = scenario_at("preconditions", &server, &url).await;
     let kind = server.kind;
     // (a) The first write learnt the object absent by a signed HEAD, which the server answered
     // 404 (a refused signature would have been 403, and the write refused 503), and was sent
@@ -114,8 +149,17 @@ async fn preconditions_against(server: Option<S3Server>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pinned_puts_carry_unsigned_preconditions_and_a_write_around_fencegate_is_backend_moved() {
-    preconditions_against(start_moto().await).await;
-    preconditions_against(start_s3s().await).await;
+    preconditions_against(start_moto().await, ServerMode::Proxy).await;
+    preconditions_against(start_s3s().await, ServerMode::Proxy).await;
+}
+
+/// The same through Envoy, fencegate its external processor (docs/envoy.md): the `HEAD` goes
+/// from fencegate to `backend.url`, the precondition is set on the head Envoy lets go, and the
+/// server's `412` to it becomes fencegate's `BackendMoved` in place of the server's answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_envoy_pinned_puts_carry_unsigned_preconditions_and_a_write_around_is_backend_moved() {
+    preconditions_against(start_moto().await, ServerMode::ExtProc).await;
+    preconditions_against(start_s3s().await, ServerMode::ExtProc).await;
 }
 
 async fn restart_against(server: Option<S3Server>) {
@@ -143,11 +187,12 @@ async fn after_a_restart_a_signed_head_learns_the_pin() {
     restart_against(start_s3s().await).await;
 }
 
-async fn completion_against(server: Option<S3Server>) {
+async fn completion_against(server: Option<S3Server>, mode: ServerMode) {
     let Some(server) = server else { return };
     let secrets = tempfile::tempdir().unwrap();
-    let (proxy, tap) = pinned_proxy(&server, true, "", &secrets).await;
-    let tags = scenario("completion", &server, &proxy).await;
+    let (proxy, tap, envoy) = pinned_as(&server, true, "", &secrets, mode).await;
+    let Some(url) = front(&proxy, envoy.as_ref(), mode) else { return };
+    let tags = scenario_at("completion", &server, &url).await;
     let kind = server.kind;
     // The completion learnt the new object absent (its one HEAD) and went pinned; its answer's
     // body named the object's tag, which the next write was pinned to without asking again.
@@ -161,8 +206,15 @@ async fn completion_against(server: Option<S3Server>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_completion_is_pinned_and_the_tag_in_its_body_pins_the_next_write() {
-    completion_against(start_moto().await).await;
-    completion_against(start_s3s().await).await;
+    completion_against(start_moto().await, ServerMode::Proxy).await;
+    completion_against(start_s3s().await, ServerMode::Proxy).await;
+}
+
+/// The same through Envoy: the completion's tag is read in the answer body fencegate asks
+/// Envoy for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_envoy_a_completion_is_pinned_and_its_tag_pins_the_next_write() {
+    completion_against(start_s3s().await, ServerMode::ExtProc).await;
 }
 
 /// moto honours If-Match on DeleteObject (s3s-fs deletes all the same, so it is not pinned

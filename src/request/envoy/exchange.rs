@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use envoy_types::pb::envoy::service::ext_proc::v3::processing_request::Request as Asked;
 use envoy_types::pb::envoy::service::ext_proc::v3::{ProcessingRequest, ProcessingResponse};
 use http::Method;
+use http::uri::PathAndQuery;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::sync::mpsc::Sender;
@@ -19,11 +20,12 @@ use tonic::Streaming;
 
 use super::Said;
 use super::wire::{self, Head};
-use crate::fence::Policy;
+use crate::fence::{PinSlot, Policy};
 use crate::refusal::{ERROR_HEADER, Refusal, throttle};
 use crate::request::InFlight;
-use crate::request::classify::{Plan, UploadStep, Write};
+use crate::request::classify::{Pinned, Plan, UploadStep, Write};
 use crate::request::fenced::{bind_created, drop_ended, outcome, prove};
+use crate::request::pinned::{self, HeadFrom, Pinning};
 use crate::request::proof::Guess;
 use crate::request::protocol::{self, Chosen, Protocol as _};
 use crate::state::{Settings, State};
@@ -101,6 +103,8 @@ pub(super) async fn run(state: Arc<State>, client: Peer, mut inbound: Streaming<
     let method = head.request.method().clone();
     let path = head.request.uri().path().to_owned();
     let ended = decide(&state, &settings, protocol, &client, head, inbound, &out).await;
+    // A pinned write the backend refused for the precondition fencegate sent ended cleanly
+    // too: the backend answered the whole request, and fencegate's answer takes its place.
     let clean = ended.is_ok();
     match ended {
         Ok(Ended::Forwarded(status)) => {
@@ -183,7 +187,8 @@ async fn decide(
         Plan::ReadBody { .. } => Err(Refusal::BadRequest("the body was read already".into())),
         Plan::Write(write) => {
             let set = set_target(sent, write.target.as_str());
-            fence(state, settings, protocol, head.ends, release, write, set, inbound, out).await
+            let asked = Request { head: head.request, ends: head.ends, client: client.clone() };
+            fence(state, settings, protocol, asked, release, write, set, inbound, out).await
         }
     };
     if let (Some(guess), Err(refusal)) = (&guess, &result) {
@@ -275,7 +280,7 @@ async fn fence(
     state: &Arc<State>,
     settings: &Arc<Settings>,
     protocol: Chosen,
-    ends: bool,
+    request: Request,
     release: Release,
     write: Write,
     set: Vec<(String, Vec<u8>)>,
@@ -293,8 +298,7 @@ async fn fence(
         }
         Role::Unavailable(why) => return Err(StoreError::Unavailable(why).into()),
     }
-    let Write { token, touches, target: _, set_headers, body_limit, equal, max_jump, proof, locks, upload, pin: _ } =
-        write;
+    let Write { token, touches, target, set_headers, body_limit, equal, max_jump, proof, locks, upload, pin } = write;
     let proven = prove(state, settings, token, proof, locks, &touches)?;
     let mut set = set;
     set.extend(set_headers.iter().map(|(name, value)| (name.as_str().to_owned(), value.as_bytes().to_vec())));
@@ -312,7 +316,8 @@ async fn fence(
         }
         Some(UploadStep::Create { object }) => Some(AnswerBody::Binds { object }),
     };
-    let policy = Policy { equal, max_jump, pinned: false };
+    // A pinned PUT may pass the quarantine a pinned write's unknown outcome left.
+    let policy = Policy { equal, max_jump, pinned: pin == Some(Pinned::Put) };
     state.fence.precheck(&touches, token, policy)?;
     let fence = &settings.config.fence;
     let (queue_timeout, quarantine) = (fence.queue_timeout, fence.quarantine);
@@ -325,7 +330,9 @@ async fn fence(
         () = out.closed() => return Err(gone()),
     };
     state.metrics.queue_wait.observe(waiting.elapsed().as_secs_f64());
-    let turn = turn?;
+    let mut turn = turn?;
+    let slot = pin.and_then(|kind| turn.pin_slot().map(|slot| (slot, kind)));
+    let ends = request.ends;
     let held = Held {
         state: Arc::clone(state),
         settings: Arc::clone(settings),
@@ -339,14 +346,20 @@ async fn fence(
         timeout: settings.config.backend.request_timeout,
         inbound,
         out: out.clone(),
+        pinning: None,
     };
     let prepare = move |permit: Option<Permit>| async move {
+        let mut held = held;
         // The proof's authoritative look, once the turn has come.
         let state = &held.state;
         proven.check(proven.first.as_slice(), &state.settings.get().hmac, &state.locks.load())?;
         // Before the advance: a write whose stream closed does not use its token up.
         if held.out.is_closed() {
             return Err(gone());
+        }
+        // The key's state learnt and named in the request, still before the advance.
+        if let Some((slot, kind)) = slot {
+            held.pin(slot, kind, &request, &target).await?;
         }
         Ok::<_, Refusal>(held.let_go(permit))
     };
@@ -374,6 +387,16 @@ struct Held {
     timeout: Duration,
     inbound: Streaming<ProcessingRequest>,
     out: Out,
+    /// How the write is pinned to its key's state at the backend, once it is.
+    pinning: Option<Pinning>,
+}
+
+/// A fenced write's request as Envoy sent its head, for the `HEAD` that learns its key's state.
+struct Request {
+    head: http::Request<()>,
+    /// Whether the request ends with its head.
+    ends: bool,
+    client: Peer,
 }
 
 /// What a write of a multipart upload reads in the backend's answer body, under its turn, as
@@ -391,6 +414,32 @@ enum AnswerBody {
 type Answered = (u16, Streaming<ProcessingRequest>);
 
 impl Held {
+    /// Under the turn, before the advance: the pin of the write's one key (learnt by a `HEAD`
+    /// to `backend.url` when the fence knows none, as the proxy learns it), the client's own
+    /// preconditions judged against it, and the precondition naming it set on the head.
+    async fn pin(
+        &mut self,
+        slot: PinSlot,
+        kind: Pinned,
+        request: &Request,
+        target: &PathAndQuery,
+    ) -> Result<(), Refusal> {
+        let (settings, protocol) = (&self.settings, self.protocol);
+        let headers = request.head.headers();
+        let asked = HeadFrom { uri: request.head.uri(), target, headers, client: &request.client };
+        let (pinning, precondition) =
+            pinned::choose(&self.state.metrics, protocol, headers, slot, kind, async |key: &str| {
+                let conn = settings.upstream.connection().await?;
+                pinned::learn(settings, protocol, conn, &asked, key).await
+            })
+            .await?;
+        if let Some((name, value)) = precondition {
+            self.set.push((name.as_str().to_owned(), value.as_bytes().to_vec()));
+        }
+        self.pinning = Some(pinning);
+        Ok(())
+    }
+
     /// Lets the head go, then each body chunk while `permit` holds, until the request has been
     /// let go whole and Envoy reports the backend's answer.
     async fn let_go(self, permit: Option<Permit>) -> Result<Answered, Refusal> {
@@ -407,6 +456,7 @@ impl Held {
             timeout,
             mut inbound,
             out,
+            mut pinning,
         } = self;
         let _flying = InFlight::new(&state.metrics);
         // The head goes with the mode the turn relies on (each chunk held, the answer's head
@@ -434,6 +484,8 @@ impl Held {
         let mut early = false;
         // Set while the answer's body is awaited (a multipart upload's), with what it is for.
         let mut reading: Option<AnswerBody> = None;
+        // A pinned write whose answer's status came, settled once its body names the tag.
+        let mut settling: Option<(Pinning, http::StatusCode)> = None;
         loop {
             let message = match tokio::time::timeout_at(deadline, inbound.message()).await {
                 Err(_) => return Err(UpstreamError::Timeout(timeout).into()),
@@ -468,18 +520,39 @@ impl Held {
                 Some(Asked::RequestTrailers(_)) => whole = true,
                 Some(Asked::ResponseHeaders(headers)) => {
                     let (status, details) = wire::answer_of(headers, &message);
-                    // An answer before the request's end: Envoy resets the backend's request,
-                    // which may hold part of it, however the stream goes on.
+                    let backend = by_backend(status, details.as_deref());
+                    // A backend that refused the request (4xx) before it had all of it (an S3
+                    // server refusing a precondition or a signature by the head) applied
+                    // nothing: its refusal is the answer, as through the proxy. Any other answer
+                    // before the request's end: Envoy resets the backend's request, which may
+                    // hold part of it, however the stream goes on.
+                    if backend && (400..500).contains(&status) {
+                        whole = true;
+                    }
                     early |= !whole;
                     state.metrics.backend_latency.observe(started.elapsed().as_secs_f64());
                     // Only a success names the upload or ends it.
                     reading = answered.take().filter(|_| (200..300).contains(&status));
+                    // The backend's own answer to the whole request settles a pinned write: a
+                    // completion's entity tag is in its body, the others' in the head.
+                    if let Some(pin) = pinning.take_if(|_| whole && backend)
+                        && let Ok(code) = http::StatusCode::from_u16(status)
+                    {
+                        match reading {
+                            Some(AnswerBody::Ends { .. }) => settling = Some((pin, code)),
+                            _ => pinned::settle(pin, code, wire::strong_tag(headers))?,
+                        }
+                    }
                     // An answer without a body (an abort's `204`) is read whole now: no body
                     // message will come.
                     if headers.end_of_stream
                         && let Some(read) = reading.take()
                     {
-                        by_deadline(deadline, timeout, read.read(&state, &settings, protocol, token, &[])).await?;
+                        let tag =
+                            by_deadline(deadline, timeout, read.read(&state, &settings, protocol, token, &[])).await?;
+                        if let Some((pin, status)) = settling.take() {
+                            pinned::settle(pin, status, tag)?;
+                        }
                     }
                     answer = Some((status, details));
                     let mode = reading.is_some().then(wire::answer_body);
@@ -499,7 +572,10 @@ impl Held {
                     }
                     if let Some(read) = reading.take() {
                         let read = read.read(&state, &settings, protocol, token, &body.body);
-                        by_deadline(deadline, timeout, read).await?;
+                        let tag = by_deadline(deadline, timeout, read).await?;
+                        if let Some((pin, status)) = settling.take() {
+                            pinned::settle(pin, status, tag)?;
+                        }
                     }
                 }
                 Some(Asked::RequestHeaders(_)) => return Err(failed("Envoy sent a second request head".to_owned())),
@@ -532,16 +608,17 @@ impl Held {
 
 /// `read` by `deadline`, the write's own (`backend.request_timeout`, `timeout`, from its
 /// release): a binding the store cannot make by then leaves the outcome unknown.
-async fn by_deadline(
+async fn by_deadline<T>(
     deadline: tokio::time::Instant,
     timeout: Duration,
-    read: impl Future<Output = Result<(), Refusal>>,
-) -> Result<(), Refusal> {
+    read: impl Future<Output = Result<T, Refusal>>,
+) -> Result<T, Refusal> {
     tokio::time::timeout_at(deadline, read).await.unwrap_or(Err(UpstreamError::Timeout(timeout).into()))
 }
 
 impl AnswerBody {
-    /// Reads the backend's whole answer `body` to a multipart upload's write, under its turn.
+    /// Reads the backend's whole answer `body` to a multipart upload's write, under its turn;
+    /// for a completion, the entity tag the body names for the completed object.
     async fn read(
         self,
         state: &State,
@@ -549,14 +626,26 @@ impl AnswerBody {
         protocol: Chosen,
         token: u64,
         body: &[u8],
-    ) -> Result<(), Refusal> {
+    ) -> Result<Option<Arc<str>>, Refusal> {
         match self {
-            AnswerBody::Binds { object } => bind_created(state, settings, protocol, &object, token, body).await,
+            AnswerBody::Binds { object } => {
+                bind_created(state, settings, protocol, &object, token, body).await.map(|()| None)
+            }
             AnswerBody::Ends { object, id } => {
-                drop_ended(state, protocol, &object, &id, body).await;
-                Ok(())
+                let ended = drop_ended(state, protocol, &object, &id, body).await;
+                Ok(ended.then(|| protocol.completed_tag(body)).flatten().map(Arc::from))
             }
         }
+    }
+}
+
+/// Whether an answer of `status` with `details` (`response.code_details`) is the backend's
+/// own. Without the attribute, Envoy's answers to a failed or late backend look like the
+/// backend's: those statuses are taken for Envoy's.
+fn by_backend(status: u16, details: Option<&str>) -> bool {
+    match details {
+        Some(details) => details == "via_upstream",
+        None => !matches!(status, 502..=504),
     }
 }
 

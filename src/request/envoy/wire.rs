@@ -116,6 +116,12 @@ pub(super) fn answer_of(headers: &HttpHeaders, request: &ProcessingRequest) -> (
     (status, details)
 }
 
+/// The strong entity tag a response's head names in its one `ETag` field, if it does.
+pub(super) fn strong_tag(headers: &HttpHeaders) -> Option<std::sync::Arc<str>> {
+    let fields = headers.headers.iter().flat_map(|m| m.headers.iter());
+    crate::request::pinned::strong_tag_of(fields.filter(|h| h.key.eq_ignore_ascii_case("etag")).map(value_of))
+}
+
 /// Lets the request's head go on, with `set` set on it (the canonical target, a canonical
 /// `Destination`) and `mode` asked for the rest of the exchange.
 pub(super) fn continue_head(set: Vec<(String, Vec<u8>)>, mode: Option<ProcessingMode>) -> ProcessingResponse {
