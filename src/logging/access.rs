@@ -52,7 +52,9 @@ pub(crate) struct Line {
     pub(crate) token: Option<u64>,
     /// `forwarded`, or the refusal's code.
     pub(crate) outcome: &'static str,
-    pub(crate) status: u16,
+    /// What the client got, where fencegate knows it: an exchange Envoy carried on unchecked
+    /// (`passed`) reports no answer to fencegate.
+    pub(crate) status: Option<u16>,
     pub(crate) backend_status: Option<u16>,
     /// From the request's start to its response head, in whole microseconds.
     pub(crate) duration_us: u64,

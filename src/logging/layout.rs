@@ -74,7 +74,10 @@ pub(super) fn text(line: &Line, buf: &mut Vec<u8>) {
     if let Some(token) = line.token {
         let _ = write!(buf, " token={token}");
     }
-    let _ = write!(buf, " outcome={} status={}", line.outcome, line.status);
+    let _ = write!(buf, " outcome={}", line.outcome);
+    if let Some(status) = line.status {
+        let _ = write!(buf, " status={status}");
+    }
     if let Some(status) = line.backend_status {
         let _ = write!(buf, " backend_status={status}");
     }
@@ -94,7 +97,9 @@ pub(super) fn json(line: &Line, buf: &mut Vec<u8>) {
     }
     buf.extend_from_slice(br#","outcome":"#);
     string(buf, line.outcome);
-    let _ = write!(buf, r#","status":{}"#, line.status);
+    if let Some(status) = line.status {
+        let _ = write!(buf, r#","status":{status}"#);
+    }
     if let Some(status) = line.backend_status {
         let _ = write!(buf, r#","backend_status":{status}"#);
     }
@@ -130,13 +135,14 @@ fn combined(line: &Line, buf: &mut Vec<u8>) {
         buf.push(b'?');
         escaped(buf, query.as_bytes());
     }
-    match fields {
-        Some(c) => {
-            let _ = write!(buf, " {:?}\" {} ", c.version, line.status);
+    if let Some(c) = fields {
+        let _ = write!(buf, " {:?}", c.version);
+    }
+    match line.status {
+        Some(status) => {
+            let _ = write!(buf, "\" {status} ");
         }
-        None => {
-            let _ = write!(buf, "\" {} ", line.status);
-        }
+        None => buf.extend_from_slice(b"\" - "),
     }
     match fields.and_then(|c| c.body_bytes) {
         Some(n) => {

@@ -70,13 +70,14 @@ impl Entry {
         }
     }
 
-    /// Writes the line: `outcome` is `forwarded` or the refusal's code, `status` what the
-    /// client got, `backend` the backend's status when it answered, `body_bytes` the length of
-    /// the response's body when its head says it (none for a HEAD).
+    /// Writes the line: `outcome` is `forwarded`, `passed` or the refusal's code, `status` what
+    /// the client got where fencegate knows it, `backend` the backend's status when it
+    /// answered, `body_bytes` the length of the response's body when its head says it (none for
+    /// a HEAD).
     pub(crate) fn log(
         mut self,
         outcome: &'static str,
-        status: StatusCode,
+        status: Option<StatusCode>,
         backend: Option<StatusCode>,
         body_bytes: Option<u64>,
     ) {
@@ -93,7 +94,7 @@ impl Entry {
             keys: self.keys,
             token: self.token,
             outcome,
-            status: status.as_u16(),
+            status: status.map(|s| s.as_u16()),
             backend_status: backend.map(|s| s.as_u16()),
         });
     }

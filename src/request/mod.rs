@@ -98,7 +98,7 @@ pub(crate) async fn handle(state: Arc<State>, req: Request<Incoming>, client: Pe
         Ok(resp) => {
             state.metrics.request(&method, "forwarded");
             if let Some(entry) = access {
-                entry.log("forwarded", resp.status(), Some(resp.status()), resp.body().size_hint().exact());
+                entry.log("forwarded", Some(resp.status()), Some(resp.status()), resp.body().size_hint().exact());
             }
             resp
         }
@@ -108,7 +108,7 @@ pub(crate) async fn handle(state: Arc<State>, req: Request<Incoming>, client: Pe
                 resp.headers_mut().insert(CONNECTION, HeaderValue::from_static("close"));
             }
             if let Some(entry) = access {
-                entry.log(refusal.code(), refusal.status(), None, resp.body().size_hint().exact());
+                entry.log(refusal.code(), Some(refusal.status()), None, resp.body().size_hint().exact());
             }
             resp.map(full_body)
         }

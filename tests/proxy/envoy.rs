@@ -590,3 +590,37 @@ async fn a_delayed_write_fails_at_the_backend_with_pins_through_envoy() {
         assert_eq!(apache.file(path).as_deref(), Some(&b"two"[..]), "{path}: the newer write stays");
     }
 }
+
+/// The access log (`log.access`) has a line for each exchange, with the proxy's fields: a
+/// forwarded write with the backend's status, a refusal with fencegate's, and a request
+/// Envoy carried on unchecked as `passed`, with no status (Envoy reports none).
+#[tokio::test]
+async fn each_exchange_has_an_access_line() {
+    let extra = "[log]\nformat = \"json\"\naccess = true";
+    let mut d = common::builder::Deployment::builder().config_extra(extra).build().await;
+    let port = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap().port();
+    let setup = format!("export FENCEGATE_SERVER__MODE=ext_proc FENCEGATE_SERVER__LISTEN=127.0.0.1:{port}");
+    let processor = d.start_in_shell(&setup).addr;
+    let Some(envoy) = Envoy::start(processor, d.backend.addr(), &EnvoyOptions::default()).await else { return };
+    let send = |method: &'static str, path: &'static str, headers: &[(&str, &str)]| {
+        let headers: Vec<(String, String)> = headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let (client, addr) = (common::client(), envoy.addr);
+        async move { common::send_headers(&client, addr, method, path, &headers, "v").await }
+    };
+    assert_eq!(send("PUT", "/doc", &[("fencing-token", "5")]).await.status, 200);
+    assert_eq!(send("PUT", "//doc", &[("fencing-token", "4")]).await.status, 409);
+    // A read whose override header names a read: decided by fencegate, and passed.
+    assert_eq!(send("GET", "/doc", &[("x-http-method-override", "GET")]).await.status, 200);
+    d.proxy().wait_for_log("fencegate::access", 3).await;
+    let lines: Vec<serde_json::Value> =
+        d.proxy().log_lines("fencegate::access").iter().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let [put, stale, passed] = lines.as_slice() else { panic!("{lines:#?}") };
+    let fields =
+        |l: &serde_json::Value| serde_json::json!([l["method"], l["path"], l["keys"], l["token"], l["outcome"]]);
+    assert_eq!(fields(put), serde_json::json!(["PUT", "/doc", "/doc", 5, "forwarded"]));
+    assert_eq!((put["status"].as_u64(), put["backend_status"].as_u64()), (Some(200), Some(200)), "{put}");
+    assert_eq!(fields(stale), serde_json::json!(["PUT", "//doc", "/doc", 4, "stale_token"]));
+    assert_eq!((stale["status"].as_u64(), stale.get("backend_status")), (Some(409), None), "{stale}");
+    assert_eq!(fields(passed), serde_json::json!(["GET", "/doc", "", null, "passed"]));
+    assert_eq!((passed.get("status"), passed.get("backend_status")), (None, None), "{passed}");
+}

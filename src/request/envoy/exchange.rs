@@ -23,6 +23,7 @@ use super::wire::{self, Head};
 use crate::fence::{PinSlot, Policy};
 use crate::refusal::{ERROR_HEADER, Refusal, throttle};
 use crate::request::InFlight;
+use crate::request::access::Entry;
 use crate::request::classify::{Pinned, Plan, UploadStep, Write};
 use crate::request::fenced::{bind_created, drop_ended, outcome, prove};
 use crate::request::pinned::{self, HeadFrom, Pinning};
@@ -88,39 +89,55 @@ pub(super) async fn run(state: Arc<State>, client: Peer, mut inbound: Streaming<
         // Envoy was told (a processing mode for this route, say) not to send the request's
         // head: nothing can be decided, so nothing goes on.
         let why = "Envoy sent no request head to decide on: its ext_proc processing mode must send request heads";
-        refuse(&state, &settings, protocol, &Method::GET, "", &client, Refusal::NotImplemented(why.into()), &out).await;
+        refuse(&state, &settings, protocol, &Method::GET, "", &client, &Refusal::NotImplemented(why.into()), &out)
+            .await;
         let _ = out.send(Said::Finished).await;
         return;
     };
     let head = match Head::read(headers) {
         Ok(head) => head,
         Err(refusal) => {
-            refuse(&state, &settings, protocol, &Method::GET, "", &client, refusal, &out).await;
+            refuse(&state, &settings, protocol, &Method::GET, "", &client, &refusal, &out).await;
             let _ = out.send(Said::Finished).await;
             return;
         }
     };
     let method = head.request.method().clone();
     let path = head.request.uri().path().to_owned();
-    let ended = decide(&state, &settings, protocol, &client, head, inbound, &out).await;
-    // A pinned write the backend refused for the precondition fencegate sent ended cleanly
-    // too: the backend answered the whole request, and fencegate's answer takes its place.
+    let log = &settings.config.log;
+    let mut access = if log.access { Entry::start(&head.request, &client, log.access_format, started) } else { None };
+    let ended = decide(&state, &settings, protocol, &client, head, inbound, &out, &mut access).await;
     let clean = ended.is_ok();
-    match ended {
+    // The line's outcome, what the client got where fencegate knows it, and the backend's
+    // status where it answered.
+    let (outcome, status, backend, body_bytes) = match ended {
         Ok(Ended::Forwarded(status)) => {
             state.metrics.request(&method, "forwarded");
-            if let Ok(status) = http::StatusCode::from_u16(status) {
+            let status = http::StatusCode::from_u16(status).ok();
+            if let Some(status) = status {
                 state.metrics.backend_response(status);
             }
+            ("forwarded", status, status, None)
         }
-        Ok(Ended::Passed) => state.metrics.request(&method, "forwarded"),
+        // Envoy reports nothing more of an exchange it carries on unchecked.
+        Ok(Ended::Passed) => {
+            state.metrics.request(&method, "forwarded");
+            ("passed", None, None, None)
+        }
         // A write abandoned after it was let go: Envoy answers the client itself.
         Err(refusal @ Refusal::Upstream(_)) => {
             state.metrics.request(&method, refusal.code());
-            let interval = settings.config.log.refusal_interval;
+            let interval = log.refusal_interval;
             throttle::log(&state.refusals, interval, &refusal, &method, &path, &client);
+            (refusal.code(), None, None, None)
         }
-        Err(refusal) => refuse(&state, &settings, protocol, &method, &path, &client, refusal, &out).await,
+        Err(refusal) => {
+            let body_bytes = refuse(&state, &settings, protocol, &method, &path, &client, &refusal, &out).await;
+            (refusal.code(), Some(refusal.status()), None, body_bytes)
+        }
+    };
+    if let Some(entry) = access {
+        entry.log(outcome, status, backend, body_bytes);
     }
     state.metrics.request_latency.observe(started.elapsed().as_secs_f64());
     // Once the request was let go, only an exchange that ended cleanly says it finished; any
@@ -139,15 +156,18 @@ async fn refuse(
     method: &Method,
     path: &str,
     client: &Peer,
-    refusal: Refusal,
+    refusal: &Refusal,
     out: &Out,
-) {
-    let resp = crate::request::refused(state, settings, protocol, method, path, client, &refusal);
+) -> Option<u64> {
+    let resp = crate::request::refused(state, settings, protocol, method, path, client, refusal);
+    let body_bytes = hyper::body::Body::size_hint(resp.body()).exact();
     let answer = wire::immediate(resp, refusal.code()).await;
     let _ = out.send(Said::Answer(answer)).await;
+    body_bytes
 }
 
-/// Carries out what the request's classification says.
+/// Carries out what the request's classification says, noting it in the request's access line.
+#[allow(clippy::too_many_arguments)]
 async fn decide(
     state: &Arc<State>,
     settings: &Arc<Settings>,
@@ -156,6 +176,7 @@ async fn decide(
     head: Head,
     mut inbound: Streaming<ProcessingRequest>,
     out: &Out,
+    access: &mut Option<Entry>,
 ) -> Result<Ended, Refusal> {
     let mut plan = protocol.classify(&head.classified(), &settings.config)?;
     let mut release = Release::Head;
@@ -171,6 +192,9 @@ async fn decide(
             }
         };
         plan = protocol.classify_read(&head.classified(), &body, &settings.config)?;
+    }
+    if let Some(entry) = access.as_mut() {
+        entry.plan(&plan);
     }
     let guess = Guess::of(&plan, &head.request, client, settings, state);
     if let Some(guess) = &guess {
