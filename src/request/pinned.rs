@@ -117,15 +117,18 @@ pub(super) async fn choose(
         Some(pin) => pin,
         None => match count(metrics, learn(slot.key()).await)? {
             Some(pin) => {
-                // Learnt under the turn: it holds until this write's advance.
-                slot.set(pin.clone());
                 // A write whose outcome is unknown was sent pinned to this very state and may
                 // still apply: were this one sent pinned to it too, it could land first and
                 // leave the same tag behind (the same bytes, under a digest ETag), and the late
                 // one would then apply after it. It waits out the quarantine, as without pins.
+                // What it found is not kept: the late write may land and move it at any time,
+                // and a write sent pinned to a state the backend left, should its own outcome
+                // be unknown, could apply once a write of those bytes brought the tag back.
                 if let Some(retry_after) = slot.late(&pin) {
                     return Err(waits(&slot, retry_after));
                 }
+                // Learnt under the turn: it holds until this write's advance.
+                slot.set(pin.clone());
                 holds(&pin)?;
                 pin
             }

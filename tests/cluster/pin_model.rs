@@ -59,7 +59,7 @@ impl Op {
 }
 
 /// The backend's `ETag` of the key.
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
 enum Tag {
     /// A counter that never repeats (a generation number).
     Version(u8),
@@ -122,8 +122,8 @@ struct Turn {
     token: u8,
     op: Op,
     stage: Stage,
-    /// Sent with a precondition.
-    pinned: bool,
+    /// What it was sent with.
+    precondition: Precondition,
 }
 
 /// A write on its way to the backend.
@@ -152,6 +152,8 @@ struct State {
     up: bool,
     pin: Pin,
     quarantine: Option<Hold>,
+    /// The tags the running quarantine's writes of unknown outcome were sent `If-Match`.
+    late: Vec<Tag>,
     turn: Option<Turn>,
     /// Client writes not taken yet: (token, write).
     pending: Vec<(u8, Op)>,
@@ -168,10 +170,11 @@ impl State {
 
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 enum Action {
-    /// The write of this token takes the turn: checked and advanced.
+    /// The write of this token takes the turn: checked.
     Accept(u8),
     /// A `HEAD` of the key under the turn.
     Learn,
+    /// The write is advanced (durably) and sent.
     Send,
     /// The backend receives the write of this token.
     Deliver(u8),
@@ -191,6 +194,14 @@ struct Pinning {
     tags: Tags,
     /// A `DELETE` may pass a quarantine whose writes were pinned (the design makes it wait).
     delete_passes: bool,
+    /// While a quarantine runs, a write whose key is found tagged as one of its late writes'
+    /// `If-Match` named it waits (is refused before its advance, and retried), and a kept pin
+    /// naming such a tag is learnt again (the design). Without: it is sent pinned to that tag.
+    late_tags: bool,
+    /// The state a write refused for a late tag found is forgotten (the design). Without: it is
+    /// kept as the key's pin, and a later write may be sent pinned to it after the late write
+    /// landed.
+    forgets_late: bool,
     /// A quarantine ends only once every write on its way when it began has landed or been lost.
     bounded: bool,
     /// What the quarantine of a key found in flight at start-up holds (the design: every write).
@@ -210,12 +221,20 @@ impl Pinning {
             pins: true,
             tags: Tags::Version,
             delete_passes: false,
+            late_tags: true,
+            forgets_late: true,
             bounded: true,
             at_restart: Hold::All,
             keeps_unknown: true,
             crashes: 1,
             writes,
         }
+    }
+
+    /// Whether `pin` names a tag a late write of the running quarantine was sent pinned to,
+    /// which the design does not send a write pinned to.
+    fn late(&self, s: &State, pin: Pin) -> bool {
+        self.late_tags && matches!(pin, Pin::Tag(tag) if s.late.contains(&tag))
     }
 
     fn passes(&self, op: Op, hold: Option<Hold>) -> bool {
@@ -247,6 +266,7 @@ impl Model for Pinning {
             up: true,
             pin: Pin::Unknown,
             quarantine: None,
+            late: Vec::new(),
             turn: None,
             pending: self.writes.clone(),
             crashes: self.crashes,
@@ -288,29 +308,41 @@ impl Model for Pinning {
                     return None;
                 }
                 s.pending.remove(w);
-                s.max_seen = token;
-                s.in_flight = true;
-                s.turn = Some(Turn { token, op, stage: Stage::Checked, pinned: false });
+                s.turn = Some(Turn { token, op, stage: Stage::Checked, precondition: Precondition::None });
             }
             Action::Learn => {
                 let turn = s.turn?;
-                if !self.pins || !turn.op.pinnable() || s.pin != Pin::Unknown {
+                if !self.pins || !turn.op.pinnable() || (s.pin != Pin::Unknown && !self.late(&s, s.pin)) {
                     return None;
                 }
                 s.pin = s.backend.map_or(Pin::Absent, Pin::Tag);
+                if self.late(&s, s.pin) {
+                    // Refused before its advance: its client sends it again. The state it
+                    // found is not kept: the late write may land and move it at any time.
+                    if self.forgets_late {
+                        s.pin = Pin::Unknown;
+                    }
+                    s.turn = None;
+                    s.pending.push((turn.token, turn.op));
+                    s.pending.sort_by_key(|(token, _)| *token);
+                }
             }
             Action::Send => {
                 let mut turn = s.turn?;
                 let precondition = if self.pins && turn.op.pinnable() {
                     match s.pin {
                         Pin::Unknown => return None,
+                        pin if self.late(&s, pin) => return None,
                         Pin::Absent => Precondition::IfNoneMatch,
                         Pin::Tag(tag) => Precondition::IfMatch(tag),
                     }
                 } else {
                     Precondition::None
                 };
-                turn.pinned = precondition != Precondition::None;
+                // Durable before it goes anywhere.
+                s.max_seen = turn.token;
+                s.in_flight = true;
+                turn.precondition = precondition;
                 turn.stage = Stage::Sent;
                 s.turn = Some(turn);
                 s.network.push(Message { token: turn.token, op: turn.op, precondition, covered: false });
@@ -370,15 +402,30 @@ impl Model for Pinning {
             Action::Timeout => {
                 let turn = s.turn.take()?;
                 s.pin = Pin::Unknown;
-                s.quarantine(if turn.pinned { Hold::Pinned } else { Hold::All }, self.bounded);
+                let hold = if turn.precondition == Precondition::None { Hold::All } else { Hold::Pinned };
+                s.quarantine(hold, self.bounded);
+                if let Precondition::IfMatch(tag) = turn.precondition
+                    && !s.late.contains(&tag)
+                {
+                    s.late.push(tag);
+                    s.late.sort();
+                }
             }
-            Action::QuarantineEnds => s.quarantine = None,
+            Action::QuarantineEnds => {
+                s.quarantine = None;
+                s.late.clear();
+            }
             Action::Crash => {
                 s.crashes -= 1;
                 s.up = false;
-                s.turn = None;
+                // A write not yet advanced is lost with the process: its client sends it again.
+                if let Some(turn) = s.turn.take().filter(|t| t.stage == Stage::Checked) {
+                    s.pending.push((turn.token, turn.op));
+                    s.pending.sort_by_key(|(token, _)| *token);
+                }
                 s.pin = Pin::Unknown;
                 s.quarantine = None;
+                s.late.clear();
             }
             Action::Restart => {
                 s.up = true;
@@ -509,12 +556,35 @@ fn a_delete_that_passes_a_quarantine_of_pinned_writes_lets_absent_come_back() {
 }
 
 #[test]
+fn tags_that_hash_the_content_hold_while_the_late_writes_quarantine_runs() {
+    let writes = vec![(1, Put('A')), (2, Put('C')), (3, Put('B')), (4, Put('A')), (5, Put('C'))];
+    let hashed = Pinning { tags: Tags::Hash, ..Pinning::as_built(writes) };
+    holds("pins, content-hash tags, quarantine bounded, one crash", hashed.clone());
+    let writes = vec![(1, Put('A')), (2, Delete), (3, Put('A')), (4, Move('B')), (5, Put('A'))];
+    holds("pins, content-hash tags, deletes and moves, one crash", Pinning { writes, ..hashed });
+}
+
+#[test]
+fn a_state_found_under_a_late_tag_and_kept_pins_a_write_the_same_bytes_then_overtake() {
+    let writes = vec![(1, Put('A')), (2, Put('C')), (3, Put('B')), (4, Put('A'))];
+    let kept = Pinning { tags: Tags::Hash, forgets_late: false, crashes: 0, ..Pinning::as_built(writes) };
+    let actions = breaks_the_order("pins, content-hash tags, a late tag's state kept", kept);
+    // The write refused for the late tag kept it; the late write landed and the quarantine
+    // ended; that write went pinned to the state the backend had left, and was late itself
+    // when a write of the same bytes brought the tag back.
+    assert!(actions.contains(&Action::QuarantineEnds), "{actions:?}");
+}
+
+#[test]
 fn tags_that_hash_the_content_let_a_late_write_land_when_the_same_body_comes_back() {
     let writes = vec![(1, Put('A')), (2, Put('C')), (3, Put('B')), (4, Put('A'))];
-    let hashed = Pinning { tags: Tags::Hash, keeps_unknown: true, crashes: 0, ..Pinning::as_built(writes) };
-    breaks_the_order("pins, content-hash tags", hashed.clone());
+    let designed = Pinning { tags: Tags::Hash, crashes: 0, ..Pinning::as_built(writes) };
+    // Without the wait for a late write's tag, within its quarantine.
+    let hashed = Pinning { late_tags: false, ..designed.clone() };
+    breaks_the_order("pins, content-hash tags, no wait for a late tag", hashed.clone());
     // A -> B -> A: the PUT of C, pinned to the first A, is held; B replaces A, A replaces B, and
-    // the held PUT matches the second A. With version tags the same steps apply it nowhere.
+    // the held PUT matches the second A. With version tags the same steps apply it nowhere;
+    // with the wait, the PUT of B finds A, the held write's tag, and is refused.
     let a_b_a = [
         [Action::Accept(1), Action::Learn, Action::Send, Action::Deliver(1), Action::Answer].as_slice(),
         &[Action::Accept(2), Action::Send, Action::Timeout],
@@ -525,6 +595,12 @@ fn tags_that_hash_the_content_let_a_late_write_land_when_the_same_body_comes_bac
     .concat();
     assert_eq!(replay(&hashed, &a_b_a), [1, 3, 4, 2]);
     assert_eq!(replay(&Pinning { tags: Tags::Version, ..hashed }, &a_b_a), [1, 3, 4]);
+    let init = designed.init_states().remove(0);
+    assert!(Path::from_actions(&designed, init, &a_b_a).is_none(), "the PUT of B is sent pinned to the late tag");
+    // Once the quarantine ends before the held write lands, the time bound is all there is.
+    let unbounded = Pinning { bounded: false, ..designed };
+    let actions = breaks_the_order("pins, content-hash tags, quarantine ends whenever", unbounded);
+    assert!(actions.contains(&Action::QuarantineEnds), "{actions:?}");
 }
 
 #[test]

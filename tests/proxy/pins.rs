@@ -163,6 +163,32 @@ async fn a_delayed_write_fails_at_the_backend_with_pins() {
     assert!(heads("tag") >= 3, "{text}");
 }
 
+/// A write refused because its `HEAD` found the very tag a late write was pinned to keeps no
+/// pin of it: the late write may land at any moment and move the state. Here it lands, the
+/// quarantine ends, and the refused write sent again learns the state anew and lands. Kept,
+/// that tag would pin it to a state the backend left (`412 backend_moved`), and should that
+/// write's own outcome be unknown, a write of the tag's bytes could bring the tag back under
+/// it (docs/pins.md; `pin_model`'s `forgets_late`).
+#[tokio::test]
+async fn a_state_found_under_a_late_writes_tag_is_not_kept() {
+    let Some(apache) = start_apache().await else { return };
+    let relay = Relay::start(apache.addr).await;
+    let h = proxy_through(&relay, true).await;
+    assert_eq!(h.put("/k", 1, "zero").await.status, 201);
+    let mut hold = relay.hold_next_gated(put_of("/k", 2), HOLD);
+    h.put("/k", 2, "one").await.assert_refused(504, "backend_timeout");
+    let held = hold.held().await;
+    assert!(held.header("if-match").is_some(), "the held write is pinned: {:?}", held.headers);
+    // The key still has the held write's tag: refused, as without pins.
+    h.put("/k", 3, "two").await.assert_refused(503, "resource_quarantined");
+    hold.release();
+    assert_eq!(hold.delivered().await.response.expect("Apache answered the late write").status, 204);
+    assert_eq!(apache.file("/k").as_deref(), Some(&b"one"[..]), "the late write landed first");
+    let two = put_after_quarantine(&h, "/k", 3, "two").await;
+    assert_eq!(two.status, 204, "pinned to the state the late write left: {two:?}");
+    assert_eq!(apache.file("/k").as_deref(), Some(&b"two"[..]));
+}
+
 /// The relay itself: a request before the held one on the same connection passes; the held
 /// one gets no answer on its connection and reaches the backend only after the hold, on a
 /// connection of its own, byte for byte; a gated hold waits for its release, and a chunked
