@@ -220,11 +220,15 @@ async fn serve(
 /// A backend that answers each request as soon as it has read the head, then reads the body.
 /// It logs `head T` and `body T` for the token T of each request, in the order it sees them.
 pub async fn early_answering_backend() -> (SocketAddr, Arc<std::sync::Mutex<Vec<String>>>) {
-    early_answering_backend_with("201 Created").await
+    early_answering_backend_with("201 Created", "").await
 }
 
-/// [`early_answering_backend`], answering `status` (`"409 Conflict"`).
-pub async fn early_answering_backend_with(status: &'static str) -> (SocketAddr, Arc<std::sync::Mutex<Vec<String>>>) {
+/// [`early_answering_backend`], answering `status` (`"409 Conflict"`) with `body`, which it
+/// sends only once it has read the request's body: until then its answer is not complete.
+pub async fn early_answering_backend_with(
+    status: &'static str,
+    body: &'static str,
+) -> (SocketAddr, Arc<std::sync::Mutex<Vec<String>>>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let log = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -252,7 +256,7 @@ pub async fn early_answering_backend_with(status: &'static str) -> (SocketAddr, 
                     let (token, length) = (field("fencing-token:"), field("content-length:").parse().unwrap_or(0));
                     log.lock().unwrap().push(format!("head {token}"));
                     buf.drain(..head_end);
-                    let answer = format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\n\r\n");
+                    let answer = format!("HTTP/1.1 {status}\r\ncontent-length: {}\r\n\r\n", body.len());
                     if tcp.write_all(answer.as_bytes()).await.is_err() {
                         return;
                     }
@@ -265,6 +269,9 @@ pub async fn early_answering_backend_with(status: &'static str) -> (SocketAddr, 
                     }
                     buf.drain(..length);
                     log.lock().unwrap().push(format!("body {token}"));
+                    if tcp.write_all(body.as_bytes()).await.is_err() {
+                        return;
+                    }
                 }
             });
         }

@@ -127,12 +127,16 @@ async fn a_write_envoy_answers_itself_quarantines_its_resource() {
 /// Envoy in front of a backend that answers a head at once and reads the body after, and a
 /// write of token 10 to `/r` of which the client has sent half the body.
 async fn a_write_half_sent() -> Option<(Mesh, common::RawConn, Arc<Mutex<Vec<String>>>)> {
-    a_write_half_sent_to("201 Created").await
+    a_write_half_sent_to("201 Created", "").await
 }
 
-/// [`a_write_half_sent`], to a backend that answers `status`.
-async fn a_write_half_sent_to(status: &'static str) -> Option<(Mesh, common::RawConn, Arc<Mutex<Vec<String>>>)> {
-    let (backend, log) = common::backend::early_answering_backend_with(status).await;
+/// [`a_write_half_sent`], to a backend that answers `status` with `body`, which it sends once it
+/// has the whole request.
+async fn a_write_half_sent_to(
+    status: &'static str,
+    body: &'static str,
+) -> Option<(Mesh, common::RawConn, Arc<Mutex<Vec<String>>>)> {
+    let (backend, log) = common::backend::early_answering_backend_with(status, body).await;
     let m = Mesh::in_front_of(backend).await?;
     let mut first = common::RawConn::open(m.envoy.addr).await;
     first.send(b"PUT /r HTTP/1.1\r\nHost: x\r\nFencing-Token: 10\r\nContent-Length: 10\r\n\r\nhalf-").await;
@@ -156,17 +160,52 @@ async fn an_early_answer_ends_the_write_and_quarantines_its_resource() {
 }
 
 /// A backend that refuses a write (4xx) before it has the whole body applied nothing: its
-/// refusal is the write's answer, as through the proxy, and the resource stays open.
+/// refusal is the write's answer, as through the proxy, and the resource stays open. The
+/// write keeps its turn until its body has been let go whole (the refusal's own body comes
+/// only then), so the next write's head reaches the backend after all of it.
 #[tokio::test]
-async fn an_early_refusal_by_the_backend_ends_the_write_without_quarantine() {
-    let Some((m, mut first, log)) = a_write_half_sent_to("409 Conflict").await else { return };
+async fn an_early_refusal_by_the_backend_holds_the_turn_to_the_bodys_end_without_quarantine() {
+    let Some((m, mut first, log)) = a_write_half_sent_to("409 Conflict", "nope").await else { return };
+    let addr = m.envoy.addr;
+    let next =
+        tokio::spawn(
+            async move { common::raw_request(addr, "PUT /r HTTP/1.1\r\nHost: x\r\nFencing-Token: 20", "v").await },
+        );
+    common::poll_until("the next write waits for the turn, or has gone by", || {
+        m.h.proxy.queue_len("/r") == 2 || log.lock().unwrap().iter().any(|l| l == "head 20")
+    })
+    .await;
+    first.send(b"whole").await;
     let answer = first.read_response().await;
-    assert_eq!(answer.status, 409, "the backend's refusal is relayed: {answer:?}");
-    common::poll_until("the write gives its turn back", || m.h.proxy.queue_len("/r") == 0).await;
-    let next = common::raw_request(m.envoy.addr, "PUT /r HTTP/1.1\r\nHost: x\r\nFencing-Token: 20", "v").await;
+    assert_eq!((answer.status, &answer.body[..]), (409, &b"nope"[..]), "the backend's refusal is relayed");
+    let next = next.await.unwrap();
     assert_eq!((next.status, next.fencegate_error()), (409, None), "not quarantined: {next:?}");
-    assert_eq!(log.lock().unwrap().first().map(String::as_str), Some("head 10"));
-    assert!(log.lock().unwrap().iter().any(|l| l == "head 20"), "{:?}", log.lock().unwrap());
+    assert_eq!(*log.lock().unwrap(), ["head 10", "body 10", "head 20", "body 20"]);
+}
+
+/// Envoy's own end of a write mid-body (its codec's error on a broken chunked body) is never taken for the
+/// backend's refusal: the backend holds part of the write, so the resource is quarantined,
+/// whether Envoy says so in `response.code_details` or fencegate cannot tell.
+#[tokio::test]
+async fn envoys_own_refusal_mid_body_quarantines_the_resource() {
+    for code_details in [true, false] {
+        let options = EnvoyOptions { code_details, ..Default::default() };
+        let Some(m) = Mesh::start_with(options, |_| {}).await else { return };
+        let mut first = common::RawConn::open(m.envoy.addr).await;
+        let head = "PUT /c HTTP/1.1\r\nHost: x\r\nFencing-Token: 10\r\nTransfer-Encoding: chunked\r\n\r\n";
+        first.send(format!("{head}5\r\nhalf-\r\n").as_bytes()).await;
+        let backend = &m.h.backend;
+        common::poll_until("the backend has the first chunk", || {
+            backend.requests().iter().any(|r| r.path == "/c") || m.h.proxy.queue_len("/c") == 1
+        })
+        .await;
+        first.send(b"zz-not-a-chunk-size\r\n").await;
+        // Envoy answers 400 or closes the connection, as its codec decides.
+        let _ = first.read_to_end_within(Duration::from_secs(5)).await;
+        common::poll_until("the write gives its turn back", || m.h.proxy.queue_len("/c") == 0).await;
+        let next = m.put("/c", 20, "v").await;
+        assert_eq!(next.fencegate_error(), Some("resource_quarantined"), "code_details {code_details}: {next:?}");
+    }
 }
 
 #[tokio::test]

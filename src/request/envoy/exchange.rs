@@ -384,6 +384,10 @@ async fn fence(
         // The key's state learnt and named in the request, still before the advance.
         if let Some((slot, kind)) = slot {
             held.pin(slot, kind, &request, &target).await?;
+            // Its HEAD may take a while: a stream that closed meanwhile uses no token up either.
+            if held.out.is_closed() {
+                return Err(gone());
+            }
         }
         Ok::<_, Refusal>(held.let_go(permit))
     };
@@ -504,8 +508,9 @@ impl Held {
             }
         };
         let (mut whole, mut answer, mut sent) = (ends || release == Release::Body, None, 0u64);
-        // Whether the backend answered before the request had been let go whole.
-        let mut early = false;
+        // Whether the backend answered before the request had been let go whole, and whether
+        // that answer was its refusal.
+        let (mut early, mut refused_early) = (false, false);
         // Set while the answer's body is awaited (a multipart upload's), with what it is for.
         let mut reading: Option<AnswerBody> = None;
         // A pinned write whose answer's status came, settled once its body names the tag.
@@ -513,6 +518,8 @@ impl Held {
         loop {
             let message = match tokio::time::timeout_at(deadline, inbound.message()).await {
                 Err(_) => return Err(UpstreamError::Timeout(timeout).into()),
+                // Refused by the backend: the rest, never let go, reaches it no more.
+                Ok(Err(_) | Ok(None)) if refused_early => break,
                 Ok(Err(status)) => return Err(failed(format!("Envoy's stream failed: {status}"))),
                 Ok(Ok(None)) => {
                     return Err(failed(
@@ -547,19 +554,22 @@ impl Held {
                     let backend = by_backend(status, details.as_deref());
                     // A backend that refused the request (4xx) before it had all of it (an S3
                     // server refusing a precondition or a signature by the head) applied
-                    // nothing: its refusal is the answer, as through the proxy. Any other answer
-                    // before the request's end: Envoy resets the backend's request, which may
-                    // hold part of it, however the stream goes on.
-                    if backend && (400..500).contains(&status) {
-                        whole = true;
-                    }
-                    early |= !whole;
+                    // nothing: its refusal is the answer, as through the proxy. The turn is
+                    // still held until the request's end has been let go, or its stream ends
+                    // (what was not let go never reaches the backend). Only a refusal Envoy
+                    // says is the backend's counts: Envoy's own answers mid-body (a codec
+                    // error) look like the backend's without `response.code_details`. Any other
+                    // answer before the request's end: Envoy resets the backend's request,
+                    // which may hold part of it, however the stream goes on.
+                    refused_early =
+                        !whole && details.as_deref() == Some("via_upstream") && (400..500).contains(&status);
+                    early |= !whole && !refused_early;
                     state.metrics.backend_latency.observe(started.elapsed().as_secs_f64());
                     // Only a success names the upload or ends it.
                     reading = answered.take().filter(|_| (200..300).contains(&status));
                     // The backend's own answer to the whole request settles a pinned write: a
                     // completion's entity tag is in its body, the others' in the head.
-                    if let Some(pin) = pinning.take_if(|_| whole && backend)
+                    if let Some(pin) = pinning.take_if(|_| (whole || refused_early) && backend)
                         && let Ok(code) = http::StatusCode::from_u16(status)
                     {
                         match reading {
