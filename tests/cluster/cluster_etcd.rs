@@ -927,3 +927,49 @@ async fn an_instance_that_opened_without_etcd_is_held_to_the_fences_rules() {
     assert!(!c.instances[1].proxy().log_contains(following), "it followed under rules of its own");
     assert!(c.instances[1].proxy().log_contains(differs));
 }
+
+/// Two instances as Envoy's external processor on one shared fence, both in Envoy's processor
+/// cluster (deploy/envoy/envoy.yaml): only the leader answers gRPC health checks `SERVING`, so
+/// Envoy sends every write to it and none gets a follower's `503`; once the leader is killed
+/// and the other instance takes over, Envoy's checks move the writes there.
+#[tokio::test]
+async fn envoy_sends_every_write_to_the_leader_by_its_health_checks() {
+    use common::envoy::{Envoy, EnvoyOptions};
+    let Some(etcd) = start_etcd().await else { return };
+    let mut c = Cluster::build(&[etcd.url()], 2, "").await;
+    for i in &c.instances {
+        let text = std::fs::read_to_string(&i.config).unwrap();
+        std::fs::write(&i.config, text.replacen("[server]\n", "[server]\nmode = \"ext_proc\"\n", 1)).unwrap();
+    }
+    c.init().await;
+    for i in &mut c.instances {
+        i.start();
+    }
+    let leader = c.wait_leader().await;
+    let processors: Vec<SocketAddr> = c.instances.iter().map(|i| i.addr).collect();
+    let backend = c.backend.addr();
+    let Some(envoy) = Envoy::start_for(&processors, backend, &EnvoyOptions::default()).await else { return };
+    let healthy = "cluster.fencegate.membership_healthy";
+    eventually("Envoy finds one instance healthy", async || envoy.stat(healthy).await == 1).await;
+    for token in 1..=20 {
+        let r = put(envoy.addr, "/k", token).await;
+        assert!(ok(&r), "write {token} went to a follower: {r:?}");
+    }
+
+    c.instances[leader].kill9();
+    let next = c.wait_leader().await;
+    assert_ne!(next, leader);
+    let serving = || async {
+        let answer = raw_request(envoy.admin, "GET /clusters HTTP/1.1\r\nHost: admin\r\nConnection: close", "").await;
+        let text = String::from_utf8_lossy(&answer.body).into_owned();
+        let at = format!("fencegate::{}::health_flags::healthy", c.instances[next].addr);
+        text.lines().any(|l| l == at)
+    };
+    eventually("Envoy's checks find the new leader", async || serving().await).await;
+    for token in 21..=30 {
+        let r = put(envoy.addr, "/k", token).await;
+        assert!(ok(&r), "write {token} after the takeover: {r:?}");
+    }
+    let applied = c.applied_tokens("/k");
+    assert!(applied.windows(2).all(|w| w[0] < w[1]) && applied.ends_with(&[30]), "{applied:?}");
+}

@@ -70,6 +70,12 @@ fn binary() -> Option<PathBuf> {
 /// its external processor: `deploy/envoy/envoy.yaml`, the one docs/envoy.md shows, on the
 /// test's addresses and `options`.
 pub fn bootstrap(processor: SocketAddr, backend: SocketAddr, options: &EnvoyOptions) -> String {
+    bootstrap_for(&[processor], backend, options)
+}
+
+/// [`bootstrap`] with every one of `processors` in the processor's cluster, which Envoy's
+/// health checks choose among.
+pub fn bootstrap_for(processors: &[SocketAddr], backend: SocketAddr, options: &EnvoyOptions) -> String {
     let shipped = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/envoy/envoy.yaml")).unwrap();
     let replace = |text: String, from: &str, to: &str| {
         assert!(text.contains(from), "deploy/envoy/envoy.yaml has no {from:?}");
@@ -82,11 +88,17 @@ pub fn bootstrap(processor: SocketAddr, backend: SocketAddr, options: &EnvoyOpti
         "address: 127.0.0.1, port_value: 9000",
         &format!("address: {}, port_value: {}", backend.ip(), backend.port()),
     );
-    text = replace(
-        text,
-        "address: 127.0.0.1, port_value: 9001",
-        &format!("address: {}, port_value: {}", processor.ip(), processor.port()),
-    );
+    let endpoint = "        - endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: 9001 } } }";
+    let endpoints: Vec<String> = processors
+        .iter()
+        .map(|p| {
+            endpoint.replace(
+                "address: 127.0.0.1, port_value: 9001",
+                &format!("address: {}, port_value: {}", p.ip(), p.port()),
+            )
+        })
+        .collect();
+    text = replace(text, endpoint, &endpoints.join("\n"));
     text = replace(text, "timeout: 15s }", &format!("timeout: {}s }}", options.route_timeout.as_secs_f64()));
     if !options.code_details {
         text = replace(text, r#"response_attributes: ["response.code_details"]"#, "response_attributes: []");
@@ -98,6 +110,11 @@ impl Envoy {
     /// Envoy in front of `backend`, asking `processor`; `None` (a visible skip) where Envoy is
     /// not installed, outside CI.
     pub async fn start(processor: SocketAddr, backend: SocketAddr, options: &EnvoyOptions) -> Option<Envoy> {
+        Envoy::start_for(&[processor], backend, options).await
+    }
+
+    /// [`Envoy::start`] with every one of `processors` in the processor's cluster.
+    pub async fn start_for(processors: &[SocketAddr], backend: SocketAddr, options: &EnvoyOptions) -> Option<Envoy> {
         let Some(bin) = binary() else {
             let required = super::skips::required() || std::env::var_os("CI").is_some();
             assert!(
@@ -109,7 +126,7 @@ impl Envoy {
         };
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("envoy.yaml");
-        std::fs::write(&config, bootstrap(processor, backend, options)).unwrap();
+        std::fs::write(&config, bootstrap_for(processors, backend, options)).unwrap();
         let admin_file = dir.path().join("admin.address");
         let child = Command::new(bin)
             .arg("-c")
@@ -131,6 +148,14 @@ impl Envoy {
         })
         .await;
         envoy.admin = std::fs::read_to_string(&admin_file).unwrap().trim().parse().unwrap();
+        // Live once its clusters are: the processor's waits for its first health check.
+        let admin = envoy.admin;
+        super::eventually("Envoy is live", async || {
+            let ready =
+                super::raw::try_raw_request(admin, "GET /ready HTTP/1.1\r\nHost: admin\r\nConnection: close", "");
+            ready.await.is_some_and(|r| r.status == 200)
+        })
+        .await;
         envoy.addr = envoy.listener().await;
         Some(envoy)
     }

@@ -6,6 +6,7 @@
 //! differs is only who forwards ([`exchange`]) and the messages it is said in ([`wire`]).
 
 mod exchange;
+mod health;
 mod wire;
 
 use std::convert::Infallible;
@@ -24,17 +25,23 @@ use tokio::sync::mpsc;
 use tonic::codegen::Service as _;
 use tonic::codegen::tokio_stream::Stream;
 use tonic::{Status, Streaming};
+use tonic_health::pb::health_server::HealthServer;
 
 use crate::state::State;
 use crate::upstream::Peer;
 
+/// The path prefix of gRPC health checking's calls.
+const HEALTH: &str = "/grpc.health.v1.Health/";
+
 /// The gRPC body of the processor's answers.
 pub type GrpcBody = tonic::body::Body;
 
-/// Envoy's `ExternalProcessor` service, served by fencegate.
+/// Envoy's `ExternalProcessor` service, served by fencegate, and its health for Envoy's
+/// health checks.
 #[derive(Clone)]
 pub(crate) struct Processor {
     server: ExternalProcessorServer<Exchanges>,
+    health: HealthServer<health::Checks>,
 }
 
 /// What each stream of the service runs on.
@@ -107,7 +114,8 @@ impl ExternalProcessor for Exchanges {
 impl Processor {
     /// The service over `state`.
     pub(crate) fn new(state: Arc<State>) -> Self {
-        Processor { server: ExternalProcessorServer::new(Exchanges { state }) }
+        let health = HealthServer::new(health::Checks { state: Arc::clone(&state) });
+        Processor { server: ExternalProcessorServer::new(Exchanges { state }), health }
     }
 
     /// Answers one HTTP/2 request of Envoy's gRPC client, from `client`.
@@ -117,9 +125,13 @@ impl Processor {
         client: Peer,
     ) -> impl Future<Output = Response<GrpcBody>> + Send + use<> {
         req.extensions_mut().insert(client);
-        let answered = self.server.clone().call(req);
+        let health = req.uri().path().starts_with(HEALTH).then(|| self.health.clone());
+        let mut server = self.server.clone();
         async move {
-            let answered: Result<_, Infallible> = answered.await;
+            let answered: Result<_, Infallible> = match health {
+                Some(mut health) => health.call(req).await,
+                None => server.call(req).await,
+            };
             answered.unwrap_or_else(|never| match never {})
         }
     }
