@@ -218,7 +218,8 @@ async fn serve(
 }
 
 /// A backend that answers each request as soon as it has read the head, then reads the body.
-/// It logs `head T` and `body T` for the token T of each request, in the order it sees them.
+/// It logs `head T` and `body T` for the token T of each request, in the order it sees them. A
+/// `HEAD` (a pinned write's) is answered `200` with `ETag: "v1"` and logged `HEAD`.
 pub async fn early_answering_backend() -> (SocketAddr, Arc<std::sync::Mutex<Vec<String>>>) {
     early_answering_backend_with("201 Created", "").await
 }
@@ -254,8 +255,16 @@ pub async fn early_answering_backend_with(
                         head.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim().to_owned()).unwrap_or_default()
                     };
                     let (token, length) = (field("fencing-token:"), field("content-length:").parse().unwrap_or(0));
-                    log.lock().unwrap().push(format!("head {token}"));
                     buf.drain(..head_end);
+                    if head.starts_with("head ") {
+                        log.lock().unwrap().push("HEAD".to_owned());
+                        let tagged = b"HTTP/1.1 200 OK\r\netag: \"v1\"\r\ncontent-length: 0\r\n\r\n";
+                        if tcp.write_all(tagged).await.is_err() {
+                            return;
+                        }
+                        continue;
+                    }
+                    log.lock().unwrap().push(format!("head {token}"));
                     let answer = format!("HTTP/1.1 {status}\r\ncontent-length: {}\r\n\r\n", body.len());
                     if tcp.write_all(answer.as_bytes()).await.is_err() {
                         return;

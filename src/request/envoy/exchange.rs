@@ -211,7 +211,7 @@ async fn decide(
         Plan::ReadBody { .. } => Err(Refusal::BadRequest("the body was read already".into())),
         Plan::Write(write) => {
             let set = set_target(sent, write.target.as_str());
-            let asked = Request { head: head.request, ends: head.ends, client: client.clone() };
+            let asked = RequestHead { head: head.request, ends: head.ends, client: client.clone() };
             fence(state, settings, protocol, asked, release, write, set, inbound, out).await
         }
     };
@@ -304,7 +304,7 @@ async fn fence(
     state: &Arc<State>,
     settings: &Arc<Settings>,
     protocol: Chosen,
-    request: Request,
+    request: RequestHead,
     release: Release,
     write: Write,
     set: Vec<(String, Vec<u8>)>,
@@ -420,7 +420,7 @@ struct Held {
 }
 
 /// A fenced write's request as Envoy sent its head, for the `HEAD` that learns its key's state.
-struct Request {
+struct RequestHead {
     head: http::Request<()>,
     /// Whether the request ends with its head.
     ends: bool,
@@ -449,7 +449,7 @@ impl Held {
         &mut self,
         slot: PinSlot,
         kind: Pinned,
-        request: &Request,
+        request: &RequestHead,
         target: &PathAndQuery,
     ) -> Result<(), Refusal> {
         let (settings, protocol) = (&self.settings, self.protocol);
@@ -515,6 +515,10 @@ impl Held {
         let mut reading: Option<AnswerBody> = None;
         // A pinned write whose answer's status came, settled once its body names the tag.
         let mut settling: Option<(Pinning, http::StatusCode)> = None;
+        // fencegate's refusal in place of the backend's early `412` to the precondition it
+        // sent, given once the request's end has been let go (or its stream ended): the answer
+        // head waits for it meanwhile.
+        let mut moved = None;
         loop {
             let message = match tokio::time::timeout_at(deadline, inbound.message()).await {
                 Err(_) => return Err(UpstreamError::Timeout(timeout).into()),
@@ -574,7 +578,10 @@ impl Held {
                     {
                         match reading {
                             Some(AnswerBody::Ends { .. }) => settling = Some((pin, code)),
-                            _ => pinned::settle(pin, code, wire::strong_tag(headers))?,
+                            _ => match pinned::settle(pin, code, wire::strong_tag(headers)) {
+                                Err(refusal) if !whole => moved = Some(refusal),
+                                settled => settled?,
+                            },
                         }
                     }
                     // An answer without a body (an abort's `204`) is read whole now: no body
@@ -589,6 +596,9 @@ impl Held {
                         }
                     }
                     answer = Some((status, details));
+                    if moved.is_some() {
+                        continue;
+                    }
                     let mode = reading.is_some().then(wire::answer_body);
                     say(wire::continue_answer(ERROR_HEADER, mode)).await?;
                     if whole && reading.is_none() {
@@ -621,6 +631,9 @@ impl Held {
             if whole && answer.is_some() && reading.is_none() {
                 break;
             }
+        }
+        if let Some(refusal) = moved {
+            return Err(refusal);
         }
         let Some((status, details)) = answer else { unreachable!("the loop ends only with an answer") };
         if early {
