@@ -315,12 +315,14 @@ impl Model for Pinning {
                 if !self.pins || !turn.op.pinnable() || (s.pin != Pin::Unknown && !self.late(&s, s.pin)) {
                     return None;
                 }
+                let before = s.pin;
                 s.pin = s.backend.map_or(Pin::Absent, Pin::Tag);
                 if self.late(&s, s.pin) {
                     // Refused before its advance: its client sends it again. The state it
-                    // found is not kept: the late write may land and move it at any time.
+                    // found is not kept (the pin stays what it was): the late write may land
+                    // and move it at any time.
                     if self.forgets_late {
-                        s.pin = Pin::Unknown;
+                        s.pin = before;
                     }
                     s.turn = None;
                     s.pending.push((turn.token, turn.op));
