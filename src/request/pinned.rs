@@ -180,8 +180,8 @@ pub(super) fn answered_with_tag(
 }
 
 /// A pinned write's answer `status` from the backend, under its turn: a `2xx` sets the key's
-/// pin (to `tag`, the strong entity tag a `PUT`'s answer names, none known without one; absent
-/// after a `DELETE`), and a `412` to the precondition fencegate sent is `backend_moved`. Any
+/// pin (to `tag`, the strong entity tag a `PUT`'s answer names, none known without one or with
+/// one no header can carry; absent after a `DELETE`), and a `412` to the precondition fencegate sent is `backend_moved`. Any
 /// other answer leaves the pin unknown, as the advance left it.
 pub(super) fn settle(pinning: Pinning, status: StatusCode, tag: Option<Arc<str>>) -> Result<(), Refusal> {
     let Pinning { slot, kind, sent } = pinning;
@@ -193,7 +193,9 @@ pub(super) fn settle(pinning: Pinning, status: StatusCode, tag: Option<Arc<str>>
     if status.is_success() {
         match kind {
             Pinned::Put => {
-                if let Some(tag) = tag {
+                // Only a tag the next write can send: one a body names (a completion's) is held
+                // to what an `ETag` field must be, or the key would keep a pin no write can use.
+                if let Some(tag) = tag.filter(|tag| strong_tag_of(std::iter::once(tag.as_bytes())).is_some()) {
                     slot.set(Pin::Tag(tag));
                 }
             }

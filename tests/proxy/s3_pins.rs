@@ -239,3 +239,41 @@ async fn with_conditional_deletes_a_delete_after_a_write_around_fencegate_is_bac
     let second = format!("if-match: {}", tag(&tags, "second").to_ascii_lowercase());
     assert!(deletes[2].contains(&second), "the last delete was not pinned:\n{}", deletes[2]);
 }
+
+/// A completion whose answer body names a tag no header can carry (a line feed, once the XML
+/// is decoded) pins nothing: kept, it would refuse every later write to the object
+/// (`pin_unavailable`) until a restart. As the proxy and through Envoy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_tag_no_header_can_carry_pins_nothing() {
+    use crate::common::backend::{Reply, StubBackend};
+    use crate::common::raw_request;
+    const CREATED: &str = "<InitiateMultipartUploadResult><Bucket>bk1</Bucket><Key>k</Key><UploadId>u1</UploadId></InitiateMultipartUploadResult>";
+    const COMPLETED: &str = "<CompleteMultipartUploadResult><Bucket>bk1</Bucket><Key>k</Key>\
+        <ETag>\"caf&#10;e-1\"</ETag></CompleteMultipartUploadResult>";
+    for mode in [ServerMode::Proxy, ServerMode::ExtProc] {
+        let stub = StubBackend::start_with(|seen| match seen.head.split(' ').nth(1) {
+            Some("/bk1/k?uploads") => Reply::Answer(200, CREATED),
+            Some("/bk1/k?uploadId=u1") => Reply::Answer(200, COMPLETED),
+            _ => Reply::Answer(200, ""),
+        })
+        .await;
+        let proxy = S3Proxy::start_as(&stub.url(), "", mode).await;
+        let envoy = match mode {
+            ServerMode::ExtProc => match Envoy::start(proxy.addr, stub.addr(), &EnvoyOptions::default()).await {
+                Some(envoy) => Some(envoy),
+                None => return,
+            },
+            ServerMode::Proxy => None,
+        };
+        let front = envoy.as_ref().map_or(proxy.addr, |e| e.addr);
+        let send = async |line: &str, token: u64| {
+            raw_request(front, &format!("{line}\r\nHost: 127.0.0.1\r\nFencing-Token: {token}"), "").await
+        };
+        assert_eq!(send("POST /bk1/k?uploads HTTP/1.1", 41).await.status, 200, "{mode:?}");
+        assert_eq!(send("POST /bk1/k?uploadId=u1 HTTP/1.1", 41).await.status, 200, "{mode:?}");
+        for token in [42, 43] {
+            let r = send("PUT /bk1/k HTTP/1.1", token).await;
+            assert_eq!(r.status, 200, "{mode:?}: the write after the completion: {r:?}");
+        }
+    }
+}
