@@ -43,6 +43,8 @@ const GONE: &str = "Envoy's stream ended before the write was let go";
 struct Out {
     said: Sender<Said>,
     released: Arc<AtomicBool>,
+    /// Whether fencegate's own answer was given already, in place of the backend's.
+    answered: Arc<AtomicBool>,
 }
 
 impl Out {
@@ -80,7 +82,7 @@ enum Ended {
 
 /// Runs one exchange to its end.
 pub(super) async fn run(state: Arc<State>, client: Peer, mut inbound: Streaming<ProcessingRequest>, out: Sender<Said>) {
-    let out = Out { said: out, released: Arc::default() };
+    let out = Out { said: out, released: Arc::default(), answered: Arc::default() };
     let started = Instant::now();
     let Ok(Some(first)) = inbound.message().await else { return };
     let settings = state.settings.get();
@@ -124,12 +126,14 @@ pub(super) async fn run(state: Arc<State>, client: Peer, mut inbound: Streaming<
             state.metrics.request(&method, "forwarded");
             ("passed", None, None, None)
         }
-        // A write abandoned after it was let go: Envoy answers the client itself.
-        Err(refusal @ Refusal::Upstream(_)) => {
+        // A write abandoned after it was let go: Envoy answers the client itself. Or one
+        // fencegate answered already, in place of the backend's answer.
+        Err(refusal) if matches!(refusal, Refusal::Upstream(_)) || out.answered.load(Ordering::Relaxed) => {
             state.metrics.request(&method, refusal.code());
             let interval = log.refusal_interval;
             throttle::log(&state.refusals, interval, &refusal, &method, &path, &client);
-            (refusal.code(), None, None, None)
+            let status = out.answered.load(Ordering::Relaxed).then(|| refusal.status());
+            (refusal.code(), status, None, None)
         }
         Err(refusal) => {
             let body_bytes = refuse(&state, &settings, protocol, &method, &path, &client, &refusal, &out).await;
@@ -515,10 +519,6 @@ impl Held {
         let mut reading: Option<AnswerBody> = None;
         // A pinned write whose answer's status came, settled once its body names the tag.
         let mut settling: Option<(Pinning, http::StatusCode)> = None;
-        // fencegate's refusal in place of the backend's early `412` to the precondition it
-        // sent, given once the request's end has been let go (or its stream ended): the answer
-        // head waits for it meanwhile.
-        let mut moved = None;
         loop {
             let message = match tokio::time::timeout_at(deadline, inbound.message()).await {
                 Err(_) => return Err(UpstreamError::Timeout(timeout).into()),
@@ -579,7 +579,9 @@ impl Held {
                         match reading {
                             Some(AnswerBody::Ends { .. }) => settling = Some((pin, code)),
                             _ => match pinned::settle(pin, code, wire::strong_tag(headers)) {
-                                Err(refusal) if !whole => moved = Some(refusal),
+                                Err(refusal) if !whole => {
+                                    return Err(moved_early(refusal, protocol, &out, &mut inbound, deadline).await);
+                                }
                                 settled => settled?,
                             },
                         }
@@ -596,9 +598,6 @@ impl Held {
                         }
                     }
                     answer = Some((status, details));
-                    if moved.is_some() {
-                        continue;
-                    }
                     let mode = reading.is_some().then(wire::answer_body);
                     say(wire::continue_answer(ERROR_HEADER, mode)).await?;
                     if whole && reading.is_none() {
@@ -632,9 +631,6 @@ impl Held {
                 break;
             }
         }
-        if let Some(refusal) = moved {
-            return Err(refusal);
-        }
         let Some((status, details)) = answer else { unreachable!("the loop ends only with an answer") };
         if early {
             return Err(failed(format!("the backend answered {status} before it had the whole request")));
@@ -651,6 +647,26 @@ impl Held {
             None => Ok((status, inbound)),
         }
     }
+}
+
+/// fencegate's `refusal` (`backend_moved`) of a pinned write the backend refused by its
+/// precondition before the request's end, answered at once in place of the backend's `412`
+/// (a slow body would otherwise meet Envoy's `message_timeout`). Envoy lets nothing more of the
+/// request go after that answer, and ends the stream: the turn is held until it has, or until
+/// `deadline`. Returns the refusal, already answered (see [`Out::answered`]).
+async fn moved_early(
+    refusal: Refusal,
+    protocol: Chosen,
+    out: &Out,
+    inbound: &mut Streaming<ProcessingRequest>,
+    deadline: tokio::time::Instant,
+) -> Refusal {
+    out.answered.store(true, Ordering::Relaxed);
+    if out.send(Said::Answer(too_late(protocol, &refusal).await)).await.is_ok() {
+        // Nothing Envoy still sends is answered: no more of the request goes on.
+        while let Ok(Ok(Some(_))) = tokio::time::timeout_at(deadline, inbound.message()).await {}
+    }
+    refusal
 }
 
 /// `read` by `deadline`, the write's own (`backend.request_timeout`, `timeout`, from its
