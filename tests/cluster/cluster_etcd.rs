@@ -832,10 +832,14 @@ async fn instances_with_https_urls_send_writes_on_over_tls() {
                 .output()
                 .expect("curl runs")
         });
-        String::from_utf8_lossy(&out.await.unwrap().stdout).into_owned()
+        let out = out.await.unwrap();
+        // The status, and curl's word on a failure.
+        (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
     };
-    assert!(put(2).await.starts_with('2'), "a write through the follower, sent on over TLS");
-    assert_eq!(put(1).await, "409", "the leader fenced it");
+    let (status, why) = put(2).await;
+    assert!(status.starts_with('2'), "a write through the follower, sent on over TLS: {status} {why}");
+    let (status, why) = put(1).await;
+    assert_eq!(status, "409", "the leader fenced it: {why}");
     assert_eq!(c.applied_tokens("/a"), [2]);
 }
 
