@@ -66,7 +66,7 @@ pub(super) async fn pin(
 ) -> Result<(Connection, Pinning), Refusal> {
     let mut unused = Some(conn);
     let asked = HeadFrom { uri: out.req.uri(), target: &out.target, headers: out.req.headers(), client: &out.client };
-    let (pinning, precondition) = choose(metrics, protocol, asked.headers, slot, kind, async |key: &str| {
+    let (pinning, precondition) = choose(metrics, protocol, asked.uri, asked.headers, slot, kind, async |key: &str| {
         // Taken once: `choose` learns at most once.
         let Some(conn) = unused.take() else { return Ok(None) };
         learn(settings, protocol, conn, &asked, key).await
@@ -92,13 +92,14 @@ pub(super) struct HeadFrom<'a> {
     pub(super) client: &'a Peer,
 }
 
-/// The key's state for a write with the request `headers`, under its turn and before its
+/// The key's state for a write to `uri` with the request `headers`, under its turn and before its
 /// advance: the pin the fence keeps, or one `learn` finds (by a `HEAD`; `None` when the
 /// protocol cannot ask). Judges the write's own `If-Match` and `If-None-Match` against it, and
 /// returns the precondition naming it that the write is sent with, if the backend honours one.
 pub(super) async fn choose(
     metrics: &Metrics,
     protocol: Chosen,
+    uri: &Uri,
     headers: &HeaderMap,
     slot: PinSlot,
     kind: Pinned,
@@ -149,6 +150,22 @@ pub(super) async fn choose(
         Pin::Tag(tag) => (IF_MATCH, HeaderValue::from_str(tag).map_err(|e| unreadable(slot.key(), e))?),
         Pin::Absent => (IF_NONE_MATCH, HeaderValue::from_static("*")),
     };
+    // The client's own condition that agrees loosely (`If-Match: *`, a list) is replaced by the
+    // exact one, unless the client signed it: the backend would refuse the changed header
+    // (`SignatureDoesNotMatch`), so fencegate says why instead.
+    let (name, value) = &precondition;
+    if own_conditions
+        && !headers.get_all(name).iter().eq([value])
+        && headers.contains_key(name)
+        && protocol.signed(headers, uri, name)
+    {
+        return Err(Refusal::BadRequest(format!(
+            "the signed {name} names more than the state of {} that fencegate pins the write to \
+             ({name}: {}): sign {name} with exactly that, or leave it out",
+            slot.key(),
+            value.to_str().unwrap_or_default()
+        )));
+    }
     slot.sent_pinned(&pin);
     // A 412 may then be the client's own condition failing (If-Unmodified-Since, WebDAV's If):
     // relayed as the backend wrote it, not as fencegate's backend_moved.

@@ -277,3 +277,19 @@ async fn a_completion_tag_no_header_can_carry_pins_nothing() {
         }
     }
 }
+
+/// The client's own signed `If-Match`, against moto, which checks SigV4: one naming exactly the
+/// pinned tag reaches the server as signed; `If-Match: *`, which fencegate would have to narrow
+/// and so break the signature, is refused by fencegate with a reason (`InvalidRequest`), never
+/// sent to fail as `SignatureDoesNotMatch`. As the proxy and through Envoy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signed_loose_if_match_is_refused_with_a_reason_not_rewritten() {
+    for mode in [ServerMode::Proxy, ServerMode::ExtProc] {
+        let Some(server) = start_moto().await else { return };
+        let secrets = tempfile::tempdir().unwrap();
+        let (proxy, tap, envoy) = pinned_as(&server, true, "", &secrets, mode).await;
+        let Some(url) = front(&proxy, envoy.as_ref(), mode) else { return };
+        scenario_at("signed_conditions", &server, &url).await;
+        assert!(!tap.text().contains("loose-body"), "{mode:?}: the loose write reached the server");
+    }
+}

@@ -92,6 +92,13 @@ pub trait Protocol: Send + Sync + std::fmt::Debug {
         true
     }
 
+    /// Whether the client signed its header `name` on the request to `uri` with `headers`, so
+    /// that the backend refuses it changed.
+    fn signed(&self, headers: &HeaderMap, uri: &::http::Uri, name: &HeaderName) -> bool {
+        let _ = (headers, uri, name);
+        false
+    }
+
     /// Whether `body`, of a success answer to a write that ends a multipart upload
     /// ([`super::classify::UploadStep::End`]), says that it failed all the same (S3's `200`
     /// with an `<Error>`), so the upload is still open.
@@ -174,6 +181,13 @@ impl Protocol for Chosen {
         match self {
             Chosen::Http(p) => p.completed_tag(body),
             Chosen::S3(p) => p.completed_tag(body),
+        }
+    }
+
+    fn signed(&self, headers: &HeaderMap, uri: &::http::Uri, name: &HeaderName) -> bool {
+        match self {
+            Chosen::Http(p) => p.signed(headers, uri, name),
+            Chosen::S3(p) => p.signed(headers, uri, name),
         }
     }
 

@@ -99,7 +99,22 @@ def deletes(w):
     print(json.dumps({"first": first, "around": around, "second": second}))
 
 
-SCENARIOS = {f.__name__: f for f in [preconditions, before_restart, after_restart, completion, deletes]}
+def signed_conditions(w):
+    """The client's own signed If-Match: exactly the pinned tag, it reaches the server as signed
+    and lands; `*`, which fencegate would have to narrow to the tag (and so break the
+    signature), is refused by fencegate with a reason, and nothing is sent."""
+    w.client(1).create_bucket(Bucket=BUCKET)
+    first = put(w, 2, "s", b"first-body")
+    exact = put(w, 3, "s", b"exact-body", IfMatch=first)
+    check(w.body(BUCKET, "s"), b"exact-body", "the write with the exact signed If-Match")
+    check(refused(lambda: put(w, 4, "s", b"loose-body", IfMatch="*")),
+          ("InvalidRequest", 400, "invalid_request"), "a signed If-Match: *")
+    check(w.body(BUCKET, "s"), b"exact-body", "what the refused write left")
+    print(json.dumps({"first": first, "exact": exact}))
+
+
+SCENARIOS = {f.__name__: f for f in [preconditions, before_restart, after_restart, completion, deletes,
+                                     signed_conditions]}
 
 if __name__ == "__main__":
     SCENARIOS[sys.argv[1]](World(*sys.argv[2:7]))

@@ -157,6 +157,22 @@ impl Protocol for S3 {
     fn completed_tag(&self, body: &[u8]) -> Option<Box<str>> {
         operation::completed_tag(body)
     }
+
+    /// A SigV4 signature names its headers in `Authorization` (`SignedHeaders=a;b`) or, for a
+    /// presigned URL, in the query (`X-Amz-SignedHeaders`). SigV2 signs no `If-…` header.
+    fn signed(&self, headers: &HeaderMap, uri: &Uri, name: &HeaderName) -> bool {
+        let names = |list: &str| list.split(';').any(|n| n.trim().eq_ignore_ascii_case(name.as_str()));
+        let by_header = headers
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| v.starts_with("AWS4-HMAC-SHA256"))
+            .and_then(|v| v.split("SignedHeaders=").nth(1))
+            .is_some_and(|rest| names(rest.split(',').next().unwrap_or_default()));
+        let by_query = operation::pairs(uri.query())
+            .filter(|(k, _)| *k == "X-Amz-SignedHeaders")
+            .any(|(_, v)| crate::fence::keys::decode_once(v).is_ok_and(|v| names(&v)));
+        by_header || by_query
+    }
 }
 
 /// The part a write with `effect` to the object `key` in `bucket` plays in a multipart upload.

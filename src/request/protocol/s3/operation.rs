@@ -59,7 +59,7 @@ fn subresources(query: Option<&str>) -> Result<Vec<String>, Refusal> {
 }
 
 /// The query's parameters as sent, `name=value` (a bare `name` has an empty value).
-fn pairs(query: Option<&str>) -> impl Iterator<Item = (&str, &str)> {
+pub(super) fn pairs(query: Option<&str>) -> impl Iterator<Item = (&str, &str)> {
     let pairs = query.unwrap_or_default().split('&').filter(|p| !p.is_empty());
     pairs.map(|pair| pair.split_once('=').unwrap_or((pair, "")))
 }

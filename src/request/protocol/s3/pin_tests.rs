@@ -121,3 +121,24 @@ fn the_learning_head_is_of_the_path_alone_to_the_writes_host_and_signed_only_wit
     let (_, head, _) = ready(&signed, "/bk1/k", None);
     assert_eq!(head.headers()[HOST], "127.0.0.1:9", "else the backend's");
 }
+
+#[test]
+fn a_header_is_signed_where_sigv4_names_it_in_authorization_or_a_presigned_query() {
+    let name = http::header::IF_MATCH;
+    let signed = |auth: Option<&'static str>, target: &str| {
+        let mut headers = HeaderMap::new();
+        if let Some(auth) = auth {
+            headers.insert(http::header::AUTHORIZATION, http::HeaderValue::from_static(auth));
+        }
+        S3.signed(&headers, &target.parse().unwrap(), &name)
+    };
+    let v4 = "AWS4-HMAC-SHA256 Credential=AK/20261205/us-east-1/s3/aws4_request, \
+              SignedHeaders=host;if-match;x-amz-date, Signature=abc";
+    assert!(signed(Some(v4), "/b/k"));
+    let without = "AWS4-HMAC-SHA256 Credential=AK/x, SignedHeaders=host;x-amz-date, Signature=abc";
+    assert!(!signed(Some(without), "/b/k"));
+    assert!(!signed(Some("AWS AK:c2lnbmF0dXJl"), "/b/k"), "SigV2 signs no If- header");
+    assert!(signed(None, "/b/k?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-SignedHeaders=host%3BIf-Match"));
+    assert!(!signed(None, "/b/k?X-Amz-SignedHeaders=host"));
+    assert!(!signed(None, "/b/k"));
+}
