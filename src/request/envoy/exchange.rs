@@ -653,7 +653,8 @@ impl Held {
 /// precondition before the request's end, answered at once in place of the backend's `412`
 /// (a slow body would otherwise meet Envoy's `message_timeout`). Envoy lets nothing more of the
 /// request go after that answer, and ends the stream: the turn is held until it has, or until
-/// `deadline`. Returns the refusal, already answered (see [`Out::answered`]).
+/// `deadline`. Returns the refusal, answered already where the answer could be sent (see
+/// [`Out::answered`]).
 async fn moved_early(
     refusal: Refusal,
     protocol: Chosen,
@@ -661,8 +662,9 @@ async fn moved_early(
     inbound: &mut Streaming<ProcessingRequest>,
     deadline: tokio::time::Instant,
 ) -> Refusal {
-    out.answered.store(true, Ordering::Relaxed);
-    if out.send(Said::Answer(too_late(protocol, &refusal).await)).await.is_ok() {
+    let answer = too_late(protocol, &refusal).await;
+    if let Ok(Ok(())) = tokio::time::timeout_at(deadline, out.send(Said::Answer(answer))).await {
+        out.answered.store(true, Ordering::Relaxed);
         // Nothing Envoy still sends is answered: no more of the request goes on.
         while let Ok(Ok(Some(_))) = tokio::time::timeout_at(deadline, inbound.message()).await {}
     }

@@ -158,14 +158,15 @@ impl Protocol for S3 {
         operation::completed_tag(body)
     }
 
-    /// A SigV4 signature names its headers in `Authorization` (`SignedHeaders=a;b`) or, for a
-    /// presigned URL, in the query (`X-Amz-SignedHeaders`). SigV2 signs no `If-…` header.
+    /// A SigV4 (or SigV4a) signature names its headers in `Authorization`
+    /// (`SignedHeaders=a;b`) or, for a presigned URL, in the query (`X-Amz-SignedHeaders`).
+    /// SigV2 signs no `If-…` header.
     fn signed(&self, headers: &HeaderMap, uri: &Uri, name: &HeaderName) -> bool {
         let names = |list: &str| list.split(';').any(|n| n.trim().eq_ignore_ascii_case(name.as_str()));
         let by_header = headers
             .get(http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .filter(|v| v.starts_with("AWS4-HMAC-SHA256"))
+            .filter(|v| v.starts_with("AWS4-"))
             .and_then(|v| v.split("SignedHeaders=").nth(1))
             .is_some_and(|rest| names(rest.split(',').next().unwrap_or_default()));
         let by_query = operation::pairs(uri.query())

@@ -138,6 +138,9 @@ fn a_header_is_signed_where_sigv4_names_it_in_authorization_or_a_presigned_query
     let without = "AWS4-HMAC-SHA256 Credential=AK/x, SignedHeaders=host;x-amz-date, Signature=abc";
     assert!(!signed(Some(without), "/b/k"));
     assert!(!signed(Some("AWS AK:c2lnbmF0dXJl"), "/b/k"), "SigV2 signs no If- header");
+    let v4a =
+        "AWS4-ECDSA-P256-SHA256 Credential=AK/20261205/s3/aws4_request, SignedHeaders=host;if-match, Signature=ab";
+    assert!(signed(Some(v4a), "/b/k"), "SigV4a");
     assert!(signed(None, "/b/k?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-SignedHeaders=host%3BIf-Match"));
     assert!(!signed(None, "/b/k?X-Amz-SignedHeaders=host"));
     assert!(!signed(None, "/b/k"));
