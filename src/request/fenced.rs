@@ -173,16 +173,23 @@ fn unusable(object: &str, why: String) -> Refusal {
 }
 
 /// Drops the binding of upload `id` of `object` once `body`, the backend's whole success
-/// answer to its end, does not say it failed all the same; whether it ended.
-pub(super) async fn drop_ended(state: &State, protocol: Chosen, object: &str, id: &str, body: &[u8]) -> bool {
+/// answer to its end, does not say it failed all the same; then, the entity tag the body names
+/// for the completed object, if it names one.
+pub(super) async fn drop_ended(
+    state: &State,
+    protocol: Chosen,
+    object: &str,
+    id: &str,
+    body: &[u8],
+) -> Option<Arc<str>> {
     if protocol.failed_late(body) {
-        return false;
+        return None;
     }
     if let Err(e) = state.fence.drop_upload(object, id).await {
         // Left behind, the binding names an upload the server has ended.
         tracing::warn!(object, upload = id, error = %e, "could not drop an ended upload's binding");
     }
-    true
+    protocol.completed_tag(body).map(Arc::from)
 }
 
 /// The checks of a write fenced here before its turn: its proof, then the precheck of its
@@ -388,7 +395,7 @@ fn prepare(
             // The end of an upload names the object's entity tag in its body, read whole first.
             let (resp, tag) = ended(&pending.state, &pending.settings, pending.protocol, ends, resp?).await?;
             match pinning {
-                Some(pinning) => pinned::answered_with_tag(pinning, Ok(resp), tag.map(Arc::from)),
+                Some(pinning) => pinned::answered_with_tag(pinning, Ok(resp), tag),
                 None => Ok(resp),
             }
         }))
@@ -429,7 +436,7 @@ async fn ended(
     protocol: Chosen,
     ends: &Ends,
     resp: Response<ResponseBody>,
-) -> Result<(Response<ResponseBody>, Option<Box<str>>), Refusal> {
+) -> Result<(Response<ResponseBody>, Option<Arc<str>>), Refusal> {
     let (parts, body) = resp.into_parts();
     let unread = |e| {
         let why = format!("the answer to the end of a multipart upload could not be read whole: {e}");
@@ -437,10 +444,10 @@ async fn ended(
     };
     let bytes = read_whole_answer(body, MAX_ENDED, settings, unread).await?;
     let Ends { object, id } = ends;
-    let mut tag = None;
-    if parts.status.is_success() && drop_ended(state, protocol, object, id, &bytes).await {
-        tag = protocol.completed_tag(&bytes);
-    }
+    let tag = match parts.status.is_success() {
+        true => drop_ended(state, protocol, object, id, &bytes).await,
+        false => None,
+    };
     Ok((Response::from_parts(parts, full_body(Full::new(bytes))), tag))
 }
 

@@ -696,10 +696,7 @@ impl AnswerBody {
             AnswerBody::Binds { object } => {
                 bind_created(state, settings, protocol, &object, token, body).await.map(|()| None)
             }
-            AnswerBody::Ends { object, id } => {
-                let ended = drop_ended(state, protocol, &object, &id, body).await;
-                Ok(ended.then(|| protocol.completed_tag(body)).flatten().map(Arc::from))
-            }
+            AnswerBody::Ends { object, id } => Ok(drop_ended(state, protocol, &object, &id, body).await),
         }
     }
 }
