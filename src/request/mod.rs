@@ -129,11 +129,24 @@ pub(crate) fn refused(
     client: &Peer,
     refusal: &Refusal,
 ) -> Response<Full<bytes::Bytes>> {
-    state.metrics.request(method, refusal.code());
-    throttle::log(&state.refusals, settings.config.log.refusal_interval, refusal, method, path, client);
+    note_refusal(state, settings, method, path, client, refusal);
     let withhold =
         refusal.names_a_level() && refusal.resource().is_some_and(|key| settings.config.fence.withholds(key));
     protocol.refuse(refusal, withhold)
+}
+
+/// Counts `refusal` of a request (`method` at `path`, from `client`) and logs it, within
+/// `log.refusal_interval`.
+pub(crate) fn note_refusal(
+    state: &State,
+    settings: &Settings,
+    method: &http::Method,
+    path: &str,
+    client: &Peer,
+    refusal: &Refusal,
+) {
+    state.metrics.request(method, refusal.code());
+    throttle::log(&state.refusals, settings.config.log.refusal_interval, refusal, method, path, client);
 }
 
 /// Reads the body of a request that names its resources there, at most `limit` bytes within

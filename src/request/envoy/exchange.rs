@@ -21,7 +21,7 @@ use tonic::Streaming;
 use super::Said;
 use super::wire::{self, Head};
 use crate::fence::{PinSlot, Policy};
-use crate::refusal::{ERROR_HEADER, Refusal, throttle};
+use crate::refusal::{ERROR_HEADER, Refusal};
 use crate::request::InFlight;
 use crate::request::access::Entry;
 use crate::request::classify::{Pinned, Plan, UploadStep, Write};
@@ -129,9 +129,7 @@ pub(super) async fn run(state: Arc<State>, client: Peer, mut inbound: Streaming<
         // A write abandoned after it was let go: Envoy answers the client itself. Or one
         // fencegate answered already, in place of the backend's answer.
         Err(refusal) if matches!(refusal, Refusal::Upstream(_)) || out.answered.load(Ordering::Relaxed) => {
-            state.metrics.request(&method, refusal.code());
-            let interval = log.refusal_interval;
-            throttle::log(&state.refusals, interval, &refusal, &method, &path, &client);
+            crate::request::note_refusal(&state, &settings, &method, &path, &client, &refusal);
             let status = out.answered.load(Ordering::Relaxed).then(|| refusal.status());
             (refusal.code(), status, None, None)
         }
@@ -635,17 +633,16 @@ impl Held {
         if early {
             return Err(failed(format!("the backend answered {status} before it had the whole request")));
         }
-        match details.as_deref() {
-            Some("via_upstream") => Ok((status, inbound)),
-            Some(details) => Err(failed(format!("Envoy answered {status} itself ({details})"))),
-            // Without the attribute, Envoy's own answers to a failed or late backend look like
-            // the backend's: those statuses are taken for Envoy's.
-            None if matches!(status, 502..=504) => Err(failed(format!(
+        if by_backend(status, details.as_deref()) {
+            return Ok((status, inbound));
+        }
+        Err(failed(match details {
+            Some(details) => format!("Envoy answered {status} itself ({details})"),
+            None => format!(
                 "Envoy answered {status}, and did not say whether the backend did (response_attributes lacks {})",
                 wire::CODE_DETAILS
-            ))),
-            None => Ok((status, inbound)),
-        }
+            ),
+        }))
     }
 }
 
