@@ -62,7 +62,7 @@ pub mod webdav;
 #[allow(unused_imports)]
 pub use raw::{RawConn, dead_address, raw_request, try_raw_request};
 #[allow(unused_imports)]
-pub use wait::{eventually, poll_until};
+pub use wait::{eventually, past_quarantine, poll_until};
 
 /// A response, fully read.
 #[derive(Debug, Clone)]

@@ -23,6 +23,20 @@ pub fn eventually(what: &str, condition: impl AsyncFnMut() -> bool) -> impl Futu
     wait(Location::caller(), what, condition)
 }
 
+/// Sends a write with `send` until its resource's quarantine lets it through; returns the
+/// first answer that is not `503 resource_quarantined`.
+pub async fn past_quarantine(mut send: impl AsyncFnMut() -> super::Resp) -> super::Resp {
+    let mut answer = None;
+    eventually("the quarantine ends", async || {
+        let r = send().await;
+        let through = r.fencegate_error() != Some("resource_quarantined");
+        answer = Some(r);
+        through
+    })
+    .await;
+    answer.expect("a write went through")
+}
+
 /// Not an `async fn` above: those cannot report their caller.
 async fn wait(caller: &Location<'_>, what: &str, mut condition: impl AsyncFnMut() -> bool) {
     let start = Instant::now();

@@ -614,18 +614,6 @@ async fn a_delayed_write_fails_at_the_backend_with_pins_through_envoy() {
     let put_of = |path: &'static str, token: u64| {
         move |r: &Request| r.method == "PUT" && r.target == path && r.token() == Some(token)
     };
-    // Sends until the quarantine lets the write through.
-    let after_quarantine = async |path: &str, token: u64, body: &str| {
-        let mut answer = None;
-        common::eventually("the quarantine ends", async || {
-            let r = m.put(path, token, body).await;
-            let through = r.fencegate_error() != Some("resource_quarantined");
-            answer = Some(r);
-            through
-        })
-        .await;
-        answer.expect("a write went through")
-    };
 
     assert_eq!(m.put("/old", 1, "zero").await.status, 201);
     for (path, precondition) in [("/new", "if-none-match"), ("/old", "if-match")] {
@@ -641,7 +629,7 @@ async fn a_delayed_write_fails_at_the_backend_with_pins_through_envoy() {
             // The tag the held write was pinned to: it waits the quarantine out.
             _ => {
                 m.put(path, 3, "two").await.assert_refused(503, "resource_quarantined");
-                after_quarantine(path, 3, "two").await
+                common::past_quarantine(async || m.put(path, 3, "two").await).await
             }
         };
         assert!(two.status == 201 || two.status == 204, "{path}: {two:?}");

@@ -15,7 +15,7 @@ use common::apache::{Apache, ETags, start_apache, start_apache_with};
 use common::backend::{Reply, StubBackend};
 use common::relay::{Relay, Request, method_with_token};
 use common::signing::with_rules;
-use common::{Harness, RawConn, Resp, eventually, raw_request};
+use common::{Harness, RawConn, Resp, raw_request};
 
 /// fencegate's bound on the backend's answer: the held write's `504`. Every other write must
 /// be answered within it, by an Apache on a machine other tests load too (200 ms is not
@@ -52,15 +52,7 @@ fn put_of(path: &'static str, token: u64) -> impl Fn(&Request) -> bool + Send + 
 /// Sends `token`'s PUT of `body` to `path` until the resource's quarantine lets it through;
 /// returns the first answer that is not `503 resource_quarantined`.
 async fn put_after_quarantine(h: &Harness, path: &str, token: u64, body: &str) -> Resp {
-    let mut answer = None;
-    eventually("the quarantine ends", async || {
-        let r = h.put(path, token, body).await;
-        let through = r.fencegate_error() != Some("resource_quarantined");
-        answer = Some(r);
-        through
-    })
-    .await;
-    answer.expect("a write went through")
+    common::past_quarantine(async || h.put(path, token, body).await).await
 }
 
 /// The gap pins close, shown as it is without them: a write fencegate gave up on (`504`, then
