@@ -160,10 +160,9 @@ impl EnvoyCheck {
         }
         let table = &hcm["route_config"];
         let for_table = self.per_route(at, table, &names);
-        for field in ["request_mirror_policies"] {
-            if !table[field].is_badvalue() {
-                self.refusals.push(format!("{at}: route_config has {field}: Envoy would send writes twice"));
-            }
+        if !table["request_mirror_policies"].is_badvalue() {
+            self.refusals
+                .push(format!("{at}: route_config has request_mirror_policies: Envoy would send writes twice"));
         }
         for host in list(&table["virtual_hosts"]) {
             let at = format!("{at}, virtual host {}", host["name"].as_str().unwrap_or("(unnamed)"));
