@@ -82,7 +82,7 @@ async fn a_mirror_follows_lock_holders_and_fails_closed_while_etcd_is_stopped() 
 #[tokio::test]
 async fn a_mirror_that_cannot_reach_etcd_never_answers() {
     // A port nothing listens on.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let [port] = common::services::free_ports();
     let gw = Gateway::new(&[format!("http://127.0.0.1:{port}")], Duration::from_millis(200));
     let mirror = Mirror::start(gw, b"/locks/".to_vec(), options());
     for _ in 0..20 {

@@ -3,7 +3,7 @@
 //! does, one config per instance on a loopback port picked for it (its advertised URL must be
 //! known before it starts), and each instance killed, stopped and started again at will.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -90,7 +90,8 @@ pub struct Cluster {
 }
 
 fn free_port() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+    let [port] = super::services::free_ports();
+    SocketAddr::from(([127, 0, 0, 1], port))
 }
 
 impl Cluster {

@@ -53,10 +53,25 @@ pub fn installed(service: &str, package: &str, paths: &[&str]) -> bool {
     false
 }
 
-/// `N` distinct loopback ports nothing listens on now (all bound at once, then let go).
+/// `N` distinct loopback ports nothing listens on now, for a server started later with its
+/// port on the command line or in a config. They come from below the kernel's ephemeral range
+/// (32768 and up), so no outgoing connection and no listener bound to port 0 can take one in
+/// between; within a test binary each is handed out once.
 pub fn free_ports<const N: usize>() -> [u16; N] {
-    let listeners: [TcpListener; N] = std::array::from_fn(|_| TcpListener::bind("127.0.0.1:0").unwrap());
-    listeners.map(|l| l.local_addr().unwrap().port())
+    const LOW: u32 = 10_000;
+    const SPAN: u32 = 32_768 - LOW;
+    static NEXT: std::sync::OnceLock<std::sync::atomic::AtomicU32> = std::sync::OnceLock::new();
+    // Another binary's tests may hold ports from an earlier run: start at a place of our own.
+    let next = NEXT.get_or_init(|| std::sync::atomic::AtomicU32::new(std::process::id().wrapping_mul(7919) % SPAN));
+    std::array::from_fn(|_| {
+        for _ in 0..SPAN {
+            let port = (LOW + next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % SPAN) as u16;
+            if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return port;
+            }
+        }
+        panic!("no free loopback port below the ephemeral range")
+    })
 }
 
 /// A started service process: killed and reaped on drop.

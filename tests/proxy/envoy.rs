@@ -280,7 +280,7 @@ async fn writes_to_one_resource_reach_the_backend_in_token_order() {
 #[tokio::test]
 async fn a_processor_killed_mid_exchange_quarantines_the_write_after_its_restart() {
     let mut d = common::builder::Deployment::builder().config_extra("[fence]\nquarantine = \"2s\"").build().await;
-    let port = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap().port();
+    let [port] = common::services::free_ports();
     let setup = format!("export FENCEGATE_SERVER__MODE=ext_proc FENCEGATE_SERVER__LISTEN=127.0.0.1:{port}");
     let processor = d.start_in_shell(&setup).addr;
     let Some(envoy) = Envoy::start(processor, d.backend.addr(), &EnvoyOptions::default()).await else { return };
@@ -649,7 +649,7 @@ async fn a_delayed_write_fails_at_the_backend_with_pins_through_envoy() {
 async fn each_exchange_has_an_access_line() {
     let extra = "[log]\nformat = \"json\"\naccess = true";
     let mut d = common::builder::Deployment::builder().config_extra(extra).build().await;
-    let port = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap().port();
+    let [port] = common::services::free_ports();
     let setup = format!("export FENCEGATE_SERVER__MODE=ext_proc FENCEGATE_SERVER__LISTEN=127.0.0.1:{port}");
     let processor = d.start_in_shell(&setup).addr;
     let Some(envoy) = Envoy::start(processor, d.backend.addr(), &EnvoyOptions::default()).await else { return };
