@@ -8,6 +8,9 @@
 #   MAX_TXN_OPS=1024 benches/cluster.sh       # etcd's --max-txn-ops and store.max_txn_ops raised
 #   WINDOWS="4 1" benches/cluster.sh          # a trio per store.batches_in_flight, interleaved
 #   ETCD_DATA=shm benches/cluster.sh          # etcd's members on tmpfs: the no-disk limit
+#   OLD_BIN=/tmp/old/fencegate OLD_CAS=/tmp/old/etcd_cas benches/cluster.sh
+#                                             # and another build beside this one: its trio
+#                                             # (window: the first of WINDOWS) and its cas
 #
 # What runs, all on loopback:
 #   etcd      three members, data on disk (/var/tmp; tmpfs with ETCD_DATA=shm), the Debian
@@ -24,6 +27,8 @@
 #   etcd-f/W  wrk against a follower of trio W, which forwards every write to the leader
 #   etcd-3/W  three wrk at once, one per instance of trio W, CONNS/3 connections each; req/s
 #             summed, p50 and p99 the worst of the three
+#   cas-old, etcd-1/old, etcd-f/old   with OLD_BIN: the same through the other build (its trio
+#             on the prefix /bench-old/, ports after the last trio's)
 # Every PUT is 100 bytes to one of 333 resources of the wrk's own (999 for etcd-3's three), with
 # tokens climbing per resource. It prints each run, then per target and connection count the
 # median req/s, p50 and p99 and the ratios to cas and to file. Everything it starts, it stops,
@@ -37,6 +42,12 @@ SECONDS_PER_RUN=${SECONDS_PER_RUN:-8}
 CONNS=${CONNS:-64}
 MAX_TXN_OPS=${MAX_TXN_OPS:-128}
 read -r -a WINDOWS <<<"${WINDOWS:-4}"
+# Trio k: its name (its window, or "old"), window and binary.
+TRIO_NAME=("${WINDOWS[@]}"); TRIO_W=("${WINDOWS[@]}"); TRIO_BIN=()
+for k in "${!WINDOWS[@]}"; do TRIO_BIN[k]=""; done
+if [ -n "${OLD_BIN:-}" ]; then
+    TRIO_NAME+=(old); TRIO_W+=("${WINDOWS[0]}"); TRIO_BIN+=("$OLD_BIN")
+fi
 ETCD_DATA=${ETCD_DATA:-disk}
 # ROOT, TARGET_DIR, NGINX; SHM (the backend's files: tmpfs) and DISK (the data dirs and logs of
 # etcd and fencegate: a real disk); PIDS, stopped at exit; the backend and put.lua.
@@ -49,10 +60,11 @@ for tool in wrk "$NGINX" "$ETCD"; do
     command -v "$tool" >/dev/null || { echo "needs $tool (apt-get install wrk nginx-light etcd-server)" >&2; exit 1; }
 done
 [ -x "$BIN" ] && [ -x "$CAS" ] || { echo "build first: cargo build --release --bin fencegate --example etcd_cas" >&2; exit 1; }
+[ -z "${OLD_BIN:-}" ] || [ -x "${OLD_CAS:-}" ] || { echo "OLD_BIN needs OLD_CAS, that build's etcd_cas" >&2; exit 1; }
 
 # The backend, the fencegates (and their admin ports), etcd's clients and peers.
 ports=(18091 18093 19093 18201 18202 18203 18211 18212 18213)
-for k in "${!WINDOWS[@]}"; do
+for k in "${!TRIO_NAME[@]}"; do
     for i in 0 1 2; do ports+=($((18094 + 3 * k + i)) $((19094 + 3 * k + i))); done
 done
 bench_ports_free "${ports[@]}"
@@ -92,18 +104,18 @@ bench_wait "$FG_FILE" 18093 "$DISK/file.log"
 # Trio k (window W): instances on 18094+3k..18096+3k, prefix /bench-W/. LEADER[k] and
 # FOLLOWER[k] are the ports of its leader and of one follower.
 LEADER=(); FOLLOWER=()
-for k in "${!WINDOWS[@]}"; do
-    w=${WINDOWS[$k]}
+for k in "${!TRIO_NAME[@]}"; do
+    w=${TRIO_W[$k]} name=${TRIO_NAME[$k]} bin=${TRIO_BIN[$k]:-$BIN}
     pids=()
     for i in 0 1 2; do
         port=$((18094 + 3 * k + i))
         { common "$port" $((19094 + 3 * k + i))
           printf '[store]\nkind = "etcd"\nprefix = "/bench-%s/"\nadvertise = "http://127.0.0.1:%s"\nmax_txn_ops = %s\nbatches_in_flight = %s\n[etcd]\nendpoints = [%s]\n' \
-              "$w" "$port" "$MAX_TXN_OPS" "$w" "$ENDPOINTS"
+              "$name" "$port" "$MAX_TXN_OPS" "$w" "$ENDPOINTS"
         } >"$SHM/etcd-$k-$i.toml"
     done
-    "$BIN" init --config "$SHM/etcd-$k-0.toml" >/dev/null
-    for i in 0 1 2; do "$BIN" run --config "$SHM/etcd-$k-$i.toml" 2>"$DISK/fg-etcd-$k-$i.log" & pids+=($!); PIDS+=($!); done
+    "$bin" init --config "$SHM/etcd-$k-0.toml" >/dev/null
+    for i in 0 1 2; do "$bin" run --config "$SHM/etcd-$k-$i.toml" 2>"$DISK/fg-etcd-$k-$i.log" & pids+=($!); PIDS+=($!); done
     # The leader: the instance whose metrics say it is the writer.
     leader=""
     for _ in $(seq 200); do
@@ -113,7 +125,7 @@ for k in "${!WINDOWS[@]}"; do
         [ -n "$leader" ] && break
         sleep 0.1
     done
-    [ -n "$leader" ] || { echo "no instance of trio $w leads:" >&2; for f in "$DISK"/fg-etcd-$k-*.log "$DISK"/etcd-0.log; do tail -n 5 "$f" >&2; done; exit 1; }
+    [ -n "$leader" ] || { echo "no instance of trio $name leads:" >&2; for f in "$DISK"/fg-etcd-$k-*.log "$DISK"/etcd-0.log; do tail -n 5 "$f" >&2; done; exit 1; }
     for i in 0 1 2; do bench_wait "${pids[$i]}" $((18094 + 3 * k + i)) "$DISK/fg-etcd-$k-$i.log"; done
     LEADER[k]=$((18094 + 3 * k + leader))
     FOLLOWER[k]=$((18094 + 3 * k + (leader + 1) % 3))
@@ -133,6 +145,7 @@ run() { # TARGET CONNS SECONDS -> "req/s p50 p99 failures"
     local k
     case $1 in
         cas) "$CAS" "http://127.0.0.1:18201,http://127.0.0.1:18202,http://127.0.0.1:18203" "$2" "$3" ;;
+        cas-old) "$OLD_CAS" "http://127.0.0.1:18201,http://127.0.0.1:18202,http://127.0.0.1:18203" "$2" "$3" ;;
         file) wrk_run 18093 "$2" "$3" 0 ;;
         etcd-*)
             k=$(window_index "${1#*/}")
@@ -150,13 +163,14 @@ run() { # TARGET CONNS SECONDS -> "req/s p50 p99 failures"
     esac
 }
 
-window_index() { # W -> its index in WINDOWS
+window_index() { # NAME -> its trio's index
     local k
-    for k in "${!WINDOWS[@]}"; do [ "${WINDOWS[$k]}" = "$1" ] && { echo "$k"; return; }; done
+    for k in "${!TRIO_NAME[@]}"; do [ "${TRIO_NAME[$k]}" = "$1" ] && { echo "$k"; return; }; done
 }
 
 TARGETS=(cas file)
 for w in "${WINDOWS[@]}"; do TARGETS+=("etcd-1/$w" "etcd-f/$w" "etcd-3/$w"); done
+[ -z "${OLD_BIN:-}" ] || TARGETS+=(cas-old etcd-1/old etcd-f/old)
 RESULTS="$SHM/results.tsv"
 : >"$RESULTS"
 echo "cluster benchmark: $(nproc) CPUs, $(uname -r), rounds=$ROUNDS x ${SECONDS_PER_RUN}s, max_txn_ops=$MAX_TXN_OPS, windows ${WINDOWS[*]}, etcd data on $ETCD_DATA" >&2
@@ -173,8 +187,8 @@ for conns in $CONNS; do
 done
 
 # Each trio's leader: its batches, the advances per batch, and the batches etcd took out of order.
-for k in "${!WINDOWS[@]}"; do
-    curl -sf "http://127.0.0.1:$((LEADER[k] + 1000))/metrics" | awk -v w="${WINDOWS[$k]}" '
+for k in "${!TRIO_NAME[@]}"; do
+    curl -sf "http://127.0.0.1:$((LEADER[k] + 1000))/metrics" | awk -v w="${TRIO_NAME[$k]}" '
         /^fencegate_store_batch_advances_sum/ { sum = $2 } /^fencegate_store_batch_advances_count/ { n = $2 }
         /^fencegate_store_batches_overtaken_total/ { over = $2 }
         END { printf "trio %s: %d batches, %.1f advances each, %d overtaken\n", w, n, (n ? sum / n : 0), over }' >&2

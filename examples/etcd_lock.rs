@@ -6,9 +6,9 @@
 //! cargo run --example etcd_lock -- http://127.0.0.1:2379 http://127.0.0.1:8080 accounts-42 /accounts/42 'balance=200'
 //! ```
 //!
-//! It speaks etcd's JSON gateway over hyper (`fencegate::etcd_client::Client`, the client fencegate
-//! and the interop tests use; docs/tokens.md says why not a gRPC crate). The response body goes to stdout,
-//! what happened to stderr; the exit status is 0 for a 2xx answer.
+//! It speaks etcd's gRPC API through `fencegate::etcd_client::Client`, the client fencegate
+//! uses (docs/tokens.md says why not a gRPC crate's). The response body goes to stdout, what
+//! happened to stderr; the exit status is 0 for a 2xx answer.
 
 use std::time::Duration;
 

@@ -1,15 +1,20 @@
 //! What an error answer from etcd means for the client: try another member, authenticate
 //! again, or hand the caller the refusal as it is.
 //!
-//! etcd's messages are those of its `rpctypes` (3.4); the gateway passes them on with the gRPC
-//! code: `{"error": MSG, "message": MSG, "code": N}` for a unary call, `{"error": {"grpc_code":
-//! N, "message": MSG, ...}}` on a watch's stream, and a cancelled watch's `cancel_reason` reads
-//! "rpc error: code = NAME desc = MSG".
+//! etcd's messages are those of its `rpctypes` (3.4), sent as a gRPC status (code and message);
+//! a cancelled watch's `cancel_reason` reads "rpc error: code = NAME desc = MSG". A status
+//! with a source error is the transport's, not an answer of etcd's: the connection failed.
+
+use std::error::Error as _;
+
+use tonic::Status;
 
 use super::EtcdError;
-use super::wire::{ErrorBody, WatchMessage};
+use super::transport::chain;
+use super::wire::WatchResponse;
 
 /// gRPC's codes that decide something here.
+const UNKNOWN: i64 = 2;
 const PERMISSION_DENIED: i64 = 7;
 const UNAVAILABLE: i64 = 14;
 const UNAUTHENTICATED: i64 = 16;
@@ -43,13 +48,9 @@ const RENEW: &[&str] =
 const NO_SPACE: &str = "etcdserver: mvcc: database space exceeded";
 const PERMISSION: &str = "etcdserver: permission denied";
 const AUTH_FAILED: &str = "etcdserver: authentication failed";
-/// What etcd's gateway answers (in plain text) to every request over a client certificate that
-/// has a Common Name, when it requires client certificates and has authentication on: it
-/// cannot pass the name on as the user, so it will not seem to.
-const COMMON_NAME: &str = "CommonName of client sending a request against gateway";
 /// A read at a revision compaction removed (`mvcc: required revision has been compacted`).
 const COMPACTED: &str = "required revision has been compacted";
-/// What `/v3/auth/authenticate` answers where etcd has authentication off.
+/// What `Authenticate` answers where etcd has authentication off.
 pub(crate) const AUTH_NOT_ENABLED: &str = "etcdserver: authentication is not enabled";
 
 /// Why one request to one member did not give its answer, and so what the client does next.
@@ -76,94 +77,100 @@ impl Failure {
     }
 }
 
-/// The failure an error answer with HTTP `status` and `body` comes to.
-pub(crate) fn of_body(endpoint: &str, call: &str, user: &str, status: u16, body: &[u8]) -> Failure {
-    // Not etcd's error body (a proxy's page, a plain-text refusal): its text is the message.
-    let parsed = serde_json::from_slice::<ErrorBody>(body).ok();
-    let code = parsed.as_ref().and_then(|b| b.code);
-    let message = parsed
-        .and_then(|b| b.message.or(b.error))
-        .unwrap_or_else(|| String::from_utf8_lossy(body).trim_end().to_owned());
-    classify(endpoint, call, user, status, code, message)
+/// The failure a call's error status comes to.
+pub(crate) fn of_status(endpoint: &str, call: &str, user: &str, status: &Status) -> Failure {
+    if let Some(source) = status.source() {
+        let error = EtcdError::Unreachable { endpoint: endpoint.to_owned(), reason: chain(status) };
+        // A connection never made sent nothing; any other failure may have come after etcd
+        // took the request.
+        return match connect_failed(source) {
+            true => Failure::Elsewhere(error),
+            false => Failure::Unknown(error),
+        };
+    }
+    classify(endpoint, call, user, status.code() as i64, status.message().to_owned())
 }
 
-/// The failure a watch's error message or cancel reason comes to.
-pub(crate) fn of_watch(endpoint: &str, call: &str, user: &str, message: &WatchMessage) -> Option<Failure> {
-    if let Some(error) = &message.error {
-        let text = error.message.clone().unwrap_or_else(|| "an error".to_owned());
-        let status = error.http_code.and_then(|s| u16::try_from(s).ok()).unwrap_or(0);
-        return Some(classify(endpoint, call, user, status, error.grpc_code, text));
+/// Whether the client's connection to the member was never made (no TCP connection, a
+/// refused TLS handshake): hyper-util's error says so, wherever in the chain it is.
+fn connect_failed(mut error: &(dyn std::error::Error + 'static)) -> bool {
+    loop {
+        if let Some(e) = error.downcast_ref::<hyper_util::client::legacy::Error>() {
+            return e.is_connect();
+        }
+        match error.source() {
+            Some(next) => error = next,
+            None => return false,
+        }
     }
-    let result = &message.result;
-    if !result.canceled {
+}
+
+/// The failure a watch's cancellation comes to; `None` for a message that does not end it.
+pub(crate) fn of_cancel(endpoint: &str, call: &str, user: &str, message: &WatchResponse) -> Option<Failure> {
+    if !message.canceled {
         return None;
     }
-    if result.compact_revision > 0 {
-        return Some(Failure::Final(EtcdError::Compacted(result.compact_revision)));
+    if message.compact_revision > 0 {
+        return Some(Failure::Final(EtcdError::Compacted(message.compact_revision)));
     }
-    let reason = if result.cancel_reason.is_empty() { "cancelled by etcd" } else { &result.cancel_reason };
+    let reason = if message.cancel_reason.is_empty() { "cancelled by etcd" } else { &message.cancel_reason };
     // "rpc error: code = Unauthenticated desc = etcdserver: invalid auth token"
     let (code, text) = match reason.split_once(" desc = ") {
         Some((head, text)) => (grpc_code(head.trim_start_matches("rpc error: code = ")), text),
-        None => (None, reason),
+        None => (UNKNOWN, reason),
     };
-    match classify(endpoint, call, user, 0, code, text.to_owned()) {
+    match classify(endpoint, call, user, code, text.to_owned()) {
         // A cancel for another reason ends the watch as it always has.
         Failure::Final(EtcdError::Refused { message, .. }) => Some(Failure::Final(EtcdError::WatchEnded(message))),
         other => Some(other),
     }
 }
 
-fn grpc_code(name: &str) -> Option<i64> {
+fn grpc_code(name: &str) -> i64 {
     match name {
-        "PermissionDenied" => Some(PERMISSION_DENIED),
-        "Unavailable" => Some(UNAVAILABLE),
-        "Unauthenticated" => Some(UNAUTHENTICATED),
-        _ => None,
+        "PermissionDenied" => PERMISSION_DENIED,
+        "Unavailable" => UNAVAILABLE,
+        "Unauthenticated" => UNAUTHENTICATED,
+        _ => UNKNOWN,
     }
 }
 
-fn classify(endpoint: &str, call: &str, user: &str, status: u16, code: Option<i64>, message: String) -> Failure {
+fn classify(endpoint: &str, call: &str, user: &str, code: i64, message: String) -> Failure {
     let (endpoint, call, user) = (endpoint.to_owned(), call.to_owned(), user.to_owned());
     let has = |list: &[&str]| list.iter().any(|m| message.contains(m));
     if message.contains(NO_SPACE) {
         return Failure::Final(EtcdError::NoSpace { endpoint, call });
     }
-    if has(RENEW) || code == Some(UNAUTHENTICATED) {
+    if has(RENEW) || code == UNAUTHENTICATED {
         return Failure::Token(EtcdError::Unauthenticated { endpoint, user, message });
     }
     if message.contains(AUTH_FAILED) {
         return Failure::Final(EtcdError::Unauthenticated { endpoint, user, message });
     }
-    if message.contains(PERMISSION) || code == Some(PERMISSION_DENIED) {
+    if message.contains(PERMISSION) || code == PERMISSION_DENIED {
         return Failure::Final(EtcdError::PermissionDenied { endpoint, call, user });
     }
     if has(NOT_SERVED) {
         return Failure::Elsewhere(EtcdError::Unavailable { endpoint, call, message });
     }
-    // Any other Unavailable (the gateway's own connection to the member breaking, say) may
-    // come after the member took the request.
-    if has(UNFINISHED) || code == Some(UNAVAILABLE) {
+    // Any other Unavailable (a member shutting down its connections, say) may come after the
+    // member took the request.
+    if has(UNFINISHED) || code == UNAVAILABLE {
         return Failure::Unknown(EtcdError::Unavailable { endpoint, call, message });
     }
     if message.contains(COMPACTED) {
         return Failure::Final(EtcdError::RevisionCompacted);
     }
-    if message.contains(COMMON_NAME) {
-        let message = format!("{message}: give the client a certificate without a Common Name");
-        return Failure::Final(EtcdError::Refused { endpoint, call, status, message });
-    }
-    Failure::Final(EtcdError::Refused { endpoint, call, status, message })
+    Failure::Final(EtcdError::Refused { endpoint, call, code, message })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::{Value, json};
+    use tonic::Code;
 
-    fn unary(code: i64, message: &str) -> Failure {
-        let body = json!({ "error": message, "message": message, "code": code }).to_string();
-        of_body("http://m", "/v3/kv/put", "u", 503, body.as_bytes())
+    fn unary(code: i32, message: &str) -> Failure {
+        of_status("http://m", "/etcdserverpb.KV/Put", "u", &Status::new(Code::from_i32(code), message))
     }
 
     #[test]
@@ -196,6 +203,17 @@ mod tests {
     }
 
     #[test]
+    fn a_status_the_connection_made_is_unreachable_and_may_have_been_taken() {
+        // What tonic makes of a stream the connection lost: the status carries its source.
+        let mut lost = Status::new(Code::Unknown, "connection reset");
+        lost.set_source(std::sync::Arc::new(std::io::Error::from(std::io::ErrorKind::ConnectionReset)));
+        let failure = of_status("http://m", "/etcdserverpb.KV/Txn", "", &lost);
+        assert!(
+            matches!(failure, Failure::Unknown(EtcdError::Unreachable { ref reason, .. }) if reason.contains("reset"))
+        );
+    }
+
+    #[test]
     fn refusals_are_returned_as_they_are() {
         let no_space = unary(8, "etcdserver: mvcc: database space exceeded");
         assert!(matches!(no_space, Failure::Final(EtcdError::NoSpace { .. })), "{no_space:?}");
@@ -204,9 +222,7 @@ mod tests {
         let failed = unary(3, "etcdserver: authentication failed, invalid user ID or password");
         assert!(matches!(failed, Failure::Final(EtcdError::Unauthenticated { .. })), "{failed:?}");
         let other = unary(3, "etcdserver: key is not provided");
-        assert!(matches!(other, Failure::Final(EtcdError::Refused { status: 503, .. })), "{other:?}");
-        let text = of_body("http://m", "/v3/kv/put", "", 502, b"Bad Gateway");
-        assert!(matches!(text, Failure::Final(EtcdError::Refused { ref message, .. }) if message == "Bad Gateway"));
+        assert!(matches!(other, Failure::Final(EtcdError::Refused { code: 3, .. })), "{other:?}");
     }
 
     #[test]
@@ -218,25 +234,23 @@ mod tests {
         ] {
             assert!(matches!(unary(code, message), Failure::Token(EtcdError::Unauthenticated { .. })), "{message}");
         }
-        let cancelled =
-            |reason: &str| json!({ "result": { "created": true, "canceled": true, "cancel_reason": reason } });
-        let watch = |m: &Value| {
-            let message: WatchMessage = serde_json::from_value(m.clone()).unwrap();
-            of_watch("http://m", "/v3/watch", "u", &message)
+        let cancelled = |reason: &str| WatchResponse {
+            created: true,
+            canceled: true,
+            cancel_reason: reason.to_owned(),
+            ..WatchResponse::default()
         };
+        let watch = |m: &WatchResponse| of_cancel("http://m", "/etcdserverpb.Watch/Watch", "u", m);
         let token = cancelled("rpc error: code = Unauthenticated desc = etcdserver: invalid auth token");
         assert!(matches!(watch(&token), Some(Failure::Token(_))));
         let denied = cancelled("rpc error: code = PermissionDenied desc = etcdserver: permission denied");
         assert!(matches!(watch(&denied), Some(Failure::Final(EtcdError::PermissionDenied { .. }))));
-        let learner = json!({ "error": { "grpc_code": 14, "http_code": 503,
-            "message": "etcdserver: rpc not supported for learner", "http_status": "Service Unavailable" } });
-        assert!(matches!(watch(&learner), Some(Failure::Elsewhere(_))));
-        let compacted = json!({ "result": { "canceled": true, "compact_revision": "9" } });
+        let compacted = WatchResponse { canceled: true, compact_revision: 9, ..WatchResponse::default() };
         assert!(matches!(watch(&compacted), Some(Failure::Final(EtcdError::Compacted(9)))));
         let other = cancelled("some other reason");
         assert!(
             matches!(watch(&other), Some(Failure::Final(EtcdError::WatchEnded(ref m))) if m == "some other reason")
         );
-        assert!(watch(&json!({ "result": { "created": true } })).is_none());
+        assert!(watch(&WatchResponse { created: true, ..WatchResponse::default() }).is_none());
     }
 }

@@ -1,4 +1,4 @@
-//! Authentication: the token every call and watch carries, taken from `/v3/auth/authenticate`
+//! Authentication: the token every call and watch carries, taken from etcd's `Authenticate`
 //! with the client's [`Credentials`] when the first one is needed, and again when etcd refuses
 //! it (a simple token expires after `--auth-token-ttl` unused and when the user's password
 //! changes; every token when etcd restarts). The token is the cluster's, not a member's, so it
@@ -6,13 +6,9 @@
 
 use std::sync::Arc;
 
-use serde_json::json;
-
 use super::answer::{AUTH_NOT_ENABLED, Failure};
-use super::wire::AuthAnswer;
+use super::wire::{self, AuthenticateCall, AuthenticateRequest, Method as _};
 use super::{Client, Credentials, EtcdError};
-
-const AUTHENTICATE: &str = "/v3/auth/authenticate";
 
 /// A client's credentials and the token they got.
 pub(crate) struct Auth {
@@ -83,8 +79,14 @@ impl Client {
     }
 
     async fn authenticate(&self, auth: &Auth, endpoint: &str) -> Result<Token, Failure> {
-        let body = json!({ "name": auth.credentials.username, "password": auth.credentials.password.expose() });
-        match self.unary::<AuthAnswer>(endpoint, AUTHENTICATE, &body, None, true).await {
+        let request = AuthenticateRequest {
+            name: auth.credentials.username.clone(),
+            password: auth.credentials.password.expose().to_owned(),
+        };
+        match self.unary::<AuthenticateCall>(endpoint, request, None, true).await {
+            Ok(answer) if answer.token.is_empty() => {
+                Err(Failure::Final(wire::malformed(AuthenticateCall::PATH, "an empty token")))
+            }
             Ok(answer) => Ok(Token::Held(answer.token.into())),
             // As etcd's own client does: with authentication off, calls need no token. Should
             // it be turned on later, calls are refused with "user name is empty", which renews.

@@ -1,23 +1,19 @@
-//! The client and its unary calls through the gateway: key reads and writes, leases and the
-//! lock service, each tried at the members in turn.
+//! The client and its unary calls: key reads and writes, leases and the lock service, each
+//! tried at the members in turn.
 
-use std::marker::PhantomData;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use http_body_util::BodyExt;
-use serde::de::DeserializeOwned;
-use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
 use super::answer::{self, Failure};
 use super::auth::Auth;
-use super::transport::{self, ClientOptions, Transport, chain};
-use super::wire::{self, GrantAnswer, Headed, KeepAliveAnswer, LockAnswer, RangeAnswer};
-use super::{EtcdError, b64, prefix_end};
+use super::transport::{self, ClientOptions, Transport};
+use super::wire::{self, Method};
+use super::{EtcdError, prefix_end};
 
-/// A lock held through etcd's lock service (`/v3/lock/lock`).
+/// A lock held through etcd's lock service (`v3lockpb.Lock/Lock`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeldLock {
     /// The holder's key (`NAME/<lease id in hex>`): it exists, attached to the holder's lease,
@@ -48,15 +44,7 @@ pub struct Kv {
 /// taken them without answering: reads, renewals, deleting a lock's key, opening a watch.
 /// Others (puts, transactions, grants, revokes, taking a lock) are not sent again once a member
 /// may have taken them: the caller gets the error, and decides.
-const REPEATABLE: &[&str] = &[
-    "/v3/kv/range",
-    "/v3/lease/keepalive",
-    "/v3/lease/timetolive",
-    "/v3/lease/leases",
-    "/v3/lock/unlock",
-    "/v3/maintenance/status",
-    "/v3/watch",
-];
+const REPEATABLE: &[&str] = &[wire::RangeCall::PATH, wire::KEEP_ALIVE, wire::UnlockCall::PATH, wire::WATCH];
 
 /// One kind of request, sent to one member with one token.
 pub(crate) trait Exchange: Sync {
@@ -72,35 +60,26 @@ pub(crate) trait Exchange: Sync {
     ) -> impl Future<Output = Result<Self::Answer, Failure>> + Send;
 }
 
-/// A unary call: its answer, decoded as an `A`. Unbounded, it waits as long as etcd takes (a
-/// lock).
-struct Unary<'a, A> {
-    path: &'a str,
-    body: &'a Value,
+/// A unary call of `M`. Unbounded, it waits as long as etcd takes (a lock).
+struct Unary<M: Method> {
+    request: M::Request,
     bounded: bool,
-    answer: PhantomData<fn() -> A>,
 }
 
-impl<'a, A> Unary<'a, A> {
-    fn new(path: &'a str, body: &'a Value, bounded: bool) -> Self {
-        Unary { path, body, bounded, answer: PhantomData }
-    }
-}
-
-impl<A: DeserializeOwned + Send> Exchange for Unary<'_, A> {
-    type Answer = A;
+impl<M: Method> Exchange for Unary<M> {
+    type Answer = M::Answer;
 
     fn send(
         &self,
         client: &Client,
         endpoint: &str,
         token: Option<&str>,
-    ) -> impl Future<Output = Result<A, Failure>> + Send {
-        client.unary(endpoint, self.path, self.body, token, self.bounded)
+    ) -> impl Future<Output = Result<M::Answer, Failure>> + Send {
+        client.unary::<M>(endpoint, self.request.clone(), token, self.bounded)
     }
 }
 
-/// A client of an etcd cluster's JSON gateway: tries its endpoints in turn, moving on from one
+/// A client of an etcd cluster: tries its endpoints in turn, moving on from one
 /// that cannot be reached or cannot serve now, over plain HTTP or TLS, authenticated where
 /// given credentials. Cheap to clone; clones share their token and the endpoint in use.
 #[derive(Debug, Clone)]
@@ -172,15 +151,13 @@ impl Client {
         (&self.transport, self.timeout)
     }
 
-    /// POSTs `body` to `path` and returns the answer, decoded as an `A` (a [`Value`] takes any
-    /// JSON; an answer that does not decode is [`EtcdError::Malformed`]). Each endpoint is
-    /// tried at most once, from the one in use: the next one after a member that could not be
-    /// reached or answered that it cannot serve now ("no leader", a learner), and, for a call
-    /// that does no harm made twice, after one that may have taken it (no answer in time,
-    /// "request timed out"). A token etcd refuses is renewed once. Any other error answer is
-    /// returned as it is.
-    pub async fn call<A: DeserializeOwned + Send>(&self, path: &str, body: Value) -> Result<A, EtcdError> {
-        self.attempt(path, &Unary::new(path, &body, true)).await
+    /// Calls `M` and returns its answer. Each endpoint is tried at most once, from the one in
+    /// use: the next one after a member that could not be reached or answered that it cannot
+    /// serve now ("no leader", a learner), and, for a call that does no harm made twice, after
+    /// one that may have taken it (no answer in time, "request timed out"). A token etcd
+    /// refuses is renewed once. Any other error answer is returned as it is.
+    pub(crate) async fn call<M: Method>(&self, request: M::Request) -> Result<M::Answer, EtcdError> {
+        self.attempt(M::PATH, &Unary::<M> { request, bounded: true }).await
     }
 
     /// Makes a call with `exchange`, as [`Client::call`] says.
@@ -225,47 +202,42 @@ impl Client {
         }
     }
 
-    /// One request to `endpoint`, its answer decoded as an `A`; when `bounded`, given up after
-    /// the client's timeout.
-    pub(crate) async fn unary<A: DeserializeOwned>(
+    /// One call of `M` to `endpoint`; when `bounded`, given up after the client's timeout.
+    pub(crate) async fn unary<M: Method>(
         &self,
         endpoint: &str,
-        path: &str,
-        body: &Value,
+        request: M::Request,
         token: Option<&str>,
         bounded: bool,
-    ) -> Result<A, Failure> {
+    ) -> Result<M::Answer, Failure> {
         let exchange = async {
-            let resp = self.transport.post(endpoint, path, body, token).await?;
-            let status = resp.status();
-            let body = resp.into_body().collect().await.map_err(|e| {
-                Failure::Unknown(EtcdError::Unreachable { endpoint: endpoint.to_owned(), reason: chain(&e) })
-            })?;
-            let body = body.to_bytes();
-            if status != http::StatusCode::OK {
-                return Err(answer::of_body(endpoint, path, self.user(), status.as_u16(), &body));
-            }
-            wire::decode(path, &body).map_err(Failure::Final)
+            let answer = self.transport.unary::<M>(endpoint, request, token).await;
+            answer.map_err(|status| answer::of_status(endpoint, M::PATH, self.user(), &status))
         };
         if !bounded {
             return exchange.await;
         }
-        tokio::time::timeout(self.timeout, exchange).await.unwrap_or_else(|_| {
-            let reason = format!("no answer to {path} within {}", humantime::format_duration(self.timeout));
-            Err(Failure::Unknown(EtcdError::Unreachable { endpoint: endpoint.to_owned(), reason }))
-        })
+        tokio::time::timeout(self.timeout, exchange).await.unwrap_or_else(|_| Err(self.no_answer(endpoint, M::PATH)))
+    }
+
+    /// The failure of a call to `endpoint` that `path` got no answer to in time: it may have
+    /// been taken.
+    pub(crate) fn no_answer(&self, endpoint: &str, path: &str) -> Failure {
+        let reason = format!("no answer to {path} within {}", humantime::format_duration(self.timeout));
+        Failure::Unknown(EtcdError::Unreachable { endpoint: endpoint.to_owned(), reason })
     }
 
     /// The keys in `[key, range_end)` (just `key` without an end), in key order, and the
     /// revision the read saw. A linearizable read: it reflects every write etcd had committed
     /// when it was asked.
     pub async fn range(&self, key: &[u8], range_end: Option<&[u8]>) -> Result<(Vec<Kv>, i64), EtcdError> {
-        let mut body = json!({ "key": b64(key) });
-        if let Some(end) = range_end {
-            body["range_end"] = Value::String(b64(end));
-        }
-        let answer: RangeAnswer = self.call("/v3/kv/range", body).await?;
-        Ok((answer.kvs.into_iter().map(Kv::from).collect(), answer.header.revision))
+        let request = wire::RangeRequest {
+            key: key.to_vec(),
+            range_end: range_end.map(<[u8]>::to_vec).unwrap_or_default(),
+            ..Default::default()
+        };
+        let answer = self.call::<wire::RangeCall>(request).await?;
+        Ok((answer.kvs.into_iter().map(Kv::from).collect(), wire::revision(answer.header.as_ref())))
     }
 
     /// The keys that start with `prefix` (a lock's holder and waiters under `NAME/`), in key
@@ -288,26 +260,25 @@ impl Client {
 
     /// Puts `value` at `key`, attached to `lease` (0: none); returns the revision of the write.
     pub async fn put_with_lease(&self, key: &[u8], value: &[u8], lease: i64) -> Result<i64, EtcdError> {
-        let mut body = json!({ "key": b64(key), "value": b64(value) });
-        if lease != 0 {
-            body["lease"] = Value::String(lease.to_string());
-        }
-        let answer: Headed = self.call("/v3/kv/put", body).await?;
-        Ok(answer.header.revision)
+        let request = wire::PutRequest { key: key.to_vec(), value: value.to_vec(), lease };
+        let answer = self.call::<wire::PutCall>(request).await?;
+        Ok(wire::revision(answer.header.as_ref()))
     }
 
     /// Grants a lease of `ttl` (whole seconds; etcd raises very short ones to its minimum, 2 s
     /// with its default election timeout) and returns its id.
     pub async fn grant(&self, ttl: Duration) -> Result<i64, EtcdError> {
-        let answer: GrantAnswer = self.call("/v3/lease/grant", json!({ "TTL": ttl.as_secs().max(1) })).await?;
-        Ok(answer.id)
+        let ttl = i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX);
+        let answer = self.call::<wire::GrantCall>(wire::LeaseGrantRequest { ttl }).await?;
+        match answer.id {
+            0 => Err(wire::malformed(wire::GrantCall::PATH, format!("no lease granted: {:?}", answer.error))),
+            id => Ok(id),
+        }
     }
 
     /// Renews `lease` once; returns its TTL from now in seconds, 0 once it has expired.
     pub async fn keep_alive_once(&self, lease: i64) -> Result<i64, EtcdError> {
-        // A stream in gRPC; through the gateway, one request is one renewal.
-        let answer: KeepAliveAnswer = self.call("/v3/lease/keepalive", json!({ "ID": lease.to_string() })).await?;
-        Ok(answer.result.ttl)
+        self.attempt(wire::KEEP_ALIVE, &KeepAlive { lease }).await
     }
 
     /// Renews `lease` every third of `ttl` on a task of its own until the task is aborted (a
@@ -323,22 +294,56 @@ impl Client {
 
     /// Revokes `lease`, deleting every key attached to it (a held lock's key too).
     pub async fn revoke(&self, lease: i64) -> Result<(), EtcdError> {
-        self.call::<Headed>("/v3/lease/revoke", json!({ "ID": lease.to_string() })).await.map(drop)
+        self.call::<wire::RevokeCall>(wire::LeaseRevokeRequest { id: lease }).await.map(drop)
     }
 
     /// Takes the lock `name` for `lease`, waiting as long as other holders are ahead (this call
     /// is not bounded by the client's timeout; a member that cannot serve it passes it on, as
-    /// [`Client::call`] says). Dropping the future closes the request, and etcd withdraws the
+    /// [`Client::call`] says). Dropping the future cancels the call, and etcd withdraws the
     /// waiting key.
     pub async fn lock(&self, name: &[u8], lease: i64) -> Result<HeldLock, EtcdError> {
-        let path = "/v3/lock/lock";
-        let body = json!({ "name": b64(name), "lease": lease.to_string() });
-        let answer: LockAnswer = self.attempt(path, &Unary::new(path, &body, false)).await?;
-        Ok(HeldLock { key: answer.key, acquired_revision: answer.header.revision })
+        let request = wire::LockRequest { name: name.to_vec(), lease };
+        let exchange = Unary::<wire::LockCall> { request, bounded: false };
+        let answer = self.attempt(wire::LockCall::PATH, &exchange).await?;
+        if answer.key.is_empty() {
+            return Err(wire::malformed(wire::LockCall::PATH, "no key for the lock held"));
+        }
+        Ok(HeldLock { key: answer.key, acquired_revision: wire::revision(answer.header.as_ref()) })
     }
 
     /// Releases a lock by deleting its key.
     pub async fn unlock(&self, held: &HeldLock) -> Result<(), EtcdError> {
-        self.call::<Headed>("/v3/lock/unlock", json!({ "key": b64(&held.key) })).await.map(drop)
+        self.call::<wire::UnlockCall>(wire::UnlockRequest { key: held.key.clone() }).await.map(drop)
+    }
+}
+
+/// One renewal of a lease: a stream in gRPC, opened for one request and its answer.
+struct KeepAlive {
+    lease: i64,
+}
+
+impl Exchange for KeepAlive {
+    type Answer = i64;
+
+    async fn send(&self, client: &Client, endpoint: &str, token: Option<&str>) -> Result<i64, Failure> {
+        let (transport, timeout) = client.transport();
+        let request = wire::LeaseKeepAliveRequest { id: self.lease };
+        let failed = |status: tonic::Status| answer::of_status(endpoint, wire::KEEP_ALIVE, client.user(), &status);
+        let renewed = async {
+            let mut answers = transport
+                .stream::<_, wire::LeaseKeepAliveResponse>(endpoint, wire::KEEP_ALIVE, request, true, token)
+                .await
+                .map_err(failed)?;
+            match answers.message().await.map_err(failed)? {
+                Some(answer) => Ok(answer.ttl),
+                None => Err(Failure::Unknown(EtcdError::Unreachable {
+                    endpoint: endpoint.to_owned(),
+                    reason: "etcd ended the renewal without an answer".into(),
+                })),
+            }
+        };
+        tokio::time::timeout(timeout, renewed)
+            .await
+            .unwrap_or_else(|_| Err(client.no_answer(endpoint, wire::KEEP_ALIVE)))
     }
 }

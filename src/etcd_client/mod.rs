@@ -1,21 +1,20 @@
-//! A small etcd v3 client over etcd's JSON gateway (`POST /v3/...` on a member's client URL):
-//! reads and writes of keys, transactions, leases, the lock service, and watches ([`Client`]); and a
-//! [`Mirror`], a watched copy of the keys under a prefix that proves how fresh it is.
+//! A small etcd v3 client over etcd's gRPC API: reads and writes of keys, transactions, leases,
+//! the lock service, and watches ([`Client`]); and a [`Mirror`], a watched copy of the keys under
+//! a prefix that proves how fresh it is.
 //!
-//! Why the gateway rather than a gRPC crate: the gRPC clients (`etcd-client`, on tonic) run
-//! `protoc` at build time, which a machine with only a Rust toolchain lacks, and `cargo build`
-//! must work there. The gateway is part of etcd itself (3.4 serves it on the client URL), takes
-//! the same requests as JSON, and needs nothing beyond hyper, which fencegate already uses. Its
-//! JSON is protobuf's mapping: bytes are base64, 64-bit integers are strings, and fields at
-//! their zero value are left out (a PUT event has no `type`, an empty range no `kvs`).
+//! Why this client rather than a gRPC crate's: the etcd clients on crates.io (`etcd-client`, on
+//! tonic) run `protoc` at build time, which a machine with only a Rust toolchain lacks, and
+//! `cargo build` must work there. The few messages the client sends and reads are written out
+//! as prost structs instead (`wire.rs`), and tonic, which fencegate serves Envoy with, carries
+//! them. Not etcd's JSON gateway: a transaction through it costs etcd 2.3 times the CPU of the
+//! same transaction over gRPC (docs/benchmarks.md, "The shared fence through etcd").
 //!
-//! A client speaks plain HTTP or TLS ([`TlsOptions`]: a CA, a client certificate for etcd's
-//! `--client-cert-auth`) and, given [`Credentials`], authenticates and sends its token with
-//! every call and watch, renewing it when etcd refuses it (`auth.rs`). Which answers send it
-//! to another member and which it returns is `answer.rs`; the answers' types, which decode
-//! them, are `wire.rs`.
+//! A client speaks HTTP/2 in plain or over TLS ([`TlsOptions`]: a CA, a client certificate for
+//! etcd's `--client-cert-auth`) and, given [`Credentials`], authenticates and sends its token
+//! with every call and watch, renewing it when etcd refuses it (`auth.rs`). Which answers send
+//! it to another member and which it returns is `answer.rs`.
 //!
-//! This module knows etcd, HTTP and TLS, and nothing of fences, tokens or config.
+//! This module knows etcd, gRPC and TLS, and nothing of fences, tokens or config.
 
 mod answer;
 mod auth;
@@ -25,9 +24,6 @@ mod transport;
 mod txn;
 mod watch;
 mod wire;
-
-use base64::Engine as _;
-use base64::engine::general_purpose::STANDARD as BASE64;
 
 pub use client::{Client, HeldLock, Kv};
 pub use mirror::{Freshness, Mirror, MirrorOptions, Mirrors};
@@ -58,7 +54,7 @@ pub enum EtcdError {
     Unavailable {
         /// The client URL tried last.
         endpoint: String,
-        /// The gateway path (`/v3/kv/range`).
+        /// The gRPC method (`/etcdserverpb.KV/Range`).
         call: String,
         /// etcd's message.
         message: String,
@@ -69,7 +65,7 @@ pub enum EtcdError {
     NoSpace {
         /// The client URL.
         endpoint: String,
-        /// The gateway path.
+        /// The gRPC method.
         call: String,
     },
     /// The user may not do this ("etcdserver: permission denied"): its roles lack the key's
@@ -78,7 +74,7 @@ pub enum EtcdError {
     PermissionDenied {
         /// The client URL.
         endpoint: String,
-        /// The gateway path.
+        /// The gRPC method.
         call: String,
         /// The user the client authenticates as; empty without credentials.
         user: String,
@@ -94,22 +90,22 @@ pub enum EtcdError {
         /// etcd's message.
         message: String,
     },
-    /// etcd answered with another error (`{"error": ..., "code": ...}`).
-    #[error("etcd at {endpoint} refused {call}: {status}: {message}")]
+    /// etcd answered with another error.
+    #[error("etcd at {endpoint} refused {call}: gRPC code {code}: {message}")]
     Refused {
         /// The client URL.
         endpoint: String,
-        /// The gateway path (`/v3/kv/range`).
+        /// The gRPC method (`/etcdserverpb.KV/Range`).
         call: String,
-        /// The HTTP status.
-        status: u16,
+        /// gRPC's status code.
+        code: i64,
         /// etcd's message.
         message: String,
     },
-    /// The answer was not what the gateway sends.
+    /// The answer lacks what etcd sends when it did what was asked.
     #[error("etcd sent an answer to {call} that cannot be read: {reason}")]
     Malformed {
-        /// The gateway path.
+        /// The gRPC method.
         call: String,
         /// What is wrong with it.
         reason: String,
@@ -127,11 +123,6 @@ pub enum EtcdError {
     /// `http(s)://HOST:PORT`, both schemes at once, a TLS file that cannot be used.
     #[error("etcd client options: {0}")]
     Options(String),
-}
-
-/// Bytes as requests carry them: base64.
-pub(crate) fn b64(data: &[u8]) -> String {
-    BASE64.encode(data)
 }
 
 /// The end of the range of keys that start with `prefix`: `prefix` with its last byte below
@@ -153,8 +144,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn request_bytes_and_prefix_ends() {
-        assert_eq!(b64(b"/locks/a"), "L2xvY2tzL2E=");
+    fn prefix_ends() {
         assert_eq!(prefix_end(b"/locks/"), b"/locks0");
         assert_eq!(prefix_end(b"a\xff"), b"b");
         assert_eq!(prefix_end(b"\xff"), b"\0");

@@ -1,22 +1,28 @@
 //! How a client reaches the members: its options (endpoints, timeout, TLS, credentials), the
 //! connector they make (plain TCP for `http://` endpoints, rustls for `https://` ones, with
-//! fencegate's TLS setup from `crate::tls`), and one POST to one member.
+//! fencegate's TLS setup from `crate::tls`), and one gRPC call or stream to one member.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper::body::Incoming;
+use std::pin::Pin;
+
+use http::uri::PathAndQuery;
 use hyper_rustls::{FixedServerNameResolver, HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use rustls_pki_types::ServerName;
-use serde_json::Value;
+use tokio_stream::StreamExt as _;
+use tonic::Status;
+use tonic::body::Body;
+use tonic::client::Grpc;
+use tonic::codec::Streaming;
+use tonic::metadata::MetadataValue;
+use tonic_prost::ProstCodec;
 
 use super::EtcdError;
-use super::answer::Failure;
+use super::wire::Method;
 
 /// Everything a [`super::Client`] is made from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,7 +58,7 @@ pub struct TlsOptions {
     pub server_name: Option<String>,
 }
 
-/// A user and its password, for etcd's `/v3/auth/authenticate`.
+/// A user and its password, for etcd's `Authenticate`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Credentials {
     /// The user name.
@@ -82,24 +88,41 @@ impl std::fmt::Debug for Password {
     }
 }
 
-/// The HTTP client of one scheme. Both are hyper-util's pooling client; cheap to clone.
+/// The HTTP/2 client of one scheme. Both are hyper-util's pooling client (one connection per
+/// member, every call a stream on it); cheap to clone.
 #[derive(Debug, Clone)]
 pub(crate) enum Transport {
-    Plain(HttpClient<HttpConnector, Full<Bytes>>),
-    Tls(HttpClient<HttpsConnector<HttpConnector>, Full<Bytes>>),
+    Plain(HttpClient<HttpConnector, Body>),
+    Tls(HttpClient<HttpsConnector<HttpConnector>, Body>),
 }
 
+/// Most bytes of one answer the client decodes (tonic's default is 4 MiB, which a range of
+/// many keys could pass; etcd pages nothing on its own).
+const MAX_ANSWER: usize = 256 * 1024 * 1024;
+
+/// TCP to a member: each connection attempt given up after `timeout`, and a connection closed
+/// by the kernel once what it sent has gone unacknowledged for `timeout` (`TCP_USER_TIMEOUT`), so
+/// that a member cut off is dialled afresh instead of every call on the connection waiting out
+/// its timeout. Calls share one HTTP/2 connection per member, and no HTTP/2 pings: etcd closes
+/// a connection pinged more often than its `--grpc-keepalive-min-time` (5 s).
 fn tcp(timeout: Duration) -> HttpConnector {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     connector.set_connect_timeout(Some(timeout));
+    connector.set_tcp_user_timeout(Some(timeout));
     connector
 }
 
+fn builder() -> hyper_util::client::legacy::Builder {
+    let mut builder = HttpClient::builder(TokioExecutor::new());
+    builder.http2_only(true);
+    builder
+}
+
 impl Transport {
-    /// Plain HTTP, each connection attempt given up after `timeout`.
+    /// Plain HTTP/2 (prior knowledge), as [`tcp`] says.
     pub(crate) fn plain(timeout: Duration) -> Transport {
-        Transport::Plain(HttpClient::builder(TokioExecutor::new()).build(tcp(timeout)))
+        Transport::Plain(builder().build(tcp(timeout)))
     }
 
     /// TLS only, as `tls` says. Reads the PEM files (and, without a CA, the system's roots).
@@ -107,50 +130,84 @@ impl Transport {
         let config =
             crate::tls::client_config(tls.ca_file.as_deref(), tls.cert_file.as_deref(), tls.key_file.as_deref())
                 .map_err(EtcdError::Options)?;
-        let builder = HttpsConnectorBuilder::new().with_tls_config(config).https_only();
-        let builder = match &tls.server_name {
+        let builder_tls = HttpsConnectorBuilder::new().with_tls_config(config).https_only();
+        let builder_tls = match &tls.server_name {
             Some(name) => {
                 let name = ServerName::try_from(name.clone())
                     .map_err(|e| EtcdError::Options(format!("server name {name:?}: {e}")))?;
-                builder.with_server_name_resolver(FixedServerNameResolver::new(name))
+                builder_tls.with_server_name_resolver(FixedServerNameResolver::new(name))
             }
-            None => builder,
+            None => builder_tls,
         };
         let mut tcp = tcp(timeout);
         // The TLS layer takes the https:// URLs the plain connector would refuse.
         tcp.enforce_http(false);
-        let connector = builder.enable_http1().wrap_connector(tcp);
-        Ok(Transport::Tls(HttpClient::builder(TokioExecutor::new()).build(connector)))
+        let connector = builder_tls.enable_http2().wrap_connector(tcp);
+        Ok(Transport::Tls(builder().build(connector)))
     }
 
-    /// POSTs `body` to `path` at `endpoint`, with `token` in the `Authorization` header. A
-    /// failure to connect (TCP or TLS) sent nothing; any later one may have been after etcd
-    /// took the request.
-    pub(crate) async fn post(
+    /// Calls `M` at `endpoint` with `token` in the `token` metadata, as etcd's own client sends
+    /// it. A failure to connect (TCP or TLS) sent nothing; any later one may have been after
+    /// etcd took the request (`answer::of_status` tells them apart).
+    pub(crate) async fn unary<M: Method>(
         &self,
         endpoint: &str,
-        path: &str,
-        body: &Value,
+        request: M::Request,
         token: Option<&str>,
-    ) -> Result<http::Response<Incoming>, Failure> {
-        let unreachable = |reason: String| EtcdError::Unreachable { endpoint: endpoint.to_owned(), reason };
-        let mut req =
-            http::Request::post(format!("{endpoint}{path}")).header(http::header::CONTENT_TYPE, "application/json");
-        if let Some(token) = token {
-            req = req.header(http::header::AUTHORIZATION, token);
-        }
-        let req = req
-            .body(Full::new(Bytes::from(body.to_string())))
-            .map_err(|e| Failure::Final(unreachable(e.to_string())))?;
-        let sent = match self {
-            Transport::Plain(client) => client.request(req).await,
-            Transport::Tls(client) => client.request(req).await,
+    ) -> Result<M::Answer, Status> {
+        let request = with_token(tonic::Request::new(request), token)?;
+        let path = PathAndQuery::from_static(M::PATH);
+        let codec = ProstCodec::<M::Request, M::Answer>::default();
+        let answer = match self {
+            Transport::Plain(c) => grpc(c.clone(), endpoint)?.unary(request, path, codec).await,
+            Transport::Tls(c) => grpc(c.clone(), endpoint)?.unary(request, path, codec).await,
         };
-        sent.map_err(|e| {
-            let error = unreachable(chain(&e));
-            if e.is_connect() { Failure::Elsewhere(error) } else { Failure::Unknown(error) }
-        })
+        answer.map(tonic::Response::into_inner)
     }
+
+    /// Opens the bidirectional stream `path` at `endpoint`, sending `first` and keeping the
+    /// request side open (etcd ends a watch whose client half-closes it) until the answer
+    /// stream is dropped, or, with `close`, ending it after `first`.
+    pub(crate) async fn stream<Q, A>(
+        &self,
+        endpoint: &str,
+        path: &'static str,
+        first: Q,
+        close: bool,
+        token: Option<&str>,
+    ) -> Result<Streaming<A>, Status>
+    where
+        Q: prost::Message + Send + Sync + 'static,
+        A: prost::Message + Default + Send + Sync + 'static,
+    {
+        let once = tokio_stream::once(first);
+        let requests: Pin<Box<dyn tokio_stream::Stream<Item = Q> + Send>> =
+            if close { Box::pin(once) } else { Box::pin(once.chain(tokio_stream::pending())) };
+        let request = with_token(tonic::Request::new(requests), token)?;
+        let path = PathAndQuery::from_static(path);
+        let codec = ProstCodec::<Q, A>::default();
+        let answer = match self {
+            Transport::Plain(c) => grpc(c.clone(), endpoint)?.streaming(request, path, codec).await,
+            Transport::Tls(c) => grpc(c.clone(), endpoint)?.streaming(request, path, codec).await,
+        };
+        answer.map(tonic::Response::into_inner)
+    }
+}
+
+fn with_token<T>(mut request: tonic::Request<T>, token: Option<&str>) -> Result<tonic::Request<T>, Status> {
+    if let Some(token) = token {
+        let value = MetadataValue::try_from(token)
+            .map_err(|_| Status::unauthenticated("etcd gave a token that is not a header value"))?;
+        request.metadata_mut().insert("token", value);
+    }
+    Ok(request)
+}
+
+/// A gRPC client of `inner` at `endpoint` (checked by [`transport`]).
+fn grpc<T>(inner: T, endpoint: &str) -> Result<Grpc<T>, Status> {
+    let origin: http::Uri =
+        endpoint.parse().map_err(|e| Status::invalid_argument(format!("endpoint {endpoint:?}: {e}")))?;
+    Ok(Grpc::with_origin(inner, origin).max_decoding_message_size(MAX_ANSWER))
 }
 
 /// An error and its sources, which say what failed ("client error (Connect)" alone does not:

@@ -1,10 +1,8 @@
-//! Transactions (`/v3/kv/txn`) and paginated reads at a fixed revision: what a store kept in
-//! etcd needs beyond single puts.
+//! Transactions (`KV/Txn`) and paginated reads at a fixed revision: what a store kept in etcd
+//! needs beyond single puts.
 
-use serde_json::{Value, json};
-
-use super::wire::{RangeAnswer, TxnAnswer};
-use super::{Client, EtcdError, Kv, b64};
+use super::wire::{self, CompareResult, CompareTarget, TargetUnion};
+use super::{Client, EtcdError, Kv};
 
 /// One comparison of a transaction's guard.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,54 +56,55 @@ pub struct Page {
     pub more: bool,
 }
 
-fn compare(c: &Compare) -> Value {
-    match c {
+fn compare(c: &Compare) -> wire::Compare {
+    let (key, result, target, union) = match c {
         Compare::CreateRevision(key, rev) => {
-            json!({ "key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": rev.to_string() })
+            (key, CompareResult::Equal, CompareTarget::Create, TargetUnion::CreateRevision(*rev))
         }
         Compare::Value(key, value) => {
-            json!({ "key": b64(key), "target": "VALUE", "result": "EQUAL", "value": b64(value) })
+            (key, CompareResult::Equal, CompareTarget::Value, TargetUnion::Value(value.clone()))
         }
         Compare::ValueLess(key, value) => {
-            json!({ "key": b64(key), "target": "VALUE", "result": "LESS", "value": b64(value) })
+            (key, CompareResult::Less, CompareTarget::Value, TargetUnion::Value(value.clone()))
         }
-    }
+    };
+    wire::Compare { result: result as i32, target: target as i32, key: key.clone(), target_union: Some(union) }
 }
 
-fn op(o: &Op) -> Value {
-    match o {
+fn op(o: &Op) -> wire::RequestOp {
+    let request = match o {
         Op::Put { key, value, lease } => {
-            let mut put = json!({ "key": b64(key), "value": b64(value) });
-            if *lease != 0 {
-                put["lease"] = Value::String(lease.to_string());
-            }
-            json!({ "request_put": put })
+            wire::Request::Put(wire::PutRequest { key: key.clone(), value: value.clone(), lease: *lease })
         }
-        Op::Delete(key) => json!({ "request_delete_range": { "key": b64(key) } }),
-        Op::Get(key) => json!({ "request_range": { "key": b64(key) } }),
-    }
+        Op::Delete(key) => wire::Request::DeleteRange(wire::DeleteRangeRequest { key: key.clone() }),
+        Op::Get(key) => wire::Request::Range(wire::RangeRequest { key: key.clone(), ..Default::default() }),
+    };
+    wire::RequestOp { request: Some(request) }
 }
 
 impl Client {
     /// Runs `success` if every comparison in `guard` holds, else `failure`, atomically.
     pub async fn txn(&self, guard: &[Compare], success: &[Op], failure: &[Op]) -> Result<TxnResult, EtcdError> {
-        let body = json!({
-            "compare": guard.iter().map(compare).collect::<Vec<_>>(),
-            "success": success.iter().map(op).collect::<Vec<_>>(),
-            "failure": failure.iter().map(op).collect::<Vec<_>>(),
-        });
-        let answer: TxnAnswer = self.call("/v3/kv/txn", body).await?;
+        let request = wire::TxnRequest {
+            compare: guard.iter().map(compare).collect(),
+            success: success.iter().map(op).collect(),
+            failure: failure.iter().map(op).collect(),
+        };
+        let answer = self.call::<wire::TxnCall>(request).await?;
         let ran = if answer.succeeded { success } else { failure };
         // An operation etcd gave no answer for reads nothing.
         let responses = answer.responses.into_iter().map(Some).chain(std::iter::repeat_with(|| None));
         let mut ranges = Vec::new();
         for (o, response) in ran.iter().zip(responses) {
             if let Op::Get(_) = o {
-                let kv = response.and_then(|r| r.response_range).and_then(|r| r.kvs.into_iter().next());
+                let kv = match response.and_then(|r| r.response) {
+                    Some(wire::Response::Range(range)) => range.kvs.into_iter().next(),
+                    None => None,
+                };
                 ranges.push(kv.map(Kv::from));
             }
         }
-        Ok(TxnResult { succeeded: answer.succeeded, revision: answer.header.revision, ranges })
+        Ok(TxnResult { succeeded: answer.succeeded, revision: wire::revision(answer.header.as_ref()), ranges })
     }
 
     /// Deletes `key`.
@@ -117,12 +116,9 @@ impl Client {
     /// Reading page after page at the first page's revision gives one consistent image of a
     /// range too large for one answer.
     pub async fn range_page(&self, key: &[u8], range_end: &[u8], limit: i64, revision: i64) -> Result<Page, EtcdError> {
-        let mut body = json!({ "key": b64(key), "range_end": b64(range_end), "limit": limit.to_string() });
-        if revision != 0 {
-            body["revision"] = Value::String(revision.to_string());
-        }
-        let answer: RangeAnswer = self.call("/v3/kv/range", body).await?;
+        let request = wire::RangeRequest { key: key.to_vec(), range_end: range_end.to_vec(), limit, revision };
+        let answer = self.call::<wire::RangeCall>(request).await?;
         let kvs = answer.kvs.into_iter().map(Kv::from).collect();
-        Ok(Page { kvs, revision: answer.header.revision, more: answer.more })
+        Ok(Page { kvs, revision: wire::revision(answer.header.as_ref()), more: answer.more })
     }
 }

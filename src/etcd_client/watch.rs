@@ -1,20 +1,18 @@
-//! A watch through the gateway: one long-lived `POST /v3/watch` whose answer is a stream of
-//! JSON messages, one per batch of events, in revision order.
+//! A watch: one `Watch/Watch` stream, its request side held open, whose answers are batches of
+//! events in revision order.
 
-use http_body_util::BodyExt;
-use hyper::body::Incoming;
-use serde_json::{Value, json};
+use tonic::codec::Streaming;
 
 use super::answer::{self, Failure};
 use super::client::Exchange;
-use super::wire::{self, EventType, WatchMessage};
-use super::{Client, EtcdError, Kv, b64};
+use super::wire::{self, EventType, WatchCreateRequest, WatchRequest, WatchResponse};
+use super::{Client, EtcdError, Kv};
 
-const CALL: &str = "/v3/watch";
+const CALL: &str = wire::WATCH;
 
 /// The request that creates a watch.
 struct Open {
-    body: Value,
+    request: WatchRequest,
 }
 
 impl Exchange for Open {
@@ -22,7 +20,7 @@ impl Exchange for Open {
 
     async fn send(&self, client: &Client, endpoint: &str, token: Option<&str>) -> Result<Watch, Failure> {
         let timeout = client.transport().1;
-        let opened = Watch::open_at(client, endpoint, &self.body, token);
+        let opened = Watch::open_at(client, endpoint, self.request.clone(), token);
         tokio::time::timeout(timeout, opened).await.unwrap_or_else(|_| {
             let reason = format!("no watch within {}", humantime::format_duration(timeout));
             Err(Failure::Unknown(EtcdError::Unreachable { endpoint: endpoint.to_owned(), reason }))
@@ -48,14 +46,19 @@ pub struct Event {
     pub kv: Kv,
 }
 
-/// A watch of a range of keys, delivering every change from a revision on.
-#[derive(Debug)]
+/// A watch of a range of keys, delivering every change from a revision on. Dropping it ends
+/// the stream, and etcd the watch.
 pub struct Watch {
-    body: Incoming,
-    buf: Vec<u8>,
+    answers: Streaming<WatchResponse>,
     /// The member it watches at, and the user, for its errors.
     endpoint: String,
     user: String,
+}
+
+impl std::fmt::Debug for Watch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watch").field("endpoint", &self.endpoint).finish_non_exhaustive()
+    }
 }
 
 impl Watch {
@@ -64,34 +67,30 @@ impl Watch {
     /// a watch etcd has created goes on when its token expires). Resolves once etcd has created
     /// the watch; a revision already compacted is [`EtcdError::Compacted`].
     pub async fn open(client: &Client, key: &[u8], range_end: &[u8], start_revision: i64) -> Result<Watch, EtcdError> {
-        let body = json!({ "create_request": {
-            "key": b64(key), "range_end": b64(range_end), "start_revision": start_revision.to_string(),
-        }});
-        client.attempt(CALL, &Open { body }).await
+        let create = WatchCreateRequest { key: key.to_vec(), range_end: range_end.to_vec(), start_revision };
+        client.attempt(CALL, &Open { request: WatchRequest { create_request: Some(create) } }).await
     }
 
-    async fn open_at(client: &Client, endpoint: &str, body: &Value, token: Option<&str>) -> Result<Watch, Failure> {
-        let resp = client.transport().0.post(endpoint, CALL, body, token).await?;
-        if resp.status() != http::StatusCode::OK {
-            let status = resp.status().as_u16();
-            let text = resp.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
-            return Err(answer::of_body(endpoint, CALL, client.user(), status, &text));
-        }
-        let (endpoint, user) = (endpoint.to_owned(), client.user().to_owned());
-        let mut watch = Watch { body: resp.into_body(), buf: Vec::new(), endpoint, user };
+    async fn open_at(
+        client: &Client,
+        endpoint: &str,
+        request: WatchRequest,
+        token: Option<&str>,
+    ) -> Result<Watch, Failure> {
+        let user = client.user();
+        let answers = client.transport().0.stream(endpoint, CALL, request, false, token).await;
+        let answers = answers.map_err(|status| answer::of_status(endpoint, CALL, user, &status))?;
+        let mut watch = Watch { answers, endpoint: endpoint.to_owned(), user: user.to_owned() };
         // The first message says the watch exists (or why it does not).
-        let first = watch.read().await.map_err(|e| match e {
-            EtcdError::Malformed { .. } => Failure::Final(e),
-            e => Failure::Unknown(e),
-        })?;
-        if let Some(failure) = answer::of_watch(&watch.endpoint, CALL, &watch.user, &first) {
+        let first = watch.read().await?;
+        if let Some(failure) = answer::of_cancel(&watch.endpoint, CALL, &watch.user, &first) {
             return Err(failure);
         }
-        if !first.result.created {
-            return Err(Failure::Final(EtcdError::Malformed {
-                call: CALL.into(),
-                reason: format!("the first message does not say the watch was created: {first:?}"),
-            }));
+        if !first.created {
+            return Err(Failure::Final(wire::malformed(
+                CALL,
+                format!("the first message does not say the watch was created: {first:?}"),
+            )));
         }
         Ok(watch)
     }
@@ -100,54 +99,31 @@ impl Watch {
     /// error ends the watch.
     pub async fn next(&mut self) -> Result<Vec<Event>, EtcdError> {
         loop {
-            let message = self.message().await?;
+            let message = self.read().await.map_err(Failure::into_error)?;
+            if let Some(failure) = answer::of_cancel(&self.endpoint, CALL, &self.user, &message) {
+                return Err(failure.into_error());
+            }
             // A message without events (a progress notification): read on.
-            if message.result.events.is_empty() {
+            if message.events.is_empty() {
                 continue;
             }
-            let events = message.result.events.into_iter().map(|e| {
-                let kind = match e.kind {
-                    EventType::Put => EventKind::Put,
-                    EventType::Delete => EventKind::Delete,
+            let events = message.events.into_iter().map(|e| {
+                let kind = match EventType::try_from(e.kind) {
+                    Ok(EventType::Delete) => EventKind::Delete,
+                    Ok(EventType::Put) | Err(_) => EventKind::Put,
                 };
-                Event { kind, kv: Kv::from(e.kv) }
+                Event { kind, kv: Kv::from(e.kv.unwrap_or_default()) }
             });
             return Ok(events.collect());
         }
     }
 
-    /// The next message of the stream, with the ends of a watch turned into errors.
-    async fn message(&mut self) -> Result<WatchMessage, EtcdError> {
-        let message = self.read().await?;
-        match answer::of_watch(&self.endpoint, CALL, &self.user, &message) {
-            Some(failure) => Err(failure.into_error()),
-            None => Ok(message),
-        }
-    }
-
-    /// Reads one message off the stream, decoded: the gateway writes them one after another.
-    async fn read(&mut self) -> Result<WatchMessage, EtcdError> {
-        loop {
-            let mut values = serde_json::Deserializer::from_slice(&self.buf).into_iter::<WatchMessage>();
-            match values.next() {
-                Some(Ok(value)) => {
-                    let used = values.byte_offset();
-                    self.buf.drain(..used);
-                    return Ok(value);
-                }
-                Some(Err(e)) if e.is_eof() => {}
-                Some(Err(e)) => return Err(wire::malformed(CALL, &e)),
-                None => self.buf.clear(),
-            }
-            match self.body.frame().await {
-                Some(Ok(frame)) => {
-                    if let Ok(data) = frame.into_data() {
-                        self.buf.extend_from_slice(&data);
-                    }
-                }
-                Some(Err(e)) => return Err(EtcdError::WatchEnded(e.to_string())),
-                None => return Err(EtcdError::WatchEnded("etcd closed the stream".into())),
-            }
+    /// The next message of the stream; its end, or its error status, is a failure.
+    async fn read(&mut self) -> Result<WatchResponse, Failure> {
+        match self.answers.message().await {
+            Ok(Some(message)) => Ok(message),
+            Ok(None) => Err(Failure::Unknown(EtcdError::WatchEnded("etcd closed the stream".into()))),
+            Err(status) => Err(answer::of_status(&self.endpoint, CALL, &self.user, &status)),
         }
     }
 }

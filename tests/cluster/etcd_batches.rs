@@ -11,8 +11,9 @@ use std::time::Duration;
 use common::cluster::Cluster;
 use common::etcd_server::{Etcd, start_etcd};
 use common::eventually;
-use common::relay::{Relay, Request};
+use common::grpc_relay::{Call, GrpcRelay};
 use fencegate::store::{EtcdStore, Mark, MarkBatch, MarkKind, Store, StoreFuture};
+use prost::Message as _;
 
 /// How long the store's etcd client waits for an answer: a held transaction's outcome is
 /// unknown after this.
@@ -22,8 +23,15 @@ const ANSWER_WITHIN: Duration = Duration::from_secs(2);
 /// census): beside a batch in flight only a full one goes, so each write here is one.
 const ONE_WRITE: usize = 4;
 
-fn is_txn(r: &Request) -> bool {
-    r.method == "POST" && r.target == "/v3/kv/txn"
+fn is_txn(c: &Call) -> bool {
+    c.path == "/etcdserverpb.KV/Txn"
+}
+
+/// What the tests read of a transaction's answer (etcd's `TxnResponse`).
+#[derive(Clone, PartialEq, prost::Message)]
+struct TxnResponse {
+    #[prost(bool, tag = "2")]
+    succeeded: bool,
 }
 
 fn advance<'a>(store: &'a EtcdStore, key: &str, token: u64) -> StoreFuture<'a> {
@@ -32,16 +40,16 @@ fn advance<'a>(store: &'a EtcdStore, key: &str, token: u64) -> StoreFuture<'a> {
 
 /// An etcd, a cluster's prefix on it, a relay in front of it, and a store leading that prefix
 /// through the relay; `None` without etcd (skipped).
-async fn leading_world() -> Option<(Etcd, Cluster, Relay, EtcdStore)> {
+async fn leading_world() -> Option<(Etcd, Cluster, GrpcRelay, EtcdStore)> {
     let etcd = start_etcd().await?;
     let c = Cluster::build(&[etcd.url()], 1, "").await;
-    let relay = Relay::start(etcd.client).await;
+    let relay = GrpcRelay::start(etcd.client).await;
     let store = leading_through(&c, &relay).await;
     Some((etcd, c, relay, store))
 }
 
 /// A store on an initialised prefix of `c`, leading, that reaches etcd through `relay`.
-async fn leading_through(c: &Cluster, relay: &Relay) -> EtcdStore {
+async fn leading_through(c: &Cluster, relay: &GrpcRelay) -> EtcdStore {
     c.init().await;
     let client = fencegate::etcd_client::Client::new(&[relay.url()], ANSWER_WITHIN);
     let store = c.open_store_with(client, |o| o.max_txn_ops = ONE_WRITE).await.unwrap();
@@ -68,7 +76,7 @@ async fn a_batch_etcd_takes_before_the_one_sent_ahead_of_it_is_sent_again() {
     let Some((_etcd, c, relay, store)) = leading_world().await else { return };
     // The transactions of the election are sent before these.
     let before = relay.sent().into_iter().filter(is_txn).count();
-    let mut first = relay.hold_next_gated(is_txn, Duration::ZERO);
+    let mut first = relay.hold_next_gated(is_txn);
     let a = advance(&store, "/a", 10);
     first.held().await;
     let b = advance(&store, "/b", 20);
@@ -79,7 +87,7 @@ async fn a_batch_etcd_takes_before_the_one_sent_ahead_of_it_is_sent_again() {
     })
     .await;
     first.release();
-    assert!(first.delivered().await.response.is_some_and(|r| r.status == 200));
+    assert!(first.delivered().await.answer.is_some_and(|a| a.grpc_status == Some(0)));
     both_commit(&c, &store, a, b, 1).await;
     store.close().await.unwrap();
 }
@@ -92,16 +100,16 @@ async fn a_lost_answer_is_settled_by_walking_the_chain_to_the_batch_after_it() {
     let Some((_etcd, c, relay, store)) = leading_world().await else { return };
     let txns = || relay.sent().into_iter().filter(is_txn).count();
     let before = txns();
-    let mut first = relay.hold_next_gated(is_txn, Duration::ZERO);
-    let mut second = relay.hold_next_gated(is_txn, Duration::ZERO);
+    let mut first = relay.hold_next_gated(is_txn);
+    let mut second = relay.hold_next_gated(is_txn);
     let a = advance(&store, "/a", 10);
     first.held().await;
     let b = advance(&store, "/b", 20);
     second.held().await;
     first.release();
-    assert!(first.delivered().await.response.is_some_and(|r| r.status == 200));
+    assert!(first.delivered().await.answer.is_some_and(|a| a.grpc_status == Some(0)));
     second.release();
-    assert!(second.delivered().await.response.is_some_and(|r| r.status == 200));
+    assert!(second.delivered().await.answer.is_some_and(|a| a.grpc_status == Some(0)));
     both_commit(&c, &store, a, b, 0).await;
     assert_eq!(txns() - before - 2, 1, "one barrier settled both");
     store.close().await.unwrap();
@@ -113,7 +121,7 @@ async fn a_lost_answer_is_settled_by_walking_the_chain_to_the_batch_after_it() {
 #[tokio::test]
 async fn a_lost_batch_is_cancelled_and_the_one_behind_it_is_sent_again() {
     let Some((_etcd, c, relay, store)) = leading_world().await else { return };
-    let mut first = relay.hold_next_gated(is_txn, Duration::ZERO);
+    let mut first = relay.hold_next_gated(is_txn);
     let a = advance(&store, "/a", 10);
     first.held().await;
     let b = advance(&store, "/b", 20);
@@ -121,8 +129,8 @@ async fn a_lost_batch_is_cancelled_and_the_one_behind_it_is_sent_again() {
     assert!(refused.contains("the batch was cancelled and nothing was sent"), "{refused}");
     b.await.unwrap();
     first.release();
-    let late = first.delivered().await.response.expect("etcd answers the late batch");
-    assert!(!String::from_utf8_lossy(&late.body).contains("\"succeeded\":true"), "{late:?}");
+    let late = first.delivered().await.answer.expect("etcd answers the late batch");
+    assert!(!TxnResponse::decode(late.message).unwrap().succeeded, "the late batch's guard failed");
     assert_eq!(c.max_seen_in_etcd("/a").await, None, "the cancelled batch never applied");
     assert_eq!(c.max_seen_in_etcd("/b").await, Some(20));
     store.close().await.unwrap();
@@ -135,7 +143,7 @@ async fn a_lost_batch_is_cancelled_and_the_one_behind_it_is_sent_again() {
 async fn new_keys_of_batches_in_flight_count_once_against_max_resources() {
     let Some(etcd) = start_etcd().await else { return };
     let c = Cluster::build(&[etcd.url()], 1, "").await;
-    let relay = Relay::start(etcd.client).await;
+    let relay = GrpcRelay::start(etcd.client).await;
     c.init().await;
     let client = fencegate::etcd_client::Client::new(&[relay.url()], ANSWER_WITHIN);
     let store = c
@@ -151,7 +159,7 @@ async fn new_keys_of_batches_in_flight_count_once_against_max_resources() {
     assert_eq!(table.len() + table.count(MarkKind::Floor), 0, "room for three keys");
     let txns = || relay.sent().into_iter().filter(is_txn).count();
     let before = txns();
-    let mut first = relay.hold_next_gated(is_txn, Duration::ZERO);
+    let mut first = relay.hold_next_gated(is_txn);
     let a = advance(&store, "/a", 10);
     first.held().await;
     let b = advance(&store, "/b", 20);

@@ -43,6 +43,7 @@ pub mod envoy;
 pub mod etcd;
 pub mod etcd_cluster;
 pub mod etcd_server;
+pub mod grpc_relay;
 pub mod logs;
 pub mod netns;
 pub mod nginx;

@@ -20,11 +20,13 @@ pub(super) fn refusal(e: &EtcdError) -> Option<StoreError> {
         _ => {}
     }
     let EtcdError::Refused { message, .. } = e else { return None };
-    const DEFINITE: [&str; 4] = [
+    const DEFINITE: [&str; 5] = [
         "too many operations in txn request",
         "duplicate key given in txn request",
         "request is too large",
         "requested lease not found",
+        // gRPC's own refusal of a request above etcd's `--max-request-bytes`, before etcd sees it.
+        "received message larger than max",
     ];
     DEFINITE
         .iter()
@@ -37,7 +39,12 @@ mod tests {
     use super::*;
 
     fn refused(message: &str) -> EtcdError {
-        EtcdError::Refused { endpoint: "e".into(), call: "/v3/kv/txn".into(), status: 400, message: message.into() }
+        EtcdError::Refused {
+            endpoint: "e".into(),
+            call: "/etcdserverpb.KV/Txn".into(),
+            code: 3,
+            message: message.into(),
+        }
     }
 
     #[test]
@@ -48,6 +55,7 @@ mod tests {
             refused("etcdserver: too many operations in txn request"),
             refused("etcdserver: duplicate key given in txn request"),
             refused("etcdserver: request is too large"),
+            refused("grpc: received message larger than max (2000000 vs. 1572864)"),
         ];
         for e in &definite {
             assert!(refusal(e).is_some(), "{e}");
@@ -56,7 +64,6 @@ mod tests {
         let unknown = [
             refused("grpc: the client connection is closing"),
             refused("transport is closing"),
-            refused("504 Gateway Time-out"),
             refused("something etcd says one day"),
             EtcdError::Unavailable {
                 endpoint: "e".into(),
