@@ -331,7 +331,7 @@ impl Exchange for KeepAlive {
         let failed = |status: tonic::Status| answer::of_status(endpoint, wire::KEEP_ALIVE, client.user(), &status);
         let renewed = async {
             let mut answers = transport
-                .stream::<_, wire::LeaseKeepAliveResponse>(endpoint, wire::KEEP_ALIVE, request, true, token)
+                .stream::<_, wire::LeaseKeepAliveResponse>(endpoint, wire::KEEP_ALIVE, request, None, token)
                 .await
                 .map_err(failed)?;
             match answers.message().await.map_err(failed)? {

@@ -5,14 +5,18 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use std::future::Future as _;
+use std::marker::PhantomData;
 use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use http::uri::PathAndQuery;
 use hyper_rustls::{FixedServerNameResolver, HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rustls_pki_types::ServerName;
+use tokio::sync::oneshot;
 use tokio_stream::StreamExt as _;
 use tonic::Status;
 use tonic::body::Body;
@@ -100,22 +104,34 @@ pub(crate) enum Transport {
 /// many keys could pass; etcd pages nothing on its own).
 const MAX_ANSWER: usize = 256 * 1024 * 1024;
 
-/// TCP to a member: each connection attempt given up after `timeout`, and a connection closed
-/// by the kernel once what it sent has gone unacknowledged for `timeout` (`TCP_USER_TIMEOUT`), so
-/// that a member cut off is dialled afresh instead of every call on the connection waiting out
-/// its timeout. Calls share one HTTP/2 connection per member, and no HTTP/2 pings: etcd closes
-/// a connection pinged more often than its `--grpc-keepalive-min-time` (5 s).
+/// TCP to a member: each connection attempt given up after half `timeout`, so that a member
+/// that does not answer is passed over for the next before the call's own timeout makes its
+/// outcome unknown; and a connection closed by the kernel once what it sent has gone
+/// unacknowledged for `timeout` (`TCP_USER_TIMEOUT`), so that a member cut off is dialled
+/// afresh instead of every call on the connection waiting out its timeout.
 fn tcp(timeout: Duration) -> HttpConnector {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(timeout));
+    connector.set_connect_timeout(Some(timeout / 2));
     connector.set_tcp_user_timeout(Some(timeout));
     connector
 }
 
+/// How often a connection with a call or watch open is pinged, and how long a ping may go
+/// unanswered before the connection is closed: what notices a member gone while only a watch
+/// waits on it. etcd closes a connection pinged more often than its
+/// `--grpc-keepalive-min-time` (5 s), or pinged with nothing open.
+const PING: Duration = Duration::from_secs(10);
+
+/// HTTP/2 only (gRPC): calls share one connection per member.
 fn builder() -> hyper_util::client::legacy::Builder {
     let mut builder = HttpClient::builder(TokioExecutor::new());
-    builder.http2_only(true);
+    builder
+        .timer(TokioTimer::new())
+        .http2_only(true)
+        .http2_keep_alive_interval(PING)
+        .http2_keep_alive_timeout(PING)
+        .http2_keep_alive_while_idle(false);
     builder
 }
 
@@ -165,15 +181,16 @@ impl Transport {
         answer.map(tonic::Response::into_inner)
     }
 
-    /// Opens the bidirectional stream `path` at `endpoint`, sending `first` and keeping the
-    /// request side open (etcd ends a watch whose client half-closes it) until the answer
-    /// stream is dropped, or, with `close`, ending it after `first`.
+    /// Opens the bidirectional stream `path` at `endpoint`, sending `first`, and ending the
+    /// request side after it, or, given `open_until`, once that resolves or is dropped: etcd
+    /// keeps a watch for as long as its request side is open, and cancels it when the stream
+    /// ends.
     pub(crate) async fn stream<Q, A>(
         &self,
         endpoint: &str,
         path: &'static str,
         first: Q,
-        close: bool,
+        open_until: Option<oneshot::Receiver<()>>,
         token: Option<&str>,
     ) -> Result<Streaming<A>, Status>
     where
@@ -181,8 +198,10 @@ impl Transport {
         A: prost::Message + Default + Send + Sync + 'static,
     {
         let once = tokio_stream::once(first);
-        let requests: Pin<Box<dyn tokio_stream::Stream<Item = Q> + Send>> =
-            if close { Box::pin(once) } else { Box::pin(once.chain(tokio_stream::pending())) };
+        let requests: Pin<Box<dyn tokio_stream::Stream<Item = Q> + Send>> = match open_until {
+            None => Box::pin(once),
+            Some(until) => Box::pin(once.chain(Until { until, item: PhantomData })),
+        };
         let request = with_token(tonic::Request::new(requests), token)?;
         let path = PathAndQuery::from_static(path);
         let codec = ProstCodec::<Q, A>::default();
@@ -191,6 +210,20 @@ impl Transport {
             Transport::Tls(c) => grpc(c.clone(), endpoint)?.streaming(request, path, codec).await,
         };
         answer.map(tonic::Response::into_inner)
+    }
+}
+
+/// A stream of no items that ends when `until` resolves or its sender is dropped.
+struct Until<Q> {
+    until: oneshot::Receiver<()>,
+    item: PhantomData<fn() -> Q>,
+}
+
+impl<Q> tokio_stream::Stream for Until<Q> {
+    type Item = Q;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Q>> {
+        Pin::new(&mut self.until).poll(cx).map(|_| None)
     }
 }
 

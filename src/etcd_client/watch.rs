@@ -1,6 +1,7 @@
 //! A watch: one `Watch/Watch` stream, its request side held open, whose answers are batches of
 //! events in revision order.
 
+use tokio::sync::oneshot;
 use tonic::codec::Streaming;
 
 use super::answer::{self, Failure};
@@ -50,6 +51,8 @@ pub struct Event {
 /// the stream, and etcd the watch.
 pub struct Watch {
     answers: Streaming<WatchResponse>,
+    /// Holds the request side open; dropped, it ends it.
+    _open: oneshot::Sender<()>,
     /// The member it watches at, and the user, for its errors.
     endpoint: String,
     user: String,
@@ -65,7 +68,9 @@ impl Watch {
     /// Watches `[key, range_end)` from `start_revision` on, at the members in turn as
     /// [`Client::call`] tries them, with the client's token (renewed once if etcd refuses it;
     /// a watch etcd has created goes on when its token expires). Resolves once etcd has created
-    /// the watch; a revision already compacted is [`EtcdError::Compacted`].
+    /// the watch. A revision already compacted ends it with [`EtcdError::Compacted`]: etcd 3.4
+    /// creates the watch first and cancels it in its next message, so the first
+    /// [`Watch::next`] says so.
     pub async fn open(client: &Client, key: &[u8], range_end: &[u8], start_revision: i64) -> Result<Watch, EtcdError> {
         let create = WatchCreateRequest { key: key.to_vec(), range_end: range_end.to_vec(), start_revision };
         client.attempt(CALL, &Open { request: WatchRequest { create_request: Some(create) } }).await
@@ -78,9 +83,10 @@ impl Watch {
         token: Option<&str>,
     ) -> Result<Watch, Failure> {
         let user = client.user();
-        let answers = client.transport().0.stream(endpoint, CALL, request, false, token).await;
+        let (open, until) = oneshot::channel();
+        let answers = client.transport().0.stream(endpoint, CALL, request, Some(until), token).await;
         let answers = answers.map_err(|status| answer::of_status(endpoint, CALL, user, &status))?;
-        let mut watch = Watch { answers, endpoint: endpoint.to_owned(), user: user.to_owned() };
+        let mut watch = Watch { answers, _open: open, endpoint: endpoint.to_owned(), user: user.to_owned() };
         // The first message says the watch exists (or why it does not).
         let first = watch.read().await?;
         if let Some(failure) = answer::of_cancel(&watch.endpoint, CALL, &watch.user, &first) {

@@ -111,3 +111,27 @@ async fn a_mirror_whose_watch_is_cut_reads_the_locks_again_and_misses_nothing() 
     let b_token = gw.create_revision(&b.key).await.unwrap().unwrap();
     poll_until("B is the holder", || mirror.holder(b"/locks/a") == Ok(Some(b_token))).await;
 }
+
+/// etcd's count of its watchers, from its metrics.
+async fn watchers(etcd: &common::etcd_server::Etcd) -> u64 {
+    let r = common::raw_request(etcd.endpoint, "GET /metrics HTTP/1.1\r\nHost: etcd", "").await;
+    let text = String::from_utf8_lossy(&r.body).into_owned();
+    let line = text.lines().find(|l| l.starts_with("etcd_debugging_mvcc_watcher_total "));
+    line.and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).map_or(0, |n| n as u64)
+}
+
+/// A watch dropped is a watch etcd ends: the request side of its stream ends with it, and etcd
+/// cancels the watcher, which would otherwise keep receiving every change of its range.
+#[tokio::test]
+async fn a_dropped_watch_ends_at_etcd() {
+    let Some(etcd) = start_etcd().await else { return };
+    let gw = Gateway::single(&etcd.url());
+    let before = watchers(&etcd).await;
+    let revision = gw.put(b"/w/a", b"1").await.unwrap();
+    let mut watch = fencegate::etcd_client::Watch::open(&gw, b"/w/", b"/w0", revision + 1).await.unwrap();
+    assert_eq!(watchers(&etcd).await, before + 1);
+    let next = gw.put(b"/w/a", b"2").await.unwrap();
+    assert_eq!(watch.next().await.unwrap()[0].kv.mod_revision, next);
+    drop(watch);
+    common::eventually("etcd ends the watcher", async || watchers(&etcd).await == before).await;
+}
