@@ -258,6 +258,39 @@ async fn a_member_that_cannot_serve_passes_the_call_to_the_next() {
     assert_eq!(watch.next().await.unwrap()[0].kv.mod_revision, next);
 }
 
+/// A loopback address whose handshakes go unanswered: a listener that never accepts, its
+/// queue of one full, so the kernel drops every later SYN. Kept open by what it returns.
+async fn silent_address() -> (std::net::TcpListener, Vec<tokio::net::TcpStream>, std::net::SocketAddr) {
+    use rustix::net::{AddressFamily, SocketType};
+    let fd = rustix::net::socket(AddressFamily::INET, SocketType::STREAM, None).unwrap();
+    rustix::net::bind(&fd, &std::net::SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+    rustix::net::listen(&fd, 0).unwrap();
+    let listener = std::net::TcpListener::from(fd);
+    let addr = listener.local_addr().unwrap();
+    let mut queued = Vec::new();
+    for _ in 0..16 {
+        match tokio::time::timeout(Duration::from_millis(300), tokio::net::TcpStream::connect(addr)).await {
+            Ok(Ok(stream)) => queued.push(stream),
+            Ok(Err(e)) => panic!("connect to the silent listener: {e}"),
+            // A handshake that goes unanswered: the queue is full.
+            Err(_) => return (listener, queued, addr),
+        }
+    }
+    panic!("the listener's queue never filled")
+}
+
+/// A member that never answers the TCP handshake has taken nothing: a write goes on to the
+/// next member instead of ending with an unknown outcome.
+#[tokio::test]
+async fn a_member_that_never_answers_the_handshake_is_passed_over_for_a_write() {
+    let Some(etcd) = start_etcd_with(spec(None, false, &[])).await else { return };
+    let (_listener, _queued, silent) = silent_address().await;
+    let c = client(&[format!("http://{silent}"), etcd.url()], None, None);
+    let revision = c.put(b"/silent/a", b"1").await.unwrap();
+    assert_eq!(c.endpoint(), etcd.url(), "the write went to the member that answers");
+    assert_eq!(c.range(b"/silent/a", None).await.unwrap().1, revision);
+}
+
 #[tokio::test]
 async fn a_full_database_is_no_space_and_is_not_tried_elsewhere() {
     let Some(etcd) = start_etcd_with(spec(None, false, &["--quota-backend-bytes", "65536"])).await else { return };
