@@ -64,6 +64,7 @@ mod tests {
         let unknown = [
             refused("grpc: the client connection is closing"),
             refused("transport is closing"),
+            refused("504 Gateway Time-out"),
             refused("something etcd says one day"),
             EtcdError::Unavailable {
                 endpoint: "e".into(),
