@@ -80,7 +80,7 @@ impl Failure {
 /// The failure a call's error status comes to.
 pub(crate) fn of_status(endpoint: &str, call: &str, user: &str, status: &Status) -> Failure {
     if let Some(source) = status.source() {
-        let error = EtcdError::Unreachable { endpoint: endpoint.to_owned(), reason: chain(status) };
+        let error = EtcdError::Unreachable { endpoint: endpoint.to_owned(), reason: chain(source) };
         // A connection never made sent nothing; any other failure may have come after etcd
         // took the request.
         return match connect_failed(source) {
@@ -93,16 +93,10 @@ pub(crate) fn of_status(endpoint: &str, call: &str, user: &str, status: &Status)
 
 /// Whether the client's connection to the member was never made (no TCP connection, a
 /// refused TLS handshake): hyper-util's error says so, wherever in the chain it is.
-fn connect_failed(mut error: &(dyn std::error::Error + 'static)) -> bool {
-    loop {
-        if let Some(e) = error.downcast_ref::<hyper_util::client::legacy::Error>() {
-            return e.is_connect();
-        }
-        match error.source() {
-            Some(next) => error = next,
-            None => return false,
-        }
-    }
+fn connect_failed(error: &(dyn std::error::Error + 'static)) -> bool {
+    std::iter::successors(Some(error), |&e| e.source())
+        .find_map(|e| e.downcast_ref::<hyper_util::client::legacy::Error>())
+        .is_some_and(hyper_util::client::legacy::Error::is_connect)
 }
 
 /// The failure a watch's cancellation comes to; `None` for a message that does not end it.

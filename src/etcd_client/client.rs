@@ -146,9 +146,9 @@ impl Client {
         self.auth().map_or("", Auth::user)
     }
 
-    /// The transport and the time a request may take, for the watch's long-lived request.
-    pub(crate) fn transport(&self) -> (&Transport, Duration) {
-        (&self.transport, self.timeout)
+    /// The transport, for the calls that are streams.
+    pub(crate) fn transport(&self) -> &Transport {
+        &self.transport
     }
 
     /// Calls `M` and returns its answer. Each endpoint is tried at most once, from the one in
@@ -214,17 +214,24 @@ impl Client {
             let answer = self.transport.unary::<M>(endpoint, request, token).await;
             answer.map_err(|status| answer::of_status(endpoint, M::PATH, self.user(), &status))
         };
-        if !bounded {
-            return exchange.await;
+        match bounded {
+            true => self.bounded(endpoint, M::PATH, exchange).await,
+            false => exchange.await,
         }
-        tokio::time::timeout(self.timeout, exchange).await.unwrap_or_else(|_| Err(self.no_answer(endpoint, M::PATH)))
     }
 
-    /// The failure of a call to `endpoint` that `path` got no answer to in time: it may have
-    /// been taken.
-    pub(crate) fn no_answer(&self, endpoint: &str, path: &str) -> Failure {
-        let reason = format!("no answer to {path} within {}", humantime::format_duration(self.timeout));
-        Failure::Unknown(EtcdError::Unreachable { endpoint: endpoint.to_owned(), reason })
+    /// `exchange`, a call of `path` to `endpoint`, given up after the client's timeout: then
+    /// it may have been taken.
+    pub(crate) async fn bounded<T>(
+        &self,
+        endpoint: &str,
+        path: &str,
+        exchange: impl Future<Output = Result<T, Failure>>,
+    ) -> Result<T, Failure> {
+        tokio::time::timeout(self.timeout, exchange).await.unwrap_or_else(|_| {
+            let reason = format!("no answer to {path} within {}", humantime::format_duration(self.timeout));
+            Err(Failure::Unknown(EtcdError::Unreachable { endpoint: endpoint.to_owned(), reason }))
+        })
     }
 
     /// The keys in `[key, range_end)` (just `key` without an end), in key order, and the
@@ -326,11 +333,11 @@ impl Exchange for KeepAlive {
     type Answer = i64;
 
     async fn send(&self, client: &Client, endpoint: &str, token: Option<&str>) -> Result<i64, Failure> {
-        let (transport, timeout) = client.transport();
         let request = wire::LeaseKeepAliveRequest { id: self.lease };
         let failed = |status: tonic::Status| answer::of_status(endpoint, wire::KEEP_ALIVE, client.user(), &status);
         let renewed = async {
-            let mut answers = transport
+            let mut answers = client
+                .transport()
                 .stream::<_, wire::LeaseKeepAliveResponse>(endpoint, wire::KEEP_ALIVE, request, None, token)
                 .await
                 .map_err(failed)?;
@@ -342,8 +349,6 @@ impl Exchange for KeepAlive {
                 })),
             }
         };
-        tokio::time::timeout(timeout, renewed)
-            .await
-            .unwrap_or_else(|_| Err(client.no_answer(endpoint, wire::KEEP_ALIVE)))
+        client.bounded(endpoint, wire::KEEP_ALIVE, renewed).await
     }
 }

@@ -20,12 +20,8 @@ impl Exchange for Open {
     type Answer = Watch;
 
     async fn send(&self, client: &Client, endpoint: &str, token: Option<&str>) -> Result<Watch, Failure> {
-        let timeout = client.transport().1;
         let opened = Watch::open_at(client, endpoint, self.request.clone(), token);
-        tokio::time::timeout(timeout, opened).await.unwrap_or_else(|_| {
-            let reason = format!("no watch within {}", humantime::format_duration(timeout));
-            Err(Failure::Unknown(EtcdError::Unreachable { endpoint: endpoint.to_owned(), reason }))
-        })
+        client.bounded(endpoint, CALL, opened).await
     }
 }
 
@@ -84,7 +80,7 @@ impl Watch {
     ) -> Result<Watch, Failure> {
         let user = client.user();
         let (open, until) = oneshot::channel();
-        let answers = client.transport().0.stream(endpoint, CALL, request, Some(until), token).await;
+        let answers = client.transport().stream(endpoint, CALL, request, Some(until), token).await;
         let answers = answers.map_err(|status| answer::of_status(endpoint, CALL, user, &status))?;
         let mut watch = Watch { answers, _open: open, endpoint: endpoint.to_owned(), user: user.to_owned() };
         // The first message says the watch exists (or why it does not).
