@@ -66,7 +66,7 @@ pub(super) async fn pin(
 ) -> Result<(Connection, Pinning), Refusal> {
     let mut unused = Some(conn);
     let asked = HeadFrom { uri: out.req.uri(), target: &out.target, headers: out.req.headers(), client: &out.client };
-    let (pinning, precondition) = choose(metrics, protocol, asked.uri, asked.headers, slot, kind, async |key: &str| {
+    let (pinning, precondition) = choose(metrics, protocol, &asked, slot, kind, async |key: &str| {
         // Taken once: `choose` learns at most once.
         let Some(conn) = unused.take() else { return Ok(None) };
         learn(settings, protocol, conn, &asked, key).await
@@ -92,15 +92,14 @@ pub(super) struct HeadFrom<'a> {
     pub(super) client: &'a Peer,
 }
 
-/// The key's state for a write to `uri` with the request `headers`, under its turn and before its
-/// advance: the pin the fence keeps, or one `learn` finds (by a `HEAD`; `None` when the
+/// The key's state for the write `asked`, under its turn and before its advance: the pin the
+/// fence keeps, or one `learn` finds (by a `HEAD`; `None` when the
 /// protocol cannot ask). Judges the write's own `If-Match` and `If-None-Match` against it, and
 /// returns the precondition naming it that the write is sent with, if the backend honours one.
 pub(super) async fn choose(
     metrics: &Metrics,
     protocol: Chosen,
-    uri: &Uri,
-    headers: &HeaderMap,
+    asked: &HeadFrom<'_>,
     slot: PinSlot,
     kind: Pinned,
     learn: impl AsyncFnOnce(&str) -> Result<Option<Pin>, Refusal>,
@@ -111,6 +110,7 @@ pub(super) async fn choose(
     // the real state would be refused on every retry. One a late write was pinned to is learnt
     // again too: that write may have landed meanwhile.
     // Judged only where the client sent any condition: most writes send none.
+    let HeadFrom { uri, headers, .. } = *asked;
     let own_conditions = headers.keys().any(is_condition);
     let holds = |pin: &Pin| if own_conditions { judge(headers, pin, slot.key()) } else { Ok(()) };
     let kept = slot.get().filter(|pin| holds(pin).is_ok() && slot.late(pin).is_none());
@@ -198,8 +198,9 @@ pub(super) fn answered_with_tag(
 
 /// A pinned write's answer `status` from the backend, under its turn: a `2xx` sets the key's
 /// pin (to `tag`, the strong entity tag a `PUT`'s answer names, none known without one or with
-/// one no header can carry; absent after a `DELETE`), and a `412` to the precondition fencegate sent is `backend_moved`. Any
-/// other answer leaves the pin unknown, as the advance left it.
+/// one no header can carry; absent after a `DELETE`), and a `412` to the precondition
+/// fencegate sent is `backend_moved`. Any other answer leaves the pin unknown, as the advance
+/// left it.
 pub(super) fn settle(pinning: Pinning, status: StatusCode, tag: Option<Arc<str>>) -> Result<(), Refusal> {
     let Pinning { slot, kind, sent } = pinning;
     if status == StatusCode::PRECONDITION_FAILED

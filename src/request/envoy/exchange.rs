@@ -458,7 +458,7 @@ impl Held {
         let headers = request.head.headers();
         let asked = HeadFrom { uri: request.head.uri(), target, headers, client: &request.client };
         let (pinning, precondition) =
-            pinned::choose(&self.state.metrics, protocol, asked.uri, headers, slot, kind, async |key: &str| {
+            pinned::choose(&self.state.metrics, protocol, &asked, slot, kind, async |key: &str| {
                 let conn = settings.upstream.connection().await?;
                 pinned::learn(settings, protocol, conn, &asked, key).await
             })
