@@ -112,12 +112,9 @@ async fn a_mirror_whose_watch_is_cut_reads_the_locks_again_and_misses_nothing() 
     poll_until("B is the holder", || mirror.holder(b"/locks/a") == Ok(Some(b_token))).await;
 }
 
-/// etcd's count of its watchers, from its metrics.
+/// etcd's count of its watchers.
 async fn watchers(etcd: &common::etcd_server::Etcd) -> u64 {
-    let r = common::raw_request(etcd.endpoint, "GET /metrics HTTP/1.1\r\nHost: etcd", "").await;
-    let text = String::from_utf8_lossy(&r.body).into_owned();
-    let line = text.lines().find(|l| l.starts_with("etcd_debugging_mvcc_watcher_total "));
-    line.and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).map_or(0, |n| n as u64)
+    etcd.metric("etcd_debugging_mvcc_watcher_total ").await
 }
 
 /// A watch dropped is a watch etcd ends: the request side of its stream ends with it, and etcd

@@ -90,6 +90,16 @@ pub fn run(mut cmd: Command, what: &str) -> String {
 }
 
 impl Etcd {
+    /// The value of the first metric whose line starts with `series` (its name, and as many
+    /// of its labels as etcd writes first), read from `/metrics` on the plain endpoint; 0 while
+    /// etcd has written none.
+    pub async fn metric(&self, series: &str) -> u64 {
+        let r = super::raw_request(self.endpoint, "GET /metrics HTTP/1.1\r\nHost: etcd", "").await;
+        let text = String::from_utf8_lossy(&r.body).into_owned();
+        let line = text.lines().find(|l| l.starts_with(series));
+        line.and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).map_or(0, |n| n as u64)
+    }
+
     /// `http://127.0.0.1:PORT`, or `https://` with TLS: the client URL, which also serves the
     /// JSON gateway (`/v3/...`).
     pub fn url(&self) -> String {

@@ -27,7 +27,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
-use super::wait::DEADLINE;
+use super::wait::filled;
 
 /// The gRPC methods that are streams: relayed as such, never held.
 const STREAMS: &[&str] = &["/etcdserverpb.Watch/Watch", "/etcdserverpb.Lease/LeaseKeepAlive"];
@@ -168,13 +168,9 @@ pub struct Hold {
 }
 
 impl Hold {
-    /// Waits until a call is held, and returns it; panics after [`DEADLINE`].
+    /// Waits until a call is held, and returns it; panics after [`super::wait::DEADLINE`].
     pub async fn held(&mut self) -> Call {
-        let held = tokio::time::timeout(DEADLINE, self.held.wait_for(Option::is_some))
-            .await
-            .unwrap_or_else(|_| panic!("no call held within {DEADLINE:?}"))
-            .expect("the relay dropped the hold (it stopped)");
-        held.clone().expect("waited for it")
+        filled(&mut self.held, "no call held").await
     }
 
     /// Lets the hold deliver its call.
@@ -183,13 +179,9 @@ impl Hold {
     }
 
     /// Waits until the held call has been delivered and answered, and returns what happened;
-    /// panics after [`DEADLINE`].
+    /// panics after [`super::wait::DEADLINE`].
     pub async fn delivered(&mut self) -> Delivered {
-        let delivered = tokio::time::timeout(DEADLINE, self.delivered.wait_for(Option::is_some))
-            .await
-            .unwrap_or_else(|_| panic!("the held call was not delivered within {DEADLINE:?}"))
-            .expect("the relay dropped the hold (it stopped)");
-        delivered.clone().expect("waited for it")
+        filled(&mut self.delivered, "the held call was not delivered").await
     }
 }
 

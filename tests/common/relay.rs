@@ -32,7 +32,7 @@ use tokio::task::{JoinHandle, JoinSet};
 
 use super::Resp;
 use super::raw::{chunked_len, parse_response, response_len};
-use super::wait::DEADLINE;
+use super::wait::{DEADLINE, filled};
 
 /// One request as the relay recognised it on its way to the backend.
 #[derive(Debug, Clone)]
@@ -212,11 +212,7 @@ pub struct Hold {
 impl Hold {
     /// Waits until a request is held, and returns it; panics after [`DEADLINE`].
     pub async fn held(&mut self) -> Request {
-        let held = tokio::time::timeout(DEADLINE, self.held.wait_for(Option::is_some))
-            .await
-            .unwrap_or_else(|_| panic!("no request held within {DEADLINE:?}"))
-            .expect("the relay dropped the hold (it stopped)");
-        held.as_ref().map(|(r, _)| r.clone()).expect("waited for it")
+        filled(&mut self.held, "no request held").await.0
     }
 
     /// Whether a request is held (or was, and has been delivered since).
@@ -238,11 +234,7 @@ impl Hold {
     /// Waits until the held request has been delivered and answered, and returns what
     /// happened; panics after [`DEADLINE`].
     pub async fn delivered(&mut self) -> Delivered {
-        let delivered = tokio::time::timeout(DEADLINE, self.delivered.wait_for(Option::is_some))
-            .await
-            .unwrap_or_else(|_| panic!("the held request was not delivered within {DEADLINE:?}"))
-            .expect("the relay dropped the hold (it stopped)");
-        delivered.clone().expect("waited for it")
+        filled(&mut self.delivered, "the held request was not delivered").await
     }
 }
 

@@ -45,3 +45,13 @@ async fn wait(caller: &Location<'_>, what: &str, mut condition: impl AsyncFnMut(
         tokio::time::sleep(INTERVAL).await;
     }
 }
+
+/// The value `slot` holds once one is set; panics after [`DEADLINE`] with `missing` ("no
+/// request held"), or once every sender is gone.
+pub async fn filled<T: Clone>(slot: &mut tokio::sync::watch::Receiver<Option<T>>, missing: &str) -> T {
+    let held = tokio::time::timeout(DEADLINE, slot.wait_for(Option::is_some))
+        .await
+        .unwrap_or_else(|_| panic!("{missing} within {DEADLINE:?}"))
+        .expect("the relay dropped the hold (it stopped)");
+    held.clone().expect("waited for it")
+}
