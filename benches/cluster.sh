@@ -31,7 +31,8 @@
 #             on the prefix /bench-old/, ports after the last trio's)
 # Every PUT is 100 bytes to one of 333 resources of the wrk's own (999 for etcd-3's three), with
 # tokens climbing per resource. It prints each run, then per target and connection count the
-# median req/s, p50 and p99 and the ratios to cas and to file. Everything it starts, it stops,
+# median req/s, p50 and p99, the ratios to cas and to file, and the CPU a request cost etcd's
+# three members, the target's fencegates and the backend (from /proc, over the run). Everything it starts, it stops,
 # by pid. The scratch dirs, the backend, put.lua and the cleanup are benches/common.sh's; it
 # stops at once if one of its ports (those above, etcd's peers on 18211-18213 and the
 # fencegates' admin ports 19093-19105) is taken.
@@ -75,6 +76,7 @@ case $ETCD_DATA in
 esac
 
 # etcd: three members.
+ETCD_PIDS=()
 cluster="m0=http://127.0.0.1:18211,m1=http://127.0.0.1:18212,m2=http://127.0.0.1:18213"
 for i in 0 1 2; do
     "$ETCD" --name "m$i" --data-dir "$ETCD_DIR/etcd-$i" \
@@ -83,7 +85,7 @@ for i in 0 1 2; do
         --initial-cluster "$cluster" --initial-cluster-state new --initial-cluster-token fg-bench \
         --max-txn-ops "$MAX_TXN_OPS" \
         >"$DISK/etcd-$i.log" 2>&1 &
-    PIDS+=($!)
+    PIDS+=($!); ETCD_PIDS+=($!)
 done
 ENDPOINTS='"http://127.0.0.1:18201", "http://127.0.0.1:18202", "http://127.0.0.1:18203"'
 for _ in $(seq 200); do
@@ -93,6 +95,8 @@ done
 
 # The backend.
 bench_backend 18091
+bench_worker "$BACKEND_PID"
+NGINX_WORKER=$WORKER
 
 common() { # PORT ADMIN
     printf '[server]\nlisten = "127.0.0.1:%s"\n[backend]\nurl = "http://127.0.0.1:18091"\n[log]\nlevel = "warn"\n[admin]\nlisten = "127.0.0.1:%s"\n' "$1" "$2"
@@ -103,7 +107,7 @@ common() { # PORT ADMIN
 bench_wait "$FG_FILE" 18093 "$DISK/file.log"
 # Trio k (window W): instances on 18094+3k..18096+3k, prefix /bench-W/. LEADER[k] and
 # FOLLOWER[k] are the ports of its leader and of one follower.
-LEADER=(); FOLLOWER=()
+LEADER=(); FOLLOWER=(); TRIO_PIDS=()
 for k in "${!TRIO_NAME[@]}"; do
     w=${TRIO_W[$k]} name=${TRIO_NAME[$k]} bin=${TRIO_BIN[$k]:-$BIN}
     pids=()
@@ -127,6 +131,7 @@ for k in "${!TRIO_NAME[@]}"; do
     done
     [ -n "$leader" ] || { echo "no instance of trio $name leads:" >&2; for f in "$DISK"/fg-etcd-$k-*.log "$DISK"/etcd-0.log; do tail -n 5 "$f" >&2; done; exit 1; }
     for i in 0 1 2; do bench_wait "${pids[$i]}" $((18094 + 3 * k + i)) "$DISK/fg-etcd-$k-$i.log"; done
+    TRIO_PIDS[k]="${pids[*]}"
     LEADER[k]=$((18094 + 3 * k + leader))
     FOLLOWER[k]=$((18094 + 3 * k + (leader + 1) % 3))
 done
@@ -139,6 +144,35 @@ wrk_run() { # PORT CONNS SECONDS PART -> "req/s p50_us p99_us non2xx"
         /^ +50%/ { p50 = us($2) } /^ +99%/ { p99 = us($2) }
         /Requests\/sec/ { rps = $2 } /Non-2xx/ { bad = $NF }
         END { printf "%s %s %s %s\n", rps, p50, p99, bad + 0 }'
+}
+
+# CPU time (user + system, in clock ticks) the processes PIDS... have used so far.
+ticks() {
+    local p total=0
+    for p in "$@"; do
+        total=$((total + $(awk '{ print $14 + $15 }' "/proc/$p/stat")))
+    done
+    echo "$total"
+}
+
+# What etcd has done so far: "transactions puts+deletes", the transactions its members were
+# sent (each by one) and the key operations its first member applied (every member applies
+# every one).
+applied() {
+    local i
+    for i in 1 2 3; do curl -sf "http://127.0.0.1:1820$i/metrics"; done | awk '
+        /^grpc_server_handled_total.*grpc_method="Txn"/ { t += $2 }
+        /^etcd_mvcc_put_total / && !p { o += $2; p = 1 } /^etcd_mvcc_delete_total / && !d { o += $2; d = 1 }
+        END { printf "%d %d\n", t, o }'
+}
+
+# The fencegates a target runs through: none for cas, the file store's, or a trio's three.
+target_pids() { # TARGET
+    case $1 in
+        cas|cas-old) ;;
+        file) echo "$FG_FILE" ;;
+        etcd-*) echo "${TRIO_PIDS[$(window_index "${1#*/}")]}" ;;
+    esac
 }
 
 run() { # TARGET CONNS SECONDS -> "req/s p50 p99 failures"
@@ -178,10 +212,24 @@ for conns in $CONNS; do
     for target in "${TARGETS[@]}"; do run "$target" "$conns" 2 >/dev/null; done # warm-up
     for round in $(seq "$ROUNDS"); do
         for target in "${TARGETS[@]}"; do
+            read -r -a fgs < <(target_pids "$target") || true
+            read -r t0 o0 < <(applied)
+            e0=$(ticks "${ETCD_PIDS[@]}"); f0=$(ticks "${fgs[@]}"); n0=$(ticks "$NGINX_WORKER")
             read -r rps p50 p99 bad < <(run "$target" "$conns" "$SECONDS_PER_RUN")
-            printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$target" "$conns" "$round" "$rps" "$p50" "$p99" "$bad" >>"$RESULTS"
-            printf '  c=%-3s round %s %-9s %8.0f req/s  p50 %7.0f us  p99 %7.0f us  failed %s\n' \
-                "$conns" "$round" "$target" "$rps" "$p50" "$p99" "$bad" >&2
+            # CPU µs per request: ticks / (req/s * seconds) * 1e6 / ticks per second.
+            per() { awk -v t="$1" -v r="$rps" -v s="$SECONDS_PER_RUN" -v hz="$(getconf CLK_TCK)" \
+                'BEGIN { printf "%.0f", (r > 0 ? t / (r * s) * 1e6 / hz : 0) }'; }
+            ecpu=$(per $(($(ticks "${ETCD_PIDS[@]}") - e0)))
+            fcpu=$(per $(($(ticks "${fgs[@]}") - f0)))
+            ncpu=$(per $(($(ticks "$NGINX_WORKER") - n0)))
+            read -r t1 o1 < <(applied)
+            # etcd transactions and key operations (puts, deletes) per 100 requests.
+            txns=$(awk -v n=$((t1 - t0)) -v r="$rps" -v s="$SECONDS_PER_RUN" 'BEGIN { printf "%.1f", (r > 0 ? n * 100 / (r * s) : 0) }')
+            ops=$(awk -v n=$((o1 - o0)) -v r="$rps" -v s="$SECONDS_PER_RUN" 'BEGIN { printf "%.0f", (r > 0 ? n * 100 / (r * s) : 0) }')
+            printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$target" "$conns" "$round" "$rps" "$p50" "$p99" "$bad" \
+                "$ecpu" "$fcpu" "$ncpu" "$txns" "$ops" >>"$RESULTS"
+            printf '  c=%-3s round %s %-9s %8.0f req/s  p50 %7.0f us  p99 %7.0f us  failed %s  CPU us/req etcd %s fencegate %s nginx %s  etcd txns/ops per 100 req %s/%s\n' \
+                "$conns" "$round" "$target" "$rps" "$p50" "$p99" "$bad" "$ecpu" "$fcpu" "$ncpu" "$txns" "$ops" >&2
         done
     done
 done
@@ -202,13 +250,14 @@ for i in 0 1 2; do
         END { printf "etcd member %s: %d WAL fsyncs, %.2f ms each, %.1f proposals committed per fsync\n", m, n, (n ? sum / n * 1000 : 0), (n ? p / n : 0) }' >&2
 done
 echo
-printf '| conns | target | req/s (median) | p50 µs | p99 µs | failed | × cas | × file |\n|---:|---|---:|---:|---:|---:|---:|---:|\n'
+printf '| conns | target | req/s (median) | p50 µs | p99 µs | failed | × cas | × file | CPU µs/req etcd / fencegate / nginx | etcd txns / ops per 100 req |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n'
 python3 - "$RESULTS" "${TARGETS[@]}" <<'EOF'
 import statistics, sys
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
 by = {}
-for target, conns, _round, rps, p50, p99, bad in rows:
-    by.setdefault((int(conns), target), []).append((float(rps), float(p50), float(p99), int(float(bad))))
+for target, conns, _round, rps, p50, p99, bad, ecpu, fcpu, ncpu, txns, ops in rows:
+    by.setdefault((int(conns), target), []).append(
+        (float(rps), float(p50), float(p99), int(float(bad)), float(ecpu), float(fcpu), float(ncpu), float(txns), float(ops)))
 for conns in sorted({c for c, _ in by}):
     cas = statistics.median(r[0] for r in by[(conns, "cas")])
     file = statistics.median(r[0] for r in by[(conns, "file")])
@@ -219,5 +268,7 @@ for conns in sorted({c for c, _ in by}):
         p50 = statistics.median(r[1] for r in runs)
         p99 = statistics.median(r[2] for r in runs)
         bad = sum(r[3] for r in runs)
-        print(f"| {conns} | {target} | {rps:,.0f} | {p50:,.0f} | {p99:,.0f} | {bad} | {rps / cas:.2f} | {rps / file:.2f} |")
+        cpu = " / ".join(f"{statistics.median(r[i] for r in runs):,.0f}" for i in (4, 5, 6))
+        etcd = f"{statistics.median(r[7] for r in runs):.1f} / {statistics.median(r[8] for r in runs):.0f}"
+        print(f"| {conns} | {target} | {rps:,.0f} | {p50:,.0f} | {p99:,.0f} | {bad} | {rps / cas:.2f} | {rps / file:.2f} | {cpu} | {etcd} |")
 EOF
