@@ -81,7 +81,7 @@ pub async fn migrate_to_etcd(config: &Config, from: &Path) -> Result<Migrated, E
 /// no instance leads the prefix.
 pub async fn rules_etcd(config: &Config, set: bool) -> Result<RulesReport, Error> {
     let settings = settings(config)?;
-    let configured = config.fence_record();
+    let configured = etcd::stored_rules(&config.fence_record());
     let recorded = etcd::rules(&client(config)?, &settings.prefix, &configured, set).await?;
     let differences = match &recorded {
         Some(recorded) => etcd::record_differences(recorded, &configured),

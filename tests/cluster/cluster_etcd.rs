@@ -672,7 +672,41 @@ async fn a_prefix_without_recorded_rules_gets_the_first_instances() {
     c.wait_leader().await;
     let (kvs, _) = c.gateway.range(key.as_bytes(), None).await.unwrap();
     let config = fencegate::Config::load(&c.instances[0].config, None).unwrap();
-    assert_eq!(kvs.first().map(|kv| String::from_utf8_lossy(&kv.value).into_owned()), Some(config.fence_record()));
+    let recorded = kvs.first().map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
+    assert_eq!(recorded, Some(fencegate::store::etcd::stored_rules(&config.fence_record())));
+}
+
+/// A prefix an earlier build wrote: its rules lack the line that says writes in flight are
+/// kept as flight records, and its write in flight is a marker of its own. The new leader
+/// quarantines the marker's resource, records the line (which earlier builds refuse to lead
+/// by), and deletes the marker once a newer write to the resource is answered.
+#[tokio::test]
+async fn a_prefix_an_earlier_build_wrote_is_read_and_upgraded() {
+    let Some(etcd) = start_etcd().await else { return };
+    let mut c = Cluster::build_with(&[etcd.url()], 1, "2s", "").await;
+    c.init().await;
+    let config = fencegate::Config::load(&c.instances[0].config, None).unwrap();
+    let (rules, marker) = (format!("{PREFIX}rules"), format!("{PREFIX}i//old"));
+    let seven = b"00000000000000000007";
+    c.gateway.put(rules.as_bytes(), config.fence_record().as_bytes()).await.unwrap();
+    c.gateway.put(format!("{PREFIX}k//old").as_bytes(), seven).await.unwrap();
+    c.gateway.put(marker.as_bytes(), seven).await.unwrap();
+    c.instances[0].start();
+    c.wait_leader().await;
+    let addr = c.instances[0].addr;
+    put(addr, "/old", 7).await.assert_refused(409, "stale_token");
+    put(addr, "/old", 8).await.assert_refused(503, "resource_quarantined");
+    let (kvs, _) = c.gateway.range(rules.as_bytes(), None).await.unwrap();
+    let recorded = kvs.first().map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
+    assert_eq!(recorded, Some(fencegate::store::etcd::stored_rules(&config.fence_record())));
+    let (kvs, _) = c.gateway.range(marker.as_bytes(), None).await.unwrap();
+    assert_eq!(kvs.len(), 1, "the marker stays while its write may be in flight");
+    eventually("the quarantine ends and a newer write passes", async || ok(&put(addr, "/old", 8).await)).await;
+    eventually("the spent marker is deleted", async || {
+        c.gateway.range(marker.as_bytes(), None).await.is_ok_and(|(kvs, _)| kvs.is_empty())
+    })
+    .await;
+    assert!(!c.in_flight_in_etcd("/old").await, "answered: no flight record names it");
 }
 
 /// Two instances advertising one URL are told apart: the one that comes second neither leads

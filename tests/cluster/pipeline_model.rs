@@ -3,9 +3,9 @@
 //! etcd applying them in any order, answers lost, a barrier settling every unknown outcome,
 //! and a crash of the leader followed by a takeover.
 //!
-//! The leader's writer gathers queued advances and answers into a batch and sends it as one
-//! transaction, `If(leader key's epoch, P/batch == guard) Then(levels, markers, P/batch = id)`,
-//! with up to `window` batches in flight. Each batch's guard is the id of the batch sent before
+//! The leader's writer gathers queued advances into a batch and sends it as one transaction,
+//! `If(leader key's epoch, P/batch == guard) Then(levels, the batch's flight record, deletes of
+//! spent records, P/batch = id)`, with up to `window` batches in flight. Each batch's guard is the id of the batch sent before
 //! it, so that etcd can apply a batch only after every earlier one (the chain). The writer reads
 //! the outcomes in the order it sent the batches:
 //! - committed: the table is raised and the batch's writes may go to the backend;
@@ -20,23 +20,28 @@
 //!   later ones sent again. If its compare fails, `P/batch` names how far the chain got: every
 //!   batch up to the one it names committed (settling walks the chain).
 //!
-//! etcd keeps the leader key (an epoch), `P/batch`, each resource's level and in-flight marker.
-//! A crashed leader's transactions stay on their way to etcd and its writes on their way to the
-//! backend; the next leader takes over with a new epoch (the old lease expired), reads the
-//! table, and keeps each resource with a marker closed until the old leader's writes to it
-//! have landed (the quarantine's time bound, as in `pin_model`). A write's turn is its
-//! resource's from its check until the backend answered; the answer then joins a later batch,
-//! where it deletes the marker, so a resource's answer and its next write's advance can be in
-//! two batches in flight at once. A caller may also stop waiting for its advance (the store's
+//! etcd keeps the leader key (an epoch), `P/batch`, each resource's level, and a flight record
+//! per batch: the resources it advanced and their tokens, the writes it let go. A record stays
+//! until none of its writes is still in flight: each resource's newest record is the one that
+//! counts, so a record's entry is spent when the backend answers that write or when a later
+//! committed record names the resource. The writer counts each record's live entries and deletes
+//! a spent record in a later batch. A crashed leader's transactions stay on their way to etcd
+//! and its writes on their way to the backend; the next leader takes over with a new epoch (the
+//! old lease expired), reads the table and the records, and keeps each resource a record names
+//! closed until the old leader's writes to it have landed (the quarantine's time bound, as in
+//! `pin_model`). A write's turn is its resource's from its check until the backend answered, so
+//! a resource's answer (which spends its entry) and its next write's advance can be in two
+//! batches in flight at once. A caller may also stop waiting for its advance (the store's
 //! answer did not come in time): its write is refused and its turn ends, but the advance stays
 //! queued or in flight and may still commit, so the writer refuses an advance below its mark's
 //! level in the table, in a batch in flight or earlier in its own batch.
 //!
 //! The properties: per resource the backend applies tokens in strictly increasing order, a
 //! level in etcd never goes down, and a write reaches the network only with its advance in
-//! etcd. The variants that must fail: batches guarded by the epoch alone (etcd applies the next
-//! write's marker before the last answer's delete, the marker is lost and a takeover lets a
-//! newer write overtake), and a barrier that takes a later id of its own chain for an earlier
+//! etcd. The variants that must fail: batches guarded by the epoch alone (etcd applies a batch
+//! after a barrier cancelled it, and a level goes down), a writer that deletes a record once
+//! one of its writes is answered (a takeover misses another write of the batch still on its
+//! way, and a newer write overtakes it), and a barrier that takes a later id of its own chain for an earlier
 //! try of itself instead of walking the chain (a committed batch is refused, its level unknown
 //! to the table, and a lower token lowers etcd's level); and a writer that checks an advance
 //! against the table and its own batch only (the advance of a caller that stopped waiting is
@@ -51,6 +56,7 @@ const CLIMBS: &str = "a level in etcd never goes down";
 const DURABLE: &str = "a write is sent only with its advance in etcd";
 const RESENT: &str = "etcd takes a batch before its predecessor, and it is sent again";
 const WALKED: &str = "a barrier finds the chain past the lost batch";
+const UNRECORDED: &str = "a spent flight record is deleted";
 
 /// A transaction's id in `P/batch`: (epoch, sequence). `(0, 0)` is what `init` wrote.
 type Id = (u8, u8);
@@ -58,7 +64,6 @@ type Id = (u8, u8);
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 enum Msg {
     Advance { r: usize, token: u8 },
-    Answered { r: usize, token: u8 },
 }
 
 #[derive(Clone, Copy, Debug, Default, Hash, PartialEq, Eq)]
@@ -83,10 +88,13 @@ enum Stage {
     Delivered,
 }
 
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
-enum Key {
-    Level(usize),
-    Marker(usize),
+/// A transaction's operation.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+enum Op {
+    Level(usize, u8),
+    /// A batch's flight record: the resources it advanced, with their tokens.
+    Record(Id, Vec<(usize, u8)>),
+    Unrecord(Id),
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
@@ -95,8 +103,7 @@ struct Txn {
     /// The `P/batch` compare; `None` for the variant guarded by the epoch alone.
     guard: Option<Id>,
     id: Id,
-    /// Final value per key (`None`: delete).
-    ops: Vec<(Key, Option<u8>)>,
+    ops: Vec<Op>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
@@ -104,7 +111,19 @@ struct Batch {
     id: Id,
     guard: Id,
     msgs: Vec<Msg>,
+    /// The spent records it deletes.
+    deletes: Vec<Id>,
     outcome: Outcome,
+}
+
+/// What the writer knows of a flight record in etcd.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct Rec {
+    id: Id,
+    /// Its entries still in flight: resources whose newest record it is, not yet answered.
+    live: u8,
+    /// A batch in flight deletes it.
+    deleting: bool,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
@@ -122,6 +141,9 @@ struct Leader {
     /// Closed until the previous leader's writes to it have landed.
     quarantined: Vec<bool>,
     busy: Vec<Option<(u8, Stage)>>,
+    /// Per resource, the newest record that names it while its write is in flight.
+    flying: Vec<Option<Id>>,
+    records: Vec<Rec>,
     queue: Vec<Msg>,
     /// Batches in flight, in the order sent.
     pipeline: Vec<Batch>,
@@ -149,10 +171,9 @@ impl Leader {
         self.barrier = None;
         self.committed = id;
         let lost = self.pipeline.remove(0);
-        for m in lost.msgs {
-            if let Msg::Advance { r, token } = m
-                && self.busy[r] == Some((token, Stage::Queued))
-            {
+        self.undelete(&lost.deletes);
+        for Msg::Advance { r, token } in lost.msgs {
+            if self.busy[r] == Some((token, Stage::Queued)) {
                 self.busy[r] = None;
             }
         }
@@ -167,20 +188,43 @@ impl Leader {
     /// Every batch from the `from`th on goes back to the front of the queue, in order: none of
     /// them applied, and none can.
     fn resend_from(&mut self, from: usize) {
-        let mut msgs: Vec<Msg> = self.pipeline.drain(from..).flat_map(|b| b.msgs).collect();
+        let dropped: Vec<Batch> = self.pipeline.drain(from..).collect();
+        for b in &dropped {
+            self.undelete(&b.deletes);
+        }
+        let mut msgs: Vec<Msg> = dropped.into_iter().flat_map(|b| b.msgs).collect();
         msgs.append(&mut self.queue);
         self.queue = msgs;
         self.tail = self.committed;
+    }
+
+    /// Deletes of `ids` that did not apply: the records are deleted by a later batch.
+    fn undelete(&mut self, ids: &[Id]) {
+        for r in self.records.iter_mut().filter(|r| ids.contains(&r.id)) {
+            r.deleting = false;
+        }
+    }
+
+    /// One entry of record `id` is spent.
+    fn spend(&mut self, id: Id) {
+        if let Some(r) = self.records.iter_mut().find(|r| r.id == id) {
+            r.live = r.live.saturating_sub(1);
+        }
+    }
+
+    /// Records with no entry in flight that no batch deletes yet.
+    fn spent(&self) -> impl Iterator<Item = Id> + '_ {
+        self.records.iter().filter(|r| r.live == 0 && !r.deleting).map(|r| r.id)
     }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
 struct State {
-    /// etcd: the leader key's epoch, `P/batch`, levels and in-flight markers.
+    /// etcd: the leader key's epoch, `P/batch`, levels and flight records (in id order).
     epoch: u8,
     batch: Id,
     level: Vec<Option<u8>>,
-    marker: Vec<Option<u8>>,
+    records: Vec<(Id, Vec<(usize, u8)>)>,
     /// Transactions on their way to etcd, applied in any order.
     to_etcd: Vec<Txn>,
     leader: Option<Leader>,
@@ -205,6 +249,8 @@ struct Seen {
     resent: bool,
     /// A barrier found the chain past the lost batch and walked it.
     walked: bool,
+    /// A batch deleted a spent flight record.
+    unrecorded: bool,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
@@ -242,10 +288,29 @@ struct Pipeline {
     /// The writer refuses an advance below a level of its mark in a batch in flight, not only
     /// below the table's and the batch's own (`batch::EtcdWriter::send`).
     climb_in_flight: bool,
+    /// A record is deleted once every write it names is spent, not once the first is answered.
+    count_live: bool,
 }
 
 impl Pipeline {
     fn takeover(&self, s: &State) -> Leader {
+        // Each resource's newest record; a record whose entries are all newer elsewhere is
+        // spent already.
+        let mut flying = vec![None; self.resources];
+        for (id, entries) in &s.records {
+            for &(r, _) in entries {
+                flying[r] = Some(*id);
+            }
+        }
+        let records = s
+            .records
+            .iter()
+            .map(|(id, _)| Rec {
+                id: *id,
+                live: flying.iter().filter(|f| **f == Some(*id)).count() as u8,
+                deleting: false,
+            })
+            .collect();
         Leader {
             epoch: s.epoch,
             seq: 0,
@@ -253,8 +318,10 @@ impl Pipeline {
             committed: s.batch,
             tail: s.batch,
             table: s.level.clone(),
-            quarantined: s.marker.iter().map(Option::is_some).collect(),
+            quarantined: flying.iter().map(Option::is_some).collect(),
             busy: vec![None; self.resources],
+            flying,
+            records,
             queue: Vec::new(),
             pipeline: Vec::new(),
             barrier: None,
@@ -270,13 +337,25 @@ impl Pipeline {
             Outcome::Committed => {
                 l.pipeline.remove(0);
                 l.committed = head.id;
+                l.records.retain(|r| !head.deletes.contains(&r.id));
+                let mut live = 0;
                 for m in head.msgs {
-                    if let Msg::Advance { r, token } = m {
-                        l.table[r] = Some(token);
-                        if l.busy[r] == Some((token, Stage::Queued)) {
-                            l.busy[r] = Some((token, Stage::Ready));
-                        }
+                    let Msg::Advance { r, token } = m;
+                    l.table[r] = Some(token);
+                    if l.busy[r] == Some((token, Stage::Queued)) {
+                        l.busy[r] = Some((token, Stage::Ready));
                     }
+                    // This batch's record is now the resource's newest: the older one's entry
+                    // is spent.
+                    match l.flying[r].replace(head.id) {
+                        Some(old) if old == head.id => continue,
+                        Some(old) => l.spend(old),
+                        None => {}
+                    }
+                    live += 1;
+                }
+                if live > 0 {
+                    l.records.push(Rec { id: head.id, live, deleting: false });
                 }
             }
             Outcome::Failed(read) if l.before(read, head.guard) => {
@@ -334,7 +413,7 @@ impl Model for Pipeline {
             epoch: 1,
             batch: (0, 0),
             level: vec![None; self.resources],
-            marker: vec![None; self.resources],
+            records: Vec::new(),
             to_etcd: Vec::new(),
             leader: None,
             pending: self.writes.clone(),
@@ -367,7 +446,8 @@ impl Model for Pipeline {
             }
         }
         let settling = l.pipeline.iter().any(|b| b.outcome == Outcome::Unknown);
-        if !l.queue.is_empty() && l.pipeline.len() < self.window && !settling {
+        let work = !l.queue.is_empty() || l.spent().next().is_some();
+        if work && l.pipeline.len() < self.window && !settling {
             actions.push(Action::Flush);
         }
         if let Some(head) = l.pipeline.first() {
@@ -412,10 +492,8 @@ impl Model for Pipeline {
                 // table, in a batch in flight, or earlier in this batch is refused.
                 let mut levels: Vec<Option<u8>> = l.table.clone();
                 if self.climb_in_flight {
-                    for m in l.pipeline.iter().flat_map(|b| &b.msgs) {
-                        if let Msg::Advance { r, token } = *m {
-                            levels[r] = levels[r].max(Some(token));
-                        }
+                    for &Msg::Advance { r, token } in l.pipeline.iter().flat_map(|b| &b.msgs) {
+                        levels[r] = levels[r].max(Some(token));
                     }
                 }
                 let busy = &mut l.busy;
@@ -430,27 +508,28 @@ impl Model for Pipeline {
                         levels[r] = levels[r].max(Some(token));
                         true
                     }
-                    Msg::Answered { .. } => true,
                 });
-                // The final state of each key: etcd refuses a transaction naming one twice.
-                let mut ops: Vec<(Key, Option<u8>)> = Vec::new();
-                let mut set = |key: Key, value: Option<u8>| match ops.iter_mut().find(|(k, _)| *k == key) {
-                    Some(op) => op.1 = value,
-                    None => ops.push((key, value)),
-                };
-                for m in &msgs {
-                    match *m {
-                        Msg::Advance { r, token } => {
-                            set(Key::Level(r), Some(token));
-                            set(Key::Marker(r), Some(token));
-                        }
-                        Msg::Answered { r, .. } => set(Key::Marker(r), None),
+                // One operation per key: etcd refuses a transaction naming one twice.
+                let mut entries: Vec<(usize, u8)> = Vec::new();
+                for &Msg::Advance { r, token } in &msgs {
+                    match entries.iter_mut().find(|(n, _)| *n == r) {
+                        Some(e) => e.1 = e.1.max(token),
+                        None => entries.push((r, token)),
                     }
                 }
                 let id = l.new_id();
+                let mut ops: Vec<Op> = entries.iter().map(|&(r, token)| Op::Level(r, token)).collect();
+                if !entries.is_empty() {
+                    ops.push(Op::Record(id, entries));
+                }
+                let deletes: Vec<Id> = l.spent().collect();
+                for r in l.records.iter_mut().filter(|r| deletes.contains(&r.id)) {
+                    r.deleting = true;
+                }
+                ops.extend(deletes.iter().map(|&d| Op::Unrecord(d)));
                 let guard = l.tail;
                 l.tail = id;
-                l.pipeline.push(Batch { id, guard, msgs, outcome: Outcome::Pending });
+                l.pipeline.push(Batch { id, guard, msgs, deletes, outcome: Outcome::Pending });
                 let guard = self.chained.then_some(guard);
                 s.to_etcd.push(Txn { epoch: l.epoch, guard, id, ops });
             }
@@ -458,13 +537,20 @@ impl Model for Pipeline {
                 let txn = s.to_etcd.remove(k);
                 let holds = s.epoch == txn.epoch && txn.guard.is_none_or(|g| g == s.batch);
                 if holds {
-                    for &(key, value) in &txn.ops {
-                        match key {
-                            Key::Level(r) => {
-                                s.lowered |= value < s.level[r];
-                                s.level[r] = value;
+                    for op in &txn.ops {
+                        match op {
+                            Op::Level(r, token) => {
+                                s.lowered |= Some(*token) < s.level[*r];
+                                s.level[*r] = Some(*token);
                             }
-                            Key::Marker(r) => s.marker[r] = value,
+                            Op::Record(id, entries) => {
+                                s.records.push((*id, entries.clone()));
+                                s.records.sort();
+                            }
+                            Op::Unrecord(id) => {
+                                s.records.retain(|(r, _)| r != id);
+                                s.seen.unrecorded = true;
+                            }
                         }
                     }
                     s.batch = txn.id;
@@ -510,9 +596,17 @@ impl Model for Pipeline {
                 }
             }
             Action::Answer(r) => {
+                // The answer spends the write's entry in its record at once: nothing goes to etcd
+                // for it until the record is spent whole.
                 let l = s.leader.as_mut()?;
-                let (token, _) = l.busy[r].take()?;
-                l.queue.push(Msg::Answered { r, token });
+                l.busy[r].take()?;
+                if let Some(id) = l.flying[r].take() {
+                    if self.count_live {
+                        l.spend(id);
+                    } else if let Some(rec) = l.records.iter_mut().find(|rec| rec.id == id) {
+                        rec.live = 0;
+                    }
+                }
             }
             Action::Lift(r) => s.leader.as_mut()?.quarantined[r] = false,
             Action::Crash => {
@@ -535,6 +629,7 @@ impl Model for Pipeline {
             Property::<Self>::always(DURABLE, |_, s| !s.sent_uncommitted),
             Property::<Self>::sometimes(RESENT, |m, s| m.window < 2 || s.seen.resent),
             Property::<Self>::sometimes(WALKED, |m, s| m.window < 2 || m.lost_answers == 0 || s.seen.walked),
+            Property::<Self>::sometimes(UNRECORDED, |_, s| s.seen.unrecorded),
         ]
     }
 }
@@ -555,6 +650,7 @@ fn model(resources: usize, writes: &[(usize, u8)], window: usize) -> Pipeline {
         lost_answers: 1,
         abandons: 0,
         climb_in_flight: true,
+        count_live: true,
     }
 }
 
@@ -600,14 +696,6 @@ fn a_barrier_whose_own_answer_is_lost_tries_again_and_keeps_the_order() {
 }
 
 #[test]
-fn batches_guarded_by_the_epoch_alone_lose_a_marker_and_a_takeover_overtakes() {
-    let unchained = Pipeline { chained: false, lost_answers: 0, ..model(1, &[(0, 1), (0, 2), (0, 3)], 2) };
-    let broken = broken(unchained);
-    let (_, actions) = broken.iter().find(|(name, _)| *name == ORDER).expect("the order breaks");
-    assert!(actions.contains(&Action::Campaign), "{actions:?}");
-}
-
-#[test]
 fn a_batch_guarded_by_the_epoch_alone_escapes_its_barrier_and_applies_late() {
     let broken = broken(Pipeline { chained: false, ..model(1, &[(0, 1), (0, 2)], 2) });
     let (_, actions) = broken.iter().find(|(name, _)| *name == CLIMBS).expect("a level goes down");
@@ -632,4 +720,17 @@ fn a_writer_that_checks_only_the_table_lets_a_lower_advance_follow_an_abandoned_
     let broken = broken(m);
     let (_, actions) = broken.iter().find(|(name, _)| *name == CLIMBS).expect("a level goes down");
     assert!(actions.contains(&Action::Abandon(0)), "{actions:?}");
+}
+
+#[test]
+fn a_record_deleted_once_one_of_its_writes_is_answered_lets_a_takeover_overtake_another() {
+    let m = Pipeline { count_live: false, lost_answers: 0, ..model(2, &[(0, 1), (1, 2), (1, 3)], 2) };
+    let broken = broken(m);
+    let (_, actions) = broken.iter().find(|(name, _)| *name == ORDER).expect("the order breaks");
+    assert!(actions.contains(&Action::Campaign), "{actions:?}");
+}
+
+#[test]
+fn records_keep_the_order_of_two_resources_advanced_in_one_batch_through_a_crash() {
+    holds(model(2, &[(0, 1), (1, 2), (1, 3)], 2));
 }

@@ -252,30 +252,45 @@ impl Cluster {
         found.flatten()
     }
 
-    /// Whether etcd holds an in-flight marker for `key` (read again while etcd does not answer).
+    /// Whether etcd holds `key` in flight: a flight record names it (read again while etcd
+    /// does not answer).
     pub async fn in_flight_in_etcd(&self, key: &str) -> bool {
-        let name = format!("{PREFIX}i/{key}");
         let mut found = false;
-        eventually("etcd answers a read", async || match self.gateway.range(name.as_bytes(), None).await {
-            Ok((kvs, _)) => {
-                found = !kvs.is_empty();
+        eventually("etcd answers a read", async || match self.flight_records().await {
+            Some(records) => {
+                found = newest_flight(&records, key).is_some();
                 true
             }
-            Err(_) => false,
+            None => false,
         })
         .await;
         found
     }
 
-    /// The token of the write whose in-flight marker etcd holds for `key`, if any.
+    /// The token of the write in flight on `key` that etcd's newest flight record naming it
+    /// holds, if any.
     pub async fn in_flight_token(&self, key: &str) -> Option<u64> {
-        let name = format!("{PREFIX}i/{key}");
-        let (kvs, _) = self.gateway.range(name.as_bytes(), None).await.ok()?;
-        kvs.first().and_then(|kv| std::str::from_utf8(&kv.value).ok()?.parse().ok())
+        newest_flight(&self.flight_records().await?, key)
+    }
+
+    /// Every flight record under the prefix, oldest first, as `(kind, token, name)` entries.
+    async fn flight_records(&self) -> Option<Vec<Vec<(String, u64, String)>>> {
+        let from = format!("{PREFIX}w/");
+        let end = fencegate::etcd_client::prefix_end(from.as_bytes());
+        let (kvs, _) = self.gateway.range(from.as_bytes(), Some(&end)).await.ok()?;
+        Some(kvs.iter().map(|kv| serde_json::from_slice(&kv.value).expect("a flight record")).collect())
     }
 
     /// Tokens the backend applied to `path`, in the order it applied them.
     pub fn applied_tokens(&self, path: &str) -> Vec<u64> {
         self.backend.applied().iter().filter(|r| r.path == path).filter_map(|r| r.token()).collect()
     }
+}
+
+/// The token of `key`'s entry in the newest of `records` that names it.
+fn newest_flight(records: &[Vec<(String, u64, String)>], key: &str) -> Option<u64> {
+    records
+        .iter()
+        .rev()
+        .find_map(|entries| entries.iter().find(|(kind, _, name)| kind == "k" && name == key).map(|e| e.1))
 }

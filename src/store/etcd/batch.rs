@@ -40,6 +40,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::{JoinError, JoinHandle};
 use tokio::time;
 
+use super::flights::{self, Flight, Flights};
+use super::lease::Start;
 use super::lease::{Shared, Standing};
 use super::names::{Names, batch_id, parse_batch_id, token_value};
 use super::outcome::refusal;
@@ -57,6 +59,9 @@ pub const DEFAULT_BATCHES_IN_FLIGHT: usize = 4;
 const MAX_BYTES: usize = 1 << 20;
 /// Between two tries of a barrier while etcd does not answer.
 const BARRIER_RETRY: Duration = Duration::from_millis(100);
+/// How long the writer waits, idle, before it sends a transaction that only deletes spent
+/// flight records: while changes keep coming, the deletes ride with them.
+const FLIGHT_SWEEP: Duration = Duration::from_millis(100);
 
 pub(crate) type Done = oneshot::Sender<Result<(), StoreError>>;
 
@@ -70,26 +75,39 @@ pub(crate) enum Msg {
 }
 
 /// The operations a transaction holds for each mark of a batch making `change`, at most: an
-/// advance puts the level and the in-flight marker (a binding's only the level), a reset the
-/// level, an answer deletes the marker, a drop the level.
+/// advance puts the level (its entry in the batch's flight record costs no operation), a
+/// reset puts it, a drop deletes it; an answer costs none (it spends an entry of a flight
+/// record, which a batch deletes once every entry is spent).
 pub(crate) fn ops_per_mark(change: Change) -> usize {
     match change {
-        Change::Advance => 2,
-        Change::Reset | Change::Answered | Change::Drop => 1,
+        Change::Advance | Change::Reset | Change::Drop => 1,
+        Change::Answered => 0,
     }
+}
+
+/// The operations of a transaction of at most `max_txn_ops` that changes and deletes of spent
+/// flight records may take: the rest are the batch id's, the census's and the flight record's.
+pub(crate) fn change_ops(max_txn_ops: usize) -> usize {
+    max_txn_ops.max(4) - 3
 }
 
 impl Msg {
     /// An upper bound of the operations and bytes this message adds to a batch.
     fn cost(&self) -> (usize, usize) {
         match self {
-            Msg::Commit { batch, .. } | Msg::Answered { batch, .. } => {
+            Msg::Commit { batch, .. } => {
                 let per = ops_per_mark(batch.change());
-                // A put carries a token value besides its key; a delete only its key.
-                let each = if matches!(batch.change(), Change::Answered | Change::Drop) { 24 } else { 48 };
-                (batch.len() * per, batch.marks().iter().map(|m| (m.name.len() + each) * per).sum())
+                // A put carries a token value besides its key, and an advance an entry in the
+                // flight record (its name as JSON: at most six bytes a byte); a delete only its
+                // key.
+                let each = match batch.change() {
+                    Change::Advance => |m: &Mark| 7 * m.name.len() + 88,
+                    Change::Reset => |m: &Mark| m.name.len() + 48,
+                    Change::Answered | Change::Drop => |m: &Mark| m.name.len() + 24,
+                };
+                (batch.len() * per, batch.marks().iter().map(each).sum())
             }
-            Msg::Close(_) => (0, 0),
+            Msg::Answered { .. } | Msg::Close(_) => (0, 0),
         }
     }
 }
@@ -101,8 +119,8 @@ pub(crate) struct EtcdWriter {
     pub(crate) shared: Arc<Shared>,
     pub(crate) table: Arc<Table>,
     pub(crate) max_resources: usize,
-    /// Operations of changes and answers one batch may hold: etcd's `--max-txn-ops` less the
-    /// batch id's and the census's.
+    /// Operations of changes and of deletes of spent flight records one batch may hold
+    /// ([`change_ops`]).
     pub(crate) max_ops: usize,
     /// Batches in flight at most.
     pub(crate) window: usize,
@@ -133,6 +151,8 @@ struct Chain {
     /// The levels etcd holds once every batch in flight commits: what the census becomes with
     /// the next batch that creates any.
     tail_census: u64,
+    /// The writes in flight as etcd's committed flight records hold them.
+    flights: Flights,
 }
 
 impl Chain {
@@ -170,6 +190,10 @@ struct InFlight {
     room: Room,
     /// What `P/census` holds once it commits, when it moves it.
     census: Option<u64>,
+    /// Its flight record's entries: the marks it advances, with their tokens.
+    record: Vec<(Mark, u64)>,
+    /// The spent flights it deletes.
+    deletes: Vec<Flight>,
     /// A barrier found the chain past it: it committed, whatever its answer says.
     committed: bool,
     started: Instant,
@@ -192,7 +216,7 @@ impl EtcdWriter {
             shared,
             table,
             max_resources: usize::MAX,
-            max_ops: DEFAULT_MAX_TXN_OPS - 2,
+            max_ops: change_ops(DEFAULT_MAX_TXN_OPS),
             window: DEFAULT_BATCHES_IN_FLIGHT,
             on_commit: None,
             overtaken: Arc::default(),
@@ -223,7 +247,7 @@ impl EtcdWriter {
                 if group.is_empty() {
                     break;
                 }
-                match self.send(group, &pipeline) {
+                match self.send(group, &pipeline, false) {
                     Ok(Some(sent)) => {
                         pace.sent(time::Instant::now(), self.window);
                         pipeline.push_back(sent);
@@ -263,7 +287,21 @@ impl EtcdWriter {
                 if !open {
                     return;
                 }
-                match rx.recv().await {
+                let msg = if self.spent_waiting() {
+                    match time::timeout(FLIGHT_SWEEP, rx.recv()).await {
+                        Ok(msg) => msg,
+                        Err(_) => {
+                            // Idle: the spent records go alone.
+                            if let Ok(Some(sent)) = self.send(Vec::new(), &pipeline, true) {
+                                pipeline.push_back(sent);
+                            }
+                            continue;
+                        }
+                    }
+                } else {
+                    rx.recv().await
+                };
+                match msg {
                     Some(Msg::Close(done)) => closing = Some(done),
                     Some(msg) => queue.push_back(msg),
                     None => open = false,
@@ -294,6 +332,15 @@ impl EtcdWriter {
                 pace.answered(took);
             }
         }
+    }
+
+    /// Whether spent flight records wait for a batch to delete them while this instance leads
+    /// in their chain's epoch.
+    fn spent_waiting(&self) -> bool {
+        self.chain.as_ref().is_some_and(|chain| {
+            chain.flights.has_spent()
+                && self.shared.leading_in(self.shared.term()).is_some_and(|(epoch, _)| epoch == chain.epoch)
+        })
     }
 
     /// Whether a batch sent now would be in the epoch of the batches in flight.
@@ -336,9 +383,17 @@ impl EtcdWriter {
     /// The chain of `epoch`: from what the takeover read, the first time.
     fn chain(&mut self, epoch: i64) -> &mut Chain {
         if self.chain.as_ref().is_none_or(|c| c.epoch != epoch) {
-            let (last, census) = self.shared.last_batch();
-            let chain =
-                Chain { epoch, start: last.clone(), tail: last.clone(), last, sent: 0, census, tail_census: census };
+            let Start { batch, census, flights } = self.shared.start();
+            let chain = Chain {
+                epoch,
+                start: batch.clone(),
+                tail: batch.clone(),
+                last: batch,
+                sent: 0,
+                census,
+                tail_census: census,
+                flights,
+            };
             self.chain = Some(chain);
         }
         self.chain.get_or_insert_with(|| Chain {
@@ -349,6 +404,7 @@ impl EtcdWriter {
             sent: 0,
             census: 0,
             tail_census: 0,
+            flights: Flights::default(),
         })
     }
 
@@ -363,8 +419,14 @@ impl EtcdWriter {
     /// Answers at once what cannot go: every change when this instance does not lead, one
     /// that would lower a level or that does not fit the table. `None` when nothing goes to
     /// etcd; the group itself, untouched, when this instance leads in another epoch than the
-    /// batches in flight (one chain at a time: their ids and guards are of theirs).
-    fn send(&mut self, group: Vec<Msg>, pipeline: &VecDeque<InFlight>) -> Result<Option<InFlight>, Vec<Msg>> {
+    /// batches in flight (one chain at a time: their ids and guards are of theirs). Spent
+    /// flight records ride along with changes; with none, they go alone only to `sweep`.
+    fn send(
+        &mut self,
+        group: Vec<Msg>,
+        pipeline: &VecDeque<InFlight>,
+        sweep: bool,
+    ) -> Result<Option<InFlight>, Vec<Msg>> {
         let term = self.shared.term();
         let guard = self.shared.leading_in(term);
         if let (Some((epoch, _)), Some(last)) = (guard, pipeline.back())
@@ -372,7 +434,8 @@ impl EtcdWriter {
         {
             return Err(group);
         }
-        let not_leader = || StoreError::Unavailable(not_leading(&self.shared.standing()));
+        let shared = Arc::clone(&self.shared);
+        let not_leader = move || StoreError::Unavailable(not_leading(&shared.standing()));
         // The final state of every key the batch writes, in key order: etcd refuses a
         // transaction that names a key twice.
         let mut writes: BTreeMap<Vec<u8>, Option<Vec<u8>>> = BTreeMap::new();
@@ -388,17 +451,20 @@ impl EtcdWriter {
         let mut levels: HashMap<Mark, u64> = HashMap::new();
         // The levels this batch creates, each once however many of its changes name it.
         let mut created: HashSet<Mark> = HashSet::new();
+        // This batch's flight record: the highest advance of each key and floor in it.
+        let mut record: BTreeMap<Mark, u64> = BTreeMap::new();
         for msg in group {
             match msg {
                 Msg::Answered { batch, term: answered_in } => {
-                    // An answer from an earlier term leaves etcd's marker alone: a later term
-                    // may have set it for a write of its own (costing a quarantine at most).
-                    if answered_in == term {
-                        for mark in batch.marks() {
-                            writes.insert(self.names.in_flight(mark.borrowed()), None);
-                        }
+                    // The answer spends the write's entry in its flight record now: etcd hears
+                    // of it when the whole record is spent and deleted. An answer from an
+                    // earlier term leaves etcd's records alone: a later term may have named the
+                    // mark for a write of its own (costing a quarantine at most).
+                    if let (Some((epoch, _)), true) = (guard, answered_in == term) {
+                        let flights = &mut self.chain(epoch).flights;
+                        batch.marks().iter().for_each(|mark| flights.answered(mark));
                     }
-                    msgs.push(Msg::Answered { batch, term: answered_in });
+                    self.table.apply(&batch);
                 }
                 Msg::Commit { done, term: checked, .. } if guard.is_none() || checked != term => {
                     let _ = done.send(Err(not_leader()));
@@ -443,7 +509,8 @@ impl EtcdWriter {
                         }
                         writes.insert(self.names.level(mark.borrowed()), Some(token_value(token)));
                         if change == Change::Advance && mark.kind.is_level() {
-                            writes.insert(self.names.in_flight(mark.borrowed()), Some(token_value(token)));
+                            let entry = record.entry(mark.clone()).or_insert(token);
+                            *entry = (*entry).max(token);
                         }
                     }
                     msgs.push(Msg::Commit { batch, term: checked, done });
@@ -459,12 +526,24 @@ impl EtcdWriter {
             self.answer(msgs, Err(not_leader()));
             return Ok(None);
         };
-        if writes.is_empty() {
-            // Answers of an earlier term only: nothing for etcd, but the table hears of them.
-            self.answer(msgs, Err(not_leader()));
+        // A transaction for spent records alone is one more for etcd to commit: they wait for
+        // the next batch of changes, or for the writer to be idle (`FLIGHT_SWEEP`).
+        let changes = msgs.iter().any(|m| matches!(m, Msg::Commit { .. }));
+        let left = if changes || sweep { self.max_ops.saturating_sub(writes.len()) } else { 0 };
+        let deletes = self.chain(epoch).flights.spent(left);
+        if writes.is_empty() && deletes.is_empty() {
+            // Answers only: nothing for etcd yet.
+            self.answer(msgs, Ok(()));
             return Ok(None);
         }
         let (id, _) = self.next_id(epoch);
+        let record: Vec<(Mark, u64)> = record.into_iter().collect();
+        for flight in &deletes {
+            writes.insert(self.names.flight(flight), None);
+        }
+        if !record.is_empty() {
+            writes.insert(self.names.flight_record(&id), Some(flights::encode(&record)));
+        }
         let chain = self.chain(epoch);
         let previous = std::mem::replace(&mut chain.tail, id.clone());
         // Counted from the census the batches in flight leave.
@@ -498,6 +577,8 @@ impl EtcdWriter {
             created,
             room: room.since(&in_flight),
             census,
+            record,
+            deletes,
             committed: false,
             started: Instant::now(),
             answer,
@@ -541,6 +622,8 @@ impl EtcdWriter {
         match ended {
             None => {
                 let chain = self.chain(head.epoch);
+                chain.flights.committed(&head.id, &head.record);
+                chain.flights.deleted(&head.deletes);
                 chain.last = head.id;
                 if let Some(count) = head.census {
                     chain.census = count;
@@ -554,6 +637,7 @@ impl EtcdWriter {
                 return Some(took);
             }
             Some(Ended::Refused(e)) => {
+                self.chain(head.epoch).flights.kept(&head.deletes);
                 if let StoreError::NoSpace(why) = &e {
                     self.shared.set_full(Some(why.clone()));
                 }
@@ -580,7 +664,12 @@ impl EtcdWriter {
         if pipeline.is_empty() {
             return;
         }
-        let again: Vec<Msg> = pipeline.drain(..).flat_map(|f| f.msgs).collect();
+        let dropped: Vec<InFlight> = pipeline.drain(..).collect();
+        let chain = self.chain(epoch);
+        for f in &dropped {
+            chain.flights.kept(&f.deletes);
+        }
+        let again: Vec<Msg> = dropped.into_iter().flat_map(|f| f.msgs).collect();
         for msg in again.into_iter().rev() {
             queue.push_front(msg);
         }
@@ -804,6 +893,8 @@ mod tests {
             created: HashSet::new(),
             room: Room::default(),
             census: None,
+            record: Vec::new(),
+            deletes: Vec::new(),
             committed: false,
             started: Instant::now(),
             answer: tokio::spawn(std::future::pending()),
@@ -812,7 +903,7 @@ mod tests {
         let (done, mut answered) = oneshot::channel();
         let batch = MarkBatch::advance([Mark::key("/a")], 5);
         let group = vec![Msg::Commit { batch, term: shared.term(), done }];
-        let kept = writer.send(group, &pipeline).err().expect("not sent in epoch 2");
+        let kept = writer.send(group, &pipeline, false).err().expect("not sent in epoch 2");
         assert_eq!(kept.len(), 1);
         assert!(
             matches!(answered.try_recv(), Err(oneshot::error::TryRecvError::Empty)),

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::lease::{Shared, Standing};
+use super::lease::{Shared, Standing, Start};
 use super::names::Names;
 use super::takeover::{self, Adopted, Failed, Recorded};
 use crate::etcd_client::{Client, Compare, EventKind, Op, Watch};
@@ -241,8 +241,24 @@ impl Campaign {
                 return false;
             }
         }
+        if let Some(recorded) = &read.without_layout {
+            match takeover::record_layout(&self.client, &self.names, epoch, recorded, &self.recorded.rules).await {
+                Ok(true) => tracing::info!(
+                    "recorded with the fence's rules that writes in flight are kept as flight records: \
+                     builds that keep them as markers no longer lead this prefix"
+                ),
+                Ok(false) => {
+                    self.seek("the leader key or the fence's rules changed during the takeover".into());
+                    return false;
+                }
+                Err(e) => {
+                    self.seek(format!("the takeover could not record the layout with the fence's rules: {e}"));
+                    return false;
+                }
+            }
+        }
         (self.hook)(&adopted);
-        self.shared.set_last_batch(read.batch, found);
+        self.shared.set_start(Start { batch: read.batch, census: found, flights: read.flights });
         if !self.shared.lease_valid() {
             self.seek("the lease lapsed during the takeover".into());
             return false;

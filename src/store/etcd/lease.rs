@@ -17,6 +17,8 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
+use super::flights::Flights;
+
 /// Nanoseconds on `CLOCK_BOOTTIME`.
 fn boottime() -> u64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
@@ -72,6 +74,17 @@ pub(crate) enum Standing {
     Stopped(String),
 }
 
+/// Where a new leader's batches start, as its takeover read the fence.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Start {
+    /// The batch id in `P/batch`: the first batch's guard.
+    pub(crate) batch: Vec<u8>,
+    /// The levels found, which the census counts on from.
+    pub(crate) census: u64,
+    /// The writes in flight found.
+    pub(crate) flights: Flights,
+}
+
 /// Shared by the leadership task, the batch writer and every request.
 #[derive(Debug)]
 pub(crate) struct Shared {
@@ -85,9 +98,8 @@ pub(crate) struct Shared {
     margin: Duration,
     /// Why etcd refused the last batch room (its space quota, `NOSPACE`), until one commits.
     full: Mutex<Option<String>>,
-    /// The batch id the takeover read, where the new leader's chain starts, and the levels it
-    /// found, which the census counts from.
-    last_batch: Mutex<(Vec<u8>, u64)>,
+    /// Where the new leader's chain starts, as the takeover read it.
+    start: Mutex<Start>,
     /// The fence's key for writes sent on between instances (`P/secret`), once read.
     secret: Mutex<Option<Arc<[u8]>>>,
 }
@@ -107,7 +119,7 @@ impl Shared {
             wake: Notify::new(),
             margin,
             full: Mutex::new(None),
-            last_batch: Mutex::new((Vec::new(), 0)),
+            start: Mutex::new(Start::default()),
             secret: Mutex::new(None),
         }
     }
@@ -177,14 +189,13 @@ impl Shared {
         self.full.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// The batch id a takeover read, where the next batches chain from, and the levels it found,
-    /// where the census counts on from.
-    pub(crate) fn set_last_batch(&self, id: Vec<u8>, levels: u64) {
-        *self.last_batch.lock().unwrap_or_else(|e| e.into_inner()) = (id, levels);
+    /// What a takeover read, where the next batches start from.
+    pub(crate) fn set_start(&self, start: Start) {
+        *self.start.lock().unwrap_or_else(|e| e.into_inner()) = start;
     }
 
-    pub(crate) fn last_batch(&self) -> (Vec<u8>, u64) {
-        self.last_batch.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    pub(crate) fn start(&self) -> Start {
+        self.start.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Steps down from leading in `epoch`, if this instance still does (a newer leadership is

@@ -7,6 +7,7 @@
 //! refused and reads go on.
 
 mod batch;
+mod flights;
 mod leadership;
 mod lease;
 pub(crate) mod names;
@@ -30,7 +31,7 @@ pub use batch::{DEFAULT_BATCHES_IN_FLIGHT, DEFAULT_MAX_TXN_OPS};
 pub use leadership::TakeoverHook;
 use lease::{Shared, Standing};
 use names::Names;
-pub use provision::{Migrated, differences, init, migrate, record_differences, rules};
+pub use provision::{Migrated, differences, init, migrate, record_differences, rules, stored_rules};
 pub use takeover::Adopted;
 
 /// How an [`EtcdStore`] behaves.
@@ -102,7 +103,7 @@ impl EtcdStore {
     /// campaign before [`EtcdStore::start`].
     pub async fn open(client: Client, options: EtcdOptions) -> Result<EtcdStore, StoreError> {
         let names = Names::new(&options.prefix);
-        let recorded = takeover::Recorded { keying: options.keying.clone(), rules: options.rules.clone() };
+        let recorded = takeover::Recorded { keying: options.keying.clone(), rules: stored_rules(&options.rules) };
         let mut secret = None;
         match takeover::admitted(&client, &names, &recorded).await {
             Ok(key) => secret = Some(key),
@@ -118,15 +119,14 @@ impl EtcdStore {
         }
         let mut writer = batch::EtcdWriter::new(client.clone(), names.clone(), Arc::clone(&shared), Arc::clone(&table));
         writer.max_resources = options.max_resources;
-        // Two operations of each transaction are the batch id's and the census's.
-        writer.max_ops = options.max_txn_ops.max(3) - 2;
+        writer.max_ops = batch::change_ops(options.max_txn_ops);
         writer.window = options.batches_in_flight.max(1);
         let overtaken = Arc::clone(&writer.overtaken);
         writer.on_commit = options.on_commit.clone();
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(writer.run(rx));
         let answer_within = options.lease_ttl * 2;
-        let max_ops = options.max_txn_ops.max(3) - 2;
+        let max_ops = batch::change_ops(options.max_txn_ops);
         let pending = Mutex::new(Some((client, names, options)));
         Ok(EtcdStore { tx, table, shared, campaign: Mutex::new(None), pending, max_ops, answer_within, overtaken })
     }
@@ -143,7 +143,7 @@ impl EtcdStore {
             table: Arc::clone(&self.table),
             ttl: options.lease_ttl,
             advertise: options.advertise,
-            recorded: takeover::Recorded { keying: options.keying, rules: options.rules },
+            recorded: takeover::Recorded { keying: options.keying, rules: stored_rules(&options.rules) },
             hook,
         };
         *self.campaign.lock().unwrap_or_else(|e| e.into_inner()) = Some(tokio::spawn(campaign.run()));

@@ -15,11 +15,15 @@
 //!   with every transaction that creates one, so that a takeover finding fewer knows some were
 //!   deleted. Absent from prefixes an earlier build initialised, until a takeover writes it.
 //! - `P/k/<key>`, `P/f/<floor>`: a key's `max_seen`, a floor.
-//! - `P/i/<key>`, `P/if/<floor>`: the token of a write forwarded and not yet answered.
+//! - `P/w/<batch id>`: a batch's flight record, the marks it advanced with their tokens: writes
+//!   forwarded whose answers may not have come (`flights`).
+//! - `P/i/<key>`, `P/if/<floor>`: markers of writes in flight, as builds before flight records
+//!   wrote them: read, and deleted once spent, never written.
 //!
 //! Tokens are 20-digit zero-padded decimals, so etcd's byte-wise compare orders them as
 //! numbers (`fencegate migrate` compares with `LESS`).
 
+use super::flights::Flight;
 use crate::store::{Mark, MarkKind, MarkRef};
 
 /// The key names of one store's prefix.
@@ -33,8 +37,10 @@ pub(crate) struct Names {
 pub(crate) enum Named {
     /// A mark's level.
     Level(Mark),
-    /// A mark's write in flight.
+    /// A mark's write in flight, as a marker of its own.
     InFlight(Mark),
+    /// A batch's flight record, by the batch's id.
+    Flight(Vec<u8>),
     /// The census of the levels.
     Census,
     /// Anything else (the leader, the batch id, the keying).
@@ -93,9 +99,24 @@ impl Names {
         self.under(tails(mark.kind).level, mark.name)
     }
 
-    /// Where a mark's write in flight is kept.
+    /// Where a mark's write in flight was kept by builds before flight records.
     pub(crate) fn in_flight(&self, mark: MarkRef<'_>) -> Vec<u8> {
         self.under(tails(mark.kind).in_flight, mark.name)
+    }
+
+    /// Where the flight record of the batch `id` is kept.
+    pub(crate) fn flight_record(&self, id: &[u8]) -> Vec<u8> {
+        let mut key = self.under(FLIGHTS, "");
+        key.extend_from_slice(id);
+        key
+    }
+
+    /// Where `flight` is kept.
+    pub(crate) fn flight(&self, flight: &Flight) -> Vec<u8> {
+        match flight {
+            Flight::Marker(mark) => self.in_flight(mark.borrowed()),
+            Flight::Batch(id) => self.flight_record(id),
+        }
     }
 
     /// What `key` (read from etcd) holds; `Other` for a key outside the prefix too.
@@ -104,6 +125,9 @@ impl Names {
         let Ok(tail) = std::str::from_utf8(tail) else { return Named::Other };
         if tail == "census" {
             return Named::Census;
+        }
+        if let Some(id) = tail.strip_prefix(FLIGHTS) {
+            return Named::Flight(id.as_bytes().to_vec());
         }
         for kind in MarkKind::ALL {
             let Tails { level, in_flight } = tails(kind);
@@ -118,6 +142,9 @@ impl Names {
     }
 }
 
+/// What follows the prefix in the names of flight records.
+const FLIGHTS: &str = "w/";
+
 /// What follows the prefix in the names of one kind of mark.
 struct Tails {
     level: &'static str,
@@ -125,7 +152,7 @@ struct Tails {
 }
 
 /// The tails of each kind of mark: the one place the key layout names a kind (no tail is the
-/// start of another).
+/// start of another, nor of [`FLIGHTS`]).
 fn tails(kind: MarkKind) -> Tails {
     match kind {
         MarkKind::Key => Tails { level: "k/", in_flight: "i/" },
@@ -171,6 +198,8 @@ mod tests {
         assert_eq!(n.parse(b"/fg/f//d/"), Named::Level(Mark::floor("/d/")));
         assert_eq!(n.parse(b"/fg/i//a"), Named::InFlight(Mark::key("/a")));
         assert_eq!(n.parse(b"/fg/if//d/"), Named::InFlight(Mark::floor("/d/")));
+        assert_eq!(n.parse(&n.flight_record(&batch_id(3, 4))), Named::Flight(batch_id(3, 4)));
+        assert_eq!(n.flight(&Flight::Marker(Mark::key("/a"))), b"/fg/i//a");
         assert_eq!(n.parse(b"/fg/leader"), Named::Other);
         assert_eq!(n.parse(&n.census()), Named::Census);
         assert_eq!(n.parse(b"/other/k//a"), Named::Other);

@@ -10,12 +10,39 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use super::flights::{self, Flight};
 use super::names::{Names, batch_id, parse_token, token_value};
 use crate::etcd_client::{Client, Compare, Op};
 use crate::store::{Mark, MarkKind, MarkRef, StoreError};
 
 /// The floor name that covers every key (`fence::tree`'s root).
 const ROOT: &str = "/";
+
+/// The line the etcd store adds to the fence's rules: how it records writes in flight (one
+/// flight record per batch, `flights`). Builds that wrote a marker per write instead do not
+/// read flight records, so a prefix whose rules hold this line is one they refuse to lead
+/// (its rules differ from theirs by it), and a takeover of theirs cannot miss a write in flight.
+pub(crate) const LAYOUT: &str = "store.in_flight = \"records\"";
+
+/// Flight entries of a migrated data directory per record.
+const MIGRATED_PER_RECORD: usize = 100;
+
+/// The fence's rules as this build records them in etcd: `rules` (one setting a line, sorted)
+/// with [`LAYOUT`].
+pub fn stored_rules(rules: &str) -> String {
+    let mut lines: Vec<&str> = rules.lines().filter(|line| !line.trim().is_empty()).collect();
+    if !lines.contains(&LAYOUT) {
+        lines.push(LAYOUT);
+    }
+    lines.sort_unstable();
+    lines.join("\n")
+}
+
+/// Whether `recorded` differs from `configured` (as [`stored_rules`] makes them) only by
+/// lacking [`LAYOUT`]: rules an earlier build recorded.
+pub(crate) fn lacks_only_layout(recorded: &str, configured: &str) -> bool {
+    !recorded.lines().any(|line| line == LAYOUT) && record_differences(&stored_rules(recorded), configured).is_empty()
+}
 
 fn etcd_error(e: crate::etcd_client::EtcdError) -> StoreError {
     StoreError::Unavailable(e.to_string())
@@ -33,6 +60,7 @@ fn leading(names: &Names) -> StoreError {
 /// fence.
 pub async fn init(client: &Client, prefix: &str, keying: &str, rules: &str, floor: u64) -> Result<(), StoreError> {
     let names = Names::new(prefix);
+    let rules = stored_rules(rules);
     let mut puts = vec![
         Op::Put { key: names.batch(), value: batch_id(0, 0), lease: 0 },
         Op::Put { key: names.keying(), value: keying.as_bytes().to_vec(), lease: 0 },
@@ -63,7 +91,7 @@ pub struct Migrated {
 }
 
 /// Copies the `max_seen` of every key and floor of the data directory `dir` into etcd, never
-/// lowering one, and its writes in flight as markers. Initialises the prefix if it is not yet;
+/// lowering one, and its writes in flight as flight records. Initialises the prefix if it is not yet;
 /// refuses a directory or prefix keyed under other rules than `keying`, and a directory a
 /// process holds.
 pub async fn migrate(
@@ -106,16 +134,46 @@ pub async fn migrate(
             migrated.kept += 1;
         }
     }
-    let flying = found.in_flight.iter().map(|(k, t)| (MarkRef::key(k), *t));
-    let flying = flying.chain(found.floors_in_flight.iter().map(|(p, t)| (MarkRef::floor(p), *t)));
-    for (mark, token) in flying {
-        let key = names.in_flight(mark);
-        let guard = [Compare::CreateRevision(key.clone(), 0), Compare::CreateRevision(names.leader(), 0)];
-        let put = [Op::Put { key, value: token_value(token), lease: 0 }];
-        client.txn(&guard, &put, &[]).await.map_err(etcd_error)?;
-        migrated.in_flight += 1;
+    let flying = found.in_flight.iter().map(|(k, t)| (Mark::key(k.as_str()), *t));
+    let flying: Vec<(Mark, u64)> =
+        flying.chain(found.floors_in_flight.iter().map(|(p, t)| (Mark::floor(p.as_str()), *t))).collect();
+    if !flying.is_empty() {
+        record_layout(client, &names).await?;
+    }
+    // Records of epoch 0, which no leader has (an epoch is a create revision): older than any
+    // leader's. A sequence a record already holds (an earlier migration's) is passed over.
+    let mut sequence = 1;
+    for entries in flying.chunks(MIGRATED_PER_RECORD) {
+        loop {
+            let key = names.flight(&Flight::Batch(batch_id(0, sequence)));
+            sequence += 1;
+            let guard = [Compare::CreateRevision(key.clone(), 0), Compare::CreateRevision(names.leader(), 0)];
+            let put = [Op::Put { key, value: flights::encode(entries), lease: 0 }];
+            let done = client.txn(&guard, &put, &[Op::Get(names.leader())]).await.map_err(etcd_error)?;
+            if done.succeeded {
+                break;
+            }
+            if done.ranges.first().is_some_and(Option::is_some) {
+                return Err(leading(&names));
+            }
+        }
+        migrated.in_flight += entries.len();
     }
     Ok(migrated)
+}
+
+/// Adds [`LAYOUT`] to the rules an earlier build recorded, while no instance leads, before
+/// flight records are written: a build that does not read them must not lead the prefix after.
+async fn record_layout(client: &Client, names: &Names) -> Result<(), StoreError> {
+    let read = client.txn(&[], &[Op::Get(names.rules())], &[]).await.map_err(etcd_error)?;
+    let recorded = read.ranges.first().cloned().flatten().map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
+    let Some(recorded) = recorded.filter(|recorded| !recorded.lines().any(|line| line == LAYOUT)) else {
+        return Ok(());
+    };
+    let stored = stored_rules(&recorded);
+    let guard = [Compare::Value(names.rules(), recorded.into_bytes()), Compare::CreateRevision(names.leader(), 0)];
+    let put = [Op::Put { key: names.rules(), value: stored.into_bytes(), lease: 0 }];
+    if client.txn(&guard, &put, &[]).await.map_err(etcd_error)?.succeeded { Ok(()) } else { Err(leading(names)) }
 }
 
 /// Sets `key` to `token` if it is absent or lower, while no instance leads; whether it did. A
@@ -216,6 +274,7 @@ pub fn differences((one, first): (&str, &str), (other, second): (&str, &str)) ->
 /// none fences by the old ones.
 pub async fn rules(client: &Client, prefix: &str, rules: &str, set: bool) -> Result<Option<String>, StoreError> {
     let names = Names::new(prefix);
+    let rules = &stored_rules(rules);
     let get = [Op::Get(names.rules()), Op::Get(names.batch())];
     let read = client.txn(&[], &get, &[]).await.map_err(etcd_error)?;
     if read.ranges.get(1).cloned().flatten().is_none() {
@@ -235,7 +294,7 @@ pub async fn rules(client: &Client, prefix: &str, rules: &str, set: bool) -> Res
 
 #[cfg(test)]
 mod tests {
-    use super::record_differences;
+    use super::{LAYOUT, lacks_only_layout, record_differences, stored_rules};
 
     #[test]
     fn differences_name_each_setting_with_both_values() {
@@ -250,5 +309,22 @@ mod tests {
             ]
         );
         assert!(record_differences(recorded, recorded).is_empty());
+    }
+
+    #[test]
+    fn the_layout_line_tells_this_build_from_earlier_ones() {
+        let configured = "fence.equal_token = \"reject\"\nverify.clock_skew = \"30s\"";
+        let stored = stored_rules(configured);
+        assert_eq!(stored, format!("fence.equal_token = \"reject\"\n{LAYOUT}\nverify.clock_skew = \"30s\""));
+        assert_eq!(stored_rules(&stored), stored, "added once");
+        // An earlier build, configured alike, finds the line and refuses to lead by it.
+        assert_eq!(
+            record_differences(&stored, configured),
+            ["store.in_flight: recorded \"records\", configured unset"]
+        );
+        // This build takes an earlier build's record, and only one that lacks nothing else.
+        assert!(lacks_only_layout(configured, &stored));
+        assert!(!lacks_only_layout(&stored, &stored), "nothing to add");
+        assert!(!lacks_only_layout("fence.equal_token = \"accept\"", &stored));
     }
 }

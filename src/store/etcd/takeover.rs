@@ -10,6 +10,7 @@
 
 use std::sync::Arc;
 
+use super::flights::{self, Flight, Flights};
 use super::names::{Named, Names, parse_token, token_value};
 use crate::etcd_client::{Client, Compare, EtcdError, Op, prefix_end};
 use crate::store::{MarkKind, StoreError, Table};
@@ -57,9 +58,19 @@ pub(crate) struct Recorded {
     pub(crate) rules: String,
 }
 
+/// What [`initialised`] found.
+pub(crate) struct Initialised {
+    /// The last batch id.
+    pub(crate) batch: Vec<u8>,
+    /// The rules as recorded, where they lack only the layout line of this build
+    /// ([`super::provision::LAYOUT`]): a prefix an earlier build wrote, whose next leader
+    /// records the line (which earlier builds then refuse to lead by).
+    pub(crate) without_layout: Option<String>,
+}
+
 /// Checks that the prefix was initialised under `recorded`'s keying and holds its rules (a
-/// prefix without a record of its rules gets this instance's); returns the last batch id.
-pub(crate) async fn initialised(client: &Client, names: &Names, recorded: &Recorded) -> Result<Vec<u8>, Failed> {
+/// prefix without a record of its rules gets this instance's).
+pub(crate) async fn initialised(client: &Client, names: &Names, recorded: &Recorded) -> Result<Initialised, Failed> {
     let gets = [Op::Get(names.batch()), Op::Get(names.keying()), Op::Get(names.rules())];
     let read = client.txn(&[], &gets, &[]).await?;
     let (Some(Some(batch)), Some(keying), Some(rules)) = (read.ranges.first(), read.ranges.get(1), read.ranges.get(2))
@@ -81,14 +92,15 @@ pub(crate) async fn initialised(client: &Client, names: &Names, recorded: &Recor
         Some(rules) => rules,
         None => record_rules(client, names, &recorded.rules).await?,
     };
+    let without_layout = super::provision::lacks_only_layout(&rules, &recorded.rules).then(|| rules.clone());
     let differences = super::provision::record_differences(&rules, &recorded.rules);
-    if !differences.is_empty() {
+    if !differences.is_empty() && without_layout.is_none() {
         return Err(Failed::Fatal(StoreError::RulesDifferEtcd {
             prefix: prefix(),
             differences: differences.join("; "),
         }));
     }
-    Ok(batch.value.clone())
+    Ok(Initialised { batch: batch.value.clone(), without_layout })
 }
 
 /// What an instance checks and reads before it follows or leads: the prefix initialised under
@@ -142,6 +154,10 @@ pub(crate) struct Read {
     pub(crate) batch: Vec<u8>,
     /// The census, if the prefix has one.
     pub(crate) census: Option<u64>,
+    /// The writes in flight, by flight.
+    pub(crate) flights: Flights,
+    /// The recorded rules, where they lack this build's layout line.
+    pub(crate) without_layout: Option<String>,
 }
 
 /// Loads every level, floor and binding under the prefix into `table`, exactly as etcd holds
@@ -149,7 +165,7 @@ pub(crate) struct Read {
 /// binding), and returns the writes in flight, the last batch id and the census. Refuses a
 /// prefix holding fewer levels than its census.
 pub(crate) async fn read(client: &Client, names: &Names, table: &Table, recorded: &Recorded) -> Result<Read, Failed> {
-    let batch = initialised(client, names, recorded).await?;
+    let Initialised { batch, without_layout } = initialised(client, names, recorded).await?;
     // Every page is read at the first one's revision, so that the table is one moment's. A
     // compaction past that revision (etcd's auto-compaction, an operator's) ends such a read:
     // it is made again at the current revision, a few times, before the takeover gives up.
@@ -161,7 +177,7 @@ pub(crate) async fn read(client: &Client, names: &Names, table: &Table, recorded
                 tracing::info!(tries, "etcd compacted the revision the takeover read at: reading the fence again");
             }
             Err(e) => return Err(e),
-            Ok((adopted, census)) => return Ok(Read { adopted, batch, census }),
+            Ok((adopted, census, flights)) => return Ok(Read { adopted, batch, census, flights, without_layout }),
         }
     }
 }
@@ -170,8 +186,12 @@ pub(crate) async fn read(client: &Client, names: &Names, table: &Table, recorded
 const COMPACTED_TRIES: u32 = 3;
 
 /// [`read`]'s pass over the prefix, every page at the first one's revision: the writes in
-/// flight and the levels loaded, and the census.
-async fn read_at_one_revision(client: &Client, names: &Names, table: &Table) -> Result<(Adopted, Option<u64>), Failed> {
+/// flight and the levels loaded, the census, and the flights.
+async fn read_at_one_revision(
+    client: &Client,
+    names: &Names,
+    table: &Table,
+) -> Result<(Adopted, Option<u64>, Flights), Failed> {
     // Keys and floors are loaded and reset to what etcd holds; bindings, which another leader
     // may have dropped since this instance last led, are read afresh.
     table.clear_bindings();
@@ -186,6 +206,15 @@ async fn read_at_one_revision(client: &Client, names: &Names, table: &Table) -> 
         revision = page.revision;
         for kv in &page.kvs {
             let named = names.parse(&kv.key);
+            if let Named::Flight(id) = named {
+                let Some(entries) = flights::decode(&kv.value) else {
+                    let key = String::from_utf8_lossy(&kv.key);
+                    return Err(Failed::Fatal(StoreError::Failed(format!("etcd key {key} holds no flight record"))));
+                };
+                let flight = Flight::Batch(id);
+                flying.extend(entries.into_iter().map(|(mark, token)| (flight.clone(), mark, token)));
+                continue;
+            }
             let Some(token) = parse_token(&kv.value) else {
                 if named != Named::Other {
                     let key = String::from_utf8_lossy(&kv.key);
@@ -200,9 +229,12 @@ async fn read_at_one_revision(client: &Client, names: &Names, table: &Table) -> 
                     // The census counts levels; a binding is not one.
                     adopted.marks += usize::from(mark.kind.is_level());
                 }
-                Named::InFlight(mark) => flying.push((mark, token)),
+                // A binding is never in flight: no build writes its marker.
+                Named::InFlight(mark) if mark.kind.is_level() => {
+                    flying.push((Flight::Marker(mark.clone()), mark, token));
+                }
                 Named::Census => census = Some(token),
-                Named::Other => {}
+                Named::InFlight(_) | Named::Flight(_) | Named::Other => {}
             }
         }
         match page.kvs.last() {
@@ -219,20 +251,40 @@ async fn read_at_one_revision(client: &Client, names: &Names, table: &Table) -> 
         let prefix = String::from_utf8_lossy(names.prefix()).into_owned();
         return Err(Failed::Fatal(StoreError::LostMarksEtcd { prefix, recorded, found }));
     }
-    // After every level is in: a marker marks its entry in flight, at the level etcd holds
-    // (a reset may have lowered the level below the marker's token; the marker never raises it).
-    for (mark, token) in flying {
+    // After every level is in: each mark's newest flight marks its entry in flight, at the
+    // level etcd holds (a reset may have lowered the level below the flight's token; a flight
+    // never raises it).
+    let flights = Flights::adopt(flying);
+    for (mark, token) in flights.in_flight() {
         let at = mark.borrowed();
         let reported = match mark.kind {
             MarkKind::Key => &mut adopted.in_flight,
             MarkKind::Floor => &mut adopted.floors_in_flight,
-            // No build writes one: a binding is never in flight.
             MarkKind::Upload => continue,
         };
         table.load(at, table.level(at).unwrap_or(token), true);
-        reported.push((mark.name.into(), token));
+        reported.push((mark.name.to_string(), token));
     }
-    Ok((adopted, census))
+    adopted.in_flight.sort_unstable();
+    adopted.floors_in_flight.sort_unstable();
+    Ok((adopted, census, flights))
+}
+
+/// Records this build's layout line with the fence's rules, replacing `recorded` (which lacks
+/// only that line), while `epoch` leads: from then on builds that write markers instead of
+/// flight records refuse to lead the prefix. Whether the rules are `rules` now (false: the
+/// leader key or the rules changed).
+pub(crate) async fn record_layout(
+    client: &Client,
+    names: &Names,
+    epoch: i64,
+    recorded: &str,
+    rules: &str,
+) -> Result<bool, EtcdError> {
+    let guard =
+        [Compare::CreateRevision(names.leader(), epoch), Compare::Value(names.rules(), recorded.as_bytes().to_vec())];
+    let put = [Op::Put { key: names.rules(), value: rules.as_bytes().to_vec(), lease: 0 }];
+    Ok(client.txn(&guard, &put, &[]).await?.succeeded)
 }
 
 /// Makes the census `found`, the levels a takeover found, where it is absent or lower than
