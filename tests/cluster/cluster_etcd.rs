@@ -188,18 +188,27 @@ async fn migrate_copies_a_file_store_without_lowering_anything() {
         answered(&store, "/a", 7);
         advance(&store, "/b", 9).await.unwrap();
         answered(&store, "/b", 9);
+        // A write whose answer never came.
+        advance(&store, "/c", 3).await.unwrap();
         store.close().await.unwrap();
     }
     c.init().await;
     c.gateway.put(format!("{PREFIX}k//b").as_bytes(), b"00000000000000000012").await.unwrap();
+    // No rules recorded yet: the migration records them, saying how writes in flight are kept,
+    // before it writes a flight record that a build without records would not read.
+    c.gateway.delete(format!("{PREFIX}rules").as_bytes()).await.unwrap();
     let config = fencegate::Config::load(&c.instances[0].config, None).unwrap();
     let migrated = fencegate::app::migrate_to_etcd(&config, &dir).await.unwrap();
-    assert_eq!((migrated.raised, migrated.kept), (1, 1), "{migrated:?}");
+    assert_eq!((migrated.raised, migrated.kept, migrated.in_flight), (2, 1, 1), "{migrated:?}");
     assert_eq!(c.max_seen_in_etcd("/a").await, Some(7));
     assert_eq!(c.max_seen_in_etcd("/b").await, Some(12), "never lowered");
+    assert_eq!(c.in_flight_token("/c").await, Some(3), "the write in flight, in a flight record");
+    let (kvs, _) = c.gateway.range(format!("{PREFIX}rules").as_bytes(), None).await.unwrap();
+    let recorded = kvs.first().map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
+    assert_eq!(recorded, Some(fencegate::store::etcd::stored_rules(&config.fence_record())));
     // Migrating again changes nothing.
     let again = fencegate::app::migrate_to_etcd(&config, &dir).await.unwrap();
-    assert_eq!((again.raised, again.kept), (0, 2));
+    assert_eq!((again.raised, again.kept), (0, 3));
 }
 
 /// Self-fencing: a leader stopped mid-body past its lease wakes with its lease lapsed on its

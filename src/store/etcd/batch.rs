@@ -40,7 +40,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::{JoinError, JoinHandle};
 use tokio::time;
 
-use super::flights::{self, Flight, Flights};
+use super::flights::{self, Entry, Flight, Flights};
 use super::lease::Start;
 use super::lease::{Shared, Standing};
 use super::names::{Names, batch_id, parse_batch_id, token_value};
@@ -54,9 +54,12 @@ use crate::store::{Change, Mark, MarkBatch, StoreError, Table};
 pub const DEFAULT_MAX_TXN_OPS: usize = 128;
 /// Batches in flight to etcd at once, by default.
 pub const DEFAULT_BATCHES_IN_FLIGHT: usize = 4;
-/// Bytes of keys and values one transaction may carry, well under etcd's default request limit
-/// (1.5 MiB).
+/// Bytes of keys and values one transaction's changes may carry, well under etcd's default
+/// request limit (1.5 MiB).
 const MAX_BYTES: usize = 1 << 20;
+/// Bytes beyond [`MAX_BYTES`] for the deletes of spent flight records and the entries a flight
+/// record carries from older ones.
+const EXTRA_BYTES: usize = 256 << 10;
 /// Between two tries of a barrier while etcd does not answer.
 const BARRIER_RETRY: Duration = Duration::from_millis(100);
 /// How long the writer waits, idle, before it sends a transaction that only deletes spent
@@ -190,8 +193,9 @@ struct InFlight {
     room: Room,
     /// What `P/census` holds once it commits, when it moves it.
     census: Option<u64>,
-    /// Its flight record's entries: the marks it advances, with their tokens.
-    record: Vec<(Mark, u64)>,
+    /// Its flight record's entries: the marks it advances, and those it carries from older
+    /// records, with their tokens.
+    record: Vec<Entry>,
     /// The spent flights it deletes.
     deletes: Vec<Flight>,
     /// A barrier found the chain past it: it committed, whatever its answer says.
@@ -232,6 +236,8 @@ impl EtcdWriter {
         let mut closing = None;
         let mut open = true;
         let mut pace = Pace::default();
+        // Whether the spent records were sent once the store began to close.
+        let mut swept = false;
         loop {
             // Send while the window has room and the pace allows. A batch goes only in the
             // epoch of those in flight: a new leadership starts its chain once the old one's
@@ -272,6 +278,15 @@ impl EtcdWriter {
             .then(|| pace.next());
             let Some(head) = pipeline.front_mut() else {
                 if !queue.is_empty() {
+                    continue;
+                }
+                if closing.is_some() && !swept && self.spent_waiting() {
+                    // Closing: the spent records go before the leader resigns, so that the
+                    // next one does not quarantine what was answered.
+                    swept = true;
+                    if let Ok(Some(sent)) = self.send(Vec::new(), &pipeline, true) {
+                        pipeline.push_back(sent);
+                    }
                     continue;
                 }
                 if let Some(done) = closing.take() {
@@ -334,13 +349,14 @@ impl EtcdWriter {
         }
     }
 
-    /// Whether spent flight records wait for a batch to delete them while this instance leads
-    /// in their chain's epoch.
-    fn spent_waiting(&self) -> bool {
-        self.chain.as_ref().is_some_and(|chain| {
-            chain.flights.has_spent()
-                && self.shared.leading_in(self.shared.term()).is_some_and(|(epoch, _)| epoch == chain.epoch)
-        })
+    /// Whether spent flight records wait for a batch to delete them while this instance leads:
+    /// its own, or those its takeover read. Only with nothing in flight (the chain may be of
+    /// a new epoch).
+    fn spent_waiting(&mut self) -> bool {
+        match self.shared.leading_in(self.shared.term()) {
+            Some((epoch, _)) => self.chain(epoch).flights.has_spent(),
+            None => false,
+        }
     }
 
     /// Whether a batch sent now would be in the epoch of the batches in flight.
@@ -359,8 +375,14 @@ impl EtcdWriter {
             let (o, b) = msg.cost();
             ops += o;
             bytes += b;
-            ops >= self.max_ops || bytes >= MAX_BYTES
+            ops >= self.change_room() || bytes >= MAX_BYTES
         })
+    }
+
+    /// Operations of changes one batch may hold: [`EtcdWriter::max_ops`] less a sixteenth kept
+    /// for the deletes of spent flight records, so that full batches delete them too.
+    fn change_room(&self) -> usize {
+        (self.max_ops - self.max_ops / 16).max(1)
     }
 
     /// The messages of the next batch, from the front of `queue`: as many as one transaction
@@ -370,7 +392,7 @@ impl EtcdWriter {
         let (mut ops, mut bytes) = (0, 0);
         while let Some(msg) = queue.front() {
             let (o, b) = msg.cost();
-            if !group.is_empty() && (ops + o > self.max_ops || bytes + b > MAX_BYTES) {
+            if !group.is_empty() && (ops + o > self.change_room() || bytes + b > MAX_BYTES) {
                 break;
             }
             ops += o;
@@ -451,8 +473,9 @@ impl EtcdWriter {
         let mut levels: HashMap<Mark, u64> = HashMap::new();
         // The levels this batch creates, each once however many of its changes name it.
         let mut created: HashSet<Mark> = HashSet::new();
-        // This batch's flight record: the highest advance of each key and floor in it.
-        let mut record: BTreeMap<Mark, u64> = BTreeMap::new();
+        // This batch's flight record: the highest advance of each key and floor in it, and
+        // whether it is carried from an older record.
+        let mut record: BTreeMap<Mark, (u64, bool)> = BTreeMap::new();
         for msg in group {
             match msg {
                 Msg::Answered { batch, term: answered_in } => {
@@ -509,8 +532,8 @@ impl EtcdWriter {
                         }
                         writes.insert(self.names.level(mark.borrowed()), Some(token_value(token)));
                         if change == Change::Advance && mark.kind.is_level() {
-                            let entry = record.entry(mark.clone()).or_insert(token);
-                            *entry = (*entry).max(token);
+                            let entry = record.entry(mark.clone()).or_insert((token, false));
+                            entry.0 = entry.0.max(token);
                         }
                     }
                     msgs.push(Msg::Commit { batch, term: checked, done });
@@ -529,20 +552,46 @@ impl EtcdWriter {
         // A transaction for spent records alone is one more for etcd to commit: they wait for
         // the next batch of changes, or for the writer to be idle (`FLIGHT_SWEEP`).
         let changes = msgs.iter().any(|m| matches!(m, Msg::Commit { .. }));
-        let left = if changes || sweep { self.max_ops.saturating_sub(writes.len()) } else { 0 };
-        let deletes = self.chain(epoch).flights.spent(left);
+        let (mut ops, mut bytes) = (self.max_ops.saturating_sub(writes.len()), EXTRA_BYTES);
+        if !(changes || sweep) {
+            ops = 0;
+        }
+        let names = self.names.clone();
+        let flights = &mut self.chain(epoch).flights;
+        let deletes = flights.spent(|flight| {
+            let size = names.flight(flight).len();
+            let fits = ops > 0 && size <= bytes;
+            if fits {
+                ops -= 1;
+                bytes -= size;
+            }
+            fits
+        });
+        if changes {
+            // Writes still in flight beside answered ones in an old record move to this one,
+            // so that the old record goes and a takeover quarantines only what may be in flight.
+            for (mark, token) in flights.to_carry(time::Instant::now()) {
+                let size = 7 * mark.name.len() + 40;
+                if size > bytes {
+                    break;
+                }
+                bytes -= size;
+                record.entry(mark).or_insert((token, true));
+            }
+        }
         if writes.is_empty() && deletes.is_empty() {
             // Answers only: nothing for etcd yet.
             self.answer(msgs, Ok(()));
             return Ok(None);
         }
         let (id, _) = self.next_id(epoch);
-        let record: Vec<(Mark, u64)> = record.into_iter().collect();
+        let record: Vec<Entry> = record.into_iter().map(|(mark, (token, carried))| (mark, token, carried)).collect();
         for flight in &deletes {
             writes.insert(self.names.flight(flight), None);
         }
         if !record.is_empty() {
-            writes.insert(self.names.flight_record(&id), Some(flights::encode(&record)));
+            let value = flights::encode(record.iter().map(|(mark, token, _)| (mark, *token)));
+            writes.insert(self.names.flight_record(&id), Some(value));
         }
         let chain = self.chain(epoch);
         let previous = std::mem::replace(&mut chain.tail, id.clone());
@@ -622,7 +671,7 @@ impl EtcdWriter {
         match ended {
             None => {
                 let chain = self.chain(head.epoch);
-                chain.flights.committed(&head.id, &head.record);
+                chain.flights.committed(&head.id, &head.record, time::Instant::now());
                 chain.flights.deleted(&head.deletes);
                 chain.last = head.id;
                 if let Some(count) = head.census {

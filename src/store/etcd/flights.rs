@@ -20,8 +20,21 @@
 //! with `etcdctl get` and safe for any name.
 
 use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::store::{Mark, MarkKind};
+
+/// How long a record may name writes in flight beside entries already spent before the next
+/// batch's record names those writes instead: a write whose outcome stays unknown keeps its
+/// entry until a later write of its mark is answered, and would otherwise keep every mark of its
+/// batch quarantined at a takeover.
+pub(crate) const CARRY_AFTER: Duration = Duration::from_secs(1);
+
+/// An entry of a batch's flight record: a mark, its token, and whether the batch carries it
+/// from an older record rather than advancing it.
+pub(crate) type Entry = (Mark, u64, bool);
 
 /// Where a write in flight is recorded in etcd.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -32,13 +45,24 @@ pub(crate) enum Flight {
     Batch(Vec<u8>),
 }
 
+/// What the writer knows of one flight in etcd.
+#[derive(Debug, Clone)]
+struct Held {
+    /// How many marks it is still the newest flight of.
+    live: usize,
+    /// How many marks it names.
+    named: usize,
+    /// When it committed (or was read by the takeover).
+    since: Instant,
+}
+
 /// The writes in flight of one leadership, by flight, and which flights are spent.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Flights {
     /// Each mark in flight: the flight naming its newest write, and that write's token.
     flying: HashMap<Mark, (Flight, u64)>,
-    /// Each flight in etcd, with how many marks it is still the newest flight of.
-    live: HashMap<Flight, usize>,
+    /// Each flight in etcd.
+    held: HashMap<Flight, Held>,
     /// Spent flights that a batch in flight deletes.
     deleting: HashSet<Flight>,
 }
@@ -50,24 +74,26 @@ impl Flights {
     pub(crate) fn adopt(mut entries: Vec<(Flight, Mark, u64)>) -> Flights {
         entries.sort_by(|a, b| a.0.cmp(&b.0));
         let mut flights = Flights::default();
+        let now = Instant::now();
         for (flight, mark, token) in entries {
-            flights.live.entry(flight.clone()).or_insert(0);
-            flights.name(mark, flight, token);
+            flights.name(mark, flight, token, now);
         }
         flights
     }
 
     /// Makes `flight` the newest flight of `mark`, spending the entry of the one before.
-    fn name(&mut self, mark: Mark, flight: Flight, token: u64) {
-        *self.live.entry(flight.clone()).or_insert(0) += 1;
+    fn name(&mut self, mark: Mark, flight: Flight, token: u64, since: Instant) {
+        let held = self.held.entry(flight.clone()).or_insert(Held { live: 0, named: 0, since });
+        held.live += 1;
+        held.named += 1;
         if let Some((older, _)) = self.flying.insert(mark, (flight, token)) {
             self.spend(&older);
         }
     }
 
     fn spend(&mut self, flight: &Flight) {
-        if let Some(live) = self.live.get_mut(flight) {
-            *live = live.saturating_sub(1);
+        if let Some(held) = self.held.get_mut(flight) {
+            held.live = held.live.saturating_sub(1);
         }
     }
 
@@ -76,11 +102,34 @@ impl Flights {
         self.flying.iter().map(|(mark, (_, token))| (mark, *token))
     }
 
-    /// The batch `id` committed with a record of `entries`: it is now the newest flight of
-    /// each of their marks.
-    pub(crate) fn committed(&mut self, id: &[u8], entries: &[(Mark, u64)]) {
-        for (mark, token) in entries {
-            self.name(mark.clone(), Flight::Batch(id.to_vec()), *token);
+    /// The writes in flight that the next batch's record names again ([`CARRY_AFTER`]): those
+    /// of flights held longer than that beside entries already spent.
+    pub(crate) fn to_carry(&self, now: Instant) -> Vec<(Mark, u64)> {
+        let stale = |flight: &Flight| {
+            self.held.get(flight).is_some_and(|h| h.live < h.named && now.duration_since(h.since) >= CARRY_AFTER)
+        };
+        self.flying
+            .iter()
+            .filter(|(_, (flight, _))| stale(flight))
+            .map(|(mark, (_, token))| (mark.clone(), *token))
+            .collect()
+    }
+
+    /// The batch `id` committed with a record of `entries`, each `(mark, token, carried)`:
+    /// it is now the newest flight of each mark it advanced, and of each it carried
+    /// ([`Flights::to_carry`]) whose write is still the one in flight.
+    pub(crate) fn committed(&mut self, id: &[u8], entries: &[Entry], now: Instant) {
+        let flight = Flight::Batch(id.to_vec());
+        // Held even when it names nothing in flight any more, so that a batch deletes it.
+        self.held.entry(flight.clone()).or_insert(Held { live: 0, named: 0, since: now });
+        for (mark, token, carried) in entries {
+            // A carried write answered since is not named again: its entry is spent already.
+            if !carried || self.flying.get(mark).is_some_and(|(f, t)| t == token && *f != flight) {
+                self.name(mark.clone(), flight.clone(), *token, now);
+            }
+        }
+        if let Some(held) = self.held.get_mut(&flight) {
+            held.named = entries.len();
         }
     }
 
@@ -93,18 +142,20 @@ impl Flights {
 
     /// Whether a spent flight waits for a batch to delete it.
     pub(crate) fn has_spent(&self) -> bool {
-        self.live.iter().any(|(flight, live)| *live == 0 && !self.deleting.contains(flight))
+        self.held.iter().any(|(flight, held)| held.live == 0 && !self.deleting.contains(flight))
     }
 
-    /// Up to `most` spent flights for the next batch to delete, which are deleting from then
-    /// on: [`Flights::deleted`] once that batch committed, [`Flights::kept`] if it did not.
-    pub(crate) fn spent(&mut self, most: usize) -> Vec<Flight> {
+    /// Spent flights for the next batch to delete, while `fits` takes each (the batch's room),
+    /// which are deleting from then on: [`Flights::deleted`] once that batch committed,
+    /// [`Flights::kept`] if it did not.
+    pub(crate) fn spent(&mut self, mut fits: impl FnMut(&Flight) -> bool) -> Vec<Flight> {
         let spent: Vec<Flight> = self
-            .live
+            .held
             .iter()
-            .filter(|(flight, live)| **live == 0 && !self.deleting.contains(*flight))
-            .map(|(flight, _)| flight.clone())
-            .take(most)
+            .filter(|(flight, held)| held.live == 0 && !self.deleting.contains(*flight))
+            .map(|(flight, _)| flight)
+            .take_while(|flight| fits(flight))
+            .cloned()
             .collect();
         self.deleting.extend(spent.iter().cloned());
         spent
@@ -114,7 +165,7 @@ impl Flights {
     pub(crate) fn deleted(&mut self, flights: &[Flight]) {
         for flight in flights {
             self.deleting.remove(flight);
-            self.live.remove(flight);
+            self.held.remove(flight);
         }
     }
 
@@ -127,9 +178,9 @@ impl Flights {
 }
 
 /// A flight record's value: its entries as JSON.
-pub(crate) fn encode(entries: &[(Mark, u64)]) -> Vec<u8> {
+pub(crate) fn encode<'a>(entries: impl IntoIterator<Item = (&'a Mark, u64)>) -> Vec<u8> {
     let rows: Vec<(&str, u64, &str)> =
-        entries.iter().filter_map(|(mark, token)| Some((kind_letter(mark.kind)?, *token, &*mark.name))).collect();
+        entries.into_iter().filter_map(|(mark, token)| Some((kind_letter(mark.kind)?, token, &*mark.name))).collect();
     // Plain strings and numbers always serialise.
     serde_json::to_vec(&rows).unwrap_or_default()
 }
@@ -160,31 +211,57 @@ fn kind_letter(kind: MarkKind) -> Option<&'static str> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::names::batch_id;
     use super::*;
 
     fn batch(n: u64) -> Flight {
-        Flight::Batch(super::super::names::batch_id(1, n))
+        Flight::Batch(batch_id(1, n))
     }
 
     #[test]
     fn a_record_is_spent_once_each_of_its_entries_is_answered_or_named_again() {
         let mut f = Flights::default();
-        f.committed(&super::super::names::batch_id(1, 1), &[(Mark::key("/a"), 3), (Mark::key("/b"), 4)]);
-        assert!(f.spent(10).is_empty(), "both writes are in flight");
+        let now = Instant::now();
+        f.committed(&batch_id(1, 1), &[(Mark::key("/a"), 3, false), (Mark::key("/b"), 4, false)], now);
+        assert!(f.spent(|_| true).is_empty(), "both writes are in flight");
         f.answered(&Mark::key("/a"));
-        assert!(f.spent(10).is_empty(), "/b is still in flight");
+        assert!(f.spent(|_| true).is_empty(), "/b is still in flight");
         // A later batch names /b again: the first record's entry is spent.
-        f.committed(&super::super::names::batch_id(1, 2), &[(Mark::key("/b"), 5)]);
-        assert_eq!(f.spent(10), [batch(1)]);
-        assert!(f.spent(10).is_empty(), "being deleted");
+        f.committed(&batch_id(1, 2), &[(Mark::key("/b"), 5, false)], now);
+        assert_eq!(f.spent(|_| true), [batch(1)]);
+        assert!(f.spent(|_| true).is_empty(), "being deleted");
         f.kept(&[batch(1)]);
-        assert_eq!(f.spent(10), [batch(1)], "its delete did not apply: deleted again");
+        assert_eq!(f.spent(|_| true), [batch(1)], "its delete did not apply: deleted again");
         f.deleted(&[batch(1)]);
         assert_eq!(f.in_flight().collect::<Vec<_>>(), [(&Mark::key("/b"), 5)]);
         f.answered(&Mark::key("/b"));
-        assert_eq!(f.spent(10), [batch(2)]);
+        assert_eq!(f.spent(|_| true), [batch(2)]);
         f.deleted(&[batch(2)]);
-        assert!(f.in_flight().next().is_none() && f.spent(10).is_empty());
+        assert!(f.in_flight().next().is_none() && f.spent(|_| true).is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_still_in_flight_moves_to_a_newer_record_after_a_while() {
+        let (a, b, c) = (Mark::key("/a"), Mark::key("/b"), Mark::key("/c"));
+        let mut f = Flights::default();
+        f.committed(&batch_id(1, 1), &[(a.clone(), 3, false), (b.clone(), 4, false)], Instant::now());
+        tokio::time::advance(CARRY_AFTER).await;
+        assert!(f.to_carry(Instant::now()).is_empty(), "nothing spent: nothing to gain");
+        f.answered(&a);
+        assert_eq!(f.to_carry(Instant::now()), [(b.clone(), 4)]);
+        f.committed(&batch_id(1, 2), &[(c.clone(), 5, false), (b.clone(), 4, true)], Instant::now());
+        assert_eq!(f.spent(|_| true), [batch(1)], "the first record names nothing in flight now");
+        // A carried write answered before its batch committed is not named again, and the
+        // record that names nothing in flight is deleted like any other.
+        f.answered(&c);
+        tokio::time::advance(CARRY_AFTER).await;
+        assert_eq!(f.to_carry(Instant::now()), [(b.clone(), 4)]);
+        f.answered(&b);
+        f.committed(&batch_id(1, 3), &[(b.clone(), 4, true)], Instant::now());
+        assert!(f.in_flight().next().is_none());
+        let mut spent = f.spent(|_| true);
+        spent.sort();
+        assert_eq!(spent, [batch(2), batch(3)]);
     }
 
     #[test]
@@ -201,7 +278,7 @@ mod tests {
         flying.sort();
         assert_eq!(flying, [(Mark::key("/a"), 9), (Mark::key("/c"), 6), (Mark::floor("/d/"), 4)]);
         let mut f = f;
-        let mut spent = f.spent(10);
+        let mut spent = f.spent(|_| true);
         spent.sort();
         assert_eq!(spent, [marker], "the marker is older than the record naming /a");
     }
@@ -209,7 +286,7 @@ mod tests {
     #[test]
     fn records_round_trip_any_name() {
         let entries = vec![(Mark::key("/a\n\"b\""), 3), (Mark::floor("/d/"), u64::MAX)];
-        let value = encode(&entries);
+        let value = encode(entries.iter().map(|(m, t)| (m, *t)));
         assert_eq!(decode(&value), Some(entries));
         assert_eq!(decode(br#"[["k",1,"/a"]]"#), Some(vec![(Mark::key("/a"), 1)]));
         assert_eq!(decode(br#"[["u",1,"/a"]]"#), None, "a binding is never in flight");

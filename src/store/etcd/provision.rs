@@ -24,24 +24,31 @@ const ROOT: &str = "/";
 /// (its rules differ from theirs by it), and a takeover of theirs cannot miss a write in flight.
 pub(crate) const LAYOUT: &str = "store.in_flight = \"records\"";
 
-/// Flight entries of a migrated data directory per record.
+/// Entries of a migrated data directory's writes in flight per record, at most.
 const MIGRATED_PER_RECORD: usize = 100;
+/// Bytes of names per migrated record, at most (as JSON up to six times as many, well under
+/// etcd's request limit).
+const MIGRATED_RECORD_BYTES: usize = 128 << 10;
 
 /// The fence's rules as this build records them in etcd: `rules` (one setting a line, sorted)
 /// with [`LAYOUT`].
 pub fn stored_rules(rules: &str) -> String {
-    let mut lines: Vec<&str> = rules.lines().filter(|line| !line.trim().is_empty()).collect();
-    if !lines.contains(&LAYOUT) {
-        lines.push(LAYOUT);
-    }
+    let mut lines: Vec<&str> =
+        rules.lines().filter(|line| !line.trim().is_empty() && !has_layout(line)).chain([LAYOUT]).collect();
     lines.sort_unstable();
     lines.join("\n")
 }
 
 /// Whether `recorded` differs from `configured` (as [`stored_rules`] makes them) only by
 /// lacking [`LAYOUT`]: rules an earlier build recorded.
-pub(crate) fn lacks_only_layout(recorded: &str, configured: &str) -> bool {
-    !recorded.lines().any(|line| line == LAYOUT) && record_differences(&stored_rules(recorded), configured).is_empty()
+pub fn lacks_only_layout(recorded: &str, configured: &str) -> bool {
+    !has_layout(recorded) && record_differences(&stored_rules(recorded), configured).is_empty()
+}
+
+/// Whether `rules` say how writes in flight are recorded, whatever the value.
+fn has_layout(rules: &str) -> bool {
+    let name = LAYOUT.split_once(" = ").map_or(LAYOUT, |(name, _)| name);
+    rules.lines().any(|line| line.split_once(" = ").is_some_and(|(n, _)| n == name))
 }
 
 fn etcd_error(e: crate::etcd_client::EtcdError) -> StoreError {
@@ -138,17 +145,18 @@ pub async fn migrate(
     let flying: Vec<(Mark, u64)> =
         flying.chain(found.floors_in_flight.iter().map(|(p, t)| (Mark::floor(p.as_str()), *t))).collect();
     if !flying.is_empty() {
-        record_layout(client, &names).await?;
+        record_layout(client, &names, rules).await?;
     }
     // Records of epoch 0, which no leader has (an epoch is a create revision): older than any
     // leader's. A sequence a record already holds (an earlier migration's) is passed over.
     let mut sequence = 1;
-    for entries in flying.chunks(MIGRATED_PER_RECORD) {
+    for entries in per_record(&flying) {
         loop {
             let key = names.flight(&Flight::Batch(batch_id(0, sequence)));
             sequence += 1;
             let guard = [Compare::CreateRevision(key.clone(), 0), Compare::CreateRevision(names.leader(), 0)];
-            let put = [Op::Put { key, value: flights::encode(entries), lease: 0 }];
+            let value = flights::encode(entries.iter().map(|(mark, token)| (mark, *token)));
+            let put = [Op::Put { key, value, lease: 0 }];
             let done = client.txn(&guard, &put, &[Op::Get(names.leader())]).await.map_err(etcd_error)?;
             if done.succeeded {
                 break;
@@ -162,16 +170,37 @@ pub async fn migrate(
     Ok(migrated)
 }
 
-/// Adds [`LAYOUT`] to the rules an earlier build recorded, while no instance leads, before
-/// flight records are written: a build that does not read them must not lead the prefix after.
-async fn record_layout(client: &Client, names: &Names) -> Result<(), StoreError> {
+/// The entries of migrated writes in flight, a record's worth at a time: at most
+/// [`MIGRATED_PER_RECORD`] and [`MIGRATED_RECORD_BYTES`] of names.
+fn per_record(flying: &[(Mark, u64)]) -> Vec<&[(Mark, u64)]> {
+    let mut records = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, (mark, _)) in flying.iter().enumerate() {
+        if i > start && (i - start == MIGRATED_PER_RECORD || bytes + mark.name.len() > MIGRATED_RECORD_BYTES) {
+            records.push(&flying[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += mark.name.len();
+    }
+    if start < flying.len() {
+        records.push(&flying[start..]);
+    }
+    records
+}
+
+/// Records [`LAYOUT`] with the fence's rules, while no instance leads, before flight records
+/// are written: a build that does not read them must not lead the prefix after. Rules an
+/// earlier build recorded get the line added; a prefix without rules gets `rules`, as the first
+/// instance to start would record them.
+async fn record_layout(client: &Client, names: &Names, rules: &str) -> Result<(), StoreError> {
     let read = client.txn(&[], &[Op::Get(names.rules())], &[]).await.map_err(etcd_error)?;
     let recorded = read.ranges.first().cloned().flatten().map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
-    let Some(recorded) = recorded.filter(|recorded| !recorded.lines().any(|line| line == LAYOUT)) else {
-        return Ok(());
+    let (unchanged, stored) = match recorded {
+        Some(recorded) if has_layout(&recorded) => return Ok(()),
+        Some(recorded) => (Compare::Value(names.rules(), recorded.as_bytes().to_vec()), stored_rules(&recorded)),
+        None => (Compare::CreateRevision(names.rules(), 0), stored_rules(rules)),
     };
-    let stored = stored_rules(&recorded);
-    let guard = [Compare::Value(names.rules(), recorded.into_bytes()), Compare::CreateRevision(names.leader(), 0)];
+    let guard = [unchanged, Compare::CreateRevision(names.leader(), 0)];
     let put = [Op::Put { key: names.rules(), value: stored.into_bytes(), lease: 0 }];
     if client.txn(&guard, &put, &[]).await.map_err(etcd_error)?.succeeded { Ok(()) } else { Err(leading(names)) }
 }
