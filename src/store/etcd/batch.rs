@@ -379,10 +379,11 @@ impl EtcdWriter {
         })
     }
 
-    /// Operations of changes one batch may hold: [`EtcdWriter::max_ops`] less a sixteenth kept
-    /// for the deletes of spent flight records, so that full batches delete them too.
+    /// Operations of changes one batch may hold: [`EtcdWriter::max_ops`] less a sixteenth (one
+    /// at least) kept for the deletes of spent flight records, so that full batches delete them
+    /// too.
     fn change_room(&self) -> usize {
-        (self.max_ops - self.max_ops / 16).max(1)
+        self.max_ops.saturating_sub((self.max_ops / 16).max(1)).max(1)
     }
 
     /// The messages of the next batch, from the front of `queue`: as many as one transaction
@@ -573,7 +574,7 @@ impl EtcdWriter {
             for (mark, token) in flights.to_carry(time::Instant::now()) {
                 let size = 7 * mark.name.len() + 40;
                 if size > bytes {
-                    break;
+                    continue;
                 }
                 bytes -= size;
                 record.entry(mark).or_insert((token, true));

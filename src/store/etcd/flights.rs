@@ -68,15 +68,18 @@ pub(crate) struct Flights {
 }
 
 impl Flights {
-    /// What a takeover read: every `(flight, mark, token)` entry, in any order. Markers are
-    /// older than records, and records are as old as their batch ids (zero-padded, so byte
-    /// order is numeric order).
-    pub(crate) fn adopt(mut entries: Vec<(Flight, Mark, u64)>) -> Flights {
-        entries.sort_by(|a, b| a.0.cmp(&b.0));
+    /// What a takeover read: every flight with its `(mark, token)` entries, in any order.
+    /// Markers are older than records, and records are as old as their batch ids (zero-padded,
+    /// so byte order is numeric order). A record that names nothing is spent.
+    pub(crate) fn adopt(mut read: Vec<(Flight, Vec<(Mark, u64)>)>) -> Flights {
+        read.sort_by(|a, b| a.0.cmp(&b.0));
         let mut flights = Flights::default();
-        let now = Instant::now();
-        for (flight, mark, token) in entries {
-            flights.name(mark, flight, token, now);
+        let since = Instant::now();
+        for (flight, entries) in read {
+            flights.held.entry(flight.clone()).or_insert(Held { live: 0, named: 0, since });
+            for (mark, token) in entries {
+                flights.name(mark, flight.clone(), token, since);
+            }
         }
         flights
     }
@@ -119,6 +122,10 @@ impl Flights {
     /// it is now the newest flight of each mark it advanced, and of each it carried
     /// ([`Flights::to_carry`]) whose write is still the one in flight.
     pub(crate) fn committed(&mut self, id: &[u8], entries: &[Entry], now: Instant) {
+        if entries.is_empty() {
+            // It put no record.
+            return;
+        }
         let flight = Flight::Batch(id.to_vec());
         // Held even when it names nothing in flight any more, so that a batch deletes it.
         self.held.entry(flight.clone()).or_insert(Held { live: 0, named: 0, since: now });
@@ -238,6 +245,9 @@ mod tests {
         assert_eq!(f.spent(|_| true), [batch(2)]);
         f.deleted(&[batch(2)]);
         assert!(f.in_flight().next().is_none() && f.spent(|_| true).is_empty());
+        // A batch that put no record (a sweep, a reset) leaves nothing to delete.
+        f.committed(&batch_id(1, 3), &[], now);
+        assert!(!f.has_spent());
     }
 
     #[tokio::test(start_paused = true)]
@@ -268,11 +278,11 @@ mod tests {
     fn a_takeover_keeps_each_marks_newest_flight() {
         let marker = Flight::Marker(Mark::key("/a"));
         let f = Flights::adopt(vec![
-            (batch(2), Mark::key("/a"), 9),
-            (marker.clone(), Mark::key("/a"), 7),
-            (batch(1), Mark::floor("/d/"), 4),
-            (batch(2), Mark::key("/c"), 5),
-            (batch(3), Mark::key("/c"), 6),
+            (batch(2), vec![(Mark::key("/a"), 9), (Mark::key("/c"), 5)]),
+            (marker.clone(), vec![(Mark::key("/a"), 7)]),
+            (batch(1), vec![(Mark::floor("/d/"), 4)]),
+            (batch(3), vec![(Mark::key("/c"), 6)]),
+            (batch(4), vec![]),
         ]);
         let mut flying: Vec<_> = f.in_flight().map(|(m, t)| (m.clone(), t)).collect();
         flying.sort();
@@ -280,7 +290,7 @@ mod tests {
         let mut f = f;
         let mut spent = f.spent(|_| true);
         spent.sort();
-        assert_eq!(spent, [marker], "the marker is older than the record naming /a");
+        assert_eq!(spent, [marker, batch(4)], "the marker is older than the record naming /a");
     }
 
     #[test]

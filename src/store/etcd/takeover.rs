@@ -211,8 +211,7 @@ async fn read_at_one_revision(
                     let key = String::from_utf8_lossy(&kv.key);
                     return Err(Failed::Fatal(StoreError::Failed(format!("etcd key {key} holds no flight record"))));
                 };
-                let flight = Flight::Batch(id);
-                flying.extend(entries.into_iter().map(|(mark, token)| (flight.clone(), mark, token)));
+                flying.push((Flight::Batch(id), entries));
                 continue;
             }
             let Some(token) = parse_token(&kv.value) else {
@@ -231,7 +230,7 @@ async fn read_at_one_revision(
                 }
                 // A binding is never in flight: no build writes its marker.
                 Named::InFlight(mark) if mark.kind.is_level() => {
-                    flying.push((Flight::Marker(mark.clone()), mark, token));
+                    flying.push((Flight::Marker(mark.clone()), vec![(mark, token)]));
                 }
                 Named::Census => census = Some(token),
                 Named::InFlight(_) | Named::Flight(_) | Named::Other => {}
