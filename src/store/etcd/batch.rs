@@ -41,8 +41,7 @@ use tokio::task::{JoinError, JoinHandle};
 use tokio::time;
 
 use super::flights::{self, Entry, Flight, Flights};
-use super::lease::Start;
-use super::lease::{Shared, Standing};
+use super::lease::{Shared, Standing, Start};
 use super::names::{Names, batch_id, parse_batch_id, token_value};
 use super::outcome::refusal;
 use crate::etcd_client::{Client, Compare, EtcdError, Op, TxnResult};

@@ -6,11 +6,13 @@
 //! levels. A mark's newest record is the one that counts: an entry is spent when the backend
 //! answers that write, or when a later committed record names the mark. A record with every
 //! entry spent is deleted by a later batch. So a write costs etcd one operation (its level)
-//! where a marker of its own cost two more (put, then delete when answered), and an answer
+//! where a marker per write costs two more (its put, its delete when answered), and an answer
 //! costs etcd nothing until its whole record is spent.
 //!
 //! A record outlives the answers of most of its writes while one is still in flight, so a
-//! takeover may quarantine a resource whose write was answered: never the reverse.
+//! takeover may quarantine a resource whose write was answered: never the reverse. A record
+//! that names writes in flight beside spent entries for [`CARRY_AFTER`] hands them on to the
+//! next batch's record ([`Flights::to_carry`]), which bounds that.
 //!
 //! Prefixes written by builds before flight records hold one **marker** per mark in flight
 //! (`P/i/<key>`, `P/if/<floor>`): a takeover reads them as the oldest records, each of one

@@ -245,7 +245,7 @@ impl Campaign {
             match takeover::record_layout(&self.client, &self.names, epoch, recorded, &self.recorded.rules).await {
                 Ok(true) => tracing::info!(
                     "recorded with the fence's rules that writes in flight are kept as flight records: \
-                     builds that keep them as markers no longer lead this prefix"
+                     builds that keep them as markers do not lead this prefix"
                 ),
                 Ok(false) => {
                     self.seek("the leader key or the fence's rules changed during the takeover".into());
