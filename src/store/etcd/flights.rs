@@ -110,12 +110,19 @@ impl Flights {
     /// The writes in flight that the next batch's record names again ([`CARRY_AFTER`]): those
     /// of flights held longer than that beside entries already spent.
     pub(crate) fn to_carry(&self, now: Instant) -> Vec<(Mark, u64)> {
-        let stale = |flight: &Flight| {
-            self.held.get(flight).is_some_and(|h| h.live < h.named && now.duration_since(h.since) >= CARRY_AFTER)
-        };
+        // The flights are few beside the writes in flight: most batches find none stale.
+        let stale: HashSet<&Flight> = self
+            .held
+            .iter()
+            .filter(|(_, h)| h.live < h.named && now.duration_since(h.since) >= CARRY_AFTER)
+            .map(|(flight, _)| flight)
+            .collect();
+        if stale.is_empty() {
+            return Vec::new();
+        }
         self.flying
             .iter()
-            .filter(|(_, (flight, _))| stale(flight))
+            .filter(|(_, (flight, _))| stale.contains(flight))
             .map(|(mark, (_, token))| (mark.clone(), *token))
             .collect()
     }

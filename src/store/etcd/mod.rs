@@ -85,7 +85,7 @@ pub struct EtcdStore {
     /// The election, once started; taken by `close`, which waits for it to resign.
     campaign: Mutex<Option<JoinHandle<()>>>,
     /// What the election needs, until `start`.
-    pending: Mutex<Option<(Client, Names, EtcdOptions)>>,
+    pending: Mutex<Option<(Client, Names, EtcdOptions, takeover::Recorded)>>,
     /// Operations a change may take in one batch.
     max_ops: usize,
     /// How long a change waits for its batch before it is refused (etcd that keeps answering
@@ -119,21 +119,22 @@ impl EtcdStore {
         }
         let mut writer = batch::EtcdWriter::new(client.clone(), names.clone(), Arc::clone(&shared), Arc::clone(&table));
         writer.max_resources = options.max_resources;
-        writer.max_ops = batch::change_ops(options.max_txn_ops);
+        let max_ops = batch::change_ops(options.max_txn_ops);
+        writer.max_ops = max_ops;
         writer.window = options.batches_in_flight.max(1);
         let overtaken = Arc::clone(&writer.overtaken);
         writer.on_commit = options.on_commit.clone();
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(writer.run(rx));
         let answer_within = options.lease_ttl * 2;
-        let max_ops = batch::change_ops(options.max_txn_ops);
-        let pending = Mutex::new(Some((client, names, options)));
+        let pending = Mutex::new(Some((client, names, options, recorded)));
         Ok(EtcdStore { tx, table, shared, campaign: Mutex::new(None), pending, max_ops, answer_within, overtaken })
     }
 
     /// Starts campaigning; `hook` hears of each takeover before this instance leads. Once.
     pub fn start(&self, hook: TakeoverHook) {
-        let Some((client, names, options)) = self.pending.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+        let Some((client, names, options, recorded)) = self.pending.lock().unwrap_or_else(|e| e.into_inner()).take()
+        else {
             return;
         };
         let campaign = leadership::Campaign {
@@ -143,7 +144,7 @@ impl EtcdStore {
             table: Arc::clone(&self.table),
             ttl: options.lease_ttl,
             advertise: options.advertise,
-            recorded: takeover::Recorded { keying: options.keying, rules: stored_rules(&options.rules) },
+            recorded,
             hook,
         };
         *self.campaign.lock().unwrap_or_else(|e| e.into_inner()) = Some(tokio::spawn(campaign.run()));
