@@ -19,6 +19,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 
 use super::classify::{Pinned, UploadStep, Write};
+use super::lapsed::Watched;
 use super::proof::Proof;
 use super::protocol::{Chosen, Protocol as _};
 use super::{InFlight, Outgoing, ResponseBody, holders, pinned, proof, send};
@@ -384,8 +385,13 @@ fn prepare(
             // answers. A shared fence's leader sends only while it trusts its lease: the permit
             // is checked before the head and each body chunk (docs/cluster.md: self-fencing).
             // Only what is sent leaves the box.
-            let hold = Hold { whole: true, permit };
+            let watched = permit.map(Watched::new);
+            let hold = Hold { whole: true, permit: watched.as_ref().map(Watched::permit) };
+            let path = watched.as_ref().map(|_| pending.out.target.path().to_owned());
             let resp = send(&pending.state, &pending.settings, conn, pending.out, hold).await;
+            if let (Some(watched), Some(path)) = (&watched, path) {
+                watched.answered(&pending.state.metrics, &path, pending.proven.token);
+            }
             let Some(ends) = &pending.ends else {
                 return match pinning {
                     Some(pinning) => pinned::answered(pinning, resp),

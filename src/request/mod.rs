@@ -9,6 +9,7 @@ pub mod classify;
 pub(crate) mod envoy;
 mod fenced;
 pub mod holders;
+mod lapsed;
 mod pinned;
 pub mod proof;
 pub mod protocol;

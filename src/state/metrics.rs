@@ -128,6 +128,8 @@ pub struct Metrics {
     pub batch_size: Histogram,
     /// Fenced writes at the backend: advanced, not yet answered.
     pub in_flight: Gauge,
+    /// Fenced writes the backend answered after the permission to send them lapsed.
+    pub answered_after_lapse: Counter,
     /// Resources with a `max_seen` (set when scraped).
     pub resources: Gauge,
     /// Approximate bytes of memory of the fence table, by part (set when scraped).
@@ -184,6 +186,7 @@ impl Default for Metrics {
             sync_latency: seconds(),
             batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 13)), // 1 .. 4096
             in_flight: Gauge::default(),
+            answered_after_lapse: Counter::default(),
             resources: Gauge::default(),
             table_bytes: Family::default(),
             table_limit: Gauge::default(),
@@ -281,6 +284,11 @@ impl Default for Metrics {
             "writes_in_flight",
             "Fenced writes at the backend: advanced, not yet answered",
             m.in_flight.clone(),
+        );
+        registry.register(
+            "writes_answered_after_lapse",
+            "Fenced writes the backend answered after the permission to send them lapsed (a shared fence's leader paused or cut off): one held between its last check and its send may have reached the backend after a newer write",
+            m.answered_after_lapse.clone(),
         );
         registry.register("resources", "Resources with a max_seen", m.resources.clone());
         registry.register_with_unit(

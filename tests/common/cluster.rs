@@ -41,14 +41,17 @@ impl Instance {
 
     /// Starts it. A log line saying a fail point was reached stops it on the spot (SIGSTOP),
     /// from the thread that reads its log, and records its pid in `stopped`.
+    /// `FG_CLUSTER_BIN` names another binary than this build's, so that a soak can run on a
+    /// copy while the tree is rebuilt, or a test on an older build.
     pub fn start(&mut self) -> &Running {
+        let bin = std::env::var("FG_CLUSTER_BIN").unwrap_or_else(|_| BIN.to_owned());
         let mut cmd = match self.prefix.split_first() {
             Some((program, args)) => {
                 let mut cmd = Command::new(program);
-                cmd.args(args).arg(BIN);
+                cmd.args(args).arg(&bin);
                 cmd
             }
-            None => Command::new(BIN),
+            None => Command::new(&bin),
         };
         cmd.arg("run").arg("--config").arg(&self.config);
         let stopped = Arc::clone(&self.stopped);

@@ -26,6 +26,7 @@ use crate::request::InFlight;
 use crate::request::access::Entry;
 use crate::request::classify::{Pinned, Plan, UploadStep, Write};
 use crate::request::fenced::{bind_created, drop_ended, outcome, prove};
+use crate::request::lapsed::Watched;
 use crate::request::pinned::{self, HeadFrom, Pinning};
 use crate::request::proof::Guess;
 use crate::request::protocol::{self, Chosen, Protocol as _};
@@ -374,6 +375,7 @@ async fn fence(
         out: out.clone(),
         pinning: None,
     };
+    let watcher = Arc::clone(state);
     let prepare = move |permit: Option<Permit>| async move {
         let mut held = held;
         // The proof's authoritative look, once the turn has come.
@@ -391,7 +393,17 @@ async fn fence(
                 return Err(gone());
             }
         }
-        Ok::<_, Refusal>(held.let_go(permit))
+        // Envoy sends what is let go: the window between the last check and the send spans its
+        // hop too, and an answer after the permit lapsed says so.
+        let watched = permit.map(Watched::new);
+        let sending = held.let_go(watched.as_ref().map(Watched::permit));
+        Ok::<_, Refusal>(async move {
+            let answered = sending.await;
+            if let Some(watched) = watched {
+                watched.answered(&watcher.metrics, target.path(), token);
+            }
+            answered
+        })
     };
     let (status, inbound) = turn.finish_after(token, policy, quarantine, prepare, outcome).await?;
     pass_on(inbound, out, None).await?;
