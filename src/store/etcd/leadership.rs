@@ -5,7 +5,7 @@
 //! (a resignation or the old lease's expiry).
 //!
 //! A lost lease is never renewed: the instance steps down, takes a new lease and campaigns
-//! again; its writes in flight are abandoned, their markers left for the next leader.
+//! again; its writes in flight are abandoned, their flight records left for the next leader.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,7 +1,8 @@
-//! A new leader's read of the fence from etcd: every level, floor and in-flight marker under
-//! the prefix, page by page at one revision, into the table. It comes after the leader's own
-//! key was created, so it sees every batch the previous leader committed (its batches were
-//! guarded by a leader key that is gone by now), markers and all.
+//! A new leader's read of the fence from etcd: every level, floor and flight record under the
+//! prefix (and the in-flight markers of older builds), page by page at one revision, into the
+//! table. It comes after the leader's own key was created, so it sees every batch the previous
+//! leader committed (its batches were guarded by a leader key that is gone by now), flight
+//! records and all.
 //!
 //! It counts the levels it loads and refuses a prefix that holds fewer than its census
 //! (`P/census`, `names`) records: levels were deleted, and serving would forget their
