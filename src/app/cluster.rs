@@ -83,11 +83,10 @@ pub async fn rules_etcd(config: &Config, set: bool) -> Result<RulesReport, Error
     let settings = settings(config)?;
     let configured = etcd::stored_rules(&config.fence_record());
     let recorded = etcd::rules(&client(config)?, &settings.prefix, &configured, set).await?;
-    let differences = match &recorded {
-        // An earlier build's record, which this build's instances take (and complete).
-        Some(recorded) if etcd::lacks_only_layout(recorded, &configured) => Vec::new(),
-        Some(recorded) => etcd::record_differences(recorded, &configured),
-        None => Vec::new(),
+    let differences = match recorded.as_deref().map(|recorded| etcd::agreement(recorded, &configured)) {
+        Some(etcd::Agreement::Differ(differences)) => differences,
+        // An earlier build's record is shared: this build's instances take (and complete) it.
+        Some(etcd::Agreement::Same | etcd::Agreement::LacksLayout) | None => Vec::new(),
     };
     Ok(RulesReport { recorded, differences, set })
 }

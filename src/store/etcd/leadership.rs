@@ -230,31 +230,20 @@ impl Campaign {
         };
         let found = u64::try_from(read.adopted.marks).unwrap_or(u64::MAX);
         let adopted = read.adopted;
-        match takeover::count_census(&self.client, &self.names, epoch, read.census, found).await {
+        let layout = read.without_layout.as_deref().map(|recorded| (recorded, self.recorded.rules.as_str()));
+        match takeover::write_back(&self.client, &self.names, epoch, (read.census, found), layout).await {
+            Ok(true) if layout.is_some() => tracing::info!(
+                "recorded with the fence's rules that writes in flight are kept as flight records: \
+                 builds that keep them as markers do not lead this prefix"
+            ),
             Ok(true) => {}
             Ok(false) => {
-                self.seek("the leader key changed during the takeover".into());
+                self.seek("the leader key, the census or the fence's rules changed during the takeover".into());
                 return false;
             }
             Err(e) => {
-                self.seek(format!("the takeover could not write the census of levels to etcd: {e}"));
+                self.seek(format!("the takeover could not write the census of levels and the layout to etcd: {e}"));
                 return false;
-            }
-        }
-        if let Some(recorded) = &read.without_layout {
-            match takeover::record_layout(&self.client, &self.names, epoch, recorded, &self.recorded.rules).await {
-                Ok(true) => tracing::info!(
-                    "recorded with the fence's rules that writes in flight are kept as flight records: \
-                     builds that keep them as markers do not lead this prefix"
-                ),
-                Ok(false) => {
-                    self.seek("the leader key or the fence's rules changed during the takeover".into());
-                    return false;
-                }
-                Err(e) => {
-                    self.seek(format!("the takeover could not record the layout with the fence's rules: {e}"));
-                    return false;
-                }
             }
         }
         (self.hook)(&adopted);

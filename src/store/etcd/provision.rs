@@ -39,10 +39,28 @@ pub fn stored_rules(rules: &str) -> String {
     lines.join("\n")
 }
 
-/// Whether `recorded` differs from `configured` (as [`stored_rules`] makes them) only by
-/// lacking [`LAYOUT`]: rules an earlier build recorded.
-pub fn lacks_only_layout(recorded: &str, configured: &str) -> bool {
-    !has_layout(recorded) && record_differences(&stored_rules(recorded), configured).is_empty()
+/// How the rules etcd records compare with this build's (as [`stored_rules`] makes them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Agreement {
+    /// They are this build's.
+    Same,
+    /// They differ only by lacking [`LAYOUT`]: rules an earlier build recorded, which this
+    /// build's instances take (and complete).
+    LacksLayout,
+    /// They differ by these settings ([`record_differences`]).
+    Differ(Vec<String>),
+}
+
+/// How `recorded` compares with `configured`.
+pub fn agreement(recorded: &str, configured: &str) -> Agreement {
+    let differences = record_differences(recorded, configured);
+    if differences.is_empty() {
+        Agreement::Same
+    } else if !has_layout(recorded) && record_differences(&stored_rules(recorded), configured).is_empty() {
+        Agreement::LacksLayout
+    } else {
+        Agreement::Differ(differences)
+    }
 }
 
 /// Whether `rules` say how writes in flight are recorded, whatever the value.
@@ -323,7 +341,7 @@ pub async fn rules(client: &Client, prefix: &str, rules: &str, set: bool) -> Res
 
 #[cfg(test)]
 mod tests {
-    use super::{LAYOUT, lacks_only_layout, record_differences, stored_rules};
+    use super::{Agreement, LAYOUT, agreement, record_differences, stored_rules};
 
     #[test]
     fn differences_name_each_setting_with_both_values() {
@@ -352,8 +370,13 @@ mod tests {
             ["store.in_flight: recorded \"records\", configured unset"]
         );
         // This build takes an earlier build's record, and only one that lacks nothing else.
-        assert!(lacks_only_layout(configured, &stored));
-        assert!(!lacks_only_layout(&stored, &stored), "nothing to add");
-        assert!(!lacks_only_layout("fence.equal_token = \"accept\"", &stored));
+        assert_eq!(agreement(configured, &stored), Agreement::LacksLayout);
+        assert_eq!(agreement(&stored, &stored), Agreement::Same, "nothing to add");
+        let other = "fence.equal_token = \"accept\"";
+        assert!(
+            matches!(agreement(other, &stored), Agreement::Differ(d) if d.len() == 3),
+            "{:?}",
+            agreement(other, &stored)
+        );
     }
 }

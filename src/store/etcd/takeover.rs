@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use super::flights::{self, Flight, Flights};
 use super::names::{Named, Names, parse_token, token_value};
+use super::provision::Agreement;
 use crate::etcd_client::{Client, Compare, EtcdError, Op, prefix_end};
 use crate::store::{MarkKind, StoreError, Table};
 
@@ -93,14 +94,16 @@ pub(crate) async fn initialised(client: &Client, names: &Names, recorded: &Recor
         Some(rules) => rules,
         None => record_rules(client, names, &recorded.rules).await?,
     };
-    let without_layout = super::provision::lacks_only_layout(&rules, &recorded.rules).then(|| rules.clone());
-    let differences = super::provision::record_differences(&rules, &recorded.rules);
-    if !differences.is_empty() && without_layout.is_none() {
-        return Err(Failed::Fatal(StoreError::RulesDifferEtcd {
-            prefix: prefix(),
-            differences: differences.join("; "),
-        }));
-    }
+    let without_layout = match super::provision::agreement(&rules, &recorded.rules) {
+        Agreement::Same => None,
+        Agreement::LacksLayout => Some(rules),
+        Agreement::Differ(differences) => {
+            return Err(Failed::Fatal(StoreError::RulesDifferEtcd {
+                prefix: prefix(),
+                differences: differences.join("; "),
+            }));
+        }
+    };
     Ok(Initialised { batch: batch.value.clone(), without_layout })
 }
 
@@ -270,41 +273,37 @@ async fn read_at_one_revision(
     Ok((adopted, census, flights))
 }
 
-/// Records this build's layout line with the fence's rules, replacing `recorded` (which lacks
-/// only that line), while `epoch` leads: from then on builds that write markers instead of
-/// flight records refuse to lead the prefix. Whether the rules are `rules` now (false: the
-/// leader key or the rules changed).
-pub(crate) async fn record_layout(
+/// What a takeover writes back once it has read the prefix, in one transaction guarded by
+/// `epoch`'s leader key. Whether the prefix holds it now (false: the leader key, the census or
+/// the rules changed meanwhile).
+///
+/// - The census is made `found`, the levels the takeover found, where it is absent or lower
+///   (`census`, as read): from then on it counts every level the prefix holds.
+/// - With `layout`, the rules as recorded (lacking only this build's layout line) are replaced
+///   by this build's `rules`: from then on builds that write markers instead of flight records
+///   refuse to lead the prefix.
+pub(crate) async fn write_back(
     client: &Client,
     names: &Names,
     epoch: i64,
-    recorded: &str,
-    rules: &str,
+    (census, found): (Option<u64>, u64),
+    layout: Option<(&str, &str)>,
 ) -> Result<bool, EtcdError> {
-    let guard =
-        [Compare::CreateRevision(names.leader(), epoch), Compare::Value(names.rules(), recorded.as_bytes().to_vec())];
-    let put = [Op::Put { key: names.rules(), value: rules.as_bytes().to_vec(), lease: 0 }];
-    Ok(client.txn(&guard, &put, &[]).await?.succeeded)
-}
-
-/// Makes the census `found`, the levels a takeover found, where it is absent or lower than
-/// that (`recorded`), while `epoch` leads: from then on it counts every level the prefix holds.
-/// Whether it holds `found` now (false: the leader key changed).
-pub(crate) async fn count_census(
-    client: &Client,
-    names: &Names,
-    epoch: i64,
-    recorded: Option<u64>,
-    found: u64,
-) -> Result<bool, EtcdError> {
-    if recorded.is_some_and(|recorded| recorded >= found) {
+    let mut guard = vec![Compare::CreateRevision(names.leader(), epoch)];
+    let mut puts = Vec::new();
+    if census.is_none_or(|recorded| recorded < found) {
+        guard.push(match census {
+            Some(count) => Compare::Value(names.census(), token_value(count)),
+            None => Compare::CreateRevision(names.census(), 0),
+        });
+        puts.push(Op::Put { key: names.census(), value: token_value(found), lease: 0 });
+    }
+    if let Some((recorded, rules)) = layout {
+        guard.push(Compare::Value(names.rules(), recorded.as_bytes().to_vec()));
+        puts.push(Op::Put { key: names.rules(), value: rules.as_bytes().to_vec(), lease: 0 });
+    }
+    if puts.is_empty() {
         return Ok(true);
     }
-    let unchanged = match recorded {
-        Some(count) => Compare::Value(names.census(), token_value(count)),
-        None => Compare::CreateRevision(names.census(), 0),
-    };
-    let guard = [Compare::CreateRevision(names.leader(), epoch), unchanged];
-    let put = [Op::Put { key: names.census(), value: token_value(found), lease: 0 }];
-    Ok(client.txn(&guard, &put, &[]).await?.succeeded)
+    Ok(client.txn(&guard, &puts, &[]).await?.succeeded)
 }
