@@ -389,7 +389,9 @@ fn prepare(
             let hold = Hold { whole: true, permit: watched.as_ref().map(Watched::permit) };
             let path = watched.as_ref().map(|_| pending.out.target.path().to_owned());
             let resp = send(&pending.state, &pending.settings, conn, pending.out, hold).await;
-            if let (Some(watched), Some(path)) = (&watched, path) {
+            // Only an answer says the write reached the backend whole: one the self-fence
+            // withdrew or cut off never did.
+            if let (Some(watched), Some(path), Ok(_)) = (&watched, path, &resp) {
                 watched.answered(&pending.state.metrics, &path, pending.proven.token);
             }
             let Some(ends) = &pending.ends else {

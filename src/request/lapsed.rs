@@ -41,7 +41,7 @@ impl Watched {
         })
     }
 
-    /// Once the backend answered (or failed) `path`'s write of `token`: whether the permit had
+    /// Once the backend answered `path`'s write of `token`: whether the permit had
     /// lapsed by then, said in a warning and a count with how long the write was held since
     /// its last check.
     pub(super) fn answered(&self, metrics: &Metrics, path: &str, token: u64) -> bool {

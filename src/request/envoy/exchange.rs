@@ -399,7 +399,8 @@ async fn fence(
         let sending = held.let_go(watched.as_ref().map(Watched::permit));
         Ok::<_, Refusal>(async move {
             let answered = sending.await;
-            if let Some(watched) = watched {
+            // Only an answer says the write reached the backend whole.
+            if let (Some(watched), Ok(_)) = (watched, &answered) {
                 watched.answered(&watcher.metrics, target.path(), token);
             }
             answered
