@@ -385,14 +385,18 @@ fn prepare(
             // answers. A shared fence's leader sends only while it trusts its lease: the permit
             // is checked before the head and each body chunk (docs/cluster.md: self-fencing).
             // Only what is sent leaves the box.
-            let watched = permit.map(Watched::new);
-            let hold = Hold { whole: true, permit: watched.as_ref().map(Watched::permit) };
-            let path = watched.as_ref().map(|_| pending.out.target.path().to_owned());
+            let watched = permit.map(|permit| (Watched::new(permit), pending.out.target.clone()));
+            let hold = Hold { whole: true, permit: watched.as_ref().map(|(watched, _)| watched.permit()) };
             let resp = send(&pending.state, &pending.settings, conn, pending.out, hold).await;
-            // Only an answer says the write reached the backend whole: one the self-fence
-            // withdrew or cut off never did.
-            if let (Some(watched), Some(path), Ok(_)) = (&watched, path, &resp) {
-                watched.answered(&pending.state.metrics, &path, pending.proven.token);
+            if let Some((watched, target)) = &watched {
+                let status = match &resp {
+                    Ok(resp) => Some(Some(resp.status())),
+                    Err(_) if outcome(&resp) == Outcome::Unknown => Some(None),
+                    Err(_) => None,
+                };
+                if let Some(status) = status {
+                    watched.ended(&pending.state.metrics, target.path(), pending.proven.token, status);
+                }
             }
             let Some(ends) = &pending.ends else {
                 return match pinning {

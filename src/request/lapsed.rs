@@ -1,62 +1,89 @@
-//! A write answered after its permission to be sent lapsed. A shared fence's leader checks its
-//! permit before the head and each body chunk, but no check can follow the send itself: a
-//! leader paused between its last check and the write syscall (SIGSTOP, a long preemption, a
-//! frozen VM) sends on waking, perhaps after a newer holder's write (docs/cluster.md: the
-//! window no proxy closes). fencegate cannot stop that send, but it can see it afterwards: the
-//! answer comes after the permit lapsed, long after the write's last check. It says so, with
-//! how long the write was held between the two, so that an operator (and the fault tests)
-//! can tell a write that crossed the window from one the fence let through wrongly.
+//! A write that reached the backend after its permission to be sent lapsed. A shared fence's
+//! leader checks its permit before the head and each body chunk, but no check can follow the
+//! send itself: a leader paused between its last check and the write syscall (SIGSTOP, a long
+//! preemption, a frozen VM) sends on waking, perhaps after a newer holder's write
+//! (docs/cluster.md: the window no proxy closes). fencegate cannot stop that send, but it can
+//! see it afterwards: the write's end (the backend's answer, or an unknown outcome) comes after
+//! the permit lapsed, long after the write's last check. It says so, with how long the write was
+//! held between the two, so that an operator (and the fault tests) can tell a write that
+//! crossed the window from one the fence let through wrongly.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use http::StatusCode;
 use tokio::time::Instant;
 
 use crate::state::Metrics;
 use crate::store::Permit;
 
-/// A permit whose passes are timed: [`Watched::permit`] is handed to the send, and
-/// [`Watched::answered`] looks at the permit once the backend has answered.
+/// A permit whose checks are watched: [`Watched::permit`] is handed to the send, and
+/// [`Watched::ended`] looks at the permit once the write has ended.
 pub(super) struct Watched {
     permit: Permit,
     origin: Instant,
+    checks: Arc<Checks>,
+}
+
+/// What the send's checks found.
+#[derive(Default)]
+struct Checks {
     /// Microseconds from `origin` to the last check that let something go.
-    last_pass: Arc<AtomicU64>,
+    last_pass: AtomicU64,
+    /// Checks that let something go.
+    passes: AtomicU64,
+    /// Whether a check stopped the write: the self-fence withdrew it or cut it off, and the
+    /// backend never had it whole.
+    stopped: AtomicBool,
 }
 
 impl Watched {
+    /// Watches `permit` from now: made once the write's advance is durable, just before its
+    /// send.
     pub(super) fn new(permit: Permit) -> Self {
-        Watched { permit, origin: Instant::now(), last_pass: Arc::new(AtomicU64::new(0)) }
+        Watched { permit, origin: Instant::now(), checks: Arc::default() }
     }
 
-    /// The permit the send checks: each pass is timed.
+    /// The permit the send checks.
     pub(super) fn permit(&self) -> Permit {
-        let (permit, last_pass, origin) = (Arc::clone(&self.permit), Arc::clone(&self.last_pass), self.origin);
+        let (permit, checks, origin) = (Arc::clone(&self.permit), Arc::clone(&self.checks), self.origin);
         Arc::new(move || {
             let open = permit();
-            if open {
-                last_pass.store(micros_since(origin), Ordering::Relaxed);
+            match open {
+                true => {
+                    checks.last_pass.store(micros_since(origin), Ordering::Relaxed);
+                    checks.passes.fetch_add(1, Ordering::Relaxed);
+                }
+                false => checks.stopped.store(true, Ordering::Relaxed),
             }
             open
         })
     }
 
-    /// Once the backend answered `path`'s write of `token`: whether the permit had
-    /// lapsed by then, said in a warning and a count with how long the write was held since
-    /// its last check.
-    pub(super) fn answered(&self, metrics: &Metrics, path: &str, token: u64) -> bool {
-        if (self.permit)() {
+    /// Once `path`'s write of `token` has ended, answered with `status` or with its outcome
+    /// unknown (`None`): whether it may have reached the backend after the permit lapsed, said
+    /// in a warning and a count with how long the write was held since its last passed check
+    /// (since it was let go, where none passed). A write a check stopped, or one the backend
+    /// refused (4xx), applied nothing and is not named.
+    pub(super) fn ended(&self, metrics: &Metrics, path: &str, token: u64, status: Option<StatusCode>) -> bool {
+        if self.checks.stopped.load(Ordering::Relaxed) || status.is_some_and(|s| s.is_client_error()) || (self.permit)()
+        {
             return false;
         }
-        let held_ms = micros_since(self.origin).saturating_sub(self.last_pass.load(Ordering::Relaxed)) / 1000;
+        let (last_pass, checks) =
+            (self.checks.last_pass.load(Ordering::Relaxed), self.checks.passes.load(Ordering::Relaxed));
+        let held_ms = micros_since(self.origin).saturating_sub(last_pass) / 1000;
         metrics.answered_after_lapse.inc();
+        let status = status.map_or_else(|| "unknown".to_owned(), |s| s.as_u16().to_string());
         tracing::warn!(
             path = %path,
             token,
             held_ms,
-            "the backend answered a write after this instance's permission to send it lapsed: if the \
-             instance was paused between the write's last check and its send, the write may have \
-             reached the backend after a newer holder's"
+            checks,
+            status = %status,
+            "the backend answered a write after this instance's permission to send it lapsed (or its outcome is \
+             unknown): if the instance was paused between the write's last check and its send, the write may \
+             have reached the backend after a newer holder's"
         );
         true
     }
@@ -69,26 +96,45 @@ fn micros_since(origin: Instant) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::AtomicBool;
     use std::time::Duration;
 
-    #[tokio::test(start_paused = true)]
-    async fn an_answer_after_the_lapse_is_counted_with_the_time_since_the_last_pass() {
+    fn watched() -> (Arc<AtomicBool>, Watched) {
         let open = Arc::new(AtomicBool::new(true));
         let watched = {
             let open = Arc::clone(&open);
             Watched::new(Arc::new(move || open.load(Ordering::SeqCst)))
         };
+        (open, watched)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_ended_after_the_lapse_is_counted_with_the_time_since_its_last_pass() {
+        let (open, watched) = watched();
+        let metrics = Metrics::default();
+        let permit = watched.permit();
+        tokio::time::advance(Duration::from_millis(40)).await;
+        assert!(permit());
+        assert!(!watched.ended(&metrics, "/a", 7, Some(StatusCode::OK)), "ended while the permit holds");
+        tokio::time::advance(Duration::from_millis(9000)).await;
+        open.store(false, Ordering::SeqCst);
+        assert!(watched.ended(&metrics, "/a", 7, Some(StatusCode::CREATED)));
+        assert!(watched.ended(&metrics, "/a", 7, None), "an unknown outcome may have landed as well");
+        assert!(!watched.ended(&metrics, "/a", 7, Some(StatusCode::PRECONDITION_FAILED)), "refused: applied nothing");
+        assert_eq!(metrics.answered_after_lapse.get(), 2);
+        let since = micros_since(watched.origin) - watched.checks.last_pass.load(Ordering::Relaxed);
+        assert_eq!(since / 1000, 9000, "held from the last pass");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_the_self_fence_stopped_is_not_named() {
+        let (open, watched) = watched();
         let metrics = Metrics::default();
         let permit = watched.permit();
         assert!(permit());
-        assert!(!watched.answered(&metrics, "/a", 7), "answered while the permit holds: nothing to say");
         tokio::time::advance(Duration::from_millis(9000)).await;
         open.store(false, Ordering::SeqCst);
-        assert!(!permit(), "a check after the lapse fails, and is not a pass");
-        assert!(watched.answered(&metrics, "/a", 7));
-        assert_eq!(metrics.answered_after_lapse.get(), 1);
-        let since = micros_since(watched.origin) - watched.last_pass.load(Ordering::Relaxed);
-        assert_eq!(since / 1000, 9000, "held from the last pass, not from the failed check");
+        assert!(!permit(), "the next chunk's check fails: the write is cut off");
+        assert!(!watched.ended(&metrics, "/a", 7, None));
+        assert_eq!(metrics.answered_after_lapse.get(), 0);
     }
 }

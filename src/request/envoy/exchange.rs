@@ -20,7 +20,7 @@ use tonic::Streaming;
 
 use super::Said;
 use super::wire::{self, Head};
-use crate::fence::{PinSlot, Policy};
+use crate::fence::{Outcome, PinSlot, Policy};
 use crate::refusal::{ERROR_HEADER, Refusal};
 use crate::request::InFlight;
 use crate::request::access::Entry;
@@ -394,14 +394,19 @@ async fn fence(
             }
         }
         // Envoy sends what is let go: the window between the last check and the send spans its
-        // hop too, and an answer after the permit lapsed says so.
-        let watched = permit.map(Watched::new);
-        let sending = held.let_go(watched.as_ref().map(Watched::permit));
+        // hop too, and a write that ends after the permit lapsed says so.
         Ok::<_, Refusal>(async move {
-            let answered = sending.await;
-            // Only an answer says the write reached the backend whole.
-            if let (Some(watched), Ok(_)) = (watched, &answered) {
-                watched.answered(&watcher.metrics, target.path(), token);
+            let watched = permit.map(Watched::new);
+            let answered = held.let_go(watched.as_ref().map(Watched::permit)).await;
+            if let Some(watched) = watched {
+                let status = match &answered {
+                    Ok((status, _)) => http::StatusCode::from_u16(*status).ok().map(Some),
+                    Err(_) if outcome(&answered) == Outcome::Unknown => Some(None),
+                    Err(_) => None,
+                };
+                if let Some(status) = status {
+                    watched.ended(&watcher.metrics, target.path(), token, status);
+                }
             }
             answered
         })
@@ -502,6 +507,11 @@ impl Held {
             mut pinning,
         } = self;
         let _flying = InFlight::new(&state.metrics);
+        // The self-fence before the head, as the proxy checks it: nothing has been let go yet.
+        if permit.as_ref().is_some_and(|permit| !permit()) {
+            let why = "the permission to send this write lapsed before it was sent".into();
+            return Err(UpstreamError::Withdrawn(why).into());
+        }
         // The head goes with the mode the turn relies on (each chunk held, the answer's head
         // reported), whatever Envoy's filter says for this route.
         let let_go = match release {
