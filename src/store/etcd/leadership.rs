@@ -242,7 +242,7 @@ impl Campaign {
                 return false;
             }
             Err(e) => {
-                self.seek(format!("the takeover could not write the census of levels and the layout to etcd: {e}"));
+                self.seek(format!("the takeover could not write what it read back to etcd (census, layout): {e}"));
                 return false;
             }
         }
