@@ -225,6 +225,8 @@ impl Upstream {
             }
             false => (None, None),
         };
+        // Checked again should a closed connection make the request wait for another.
+        let resend = permit.clone();
         let bytes_in = self.bytes_in.clone();
         let mut req = req.map(|body| {
             let counted = body.map_frame(move |frame| {
@@ -267,7 +269,8 @@ impl Upstream {
         }
         *req.version_mut() = Version::HTTP_11;
 
-        let resp = match tokio::time::timeout_at(deadline, self.pool.send(conn.0, req)).await {
+        let may_send = || !gated::self_fenced() || resend.as_ref().is_none_or(|open| open());
+        let resp = match tokio::time::timeout_at(deadline, self.pool.send(conn.0, req, may_send)).await {
             Err(_) => return Err(UpstreamError::Timeout(self.timeout)),
             Ok(Err(e)) => return Err(failure(e, body_limit)),
             Ok(Ok(resp)) => resp,
@@ -320,6 +323,7 @@ fn failure(e: SendError, body_limit: Option<u64>) -> UpstreamError {
             UpstreamError::BodyTooLarge { limit: body_limit.unwrap_or_default() }
         }
         SendError::Http(e) => UpstreamError::Failed(error_chain(&e)),
+        SendError::Withdrawn => UpstreamError::Withdrawn(SendError::Withdrawn.to_string()),
     }
 }
 

@@ -39,6 +39,9 @@ pub enum SendError {
     /// The exchange failed after the request may have been (partly) sent.
     #[error(transparent)]
     Http(#[from] hyper::Error),
+    /// A request a closed connection did not take was not sent again: `may_send` said no.
+    #[error("the permission to send this request lapsed before it was sent again")]
+    Withdrawn,
 }
 
 /// How many connections, and how long to wait for one.
@@ -217,6 +220,7 @@ where
         self: &Arc<Self>,
         mut conn: Checkout<B>,
         mut req: Request<B>,
+        may_send: impl Fn() -> bool,
     ) -> Result<Response<Relayed<B>>, SendError> {
         loop {
             let Some(sender) = conn.sender() else {
@@ -231,6 +235,12 @@ where
                         // Boxed: the exception, whose checkout would otherwise be room in
                         // every request's future.
                         conn = Box::pin(self.checkout()).await?;
+                        // The wait for another connection can outlast a permission to send
+                        // (the etcd store's lease): a request without a body is sent whole
+                        // by its head, which no body chunk's check would follow.
+                        if !may_send() {
+                            return Err(SendError::Withdrawn);
+                        }
                     }
                     _ => {
                         conn.discard();

@@ -78,7 +78,7 @@ fn pool(port: u16, max_connections: usize) -> Arc<Pool<Empty<Bytes>>> {
 async fn get(pool: &Arc<Pool<Empty<Bytes>>>) -> Result<(), SendError> {
     let req = Request::get("/").header("host", "backend").body(Empty::new()).unwrap();
     let conn = pool.checkout().await?;
-    pool.send(conn, req).await?.into_body().collect().await?;
+    pool.send(conn, req, || true).await?.into_body().collect().await?;
     Ok(())
 }
 

@@ -639,6 +639,8 @@ pub(crate) async fn run_rounds<F: Inject>(
         if checked {
             world.check().await;
         }
+        // Only the round of the fault: later late writes are judged on their own round.
+        world.random_stop = false;
         match &window {
             Some(w) => {
                 counted += 1;

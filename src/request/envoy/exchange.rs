@@ -507,10 +507,13 @@ impl Held {
             mut pinning,
         } = self;
         let _flying = InFlight::new(&state.metrics);
-        // The self-fence before the head, as the proxy checks it: nothing has been let go yet.
+        // The self-fence before the head, as the proxy checks it. Nothing has been let go: the
+        // refusal is fencegate's own immediate answer, and Envoy sends the backend nothing (an
+        // upstream failure here would end the stream cleanly, which lets Envoy forward the rest
+        // unchecked).
         if permit.as_ref().is_some_and(|permit| !permit()) {
-            let why = "the permission to send this write lapsed before it was sent".into();
-            return Err(UpstreamError::Withdrawn(why).into());
+            let why = "the permission to send this write lapsed before it was sent".to_owned();
+            return Err(Refusal::Store(StoreError::Unavailable(why)));
         }
         // The head goes with the mode the turn relies on (each chunk held, the answer's head
         // reported), whatever Envoy's filter says for this route.
