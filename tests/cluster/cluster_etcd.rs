@@ -1042,6 +1042,33 @@ async fn envoy_sends_every_write_to_the_leader_by_its_health_checks() {
     assert!(applied.windows(2).all(|w| w[0] < w[1]) && applied.ends_with(&[30]), "{applied:?}");
 }
 
+/// A leader behind Envoy stopped past its lease after a DELETE's advance and before the head is
+/// let go refuses the write on waking, with its own `503`, and the backend never sees it: a
+/// write without a body is sent whole by its head, so only the check before the head keeps it
+/// out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_refuses_a_write_whose_lease_lapsed_before_its_head() {
+    let Some(etcd) = start_etcd().await else { return };
+    let Some((c, envoy, leader)) = processors_behind_envoy(&etcd, 1).await else { return };
+    assert!(ok(&put(envoy.addr, "/k", 1).await));
+    assert!(c.failpoint(leader, "upstream::before_head", "1*return(400)").await);
+    let addr = envoy.addr;
+    let delete =
+        tokio::spawn(async move { raw_request(addr, "DELETE /k HTTP/1.1\r\nHost: x\r\nFencing-Token: 2", "").await });
+    let stopped = &c.instances[leader].stopped;
+    eventually("the leader stops at the fail point", async || !stopped.lock().unwrap().is_empty()).await;
+    // Past the lease (`lease_ttl = 3s` in these clusters), on etcd's clock and the leader's.
+    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    for pid in std::mem::take(&mut *stopped.lock().unwrap()) {
+        common::process::signal(pid, "CONT");
+    }
+    let r = delete.await.unwrap();
+    // fencegate's own refusal, not Envoy's answer to a processor that failed.
+    r.assert_refused(503, "store_unavailable");
+    let deletes = c.backend.requests().iter().filter(|r| r.method == http::Method::DELETE).count();
+    assert_eq!(deletes, 0, "the backend never sees the write");
+}
+
 /// One leader among three: below Envoy's default panic threshold (50% healthy), which would
 /// spread writes over the followers; the shipped cluster sets it to 0.
 #[tokio::test]

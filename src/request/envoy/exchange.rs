@@ -507,6 +507,9 @@ impl Held {
             mut pinning,
         } = self;
         let _flying = InFlight::new(&state.metrics);
+        if permit.is_some() {
+            crate::store::failpoint("upstream::before_head");
+        }
         // The self-fence before the head, as the proxy checks it. Nothing has been let go: the
         // refusal is fencegate's own immediate answer, and Envoy sends the backend nothing (an
         // upstream failure here would end the stream cleanly, which lets Envoy forward the rest
