@@ -389,14 +389,8 @@ fn prepare(
             let hold = Hold { whole: true, permit: watched.as_ref().map(|(watched, _)| watched.permit()) };
             let resp = send(&pending.state, &pending.settings, conn, pending.out, hold).await;
             if let Some((watched, target)) = &watched {
-                let status = match &resp {
-                    Ok(resp) => Some(Some(resp.status())),
-                    Err(_) if outcome(&resp) == Outcome::Unknown => Some(None),
-                    Err(_) => None,
-                };
-                if let Some(status) = status {
-                    watched.ended(&pending.state.metrics, target.path(), pending.proven.token, status);
-                }
+                let (metrics, token) = (&pending.state.metrics, pending.proven.token);
+                watched.ended(metrics, target.path(), token, &resp, |resp| Some(resp.status()));
             }
             let Some(ends) = &pending.ends else {
                 return match pinning {

@@ -14,6 +14,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use http::StatusCode;
 use tokio::time::Instant;
 
+use super::fenced::outcome;
+use crate::fence::Outcome;
+use crate::refusal::Refusal;
 use crate::state::Metrics;
 use crate::store::Permit;
 
@@ -60,12 +63,28 @@ impl Watched {
         })
     }
 
-    /// Once `path`'s write of `token` has ended, answered with `status` or with its outcome
-    /// unknown (`None`): whether it may have reached the backend after the permit lapsed, said
+    /// Once `path`'s write of `token` has ended with `result`: an answer (whose status
+    /// `status_of` reads), a refusal that leaves its outcome unknown, or one that says it
+    /// applied nothing. Whether it may have reached the backend after the permit lapsed, said
     /// in a warning and a count with how long the write was held since its last passed check
     /// (since it was let go, where none passed). A write a check stopped, or one the backend
     /// refused (4xx), applied nothing and is not named.
-    pub(super) fn ended(&self, metrics: &Metrics, path: &str, token: u64, status: Option<StatusCode>) -> bool {
+    pub(super) fn ended<T>(
+        &self,
+        metrics: &Metrics,
+        path: &str,
+        token: u64,
+        result: &Result<T, Refusal>,
+        status_of: impl FnOnce(&T) -> Option<StatusCode>,
+    ) -> bool {
+        let status = match result {
+            Ok(answer) => match status_of(answer) {
+                Some(status) => Some(status),
+                None => return false,
+            },
+            Err(_) if outcome(result) == Outcome::Unknown => None,
+            Err(_) => return false,
+        };
         if self.checks.stopped.load(Ordering::Relaxed) || status.is_some_and(|s| s.is_client_error()) || (self.permit)()
         {
             return false;
@@ -96,7 +115,22 @@ fn micros_since(origin: Instant) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::upstream::UpstreamError;
     use std::time::Duration;
+
+    /// An answer of `status`.
+    fn answer(status: StatusCode) -> Result<StatusCode, Refusal> {
+        Ok(status)
+    }
+
+    /// A write whose outcome is unknown: the backend did not answer in time.
+    fn unknown() -> Result<StatusCode, Refusal> {
+        Err(Refusal::Upstream(UpstreamError::Timeout(Duration::from_secs(30))))
+    }
+
+    fn status(answer: &StatusCode) -> Option<StatusCode> {
+        Some(*answer)
+    }
 
     fn watched() -> (Arc<AtomicBool>, Watched) {
         let open = Arc::new(AtomicBool::new(true));
@@ -114,12 +148,13 @@ mod tests {
         let permit = watched.permit();
         tokio::time::advance(Duration::from_millis(40)).await;
         assert!(permit());
-        assert!(!watched.ended(&metrics, "/a", 7, Some(StatusCode::OK)), "ended while the permit holds");
+        assert!(!watched.ended(&metrics, "/a", 7, &answer(StatusCode::OK), status), "ended while the permit holds");
         tokio::time::advance(Duration::from_millis(9000)).await;
         open.store(false, Ordering::SeqCst);
-        assert!(watched.ended(&metrics, "/a", 7, Some(StatusCode::CREATED)));
-        assert!(watched.ended(&metrics, "/a", 7, None), "an unknown outcome may have landed as well");
-        assert!(!watched.ended(&metrics, "/a", 7, Some(StatusCode::PRECONDITION_FAILED)), "refused: applied nothing");
+        assert!(watched.ended(&metrics, "/a", 7, &answer(StatusCode::CREATED), status));
+        assert!(watched.ended(&metrics, "/a", 7, &unknown(), status), "an unknown outcome may have landed as well");
+        let refused = answer(StatusCode::PRECONDITION_FAILED);
+        assert!(!watched.ended(&metrics, "/a", 7, &refused, status), "refused: applied nothing");
         assert_eq!(metrics.answered_after_lapse.get(), 2);
         let since = micros_since(watched.origin) - watched.checks.last_pass.load(Ordering::Relaxed);
         assert_eq!(since / 1000, 9000, "held from the last pass");
@@ -134,7 +169,7 @@ mod tests {
         tokio::time::advance(Duration::from_millis(9000)).await;
         open.store(false, Ordering::SeqCst);
         assert!(!permit(), "the next chunk's check fails: the write is cut off");
-        assert!(!watched.ended(&metrics, "/a", 7, None));
+        assert!(!watched.ended(&metrics, "/a", 7, &unknown(), status));
         assert_eq!(metrics.answered_after_lapse.get(), 0);
     }
 }

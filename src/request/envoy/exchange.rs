@@ -20,7 +20,7 @@ use tonic::Streaming;
 
 use super::Said;
 use super::wire::{self, Head};
-use crate::fence::{Outcome, PinSlot, Policy};
+use crate::fence::{PinSlot, Policy};
 use crate::refusal::{ERROR_HEADER, Refusal};
 use crate::request::InFlight;
 use crate::request::access::Entry;
@@ -399,14 +399,8 @@ async fn fence(
             let watched = permit.map(Watched::new);
             let answered = held.let_go(watched.as_ref().map(Watched::permit)).await;
             if let Some(watched) = watched {
-                let status = match &answered {
-                    Ok((status, _)) => http::StatusCode::from_u16(*status).ok().map(Some),
-                    Err(_) if outcome(&answered) == Outcome::Unknown => Some(None),
-                    Err(_) => None,
-                };
-                if let Some(status) = status {
-                    watched.ended(&watcher.metrics, target.path(), token, status);
-                }
+                let status_of = |(status, _): &Answered| http::StatusCode::from_u16(*status).ok();
+                watched.ended(&watcher.metrics, target.path(), token, &answered, status_of);
             }
             answered
         })
