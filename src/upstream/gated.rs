@@ -33,10 +33,16 @@ impl<B> Gated<B> {
 /// Whether sends check their permit (the self-fence). The `failpoints` feature's
 /// `upstream::no_self_fence` (action `return`) turns the check off, for the fault tests that
 /// show what else keeps a paused leader's write out (tests/cluster/cluster_faults.rs, pins).
-pub(super) fn self_fenced() -> bool {
+fn self_fenced() -> bool {
     #[cfg(feature = "failpoints")]
     fail::fail_point!("upstream::no_self_fence", |_| false);
     true
+}
+
+/// Whether `permit` lapsed, where sends check it: the self-fence's one check, before the head,
+/// before a head sent again, and before each body chunk.
+pub(super) fn lapsed(permit: &Permit) -> bool {
+    self_fenced() && !permit()
 }
 
 impl<B> Body for Gated<B>
@@ -54,7 +60,7 @@ where
             if self.chunks > 1 {
                 crate::store::failpoint("upstream::mid_body");
             }
-            if self_fenced() && !(self.permit)() {
+            if lapsed(&self.permit) {
                 return Poll::Ready(Some(Err(Box::new(Closed))));
             }
         }

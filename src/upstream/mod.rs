@@ -215,7 +215,7 @@ impl Upstream {
         if permit.is_some() {
             crate::store::failpoint("upstream::before_head");
         }
-        if gated::self_fenced() && permit.as_ref().is_some_and(|open| !open()) {
+        if permit.as_ref().is_some_and(gated::lapsed) {
             return Err(UpstreamError::Withdrawn("the permission to send this write lapsed before it was sent".into()));
         }
         let (done, ended) = match whole {
@@ -269,7 +269,7 @@ impl Upstream {
         }
         *req.version_mut() = Version::HTTP_11;
 
-        let may_send = || !gated::self_fenced() || resend.as_ref().is_none_or(|open| open());
+        let may_send = || !resend.as_ref().is_some_and(gated::lapsed);
         let resp = match tokio::time::timeout_at(deadline, self.pool.send(conn.0, req, may_send)).await {
             Err(_) => return Err(UpstreamError::Timeout(self.timeout)),
             Ok(Err(e)) => return Err(failure(e, body_limit)),
