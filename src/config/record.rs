@@ -5,7 +5,7 @@
 //!
 //! The record is one `name = value` line per setting, sorted, the values as JSON: readable in
 //! etcd, and two records compare line by line to name what differs (the etcd store's
-//! `record_differences`).
+//! `agreement`).
 
 use std::collections::BTreeMap;
 

@@ -31,9 +31,7 @@ pub use batch::{DEFAULT_BATCHES_IN_FLIGHT, DEFAULT_MAX_TXN_OPS};
 pub use leadership::TakeoverHook;
 use lease::{Shared, Standing};
 use names::Names;
-pub use provision::{
-    Agreement, Migrated, agreement, differences, init, migrate, record_differences, rules, stored_rules,
-};
+pub use provision::{Agreement, Migrated, agreement, differences, init, migrate, rules, stored_rules};
 pub use takeover::Adopted;
 
 /// How an [`EtcdStore`] behaves.
