@@ -449,13 +449,14 @@ impl World {
             }
         }
         // A late write's warning comes as the backend answers it: its log line may trail.
-        let late: Vec<(&str, u64)> = order
-            .iter()
-            .flat_map(|(resource, tokens)| late_writes(tokens).into_iter().map(|t| (*resource, t)))
-            .collect();
+        let late: BTreeMap<&str, Vec<u64>> =
+            order.iter().map(|(resource, tokens)| (*resource, late_writes(tokens))).collect();
+        let named = |crossings: &BTreeMap<(String, u64), (u64, u64)>| {
+            late.iter().all(|(resource, ts)| ts.iter().all(|t| crossings.contains_key(&(resource.to_string(), *t))))
+        };
         let mut crossings = self.crossings();
         for _ in 0..20 {
-            if late.iter().all(|(resource, t)| crossings.contains_key(&(resource.to_string(), *t))) {
+            if named(&crossings) {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -465,7 +466,7 @@ impl World {
         let held_least = CROSSING_HELD.as_millis() as u64;
         for (resource, tokens) in &order {
             let (mut said, mut unexplained) = (Vec::new(), Vec::new());
-            for t in late_writes(tokens) {
+            for &t in &late[resource] {
                 let key = (resource.to_string(), t);
                 let named = crossings.get(&key).copied();
                 said.push(match named {
