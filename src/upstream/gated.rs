@@ -40,8 +40,9 @@ fn self_fenced() -> bool {
 }
 
 /// Whether `permit` lapsed, where sends check it: the self-fence's one check, before the head,
-/// before a head sent again, and before each body chunk.
-pub(super) fn lapsed(permit: &Permit) -> bool {
+/// before a head sent again, and before each body chunk, whether fencegate sends them or lets
+/// Envoy send them (its external processor).
+pub(crate) fn lapsed(permit: &Permit) -> bool {
     self_fenced() && !permit()
 }
 

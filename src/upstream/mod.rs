@@ -36,6 +36,7 @@ use checkout::Checkout;
 use dial::Target;
 pub(crate) use forwarded::HeaderPolicy;
 use gated::Gated;
+pub(crate) use gated::lapsed;
 pub use headers::{Peer, PeerAddr, append_forwarded_for, remove_held, strip_hop_by_hop};
 use pool::{Bounds, Pool, SendError};
 use sent::{Ended, Sent};

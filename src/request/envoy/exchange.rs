@@ -32,7 +32,7 @@ use crate::request::proof::Guess;
 use crate::request::protocol::{self, Chosen, Protocol as _};
 use crate::state::{Settings, State};
 use crate::store::{Permit, Role, StoreError};
-use crate::upstream::{Peer, UpstreamError};
+use crate::upstream::{self, Peer, UpstreamError};
 
 /// Why a write was not let go: Envoy closed its stream first.
 const GONE: &str = "Envoy's stream ended before the write was let go";
@@ -508,7 +508,7 @@ impl Held {
         // refusal is fencegate's own immediate answer, and Envoy sends the backend nothing (an
         // upstream failure here would end the stream cleanly, which lets Envoy forward the rest
         // unchecked).
-        if permit.as_ref().is_some_and(|permit| !permit()) {
+        if permit.as_ref().is_some_and(upstream::lapsed) {
             let why = "the permission to send this write lapsed before it was sent".to_owned();
             return Err(Refusal::Store(StoreError::Unavailable(why)));
         }
@@ -562,7 +562,7 @@ impl Held {
                         return Err(UpstreamError::BodyTooLarge { limit }.into());
                     }
                     // The self-fence: a leader whose lease lapsed lets no more of the write go.
-                    if permit.as_ref().is_some_and(|permit| !permit()) {
+                    if permit.as_ref().is_some_and(upstream::lapsed) {
                         let why = "the shared fence's lease lapsed while the write was being sent".to_owned();
                         let _ = out
                             .send(Said::Answer(
