@@ -213,14 +213,25 @@ fn per_record(flying: &[(Mark, u64)]) -> Vec<&[(Mark, u64)]> {
 async fn record_layout(client: &Client, names: &Names, rules: &str) -> Result<(), StoreError> {
     let read = client.txn(&[], &[Op::Get(names.rules())], &[]).await.map_err(etcd_error)?;
     let recorded = read.ranges.first().cloned().flatten().map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
-    let (unchanged, stored) = match recorded {
-        Some(recorded) if has_layout(&recorded) => return Ok(()),
-        Some(recorded) => (Compare::Value(names.rules(), recorded.as_bytes().to_vec()), stored_rules(&recorded)),
-        None => (Compare::CreateRevision(names.rules(), 0), stored_rules(rules)),
+    let stored = match &recorded {
+        Some(recorded) if has_layout(recorded) => return Ok(()),
+        Some(recorded) => stored_rules(recorded),
+        None => stored_rules(rules),
     };
+    let (unchanged, put) = replace_rules(names, recorded.as_deref(), &stored);
     let guard = [unchanged, Compare::CreateRevision(names.leader(), 0)];
-    let put = [Op::Put { key: names.rules(), value: stored.into_bytes(), lease: 0 }];
-    if client.txn(&guard, &put, &[]).await.map_err(etcd_error)?.succeeded { Ok(()) } else { Err(leading(names)) }
+    if client.txn(&guard, &[put], &[]).await.map_err(etcd_error)?.succeeded { Ok(()) } else { Err(leading(names)) }
+}
+
+/// The guard and the put that replace the recorded rules, `recorded` (`None`: absent), with
+/// `rules`: the provisioning's layout line (no leader yet) and a takeover's (by the new leader)
+/// write the rules this way.
+pub(super) fn replace_rules(names: &Names, recorded: Option<&str>, rules: &str) -> (Compare, Op) {
+    let unchanged = match recorded {
+        Some(recorded) => Compare::Value(names.rules(), recorded.as_bytes().to_vec()),
+        None => Compare::CreateRevision(names.rules(), 0),
+    };
+    (unchanged, Op::Put { key: names.rules(), value: rules.as_bytes().to_vec(), lease: 0 })
 }
 
 /// Sets `key` to `token` if it is absent or lower, while no instance leads; whether it did. A

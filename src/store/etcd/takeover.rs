@@ -299,8 +299,9 @@ pub(crate) async fn write_back(
         puts.push(Op::Put { key: names.census(), value: token_value(found), lease: 0 });
     }
     if let Some((recorded, rules)) = layout {
-        guard.push(Compare::Value(names.rules(), recorded.as_bytes().to_vec()));
-        puts.push(Op::Put { key: names.rules(), value: rules.as_bytes().to_vec(), lease: 0 });
+        let (unchanged, put) = super::provision::replace_rules(names, Some(recorded), rules);
+        guard.push(unchanged);
+        puts.push(put);
     }
     if puts.is_empty() {
         return Ok(true);
