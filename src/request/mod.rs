@@ -4,6 +4,14 @@
 //! turn's own steps); every refusal becomes fencegate's own answer, in the words of
 //! [`crate::refusal`] and the form of the protocol.
 
+/// `fut` in a new pinned box, built in place (`Box::write`) rather than built and then moved
+/// there: a fenced write's futures are large, and a move is a copy of all of it.
+macro_rules! boxed_in_place {
+    ($fut:expr) => {
+        Box::into_pin(Box::write(Box::new_uninit(), $fut))
+    };
+}
+
 mod access;
 pub mod classify;
 pub(crate) mod envoy;

@@ -106,7 +106,9 @@ impl ExternalProcessor for Exchanges {
         let (out, answers) = mpsc::channel(ANSWERS_QUEUED);
         // A task of its own: the exchange runs to its end (a write's turn, its quarantine)
         // whatever becomes of the stream.
-        tokio::spawn(exchange::run(Arc::clone(&self.state), client, request.into_inner(), out));
+        // Boxed, built in place: the exchange's state (several KiB) moves as a pointer, where
+        // a task's spawn and end would each copy all of it.
+        tokio::spawn(boxed_in_place!(exchange::run(Arc::clone(&self.state), client, request.into_inner(), out)));
         Ok(tonic::Response::new(Answers { said: answers, ended: false }))
     }
 }
