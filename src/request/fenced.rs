@@ -167,7 +167,8 @@ fn unusable(object: &str, why: String) -> Refusal {
 
 /// Drops the binding of upload `id` of `object` once `body`, the backend's whole success
 /// answer to its end, does not say it failed all the same; then, the entity tag the body names
-/// for the completed object, if it names one.
+/// for the completed object, if it names one that an `ETag` field could carry (the next write's
+/// precondition sends it in one).
 pub(super) async fn drop_ended(
     state: &State,
     protocol: Chosen,
@@ -182,7 +183,7 @@ pub(super) async fn drop_ended(
         // Left behind, the binding names an upload the server has ended.
         tracing::warn!(object, upload = id, error = %e, "could not drop an ended upload's binding");
     }
-    protocol.completed_tag(body).map(Arc::from)
+    protocol.completed_tag(body).and_then(|tag| pinned::strong_tag_of(std::iter::once(tag.as_bytes())))
 }
 
 /// The checks of a write fenced here before its turn: its proof, then the precheck of its

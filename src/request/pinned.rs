@@ -197,8 +197,9 @@ pub(super) fn answered_with_tag(
 }
 
 /// A pinned write's answer `status` from the backend, under its turn: a `2xx` sets the key's
-/// pin (to `tag`, the strong entity tag a `PUT`'s answer names, none known without one or with
-/// one no header can carry; absent after a `DELETE`), and a `412` to the precondition
+/// pin (to `tag`, the strong entity tag a `PUT`'s answer names in its `ETag` field or its body,
+/// read by [`strong_tag_of`] so that the next write can send it; none known without one; absent
+/// after a `DELETE`), and a `412` to the precondition
 /// fencegate sent is `backend_moved`. Any other answer leaves the pin unknown, as the advance
 /// left it.
 pub(super) fn settle(pinning: Pinning, status: StatusCode, tag: Option<Arc<str>>) -> Result<(), Refusal> {
@@ -211,9 +212,7 @@ pub(super) fn settle(pinning: Pinning, status: StatusCode, tag: Option<Arc<str>>
     if status.is_success() {
         match kind {
             Pinned::Put => {
-                // Only a tag the next write can send: one a body names (a completion's) is held
-                // to what an `ETag` field must be, or the key would keep a pin no write can use.
-                if let Some(tag) = tag.filter(|tag| strong_tag_of(std::iter::once(tag.as_bytes())).is_some()) {
+                if let Some(tag) = tag {
                     slot.set(Pin::Tag(tag));
                 }
             }
@@ -281,13 +280,17 @@ fn strong_tag(headers: &HeaderMap) -> Option<Arc<str>> {
 /// [`strong_tag`] of the `ETag` field `values`.
 pub(super) fn strong_tag_of<'a>(mut values: impl Iterator<Item = &'a [u8]>) -> Option<Arc<str>> {
     let (Some(value), None) = (values.next(), values.next()) else { return None };
-    // Visible ASCII only, as `HeaderValue::to_str` reads it.
-    if !value.iter().all(|&b| b == b'\t' || (0x20..0x7f).contains(&b)) {
+    // One pass: blanks around the tag, then its quotes, and between them no quote and nothing
+    // but visible ASCII or a tab (as `HeaderValue::to_str` reads a field).
+    let blank = |b: &u8| matches!(b, b' ' | b'\t');
+    let start = value.iter().position(|b| !blank(b))?;
+    let end = value.iter().rposition(|b| !blank(b))?;
+    let tag = &value[start..=end];
+    let [b'"', inner @ .., b'"'] = tag else { return None };
+    if !inner.iter().all(|&b| b == b'\t' || ((0x20..0x7f).contains(&b) && b != b'"')) {
         return None;
     }
-    let tag = std::str::from_utf8(value).ok()?.trim();
-    let inner = tag.strip_prefix('"')?.strip_suffix('"')?;
-    (!inner.contains('"')).then(|| tag.into())
+    std::str::from_utf8(tag).ok().map(Arc::from)
 }
 
 /// One entity tag of a precondition's list.
@@ -398,6 +401,12 @@ mod tests {
         assert_eq!(strong_tag(&headers(&[("etag", "\"a\"\"")])), None);
         assert_eq!(strong_tag(&headers(&[("etag", "\"a\""), ("etag", "\"b\"")])), None);
         assert_eq!(strong_tag(&headers(&[])), None);
+        assert_eq!(strong_tag(&headers(&[("etag", " \"a 1\"\t")])).as_deref(), Some("\"a 1\""));
+        assert_eq!(strong_tag(&headers(&[("etag", "\"")])), None);
+        assert_eq!(strong_tag(&headers(&[("etag", "\"\"")])).as_deref(), Some("\"\""));
+        for bytes in [&b"\"a\xff\""[..], b"\"a\x01\"", b"\"a\"\x7f", b"x\"a\""] {
+            assert_eq!(strong_tag_of(std::iter::once(bytes)), None, "{bytes:?}");
+        }
     }
 
     #[test]
