@@ -30,14 +30,25 @@ pub(super) fn govern<'a>(touches: &[Touch], fence: &'a FenceConfig) -> Result<Go
     if rules.is_empty() {
         return Ok(Governed { domain: DEFAULT_DOMAIN, equal: fence.equal_token, verify: Verify::None, max_jump: None });
     }
-    let domain = one_domain(touches, rules)?;
-    let verify = one_verify(touches, rules)?;
-    let max_jump = touches
-        .iter()
-        .flat_map(|t| {
-            setting(rules, &t.key, |r| r.max_jump).into_iter().chain(inside(t, rules).filter_map(|r| r.max_jump))
-        })
-        .min();
+    // Each setting is looked up only where a rule sets it: most rules set one or two (a prefix's
+    // pins, say), and each lookup walks the rules for every key.
+    let domain = match rules.iter().all(|r| r.token_domain == DEFAULT_DOMAIN) {
+        true => DEFAULT_DOMAIN,
+        false => one_domain(touches, rules)?,
+    };
+    let verify = match rules.iter().any(|r| r.verify.is_some()) {
+        true => one_verify(touches, rules)?,
+        false => Verify::None,
+    };
+    let max_jump = match rules.iter().any(|r| r.max_jump.is_some()) {
+        true => touches
+            .iter()
+            .flat_map(|t| {
+                setting(rules, &t.key, |r| r.max_jump).into_iter().chain(inside(t, rules).filter_map(|r| r.max_jump))
+            })
+            .min(),
+        false => None,
+    };
     Ok(Governed { domain, equal: equal_token(touches, fence), verify, max_jump })
 }
 
