@@ -41,6 +41,8 @@ pub struct Received {
     pub headers: HeaderMap,
     /// The body.
     pub body: Bytes,
+    /// When it was received whole; among [`MemBackend::applied`], when it was applied.
+    pub at: std::time::Instant,
 }
 
 impl Received {
@@ -205,6 +207,7 @@ async fn serve(state: Arc<Mutex<State>>, req: Request<Incoming>) -> Result<Respo
         query: parts.uri.query().map(str::to_owned),
         headers: parts.headers,
         body,
+        at: std::time::Instant::now(),
     };
     lock(&state).requests.push(received.clone());
     // Like a real server, finish applying a request even if the caller hangs up meanwhile.
@@ -217,7 +220,8 @@ async fn serve(state: Arc<Mutex<State>>, req: Request<Incoming>) -> Result<Respo
     Ok(applying.await.unwrap_or_else(|_| reply(StatusCode::INTERNAL_SERVER_ERROR, "apply failed")))
 }
 
-fn apply(s: &mut State, received: Received) -> Response<Full<Bytes>> {
+fn apply(s: &mut State, mut received: Received) -> Response<Full<Bytes>> {
+    received.at = std::time::Instant::now();
     let path = received.path.clone();
     let current = s.objects.get(&path).map(|(_, version)| etag(*version));
     let write = !matches!(received.method, Method::GET | Method::HEAD);

@@ -118,15 +118,14 @@ impl Inject for Fault {
     }
 }
 
-/// The tokens applied after a higher one.
-fn late_writes(tokens: &[u64]) -> Vec<u64> {
-    let mut highest = 0;
+/// Each write of `applied` (token, when applied) that came after a higher one: its token,
+/// when it was applied, and when the first higher one was.
+fn late_arrivals(applied: &[(u64, Instant)]) -> Vec<(u64, Instant, Instant)> {
     let mut late = Vec::new();
-    for &t in tokens {
-        if t < highest {
-            late.push(t);
+    for (i, &(t, at)) in applied.iter().enumerate() {
+        if let Some(&(_, newer)) = applied[..i].iter().find(|(higher, _)| *higher > t) {
+            late.push((t, at, newer));
         }
-        highest = highest.max(t);
     }
     late
 }
@@ -165,6 +164,16 @@ pub(crate) struct World {
 /// leader sent nothing to its resource until `fence.quarantine` after taking over. Less is a
 /// quarantine or a lease that failed.
 const CROSSING_HELD: Duration = Duration::from_secs(1 + 5);
+
+/// Whether a late write crossed the window no proxy closes, by what its instance said of it
+/// (`held` after the last of `checks` passed checks) and when the backend applied it (`late`)
+/// and the first newer write it came after (`newer`). Its last check came at most `held` before
+/// `late` (the instance's end of the write follows the backend's apply), so a next leader that
+/// kept the quarantine sent the newer write at least [`CROSSING_HELD`] after that: a newer write
+/// sooner than that means the quarantine failed, however long the late write was held.
+fn crossed_window(held: Duration, checks: u64, late: Instant, newer: Instant) -> bool {
+    checks > 0 && held >= CROSSING_HELD && newer + held >= late + CROSSING_HELD
+}
 
 /// What an instance says of a write the backend answered after its permission to send lapsed
 /// (`src/request/lapsed.rs`), with the resource, the token and how long the write was held
@@ -434,8 +443,10 @@ impl World {
     ///
     /// A write applied after a newer one on its resource (a late write) crossed the window no
     /// proxy closes when its instance said the backend answered it after the permission to send
-    /// it lapsed, at least [`CROSSING_HELD`] after its last passed check: its check passed before
-    /// the instance was stopped, and it went out on waking. Where `tolerate_window` says so, a
+    /// it lapsed, at least [`CROSSING_HELD`] after its last passed check, and the first newer
+    /// write came at least that long after the check too ([`crossed_window`]): its check passed
+    /// before the instance was stopped, it went out on waking, and the next leader kept the
+    /// quarantine. Where `tolerate_window` says so, a
     /// late write that crossed in a round of a random SIGSTOP is tolerated (and printed); any
     /// other late write breaks the order, and the break says which of its late writes crossed.
     pub(crate) async fn violations(&self) -> Vec<String> {
@@ -443,16 +454,19 @@ impl World {
         let outcomes = self.outcomes.lock().unwrap().clone();
         let mut broken = Vec::new();
         let mut order: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+        let mut arrivals: BTreeMap<&str, Vec<(u64, Instant)>> = BTreeMap::new();
         for r in &applied {
             if let (Some(resource), Some(token)) = (RESOURCES.iter().find(|x| **x == r.path), r.token()) {
                 order.entry(resource).or_default().push(token);
+                arrivals.entry(resource).or_default().push((token, r.at));
             }
         }
         // A late write's warning comes as the backend answers it: its log line may trail.
-        let late: BTreeMap<&str, Vec<u64>> =
-            order.iter().map(|(resource, tokens)| (*resource, late_writes(tokens))).collect();
+        let late: BTreeMap<&str, Vec<(u64, Instant, Instant)>> =
+            arrivals.iter().map(|(resource, applied)| (*resource, late_arrivals(applied))).collect();
         let named = |crossings: &BTreeMap<(String, u64), (u64, u64)>| {
-            late.iter().all(|(resource, ts)| ts.iter().all(|t| crossings.contains_key(&(resource.to_string(), *t))))
+            late.iter()
+                .all(|(resource, ts)| ts.iter().all(|(t, ..)| crossings.contains_key(&(resource.to_string(), *t))))
         };
         let mut crossings = self.crossings();
         for _ in 0..20 {
@@ -463,19 +477,21 @@ impl World {
             crossings = self.crossings();
         }
         let mut tolerated = self.tolerated.lock().unwrap().clone();
-        let held_least = CROSSING_HELD.as_millis() as u64;
         for (resource, tokens) in &order {
             let (mut said, mut unexplained) = (Vec::new(), Vec::new());
-            for &t in &late[resource] {
+            for &(t, at, newer) in &late[resource] {
                 let key = (resource.to_string(), t);
                 let named = crossings.get(&key).copied();
+                let after = at.duration_since(newer).as_millis();
                 said.push(match named {
-                    Some((held, checks)) => {
-                        format!("{t}: named, held {held} ms after the last of {checks} passed checks")
-                    }
+                    Some((held, checks)) => format!(
+                        "{t}: named, held {held} ms after the last of {checks} passed checks, applied {after} ms \
+                         after the first newer write"
+                    ),
                     None => format!("{t}: not named"),
                 });
-                let crossed = named.is_some_and(|(held, checks)| held >= held_least && checks > 0);
+                let crossed =
+                    named.is_some_and(|(held, checks)| crossed_window(Duration::from_millis(held), checks, at, newer));
                 if tolerated.contains(&key) {
                     continue;
                 }
@@ -720,4 +736,28 @@ async fn pins_keep_a_stalled_leaders_write_out_without_the_self_fence() {
         Run { faults: &FAULTS, extra: PINNED, unfenced: true, wanted: n, checked: true, tolerate_window: false };
     let (broken, _) = rounds(etcd, every, seed()).await;
     assert!(broken.is_empty(), "{}", broken.join("\n"));
+}
+
+#[test]
+fn a_late_write_crossed_the_window_only_behind_a_kept_quarantine() {
+    let check = Instant::now();
+    let ms = Duration::from_millis;
+    // Checked at 0, stopped, woken at 8 s: applied at 8 s, after a newer write the next leader
+    // sent at 7 s (its takeover past the lease, then the quarantine).
+    let late = check + ms(8_000);
+    assert!(crossed_window(ms(8_000), 3, late, check + ms(7_000)));
+    // The same late write behind a newer write sent 2 s after the check: the next leader did
+    // not keep the quarantine, however long the late write was held.
+    assert!(!crossed_window(ms(8_000), 3, late, check + ms(2_000)));
+    // Held less than the window, or never checked: a lease or a check that failed.
+    assert!(!crossed_window(ms(5_000), 3, check + ms(5_000), check + ms(4_500)));
+    assert!(!crossed_window(ms(8_000), 0, late, check + ms(7_000)));
+}
+
+#[test]
+fn late_writes_are_found_behind_the_first_higher_token() {
+    let t0 = Instant::now();
+    let at = |s: u64| t0 + Duration::from_secs(s);
+    let applied = [(1, at(0)), (5, at(1)), (3, at(2)), (7, at(3)), (5, at(4)), (6, at(5)), (8, at(6))];
+    assert_eq!(late_arrivals(&applied), [(3, at(2), at(1)), (5, at(4), at(3)), (6, at(5), at(3))]);
 }
