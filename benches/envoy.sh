@@ -42,6 +42,7 @@
 # BASE_BIN=/path/to/fencegate adds envoy+base on 127.0.0.1:18409 (admin 18418): the same
 # bootstrap asking that build as the processor on 127.0.0.1:18408 (admin API 18417, a data dir
 # of its own), so two builds of the processor are compared in the same interleaved rounds.
+# The exchange counts and the GET check below read envoy+fg's processor and Envoy only.
 #
 # It prints each run, then per workload and connection count the median req/s, p50 and p99 of
 # the rounds for each target, the p50 that the processor adds to Envoy alone (envoy+fg's p50
@@ -56,7 +57,7 @@
 #
 # CPU time is utime + stime from /proc/PID/stat (all threads), before and after each run, over
 # the requests wrk completed. Everything it starts, it stops, by pid; it stops at once if one of
-# its ports (18401-18405, 18411, 18412, 18414, 18415) is taken. The scratch dirs, cleanup, the
+# its ports (18401-18409, 18411, 18412, 18414-18418) is taken. The scratch dirs, cleanup, the
 # backend, put.lua and fencegate's config are benches/common.sh's.
 set -euo pipefail
 
@@ -172,7 +173,8 @@ for target in "${TARGETS[@]}"; do
     url="http://127.0.0.1:${PORT[$target]}"
     curl -sSf -o /dev/null "$url/get/file" || { echo "GET through $target failed" >&2; exit 1; }
     curl -sSf -o /dev/null -X PUT -H "Fencing-Token: 1" --data-binary check "$url/check/$target" ||
-        { echo "PUT through $target failed" >&2; cat "$SHM/logs/$target.log" "$SHM/logs/processor.log" >&2; exit 1; }
+        { echo "PUT through $target failed" >&2; cat "$SHM/logs/$target.log" "$SHM/logs/processor.log" \
+            "$SHM/logs/base.log" >&2 2>/dev/null; exit 1; }
 done
 
 # A process's CPU ticks (user + system, all threads); 0 for no process.

@@ -5,7 +5,8 @@
 //! [`crate::refusal`] and the form of the protocol.
 
 /// `fut` in a new pinned box, built in place (`Box::write`) rather than built and then moved
-/// there: a fenced write's futures are large, and a move is a copy of all of it.
+/// there: a fenced write's futures and an Envoy exchange's are large (kilobytes), and a move is
+/// a copy of all of it.
 macro_rules! boxed_in_place {
     ($fut:expr) => {
         Box::into_pin(Box::write(Box::new_uninit(), $fut))

@@ -185,7 +185,8 @@ pub(super) fn answered(
 }
 
 /// [`answered`], with `tag` for the entity tag a `PUT`'s answer names: its `ETag`, or what its
-/// body names where the backend writes it there (S3's CompleteMultipartUpload).
+/// body names where the backend writes it there (S3's CompleteMultipartUpload), read by
+/// [`strong_tag_of`] as [`settle`] requires.
 pub(super) fn answered_with_tag(
     pinning: Pinning,
     result: Result<Response<ResponseBody>, Refusal>,
@@ -197,11 +198,11 @@ pub(super) fn answered_with_tag(
 }
 
 /// A pinned write's answer `status` from the backend, under its turn: a `2xx` sets the key's
-/// pin (to `tag`, the strong entity tag a `PUT`'s answer names in its `ETag` field or its body,
-/// read by [`strong_tag_of`] so that the next write can send it; none known without one; absent
-/// after a `DELETE`), and a `412` to the precondition
-/// fencegate sent is `backend_moved`. Any other answer leaves the pin unknown, as the advance
-/// left it.
+/// pin (to `tag`, the strong entity tag a `PUT`'s answer names in its `ETag` field or its body;
+/// none known without one; absent after a `DELETE`), and a `412` to the precondition fencegate
+/// sent is `backend_moved`. Any other answer leaves the pin unknown, as the advance left it.
+/// Every caller reads `tag` with [`strong_tag_of`], so that the next write can send it in a
+/// header: a tag no field can carry would leave a pin no write can use.
 pub(super) fn settle(pinning: Pinning, status: StatusCode, tag: Option<Arc<str>>) -> Result<(), Refusal> {
     let Pinning { slot, kind, sent } = pinning;
     if status == StatusCode::PRECONDITION_FAILED
@@ -209,6 +210,10 @@ pub(super) fn settle(pinning: Pinning, status: StatusCode, tag: Option<Arc<str>>
     {
         return Err(Refusal::BackendMoved { resource: slot.key().to_owned(), sent: precondition(pin) });
     }
+    debug_assert!(
+        tag.as_deref().is_none_or(|tag| strong_tag_of(std::iter::once(tag.as_bytes())).is_some()),
+        "a tag no ETag field can carry: {tag:?}"
+    );
     if status.is_success() {
         match kind {
             Pinned::Put => {
@@ -280,8 +285,8 @@ fn strong_tag(headers: &HeaderMap) -> Option<Arc<str>> {
 /// [`strong_tag`] of the `ETag` field `values`.
 pub(super) fn strong_tag_of<'a>(mut values: impl Iterator<Item = &'a [u8]>) -> Option<Arc<str>> {
     let (Some(value), None) = (values.next(), values.next()) else { return None };
-    // One pass: blanks around the tag, then its quotes, and between them no quote and nothing
-    // but visible ASCII or a tab (as `HeaderValue::to_str` reads a field).
+    // Blanks around the tag, then its quotes, and between them no quote and nothing but
+    // visible ASCII or a tab (as `HeaderValue::to_str` reads a field): each byte looked at once.
     let blank = |b: &u8| matches!(b, b' ' | b'\t');
     let start = value.iter().position(|b| !blank(b))?;
     let end = value.iter().rposition(|b| !blank(b))?;

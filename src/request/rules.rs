@@ -30,8 +30,9 @@ pub(super) fn govern<'a>(touches: &[Touch], fence: &'a FenceConfig) -> Result<Go
     if rules.is_empty() {
         return Ok(Governed { domain: DEFAULT_DOMAIN, equal: fence.equal_token, verify: Verify::None, max_jump: None });
     }
-    // Each setting is looked up only where a rule sets it: most rules set one or two (a prefix's
-    // pins, say), and each lookup walks the rules for every key.
+    // Each setting is looked up only where some rule gives it a value other than the default
+    // (a domain, a proof, a jump): most rules set one or two (a prefix's pins, say), and each
+    // lookup walks the rules for every key.
     let domain = match rules.iter().all(|r| r.token_domain == DEFAULT_DOMAIN) {
         true => DEFAULT_DOMAIN,
         false => one_domain(touches, rules)?,
