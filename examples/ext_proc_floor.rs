@@ -4,7 +4,9 @@
 //! the same tonic service and HTTP/2 server connection fencegate uses. Envoy asking it as
 //! `deploy/envoy/envoy.yaml` asks fencegate sends each write the same messages (the head, each
 //! body chunk, the answer's head), so Envoy with it against Envoy alone is the price of the
-//! filter, and fencegate against it is fencegate's own share (benches/envoy.sh, FLOOR=1).
+//! filter, and fencegate against it is fencegate's own share (benches/envoy.sh, FLOOR=1). It
+//! answers Envoy's gRPC health checks `SERVING`, as a leading fencegate does: the shipped
+//! bootstrap sends streams only to a processor that says so.
 //!
 //! `cargo run --release --example ext_proc_floor -- 127.0.0.1:18406`
 
@@ -26,6 +28,9 @@ use tokio::net::TcpListener;
 use tonic::codegen::Service as _;
 use tonic::codegen::tokio_stream::{Stream, StreamExt};
 use tonic::{Status, Streaming};
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_server::{Health, HealthServer};
+use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -44,6 +49,28 @@ impl ExternalProcessor for Floor {
     ) -> Result<tonic::Response<Answers>, Status> {
         let answers = request.into_inner().filter_map(|message| message.ok().and_then(|m| go_on(&m)).map(Ok));
         Ok(tonic::Response::new(Box::pin(answers)))
+    }
+}
+
+/// Serving, always.
+struct Serving;
+
+#[tonic::async_trait]
+impl Health for Serving {
+    async fn check(
+        &self,
+        _request: tonic::Request<HealthCheckRequest>,
+    ) -> Result<tonic::Response<HealthCheckResponse>, Status> {
+        Ok(tonic::Response::new(HealthCheckResponse { status: ServingStatus::Serving as i32 }))
+    }
+
+    type WatchStream = tonic::codegen::tokio_stream::Empty<Result<HealthCheckResponse, Status>>;
+
+    async fn watch(
+        &self,
+        _request: tonic::Request<HealthCheckRequest>,
+    ) -> Result<tonic::Response<Self::WatchStream>, Status> {
+        Err(Status::unimplemented("ask by Check"))
     }
 }
 
@@ -79,12 +106,21 @@ fn main() -> std::io::Result<()> {
         let listener = TcpListener::bind(&addr).await?;
         eprintln!("ext_proc floor listening on {addr}");
         let server = ExternalProcessorServer::new(Floor);
+        let health = HealthServer::new(Serving);
         loop {
             let (stream, _) = listener.accept().await?;
             stream.set_nodelay(true)?;
-            let server = server.clone();
+            let (server, health) = (server.clone(), health.clone());
             tokio::spawn(async move {
-                let service = service_fn(move |req| server.clone().call(req));
+                let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    let (mut server, mut health) = (server.clone(), health.clone());
+                    async move {
+                        match req.uri().path().starts_with("/grpc.health.v1.Health/") {
+                            true => health.call(req).await,
+                            false => server.call(req).await,
+                        }
+                    }
+                });
                 let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
                     .serve_connection(TokioIo::new(stream), service);
                 if let Err(e) = conn.await {
