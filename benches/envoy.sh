@@ -294,27 +294,31 @@ for w, c in cells:
         checks.append(f"{w}, {c} conns: {requests:,} requests through envoy+fg, {exchanges:,} exchanges counted by "
                       f"fencegate, {streams:,} ext_proc streams by Envoy ({exchanges / max(1, requests):.3f} per request)"
                       + batch)
-if any(t == "envoy+floor" for (_, _, t) in runs):
-    print()
-    print("| workload | conns | p50 envoy / envoy+floor / envoy+fg (µs) | p50 added by the filter with the floor / by fencegate "
-          "over the floor (µs) | CPU µs/req Envoy: alone / with floor / with fg | CPU µs/req processor: floor / fencegate |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for w, c in cells:
-        a, f, b = (runs[(w, c, t)] for t in ("envoy", "envoy+floor", "envoy+fg"))
-        print(f"| {w} | {c} | {med(a, 'p50'):.0f} / {med(f, 'p50'):.0f} / {med(b, 'p50'):.0f} "
-              f"| {med(f, 'p50') - med(a, 'p50'):+.0f} / {med(b, 'p50') - med(f, 'p50'):+.0f} "
-              f"| {per_req(a, 'envoy'):.1f} / {per_req(f, 'envoy'):.1f} / {per_req(b, 'envoy'):.1f} "
-              f"| {per_req(f, 'fg'):.1f} / {per_req(b, 'fg'):.1f} |")
-if any(t == "envoy+base" for (_, _, t) in runs):
-    print()
-    print("| workload | conns | req/s envoy+fg / envoy+base | p50 envoy+fg / envoy+base (µs) | p99 envoy+fg / envoy+base (µs) "
-          "| CPU µs/req processor: fg / base | CPU µs/req Envoy: with fg / with base |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for w, c in cells:
-        b, o = (runs[(w, c, t)] for t in ("envoy+fg", "envoy+base"))
-        print(f"| {w} | {c} | {med(b, 'rps'):,.0f} / {med(o, 'rps'):,.0f} ({med(b, 'rps') / max(1, med(o, 'rps')):.2f}) "
-              f"| {med(b, 'p50'):.0f} / {med(o, 'p50'):.0f} | {med(b, 'p99'):.0f} / {med(o, 'p99'):.0f} "
-              f"| {per_req(b, 'fg'):.1f} / {per_req(o, 'fg'):.1f} | {per_req(b, 'envoy'):.1f} / {per_req(o, 'envoy'):.1f} |")
+def table(target, columns, row):
+    """One more table, when the run has `target`: a row of `columns` per cell."""
+    if any(t == target for (_, _, t) in runs):
+        print()
+        print("| workload | conns | " + " | ".join(columns) + " |")
+        print("|---|---:|" + "---:|" * len(columns))
+        for w, c in cells:
+            print(f"| {w} | {c} | " + " | ".join(row(w, c)) + " |")
+def floor_row(w, c):
+    a, f, b = (runs[(w, c, t)] for t in ("envoy", "envoy+floor", "envoy+fg"))
+    return [f"{med(a, 'p50'):.0f} / {med(f, 'p50'):.0f} / {med(b, 'p50'):.0f}",
+            f"{med(f, 'p50') - med(a, 'p50'):+.0f} / {med(b, 'p50') - med(f, 'p50'):+.0f}",
+            f"{per_req(a, 'envoy'):.1f} / {per_req(f, 'envoy'):.1f} / {per_req(b, 'envoy'):.1f}",
+            f"{per_req(f, 'fg'):.1f} / {per_req(b, 'fg'):.1f}"]
+table("envoy+floor", ["p50 envoy / envoy+floor / envoy+fg (µs)",
+                      "p50 added by the filter with the floor / by fencegate over the floor (µs)",
+                      "CPU µs/req Envoy: alone / with floor / with fg", "CPU µs/req processor: floor / fencegate"],
+      floor_row)
+def base_row(w, c):
+    b, o = (runs[(w, c, t)] for t in ("envoy+fg", "envoy+base"))
+    return [f"{med(b, 'rps'):,.0f} / {med(o, 'rps'):,.0f} ({med(b, 'rps') / max(1, med(o, 'rps')):.2f})",
+            f"{med(b, 'p50'):.0f} / {med(o, 'p50'):.0f}", f"{med(b, 'p99'):.0f} / {med(o, 'p99'):.0f}",
+            f"{per_req(b, 'fg'):.1f} / {per_req(o, 'fg'):.1f}", f"{per_req(b, 'envoy'):.1f} / {per_req(o, 'envoy'):.1f}"]
+table("envoy+base", ["req/s envoy+fg / envoy+base", "p50 envoy+fg / envoy+base (µs)", "p99 envoy+fg / envoy+base (µs)",
+                     "CPU µs/req processor: fg / base", "CPU µs/req Envoy: with fg / with base"], base_row)
 print()
 for line in verdicts + [""] * bool(verdicts) + checks:
     print(line)
