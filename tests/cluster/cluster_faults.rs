@@ -34,7 +34,9 @@
 //! write was held after its last passed check (`src/request/lapsed.rs`). The self-fenced rounds
 //! without pins tolerate a late write only in a round of that fault, and only when its instance
 //! named it that way, after a passed check, held at least `lease_margin + fence.quarantine`
-//! ([`CROSSING_HELD`]); a late write in a stall round (stopped before a check) is never
+//! ([`CROSSING_HELD`]), behind newer writes that came no sooner after that check (the next
+//! leader kept the quarantine: [`crossed_window`]); a late write in a stall round (stopped
+//! before a check) is never
 //! tolerated, nor in any other run, and the stall rounds without the self-fence check that the
 //! instances name every late write they send.
 //!
@@ -454,9 +456,9 @@ impl World {
     /// it lapsed, at least [`CROSSING_HELD`] after its last passed check, and the first newer
     /// write came at least that long after the check too ([`crossed_window`]): its check passed
     /// before the instance was stopped, it went out on waking, and the next leader kept the
-    /// quarantine. Where `tolerate_window` says so, a
-    /// late write that crossed in a round of a random SIGSTOP is tolerated (and printed); any
-    /// other late write breaks the order, and the break says which of its late writes crossed.
+    /// quarantine. Where `tolerate_window` says so, a late write that crossed in a round of a
+    /// random SIGSTOP is tolerated (and printed); any other late write breaks the order, and the
+    /// break says which of its late writes crossed.
     pub(crate) async fn violations(&self) -> Vec<String> {
         let applied = self.cluster.backend.applied();
         let outcomes = self.outcomes.lock().unwrap().clone();
