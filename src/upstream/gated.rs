@@ -46,6 +46,15 @@ pub(crate) fn lapsed(permit: &Permit) -> bool {
     self_fenced() && !permit()
 }
 
+/// Whether a write's head may go, under `permit` (none: always): the self-fence's check before
+/// the head, at the fail point where the fault tests stop a leader (`upstream::before_head`),
+/// whether fencegate sends the head or lets Envoy send it.
+pub(crate) fn head_may_go(permit: Option<&Permit>) -> bool {
+    let Some(permit) = permit else { return true };
+    crate::store::failpoint("upstream::before_head");
+    !lapsed(permit)
+}
+
 impl<B> Body for Gated<B>
 where
     B: Body<Data = Bytes, Error = BoxError> + Unpin,

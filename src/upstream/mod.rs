@@ -36,7 +36,7 @@ use checkout::Checkout;
 use dial::Target;
 pub(crate) use forwarded::HeaderPolicy;
 use gated::Gated;
-pub(crate) use gated::lapsed;
+pub(crate) use gated::{head_may_go, lapsed};
 pub use headers::{Peer, PeerAddr, append_forwarded_for, remove_held, strip_hop_by_hop};
 use pool::{Bounds, Pool, SendError};
 use sent::{Ended, Sent};
@@ -213,10 +213,7 @@ impl Upstream {
     ) -> Result<Response<ResponseBody>, UpstreamError> {
         let deadline = tokio::time::Instant::now() + self.timeout;
         let Hold { whole, permit } = hold;
-        if permit.is_some() {
-            crate::store::failpoint("upstream::before_head");
-        }
-        if permit.as_ref().is_some_and(gated::lapsed) {
+        if !gated::head_may_go(permit.as_ref()) {
             return Err(UpstreamError::Withdrawn("the permission to send this write lapsed before it was sent".into()));
         }
         let (done, ended) = match whole {

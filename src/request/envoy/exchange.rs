@@ -501,14 +501,11 @@ impl Held {
             mut pinning,
         } = self;
         let _flying = InFlight::new(&state.metrics);
-        if permit.is_some() {
-            crate::store::failpoint("upstream::before_head");
-        }
         // The self-fence before the head, as the proxy checks it. Nothing has been let go: the
         // refusal is fencegate's own immediate answer, and Envoy sends the backend nothing (an
         // upstream failure here would end the stream cleanly, which lets Envoy forward the rest
         // unchecked).
-        if permit.as_ref().is_some_and(upstream::lapsed) {
+        if !upstream::head_may_go(permit.as_ref()) {
             let why = "the permission to send this write lapsed before it was sent".to_owned();
             return Err(Refusal::Store(StoreError::Unavailable(why)));
         }
