@@ -36,9 +36,8 @@
 //! named it that way, after a passed check, held at least `lease_margin + fence.quarantine`
 //! ([`CROSSING_HELD`]), behind newer writes that came no sooner after that check (the next
 //! leader kept the quarantine: [`crossed_window`]); a late write in a stall round (stopped
-//! before a check) is never
-//! tolerated, nor in any other run, and the stall rounds without the self-fence check that the
-//! instances name every late write they send.
+//! before a check) is never tolerated, nor in any other run, and the stall rounds without the
+//! self-fence check that the instances name every late write they send.
 //!
 //! The world, its checker and the loop of rounds serve the partition rounds too
 //! (`partitions`), whose faults are cut links instead of stopped processes.
@@ -463,11 +462,10 @@ impl World {
         let applied = self.cluster.backend.applied();
         let outcomes = self.outcomes.lock().unwrap().clone();
         let mut broken = Vec::new();
-        let mut order: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+        // Per resource, the tokens the backend applied and when, in its order.
         let mut arrivals: BTreeMap<&str, Vec<(u64, Instant)>> = BTreeMap::new();
         for r in &applied {
             if let (Some(resource), Some(token)) = (RESOURCES.iter().find(|x| **x == r.path), r.token()) {
-                order.entry(resource).or_default().push(token);
                 arrivals.entry(resource).or_default().push((token, r.at));
             }
         }
@@ -487,7 +485,7 @@ impl World {
             crossings = self.crossings();
         }
         let mut tolerated = self.tolerated.lock().unwrap().clone();
-        for (resource, tokens) in &order {
+        for (resource, applied) in &arrivals {
             let (mut said, mut unexplained) = (Vec::new(), Vec::new());
             for &(t, at, newer) in &late[resource] {
                 let key = (resource.to_string(), t);
@@ -513,6 +511,7 @@ impl World {
                 unexplained.push(t);
             }
             if !unexplained.is_empty() {
+                let tokens: Vec<u64> = applied.iter().map(|&(t, _)| t).collect();
                 broken.push(format!(
                     "{resource}: the backend applied {tokens:?}, not in increasing order; late writes: {said:?}"
                 ));
@@ -520,8 +519,7 @@ impl World {
         }
         *self.tolerated.lock().unwrap() = tolerated;
         for o in outcomes.iter().filter(|o| acked(o)) {
-            let tokens = order.get(o.resource).map(Vec::as_slice).unwrap_or_default();
-            if !tokens.contains(&o.token) {
+            if !arrivals.get(o.resource).is_some_and(|applied| applied.iter().any(|&(t, _)| t == o.token)) {
                 broken.push(format!("{} token {} was acknowledged but never applied", o.resource, o.token));
             }
         }
